@@ -1,0 +1,5 @@
+import sys
+
+from convattn.cli import main
+
+sys.exit(main())

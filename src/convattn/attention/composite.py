@@ -1,0 +1,101 @@
+"""Self-attention with the composite-attention family (Chang et al. 2021).
+
+One module covers every row of the paper: plain or relative-position scores (Eqs. 4-6 and the
+key-based term), a fixed depthwise convolution added to the attention output (Eq. 7), and
+convolutional queries, keys or values in half the heads (Section 5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
+from convattn.attention.relative import RelativePositionBias
+
+
+def depthwise_conv(channels: int, kernel_size: int) -> nn.Conv1d:
+    """Conv1d(channels, channels, kernel, groups=channels), 'same' zero padding, with bias."""
+    return nn.Conv1d(channels, channels, kernel_size, groups=channels, padding=kernel_size // 2, bias=True)
+
+
+def reset_conv(conv: nn.Conv1d) -> None:
+    """PyTorch's default Conv1d init (the paper's code never re-initialised its convolutions)."""
+    from transformers import initialization as init
+
+    init.kaiming_uniform_(conv.weight, a=math.sqrt(5))
+    bound = 1 / math.sqrt(conv.weight[0].numel())
+    init.uniform_(conv.bias, -bound, bound)
+
+
+def conv1d_over_tokens(conv: nn.Module, x: Tensor) -> Tensor:
+    """Apply a Conv1d along the sequence of a (batch, n, channels) tensor."""
+    return conv(x.transpose(1, 2)).transpose(1, 2)
+
+
+class ConvProjection(nn.Module):
+    """Depthwise-separable convolution in the first half of the output, linear in the second:
+    concat(pointwise(depthwise(x)), linear(x)). The conv half comes first, so heads 0..h/2-1 are
+    the convolutional ones for Q, K and V alike. Expects pad rows of x already zeroed."""
+
+    def __init__(self, hidden_size: int, kernel_size: int):
+        super().__init__()
+        self.depthwise = depthwise_conv(hidden_size, kernel_size)
+        self.pointwise = nn.Linear(hidden_size, hidden_size // 2)
+        self.linear = nn.Linear(hidden_size, hidden_size // 2)
+
+    def init_weights(self, std: float) -> None:
+        reset_conv(self.depthwise)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([self.pointwise(conv1d_over_tokens(self.depthwise, x)), self.linear(x)], dim=-1)
+
+
+class CompositeSelfAttention(nn.Module):
+    """softmax(QK^T/sqrt(d) + relative terms + mask) V [+ DWConv(V)] for all heads."""
+
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.backend = config.attention_backend
+        self.conv_projection_input = bool(config.conv_projections)
+
+        def projection(name: str) -> nn.Module:
+            if name in config.conv_projections:
+                return ConvProjection(hidden, config.conv_projection_kernel)
+            return nn.Linear(hidden, hidden)
+
+        self.query, self.key, self.value = projection("query"), projection("key"), projection("value")
+        self.relative = (
+            RelativePositionBias(config.relative_terms, self.num_heads, config.head_dim,
+                                 config.relative_reach, config.relative_out_of_window)
+            if config.relative_terms else None
+        )
+        self.value_conv = depthwise_conv(hidden, config.relative_kernel_size) if config.value_depthwise_conv else None
+
+    def init_weights(self, std: float) -> None:
+        if self.value_conv is not None:
+            reset_conv(self.value_conv)
+
+    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+        if self.conv_projection_input:
+            # as the paper's code: with convolutional projections, pad rows are zeroed for all of Q, K, V
+            hidden_states = mask.zero_pads(hidden_states)
+        values = self.value(hidden_states)
+        q = split_heads(self.query(hidden_states), self.num_heads)
+        k = split_heads(self.key(hidden_states), self.num_heads)
+        v = split_heads(values, self.num_heads)
+        bias = self.relative(q, k) if self.relative is not None else None
+        context, probs = attend(
+            q, k, v, bias=bias, mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
+            backend=self.backend, need_weights=output_attentions,
+        )
+        context = merge_heads(context)
+        if self.value_conv is not None:
+            # Eq. 7: a depthwise convolution of the values, added after softmax, dropout and x V
+            context = context + conv1d_over_tokens(self.value_conv, mask.zero_pads(values))
+        return context, probs

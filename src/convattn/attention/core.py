@@ -1,0 +1,78 @@
+"""What every attention mechanism shares: the padding mask and softmax attention itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class TokenMask:
+    """Which positions hold real tokens (True) and which hold padding (False), shape (batch, n)."""
+
+    keep: Tensor
+
+    @cached_property
+    def has_padding(self) -> bool:
+        return not bool(self.keep.all())
+
+    def zero_pads(self, x: Tensor) -> Tensor:
+        """Zero the pad rows of a (batch, n, channels) tensor, so convolutions cannot see them."""
+        if not self.has_padding:
+            return x
+        return x * self.keep[..., None].to(x.dtype)
+
+    def key_bias(self, dtype: torch.dtype) -> Tensor | None:
+        """Additive score mask (batch, 1, 1, n): 0 at real keys, the dtype's minimum at pad keys."""
+        if not self.has_padding:
+            return None
+        bias = torch.zeros(self.keep.shape, dtype=dtype, device=self.keep.device)
+        return bias.masked_fill(~self.keep, torch.finfo(dtype).min)[:, None, None, :]
+
+
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """(batch, n, heads * d) -> (batch, heads, n, d)."""
+    batch, n, width = x.shape
+    return x.view(batch, n, num_heads, width // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(batch, heads, n, d) -> (batch, n, heads * d)."""
+    batch, heads, n, d = x.shape
+    return x.transpose(1, 2).reshape(batch, n, heads * d)
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    bias: Tensor | None,
+    mask: TokenMask | None,
+    dropout_p: float,
+    backend: str,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(d) + bias + padding mask) v with dropout on the probabilities.
+
+    q: (batch, heads, n, d); k, v: (batch, heads, m, d); bias broadcastable to (batch, heads, n, m);
+    `mask` masks the m keys (None when keys are not token positions, e.g. Linformer's projections).
+    The "sdpa" backend hands everything to the fused kernel; "eager" computes the same function
+    explicitly and can return the attention probabilities.
+    """
+    key_bias = mask.key_bias(q.dtype) if mask is not None else None
+    if key_bias is not None:
+        bias = key_bias if bias is None else bias + key_bias
+    if backend == "sdpa" and not need_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        return out, None
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias
+    probs = scores.softmax(dim=-1)
+    out = torch.matmul(F.dropout(probs, dropout_p), v)
+    return out, probs

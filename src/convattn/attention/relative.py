@@ -1,0 +1,77 @@
+"""Relative positions as lightweight convolutions (Chang et al. 2021, Eqs. 4-6).
+
+Each term adds to the attention score s_ij a value that depends on the offset j - i, read from a
+table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
+
+* fixed (Raffel et al. 2020, Eq. 4):            beta[head, c(j - i)]               (not scaled)
+* dynamic_query (Shaw et al. 2018, Eq. 5):      q_i . W[:, c(j - i)] / sqrt(d)     (W shared by heads)
+* dynamic_key (Huang et al. 2020):              k_j . U[:, c(i - j)] / sqrt(d)
+
+Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
+("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); only the final
+(n x n) bias is materialised, never an n x n x d tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import Tensor, nn
+
+
+@lru_cache(maxsize=64)
+def relative_columns(n: int, reach: int, clip: bool, device: torch.device) -> Tensor:
+    """(n, n) long: the table column for offset j - i at [i, j]; 2r + 1 (a zero column) when cut off."""
+    offset = torch.arange(n, device=device)[None, :] - torch.arange(n, device=device)[:, None]
+    if clip:
+        return offset.clamp(-reach, reach) + reach
+    return torch.where(offset.abs() <= reach, offset + reach, torch.full_like(offset, 2 * reach + 1))
+
+
+class RelativePositionBias(nn.Module):
+    """The lightweight-convolution terms of one layer, returned as an additive score bias."""
+
+    def __init__(self, terms: list[str], num_heads: int, head_dim: int, reach: int, out_of_window: str):
+        super().__init__()
+        width = 2 * reach + 1
+        self.reach, self.clip, self.head_dim = reach, out_of_window == "clip", head_dim
+        self.fixed = nn.Parameter(torch.zeros(num_heads, width)) if "fixed" in terms else None
+        self.query_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_query" in terms else None
+        self.key_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_key" in terms else None
+        self.init_weights()
+
+    def init_weights(self, std: float | None = None) -> None:
+        # the paper's code: beta starts at zero, W and U use nn.Linear's default (uniform +-1/sqrt(2r+1))
+        from transformers import initialization as init
+
+        if self.fixed is not None:
+            init.zeros_(self.fixed)
+        for kernel in (self.query_kernel, self.key_kernel):
+            if kernel is not None:
+                init.kaiming_uniform_(kernel, a=math.sqrt(5))
+
+    def _gather(self, table: Tensor, n: int) -> Tensor:
+        """table (..., n, 2r + 1) -> bias (..., n, n) with bias[..., i, j] = table[..., i, c(j - i)]."""
+        if not self.clip:
+            table = torch.cat([table, table.new_zeros(*table.shape[:-1], 1)], dim=-1)
+        index = relative_columns(n, self.reach, self.clip, table.device)
+        return torch.gather(table, -1, index.expand(*table.shape[:-2], n, n))
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        """q, k: (batch, heads, n, d) -> bias broadcastable to (batch, heads, n, n)."""
+        n = q.shape[-2]
+        table = None
+        if self.fixed is not None:
+            table = self.fixed[None, :, None, :].to(q.dtype).expand(1, -1, n, -1)
+        if self.query_kernel is not None:
+            dynamic = torch.matmul(q, self.query_kernel.to(q.dtype)) / math.sqrt(self.head_dim)
+            table = dynamic if table is None else dynamic + table
+        bias = None if table is None else self._gather(table, n)
+        if self.key_kernel is not None:
+            key_table = torch.matmul(k, self.key_kernel.to(k.dtype)) / math.sqrt(self.head_dim)
+            # [j, i] of the gathered key table is k_j . U[:, c(i - j)]: transpose to put it at [i, j]
+            key_bias = self._gather(key_table, n).transpose(-1, -2)
+            bias = key_bias if bias is None else bias + key_bias
+        return bias

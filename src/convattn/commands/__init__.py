@@ -1,0 +1,1 @@
+"""Subcommands of the `convattn` command line (see `convattn.cli`)."""

@@ -1,0 +1,227 @@
+"""`ConvAttnConfig`: one config for the encoder and every attention mechanism it can use.
+
+The mechanism is described by composable fields, not one opaque string:
+
+* composite family (Chang et al. 2021): `position_embedding_type`, `relative_terms`,
+  `relative_reach`, `relative_out_of_window`, `value_depthwise_conv`, `conv_projections`;
+* ConvBERT (Jiang et al. 2020): `head_ratio`, `conv_kernel_size`, `num_groups`, `convbert_padding`;
+* Linformer / Conv-Linformer (Wang et al. 2020; Malard): `linformer_k`, `sequence_projection`,
+  `linformer_sharing`, `linformer_conv`.
+
+Invalid values and combinations raise `ValueError` naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PretrainedConfig
+
+RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
+CONV_PROJECTIONS = ("query", "key", "value")
+SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
+# Conv-Linformer's layout: the first L//2 layers project with E/F, the last L//2 with a strided conv
+SEQUENCE_PROJECTION_LAYOUTS = {"linear+conv": ("linear", "conv")}
+
+
+def _choice(field: str, value, allowed: Sequence) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+
+
+def _subset(field: str, values, allowed: Sequence) -> tuple[str, ...]:
+    if isinstance(values, str):
+        values = [values] if values else []
+    values = tuple(values)
+    for v in values:
+        if v not in allowed:
+            raise ValueError(
+                f"{field} contains {v!r}; allowed values are any subset of {', '.join(map(repr, allowed))}"
+            )
+    if len(set(values)) != len(values):
+        raise ValueError(f"{field}={list(values)!r} repeats a value")
+    # canonical order, so configs that mean the same thing compare equal
+    return tuple(v for v in allowed if v in values)
+
+
+def _positive(field: str, value, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{field}={value!r} must be an integer >= {minimum}")
+
+
+class ConvAttnConfig(PretrainedConfig):
+    model_type = "convattn"
+
+    vocab_size: int = 30004
+    embedding_size: int = 128
+    hidden_size: int = 256
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 4
+    intermediate_size: int = 1024
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 128
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    mask_token_id: int | None = None
+    classifier_dropout: float | None = None
+    tie_word_embeddings: bool = True
+    # how attention is computed: "sdpa" (fused kernel, default) or "eager" (explicit softmax, can
+    # return attention maps); the same function either way
+    attention_backend: str = "sdpa"
+    # composite-attention family
+    position_embedding_type: str = "absolute"
+    relative_terms: list[str] | tuple[str, ...] = ()
+    relative_reach: int = 8
+    relative_out_of_window: str = "clip"
+    value_depthwise_conv: bool = False
+    conv_projections: list[str] | tuple[str, ...] = ()
+    conv_projection_kernel: int = 17
+    # ConvBERT mixed attention
+    head_ratio: int = 1
+    conv_kernel_size: int = 9
+    num_groups: int = 1
+    convbert_padding: str = "masked"
+    # Linformer / Conv-Linformer
+    linformer_k: int = 0
+    sequence_projection: str | list[str] = "none"
+    linformer_sharing: str = "headwise"
+    linformer_conv: str = "dense"
+    # the preset this config was built from, if any (informational)
+    preset: str | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.relative_terms = list(_subset("relative_terms", self.relative_terms, RELATIVE_TERMS))
+        self.conv_projections = list(_subset("conv_projections", self.conv_projections, CONV_PROJECTIONS))
+        if not isinstance(self.sequence_projection, str):
+            self.sequence_projection = list(self.sequence_projection)
+        self.validate_convattn()
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_self_attention_heads(self) -> int:
+        """Heads that compute softmax(QK^T) attention (all of them unless ConvBERT splits them)."""
+        return self.num_attention_heads // self.head_ratio
+
+    @property
+    def uses_convbert(self) -> bool:
+        return self.head_ratio > 1
+
+    @property
+    def relative_kernel_size(self) -> int:
+        return 2 * self.relative_reach + 1
+
+    @property
+    def layer_projections(self) -> list[str]:
+        """The sequence projection of each layer ("none", "linear" or "conv")."""
+        spec, layers = self.sequence_projection, self.num_hidden_layers
+        if isinstance(spec, str) and spec in SEQUENCE_PROJECTION_LAYOUTS:
+            first, second = SEQUENCE_PROJECTION_LAYOUTS[spec]
+            return [first] * (layers - layers // 2) + [second] * (layers // 2)
+        if isinstance(spec, str):
+            return [spec] * layers
+        return list(spec)
+
+    # ------------------------------------------------------------------ validation
+    def validate_convattn(self) -> None:
+        for field in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            _positive(field, getattr(self, field))
+        _choice("attention_backend", self.attention_backend, ("sdpa", "eager"))
+        _choice("position_embedding_type", self.position_embedding_type, ("absolute", "none"))
+        _choice("relative_out_of_window", self.relative_out_of_window, ("clip", "zero"))
+        _choice("convbert_padding", self.convbert_padding, ("masked", "reference"))
+        _choice("linformer_sharing", self.linformer_sharing, ("headwise", "key_value", "layerwise"))
+        _choice("linformer_conv", self.linformer_conv, ("dense", "depthwise"))
+        _positive("relative_reach", self.relative_reach)
+        _positive("head_ratio", self.head_ratio)
+        _positive("num_groups", self.num_groups)
+        _positive("linformer_k", self.linformer_k, minimum=0)
+        for field in ("conv_projection_kernel", "conv_kernel_size"):
+            value = getattr(self, field)
+            _positive(field, value)
+            if value % 2 == 0:
+                raise ValueError(f"{field}={value} must be odd so the convolution is centred on each token")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.head_ratio:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be divisible by head_ratio={self.head_ratio}"
+            )
+        for field, size in (("intermediate_size", self.intermediate_size), ("hidden_size", self.hidden_size)):
+            if size % self.num_groups:
+                raise ValueError(f"{field}={size} must be divisible by num_groups={self.num_groups}")
+        if self.conv_projections and self.num_attention_heads % 2:
+            raise ValueError(
+                "conv_projections puts convolutions in half the heads, so num_attention_heads "
+                f"must be even (got {self.num_attention_heads})"
+            )
+        if self.conv_projections and self.uses_convbert:
+            raise ValueError("conv_projections cannot be combined with ConvBERT (head_ratio > 1): choose one")
+        if self.value_depthwise_conv and self.uses_convbert:
+            raise ValueError("value_depthwise_conv cannot be combined with ConvBERT (head_ratio > 1): choose one")
+        if isinstance(self.sequence_projection, str):
+            _choice("sequence_projection", self.sequence_projection,
+                    SEQUENCE_PROJECTIONS + tuple(SEQUENCE_PROJECTION_LAYOUTS))
+        else:
+            if len(self.sequence_projection) != self.num_hidden_layers:
+                raise ValueError(
+                    f"sequence_projection lists {len(self.sequence_projection)} layers but num_hidden_layers="
+                    f"{self.num_hidden_layers}; give one value for all layers, a layout "
+                    f"({', '.join(SEQUENCE_PROJECTION_LAYOUTS)}) or one value per layer"
+                )
+            for kind in self.sequence_projection:
+                _choice("sequence_projection", kind, SEQUENCE_PROJECTIONS)
+        if any(kind != "none" for kind in self.layer_projections):
+            self._validate_linformer()
+        elif self.linformer_k:
+            raise ValueError(
+                f"linformer_k={self.linformer_k} has no effect while sequence_projection is 'none' in every layer; "
+                "set sequence_projection to 'linear' or 'conv' (or per layer), or linformer_k=0"
+            )
+
+    def _validate_linformer(self) -> None:
+        n, k = self.max_position_embeddings, self.linformer_k
+        if k < 1:
+            raise ValueError("sequence_projection needs linformer_k >= 1 (the projected length)")
+        if k > n:
+            raise ValueError(f"linformer_k={k} must not exceed max_position_embeddings={n}")
+        if "conv" in self.layer_projections and n % k:
+            raise ValueError(
+                f"sequence_projection 'conv' uses kernel = stride = max_position_embeddings // linformer_k, so "
+                f"max_position_embeddings={n} must be divisible by linformer_k={k}"
+            )
+        incompatible = {
+            "relative_terms": bool(self.relative_terms),
+            "value_depthwise_conv": self.value_depthwise_conv,
+            "conv_projections": bool(self.conv_projections),
+            "head_ratio": self.uses_convbert,
+        }
+        for field, used in incompatible.items():
+            if used:
+                raise ValueError(
+                    f"{field} cannot be combined with sequence_projection (Linformer): the projected keys "
+                    "no longer correspond to token positions"
+                )
+        if self.linformer_sharing == "layerwise" and len(set(self.layer_projections) - {"none"}) > 1:
+            raise ValueError("linformer_sharing='layerwise' needs the same sequence_projection in every projected layer")
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> ConvAttnConfig:
+        """Build the config of a named preset (see `convattn presets`), with field overrides."""
+        from convattn.presets import preset_fields
+
+        fields = preset_fields(name)
+        fields.update(overrides)
+        return cls(**fields, preset=name)

@@ -1,0 +1,389 @@
+"""The encoder (embeddings, post-LN layers) and its task heads, as HuggingFace models.
+
+Weight names follow HuggingFace BERT/ConvBERT (`embeddings.*`, `embeddings_project`,
+`encoder.layer.{i}.attention.self.*`, `attention.output.{dense,LayerNorm}`, `intermediate.dense`,
+`output.{dense,LayerNorm}`), so checkpoints map across with renames only at the top level.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+
+from convattn.attention import TokenMask, build_attention
+from convattn.config import ConvAttnConfig
+
+
+class ConvAttnEmbeddings(nn.Module):
+    """word + token type [+ absolute position] -> LayerNorm -> dropout, all of embedding_size."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = (
+            nn.Embedding(config.max_position_embeddings, config.embedding_size)
+            if config.position_embedding_type == "absolute" else None
+        )
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.embedding_size)
+        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None) -> Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        batch, n = inputs_embeds.shape[:2]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(batch, n, dtype=torch.long, device=inputs_embeds.device)
+        embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(n, device=inputs_embeds.device)[None, :]
+            embeddings = embeddings + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class GroupedLinear(nn.Module):
+    """ConvBERT's grouped linear layer: contiguous channel groups, weight (G, in/G, out/G), one bias."""
+
+    def __init__(self, in_features: int, out_features: int, num_groups: int):
+        super().__init__()
+        self.num_groups = num_groups
+        self.weight = nn.Parameter(torch.empty(num_groups, in_features // num_groups, out_features // num_groups))
+        self.bias = nn.Parameter(torch.empty(out_features))
+
+    def init_weights(self, std: float) -> None:
+        init.normal_(self.weight, mean=0.0, std=std)
+        init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        grouped = x.unflatten(-1, (self.num_groups, -1))
+        out = torch.einsum("...gi,gio->...go", grouped, self.weight)
+        return out.flatten(-2) + self.bias
+
+
+def feed_forward_linear(in_features: int, out_features: int, num_groups: int) -> nn.Module:
+    if num_groups == 1:
+        return nn.Linear(in_features, out_features)
+    return GroupedLinear(in_features, out_features, num_groups)
+
+
+class ConvAttnSelfOutput(nn.Module):
+    """dense -> dropout -> LayerNorm(x + residual)."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class ConvAttnAttention(nn.Module):
+    def __init__(self, config: ConvAttnConfig, layer_idx: int, shared: nn.ModuleDict):
+        super().__init__()
+        self.self = build_attention(config, layer_idx, shared)
+        self.output = ConvAttnSelfOutput(config)
+
+    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+        context, probs = self.self(hidden_states, mask, output_attentions)
+        return self.output(context, hidden_states), probs
+
+
+class ConvAttnIntermediate(nn.Module):
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        self.dense = feed_forward_linear(config.hidden_size, config.intermediate_size, config.num_groups)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.act(self.dense(hidden_states))
+
+
+class ConvAttnOutput(nn.Module):
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        self.dense = feed_forward_linear(config.intermediate_size, config.hidden_size, config.num_groups)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class ConvAttnLayer(GradientCheckpointingLayer):
+    """Post-LN BERT layer: attention -> add & norm -> FFN -> add & norm."""
+
+    def __init__(self, config: ConvAttnConfig, layer_idx: int, shared: nn.ModuleDict):
+        super().__init__()
+        self.attention = ConvAttnAttention(config, layer_idx, shared)
+        self.intermediate = ConvAttnIntermediate(config)
+        self.output = ConvAttnOutput(config)
+
+    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+        attention_output, probs = self.attention(hidden_states, mask, output_attentions)
+        return self.output(self.intermediate(attention_output), attention_output), probs
+
+
+class ConvAttnEncoder(nn.Module):
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        # modules used by several layers (Linformer's layerwise projection); empty otherwise
+        self.shared = nn.ModuleDict()
+        self.layer = nn.ModuleList(ConvAttnLayer(config, i, self.shared) for i in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions=False, output_hidden_states=False):
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layer:
+            hidden_states, probs = layer(hidden_states, mask, output_attentions)
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+            if output_attentions:
+                all_attentions += (probs,)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_attentions)
+
+
+class ConvAttnPreTrainedModel(PreTrainedModel):
+    config_class = ConvAttnConfig
+    config: ConvAttnConfig
+    base_model_prefix = "convattn"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's init (normal(0, 0.02), zero biases, unit LayerNorm); modules with their own
+        scheme (the paper codes' default-initialised convolutions, relative tables) define
+        `init_weights(std)`."""
+        std = self.config.initializer_range
+        if hasattr(module, "init_weights") and not isinstance(module, PreTrainedModel):
+            module.init_weights(std)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, MaskedLMHead):
+            init.zeros_(module.bias)
+
+
+class ConvAttnModel(ConvAttnPreTrainedModel):
+    """The bare encoder: embeddings -> [Linear(E -> H) if E != H] -> L layers."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__(config)
+        self.embeddings = ConvAttnEmbeddings(config)
+        if config.embedding_size != config.hidden_size:
+            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)
+        self.encoder = ConvAttnEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        batch, n = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
+        if n > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {n} exceeds max_position_embeddings={self.config.max_position_embeddings}; "
+                "truncate the input or build the model with a larger max_position_embeddings"
+            )
+        device = input_ids.device if input_ids is not None else inputs_embeds.device
+        keep = torch.ones(batch, n, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        if hasattr(self, "embeddings_project"):
+            hidden = self.embeddings_project(hidden)
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return self.encoder(hidden, TokenMask(keep), output_attentions, output_hidden_states)
+
+
+class MaskedLMHead(nn.Module):
+    """Linear(H -> E) -> GELU -> LayerNorm(E) -> decoder tied to the word embeddings, own bias."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.act = ACT2FN["gelu"]
+        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states)))) + self.bias
+
+
+def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_type_ids, position_ids,
+            inputs_embeds, output_attentions, output_hidden_states) -> BaseModelOutput:
+    return model.convattn(
+        input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+        position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+        output_hidden_states=output_hidden_states,
+    )
+
+
+class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
+    _tied_weights_keys = {"mlm_head.decoder.weight": "convattn.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__(config)
+        self.convattn = ConvAttnModel(config)
+        self.mlm_head = MaskedLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.mlm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.mlm_head.decoder = new_embeddings
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None) -> MaskedLMOutput:
+        encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        hidden = encoded.last_hidden_state
+        loss = logits = None
+        if labels is not None and self.training:
+            # training scores only the masked positions (the n x V logits of the others are never
+            # needed), so `logits` is None here; eval mode returns full logits
+            selected = labels != -100
+            loss = F.cross_entropy(self.mlm_head(hidden[selected]).float(), labels[selected])
+        else:
+            logits = self.mlm_head(hidden)
+            if labels is not None:
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
+                              attentions=encoded.attentions)
+
+
+class ClassificationHead(nn.Module):
+    """ELECTRA/ConvBERT sentence head on the first token: dropout -> dense -> GELU -> dropout -> out_proj."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        x = self.dropout(hidden_states[:, 0])
+        return self.out_proj(self.dropout(self.act(self.dense(x))))
+
+
+class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
+    """Classification, or regression (MSE) when num_labels == 1."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.convattn = ConvAttnModel(config)
+        self.classifier = ClassificationHead(config)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None) -> SequenceClassifierOutput:
+        encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        logits = self.classifier(encoded.last_hidden_state)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif self.config.problem_type == "multi_label_classification":
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
+                                        attentions=encoded.attentions)
+
+
+class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.convattn = ConvAttnModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None) -> TokenClassifierOutput:
+        encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(encoded.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
+                                     attentions=encoded.attentions)
+
+
+class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
+    """Extractive QA: start and end logits per token."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__(config)
+        self.convattn = ConvAttnModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None) -> QuestionAnsweringModelOutput:
+        encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_attentions, output_hidden_states)
+        start_logits, end_logits = self.qa_outputs(encoded.last_hidden_state).unbind(dim=-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            n = start_logits.shape[1]
+            # positions outside the sequence are ignored, as in HF's QA heads
+            start = start_positions.clamp(0, n).masked_fill(start_positions >= n, -100)
+            end = end_positions.clamp(0, n).masked_fill(end_positions >= n, -100)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=-100)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=-100)) / 2
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                            hidden_states=encoded.hidden_states, attentions=encoded.attentions)
