@@ -225,7 +225,10 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
                 "truncate the input or build the model with a larger max_position_embeddings"
             )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
-        keep = torch.ones(batch, n, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
+        if attention_mask is None:
+            keep = torch.ones(batch, n, dtype=torch.bool, device=device)
+        else:
+            keep = attention_mask.bool()
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         if hasattr(self, "embeddings_project"):
             hidden = self.embeddings_project(hidden)
@@ -261,7 +264,7 @@ def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_typ
 
 
 class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
-    _tied_weights_keys = {"mlm_head.decoder.weight": "convattn.embeddings.word_embeddings.weight"}
+    _tied_weights_keys = {"mlm_head.decoder.weight": "convattn.embeddings.word_embeddings.weight"}  # noqa: RUF012
 
     def __init__(self, config: ConvAttnConfig):
         super().__init__(config)

@@ -1,0 +1,1 @@
+"""Shared test utilities: slow float64 references and tiny model configs."""

@@ -1,0 +1,159 @@
+"""The encoder as a HuggingFace model: padding, lengths, gradients, heads, save/load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.tiny import randomize_, tiny_config
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+from convattn import (
+    ConvAttnConfig,
+    ConvAttnForMaskedLM,
+    ConvAttnForQuestionAnswering,
+    ConvAttnForSequenceClassification,
+    ConvAttnForTokenClassification,
+    ConvAttnModel,
+)
+from convattn.presets import preset_names
+
+PRESETS = [p for p in preset_names() if not p.startswith("chang2021-base/")]  # base rows = small rows at 768
+
+
+def tiny_model(preset: str, cls=ConvAttnModel, **overrides):
+    torch.manual_seed(0)
+    model = cls(tiny_config(preset, **overrides))
+    randomize_(model)
+    return model.eval()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_outputs_at_real_positions_do_not_depend_on_padding(preset):
+    model = tiny_model(preset)
+    generator = torch.Generator().manual_seed(1)
+    lengths = [19, 8, 1]
+    n = max(lengths)
+    ids = torch.randint(5, 101, (3, n), generator=generator)
+    keep = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=keep).last_hidden_state
+        # other pad ids, and ten more pad positions
+        longer = torch.cat([torch.where(keep.bool(), ids, torch.randint(0, 101, ids.shape, generator=generator)),
+                            torch.randint(0, 101, (3, 10), generator=generator)], dim=1)
+        longer_keep = torch.cat([keep, torch.zeros(3, 10, dtype=torch.long)], dim=1)
+        padded_more = model(input_ids=longer, attention_mask=longer_keep).last_hidden_state
+        for b, length in enumerate(lengths):
+            alone = model(input_ids=ids[b : b + 1, :length]).last_hidden_state[0]
+            torch.testing.assert_close(batched[b, :length], alone, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(padded_more[b, :length], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["chang2021-small/composite+key", "chang2021-small/composite+conv-qkv",
+                                    "chang2021-small/composite+depthwise"])
+def test_every_length_up_to_max_works_and_longer_is_rejected(preset):
+    model = tiny_model(preset, max_position_embeddings=24)
+    with torch.no_grad():
+        for n in range(1, 25):
+            out = model(input_ids=torch.randint(5, 101, (2, n))).last_hidden_state
+            assert out.shape == (2, n, 32) and torch.isfinite(out).all()
+        with pytest.raises(ValueError, match="sequence length 25 exceeds max_position_embeddings=24"):
+            model(input_ids=torch.randint(5, 101, (1, 25)))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_trainable_parameter_gets_a_gradient(preset):
+    torch.manual_seed(0)
+    model = ConvAttnForMaskedLM(tiny_config(preset)).train()
+    ids = torch.randint(5, 101, (3, 21))
+    keep = torch.ones_like(ids)
+    keep[1, 15:] = 0
+    labels = torch.where(torch.rand(ids.shape) < 0.3, ids, torch.full_like(ids, -100))
+    labels[:, 0] = ids[:, 0]
+    model(input_ids=ids, attention_mask=keep, token_type_ids=(torch.arange(21) > 10).long().expand(3, -1),
+          labels=labels).loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
+    assert not missing
+
+
+def test_masked_lm_ties_decoder_to_word_embeddings_and_round_trips(tmp_path):
+    model = tiny_model("chang2021-small/composite+conv-qkv", cls=ConvAttnForMaskedLM)
+    assert model.mlm_head.decoder.weight is model.convattn.embeddings.word_embeddings.weight
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "convattn"
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, ConvAttnForMaskedLM)
+    assert loaded.mlm_head.decoder.weight is loaded.convattn.embeddings.word_embeddings.weight
+    ids = torch.randint(5, 101, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    encoder = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(encoder, ConvAttnModel)
+
+
+def test_masked_lm_loss_scores_only_labelled_positions():
+    model = tiny_model("chang2021-small/composite", cls=ConvAttnForMaskedLM)
+    ids = torch.randint(5, 101, (2, 12))
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 7] = 17, 42
+    with torch.no_grad():
+        eval_out = model(input_ids=ids, labels=labels)
+        logits = eval_out.logits
+        expected = torch.nn.functional.cross_entropy(torch.stack([logits[0, 3], logits[1, 7]]), torch.tensor([17, 42]))
+        torch.testing.assert_close(eval_out.loss, expected)
+        model.train()
+        model.config.hidden_dropout_prob = 0.0
+        torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, expected)
+
+
+def test_sequence_classification_head_from_an_mlm_checkpoint(tmp_path):
+    tiny_model("chang2021-small/composite", cls=ConvAttnForMaskedLM).save_pretrained(tmp_path)
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    assert isinstance(classifier, ConvAttnForSequenceClassification)
+    ids = torch.randint(5, 101, (4, 10))
+    out = classifier(input_ids=ids, labels=torch.tensor([0, 2, 1, 0]))
+    assert out.logits.shape == (4, 3)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, torch.tensor([0, 2, 1, 0])))
+
+
+def test_regression_when_one_label():
+    model = ConvAttnForSequenceClassification(tiny_config("chang2021-small/fixed", num_labels=1)).eval()
+    ids = torch.randint(5, 101, (3, 8))
+    target = torch.tensor([0.5, 4.0, 2.5])
+    out = model(input_ids=ids, labels=target)
+    torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), target))
+
+
+def test_token_classification_and_question_answering_heads():
+    ids = torch.randint(5, 101, (2, 11))
+    tagger = ConvAttnForTokenClassification(tiny_config("chang2021-small/composite", num_labels=5)).eval()
+    out = tagger(input_ids=ids, labels=torch.randint(0, 5, (2, 11)))
+    assert out.logits.shape == (2, 11, 5) and out.loss.ndim == 0
+    reader = ConvAttnForQuestionAnswering(tiny_config("chang2021-small/composite")).eval()
+    out = reader(input_ids=ids, start_positions=torch.tensor([1, 3]), end_positions=torch.tensor([2, 40]))
+    assert out.start_logits.shape == (2, 11) and torch.isfinite(out.loss)
+
+
+def test_embedding_projection_only_when_sizes_differ():
+    assert hasattr(ConvAttnModel(tiny_config("chang2021-small/none")), "embeddings_project")
+    assert not hasattr(ConvAttnModel(tiny_config("chang2021-small/none", embedding_size=32)), "embeddings_project")
+
+
+def test_attentions_and_hidden_states_are_returned_on_request():
+    model = tiny_model("chang2021-small/composite")
+    ids = torch.randint(5, 101, (2, 7))
+    out = model(input_ids=ids, attention_mask=torch.tensor([[1] * 7, [1] * 4 + [0] * 3]),
+                output_attentions=True, output_hidden_states=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 4, 7, 7)
+    assert len(out.hidden_states) == 3
+    assert out.attentions[1][1, :, :, 4:].abs().max() == 0
+
+
+def test_depthwise_convolutions_keep_pytorch_default_init():
+    model = ConvAttnModel(ConvAttnConfig.from_preset("chang2021-small/depthwise", num_hidden_layers=1))
+    conv = model.encoder.layer[0].attention.self.value_conv
+    bound = 1 / 17**0.5
+    assert conv.weight.abs().max() <= bound and conv.weight.std() > 0.5 * bound / 3**0.5
+    assert conv.bias.abs().max() <= bound and conv.bias.abs().max() > 0
+    dense = model.encoder.layer[0].attention.self.query
+    assert abs(dense.weight.std().item() - 0.02) < 0.002 and not dense.bias.any()
