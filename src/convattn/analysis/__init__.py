@@ -1,0 +1,1 @@
+"""Looking inside trained models: learned kernels and attention maps as figures."""

@@ -1,0 +1,70 @@
+"""`convattn plot kernels|attention` on a tiny checkpoint: files written, numbers right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.tiny import randomize_, tiny_config
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from convattn import ConvAttnForMaskedLM
+from convattn.analysis.kernels import dynamic_kernels, fixed_kernels, sort_by_adjacent_preference
+from convattn.cli import main
+
+WORDS = "the quick brown fox jumps over lazy dog and which had been asleep did not notice that anything happened"
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS.split()])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    torch.manual_seed(0)
+    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite+depthwise", vocab_size=len(vocab)))
+    randomize_(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_plot_kernels_writes_the_three_figures(checkpoint, capsys):
+    assert main(["plot", "kernels", str(checkpoint)]) == 0
+    for name in ("fixed_kernels.png", "depthwise_kernels.png", "dynamic_kernels.png"):
+        path = checkpoint / "plots" / name
+        assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+    assert not list((checkpoint / "plots").glob(".*tmp*"))
+
+
+def test_plot_attention_writes_the_map(checkpoint, tmp_path):
+    out = tmp_path / "figs"
+    assert main(["plot", "attention", str(checkpoint), "--text", "the lazy dog", "--output-dir", str(out)]) == 0
+    assert (out / "attention_maps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_kernel_values_come_from_the_model(checkpoint):
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(checkpoint).eval()
+    fixed = fixed_kernels(model)
+    assert fixed.shape == (2, 4, 17)
+    torch.testing.assert_close(fixed[1], model.encoder.layer[1].attention.self.relative.fixed)
+    encoded = AutoTokenizer.from_pretrained(checkpoint)("the quick brown fox", return_tensors="pt")
+    dynamic = dynamic_kernels(model, encoded["input_ids"], encoded["attention_mask"])
+    assert dynamic.shape == (2, 4, 17) and torch.isfinite(dynamic).all()
+
+
+def test_channels_sorted_from_previous_to_next_token_preference():
+    kernels = torch.zeros(3, 5)
+    kernels[0, 3] = 1.0  # next token (tap r + 1)
+    kernels[1, 1] = 1.0  # previous token (tap r - 1)
+    ordered = sort_by_adjacent_preference(kernels)
+    assert ordered[0, 1] == 1.0 and ordered[-1, 3] == 1.0
+
+
+def test_model_without_kernels_is_a_usage_error(tmp_path, capsys):
+    ConvAttnForMaskedLM(tiny_config("chang2021-small/absolute")).save_pretrained(tmp_path)
+    assert main(["plot", "kernels", str(tmp_path)]) == 2
+    assert "no lightweight or depthwise convolution kernels" in capsys.readouterr().err
