@@ -28,10 +28,11 @@ TOKENS_PER_BATCH = 2048
 
 def hf_bert(config: ConvAttnConfig) -> BertModel:
     """HF BERT of the same shape (embedding size = hidden, as BERT has no embedding projection)."""
-    bert = BertConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                      num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-                      intermediate_size=config.intermediate_size, max_position_embeddings=config.max_position_embeddings,
-                      attn_implementation="sdpa")
+    bert = BertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings, attn_implementation="sdpa",
+    )
     return BertModel(bert, add_pooling_layer=False)
 
 

@@ -157,3 +157,25 @@ def test_depthwise_convolutions_keep_pytorch_default_init():
     assert conv.bias.abs().max() <= bound and conv.bias.abs().max() > 0
     dense = model.encoder.layer[0].attention.self.query
     assert abs(dense.weight.std().item() - 0.02) < 0.002 and not dense.bias.any()
+
+
+@pytest.mark.parametrize("preset", ["chang2021-small/composite+conv-qkv", "chang2021-small/composite+depthwise",
+                                    "convbert/small", "malard/conv-linformer-n512-k128"])
+def test_every_module_with_its_own_init_scheme_is_initialised(preset, monkeypatch):
+    """`init_weights(std)` hooks must run at construction, including on modules whose only
+    parameters are inherited (a Conv1d subclass) -- transformers skips modules it thinks are empty."""
+    config = tiny_config(preset)
+    owners = {type(m) for m in ConvAttnForMaskedLM(config).modules()
+              if hasattr(m, "init_weights") and not isinstance(m, ConvAttnForMaskedLM | ConvAttnModel)}
+    assert owners
+    called = []
+    for cls in owners:
+        original = cls.init_weights
+        def spy(self, *args, _original=original, **kwargs):
+            called.append(self)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "init_weights", spy)
+    model = ConvAttnForMaskedLM(config)
+    expected = [m for m in model.modules() if type(m) in owners]
+    assert {id(m) for m in expected} <= {id(m) for m in called}

@@ -16,18 +16,19 @@ from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
 from convattn.attention.relative import RelativePositionBias
 
 
-def depthwise_conv(channels: int, kernel_size: int) -> nn.Conv1d:
-    """Conv1d(channels, channels, kernel, groups=channels), 'same' zero padding, with bias."""
-    return nn.Conv1d(channels, channels, kernel_size, groups=channels, padding=kernel_size // 2, bias=True)
+class DepthwiseConv1d(nn.Conv1d):
+    """Conv1d(channels, channels, kernel, groups=channels), 'same' zero padding, with bias, kept at
+    PyTorch's default init (the paper's code never re-initialised its convolutions)."""
 
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size, groups=channels, padding=kernel_size // 2, bias=True)
 
-def reset_conv(conv: nn.Conv1d) -> None:
-    """PyTorch's default Conv1d init (the paper's code never re-initialised its convolutions)."""
-    from transformers import initialization as init
+    def init_weights(self, std: float) -> None:
+        from transformers import initialization as init
 
-    init.kaiming_uniform_(conv.weight, a=math.sqrt(5))
-    bound = 1 / math.sqrt(conv.weight[0].numel())
-    init.uniform_(conv.bias, -bound, bound)
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        bound = 1 / math.sqrt(self.weight[0].numel())
+        init.uniform_(self.bias, -bound, bound)
 
 
 def conv1d_over_tokens(conv: nn.Module, x: Tensor) -> Tensor:
@@ -42,12 +43,9 @@ class ConvProjection(nn.Module):
 
     def __init__(self, hidden_size: int, kernel_size: int):
         super().__init__()
-        self.depthwise = depthwise_conv(hidden_size, kernel_size)
+        self.depthwise = DepthwiseConv1d(hidden_size, kernel_size)
         self.pointwise = nn.Linear(hidden_size, hidden_size // 2)
         self.linear = nn.Linear(hidden_size, hidden_size // 2)
-
-    def init_weights(self, std: float) -> None:
-        reset_conv(self.depthwise)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.cat([self.pointwise(conv1d_over_tokens(self.depthwise, x)), self.linear(x)], dim=-1)
@@ -75,11 +73,7 @@ class CompositeSelfAttention(nn.Module):
                                  config.relative_reach, config.relative_out_of_window)
             if config.relative_terms else None
         )
-        self.value_conv = depthwise_conv(hidden, config.relative_kernel_size) if config.value_depthwise_conv else None
-
-    def init_weights(self, std: float) -> None:
-        if self.value_conv is not None:
-            reset_conv(self.value_conv)
+        self.value_conv = DepthwiseConv1d(hidden, config.relative_kernel_size) if config.value_depthwise_conv else None
 
     def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
         if self.conv_projection_input:
