@@ -21,6 +21,8 @@ BAD = [
     (dict(head_ratio=2, conv_projections=["value"]), "cannot be combined with ConvBERT"),
     (dict(num_groups=3), "must be divisible by num_groups=3"),
     (dict(linformer_k=64), "linformer_k=64 has no effect"),
+    (dict(linformer_sharing="layerwise"), "linformer_sharing='layerwise' has no effect"),
+    (dict(linformer_conv="depthwise"), "linformer_conv='depthwise' has no effect"),
     (dict(sequence_projection="banded"), "sequence_projection='banded'"),
     (dict(sequence_projection=["linear"] * 3, linformer_k=32), "sequence_projection lists 3 layers"),
     (dict(sequence_projection="linear", linformer_k=256), "linformer_k=256 must not exceed"),

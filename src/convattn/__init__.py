@@ -8,12 +8,14 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForPreTraining,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
 
 from convattn.config import ConvAttnConfig
+from convattn.electra import ConvAttnForPreTraining
 from convattn.model import (
     ConvAttnForMaskedLM,
     ConvAttnForQuestionAnswering,
@@ -30,6 +32,7 @@ AutoConfig.register(ConvAttnConfig.model_type, ConvAttnConfig, exist_ok=True)
 for _auto, _model in (
     (AutoModel, ConvAttnModel),
     (AutoModelForMaskedLM, ConvAttnForMaskedLM),
+    (AutoModelForPreTraining, ConvAttnForPreTraining),
     (AutoModelForSequenceClassification, ConvAttnForSequenceClassification),
     (AutoModelForTokenClassification, ConvAttnForTokenClassification),
     (AutoModelForQuestionAnswering, ConvAttnForQuestionAnswering),
@@ -39,6 +42,7 @@ for _auto, _model in (
 __all__ = [
     "ConvAttnConfig",
     "ConvAttnForMaskedLM",
+    "ConvAttnForPreTraining",
     "ConvAttnForQuestionAnswering",
     "ConvAttnForSequenceClassification",
     "ConvAttnForTokenClassification",

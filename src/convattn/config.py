@@ -85,6 +85,10 @@ class ConvAttnConfig(PretrainedConfig):
     conv_kernel_size: int = 9
     num_groups: int = 1
     convbert_padding: str = "masked"
+    # ELECTRA replaced-token detection (ConvAttnForPreTraining): generator hidden size as a fraction of
+    # the discriminator's, and the weight of the discriminator's loss
+    generator_size: float = 0.25
+    discriminator_weight: float = 50.0
     # Linformer / Conv-Linformer
     linformer_k: int = 0
     sequence_projection: str | list[str] = "none"
@@ -144,6 +148,10 @@ class ConvAttnConfig(PretrainedConfig):
         _positive("relative_reach", self.relative_reach)
         _positive("head_ratio", self.head_ratio)
         _positive("num_groups", self.num_groups)
+        if not 0 < self.generator_size <= 1:
+            raise ValueError(f"generator_size={self.generator_size!r} must be in (0, 1] (a fraction of hidden_size)")
+        if not self.discriminator_weight >= 0:
+            raise ValueError(f"discriminator_weight={self.discriminator_weight!r} must be >= 0")
         _positive("linformer_k", self.linformer_k, minimum=0)
         for field in ("conv_projection_kernel", "conv_kernel_size"):
             value = getattr(self, field)
@@ -184,11 +192,15 @@ class ConvAttnConfig(PretrainedConfig):
                 _choice("sequence_projection", kind, SEQUENCE_PROJECTIONS)
         if any(kind != "none" for kind in self.layer_projections):
             self._validate_linformer()
-        elif self.linformer_k:
-            raise ValueError(
-                f"linformer_k={self.linformer_k} has no effect while sequence_projection is 'none' in every layer; "
-                "set sequence_projection to 'linear' or 'conv' (or per layer), or linformer_k=0"
-            )
+        else:
+            unused = {"linformer_k": (self.linformer_k, 0), "linformer_sharing": (self.linformer_sharing, "headwise"),
+                      "linformer_conv": (self.linformer_conv, "dense")}
+            for field, (value, default) in unused.items():
+                if value != default:
+                    raise ValueError(
+                        f"{field}={value!r} has no effect while sequence_projection is 'none' in every layer; "
+                        f"set sequence_projection to 'linear' or 'conv' (or per layer), or {field}={default!r}"
+                    )
 
     def _validate_linformer(self) -> None:
         n, k = self.max_position_embeddings, self.linformer_k
@@ -214,7 +226,9 @@ class ConvAttnConfig(PretrainedConfig):
                     "no longer correspond to token positions"
                 )
         if self.linformer_sharing == "layerwise" and len(set(self.layer_projections) - {"none"}) > 1:
-            raise ValueError("linformer_sharing='layerwise' needs the same sequence_projection in every projected layer")
+            raise ValueError(
+                "linformer_sharing='layerwise' needs the same sequence_projection in every projected layer"
+            )
 
     # ------------------------------------------------------------------ presets
     @classmethod

@@ -48,3 +48,5 @@ def build_attention(config, layer_idx: int, shared: nn.ModuleDict) -> nn.Module:
 
 
 __all__ = ["TokenMask", "attend", "attention_kind", "build_attention", "register_attention"]
+import convattn.attention.convbert  # noqa: E402, F401  (registers "convbert"; needs register_attention)
+from convattn.attention import linformer  # noqa: E402, F401  (registers "linformer"; needs register_attention)

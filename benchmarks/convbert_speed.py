@@ -1,0 +1,137 @@
+"""Forward + backward time of convattn's ConvBERT against transformers' ConvBERT and BERT (sdpa).
+
+Three models of the `convbert/small` shape (H 256, E 128, 12 layers, 4 heads, FFN 1024, vocab 30522) in
+one process, in training mode (dropout on): convattn `ConvAttnModel` (masked padding), transformers
+`ConvBertModel` holding the same weights (outputs checked equal first), and transformers `BertModel`
+with sdpa attention at the same hidden size. Each step is forward + sum().backward() on a full batch
+(no padding); the models take turns within every repetition so machine load hits them alike, and the
+table reports the median over repetitions after warm-up. A second table times the attention module
+alone (one layer's mixed attention, where the implementations differ; the rest is the same matmuls).
+
+    python benchmarks/convbert_speed.py                  # n = 128 (batch 8) and 512 (batch 2), 2 threads
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from common import machine_line, write_atomic
+from transformers import BertConfig, BertModel, ConvBertConfig, ConvBertModel
+
+from convattn.attention import TokenMask
+from convattn.interop.convbert import from_transformers
+
+SHAPE = dict(vocab_size=30522, hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024,
+             max_position_embeddings=512)
+
+
+def build_models() -> dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    hf_convbert = ConvBertModel(ConvBertConfig(**SHAPE, embedding_size=128, head_ratio=2, conv_kernel_size=9,
+                                               pad_token_id=0))
+    ours = from_transformers(hf_convbert, convbert_padding="masked")
+    bert = BertModel(BertConfig(**SHAPE, attn_implementation="sdpa"), add_pooling_layer=False)
+    ids = torch.randint(1, SHAPE["vocab_size"], (2, 64))
+    with torch.no_grad():
+        diff = (ours(input_ids=ids).last_hidden_state - hf_convbert.eval()(input_ids=ids).last_hidden_state).abs().max()
+    assert diff < 1e-4, f"convattn and transformers ConvBERT disagree by {diff}"
+    return {"convattn ConvBERT": ours.train(), "transformers ConvBERT": hf_convbert.train(),
+            "transformers BERT (sdpa)": bert.train()}
+
+
+def training_step(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, attention_mask=mask).last_hidden_state.sum().backward()
+
+    return step
+
+
+def attention_step(module: torch.nn.Module, x: torch.Tensor, ours: bool) -> Callable[[], None]:
+    mask = TokenMask(torch.ones(x.shape[:2], dtype=torch.bool))
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        inputs = x.detach().requires_grad_()
+        context, _ = module(inputs, mask) if ours else module(inputs, None)
+        context.sum().backward()
+
+    return step
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, warmup: int) -> dict[str, float]:
+    """Median seconds per step of each function, the functions taking turns within each repetition."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for rep in range(warmup + reps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            if rep >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="128,512")
+    parser.add_argument("--batch", default="8,2", help="batch size for each length")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "convbert_speed.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    batches = [int(b) for b in args.batch.split(",")]
+    if len(batches) != len(lengths):
+        parser.error("--batch needs one batch size per length")
+
+    models = build_models()
+    names = list(models)
+    lines = [
+        "# ConvBERT speed: forward + backward, `convbert/small` shape",
+        "",
+        f"Command: `{' '.join(['python', f'benchmarks/{Path(__file__).name}', *sys.argv[1:]])}`",
+        "",
+        f"Machine: {machine_line()}. Median of {args.reps} repetitions after {args.warmup} warm-up, models "
+        "interleaved, training mode, no padding.",
+        "",
+        "| n | batch | " + " | ".join(f"{name} (ms)" for name in names)
+        + " | transformers ConvBERT / convattn | convattn / BERT |",
+        "|---|---|" + "---|" * (len(names) + 2),
+    ]
+    for n, batch in zip(lengths, batches, strict=True):
+        generator = torch.Generator().manual_seed(n)
+        ids = torch.randint(1, SHAPE["vocab_size"], (batch, n), generator=generator)
+        mask = torch.ones_like(ids)
+        steps = {name: training_step(model, ids, mask) for name, model in models.items()}
+        medians = time_interleaved(steps, args.reps, args.warmup)
+        ours, hf, bert = (medians[name] for name in names)
+        row = (f"| {n} | {batch} | " + " | ".join(f"{1e3 * medians[name]:.1f}" for name in names)
+               + f" | {hf / ours:.2f}x | {ours / bert:.2f}x |")
+        lines.append(row)
+        print(row, flush=True)
+    ours_attention = models[names[0]].encoder.layer[0].attention.self
+    hf_attention = models[names[1]].encoder.layer[0].attention.self
+    lines += ["", "Attention module alone (layer 0, forward + backward):", "",
+              "| n | batch | convattn (ms) | transformers (ms) | transformers / convattn |", "|---|---|---|---|---|"]
+    for n, batch in zip(lengths, batches, strict=True):
+        x = torch.randn(batch, n, SHAPE["hidden_size"], generator=torch.Generator().manual_seed(n))
+        medians = time_interleaved({"ours": attention_step(ours_attention, x, True),
+                                    "hf": attention_step(hf_attention, x, False)}, 3 * args.reps, args.warmup)
+        row = (f"| {n} | {batch} | {1e3 * medians['ours']:.2f} | {1e3 * medians['hf']:.2f} | "
+               f"{medians['hf'] / medians['ours']:.2f}x |")
+        lines.append(row)
+        print(row, flush=True)
+    write_atomic(args.output, "\n".join(lines) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

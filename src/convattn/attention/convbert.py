@@ -1,0 +1,133 @@
+"""ConvBERT's mixed attention (Jiang et al. 2020; SPEC section 3).
+
+The h configured heads are split in two: N = h // head_ratio self-attention heads and N span-based
+dynamic-convolution heads, each working on a bottleneck of width A = H / 2 (heads of size A / N; for
+head_ratio 2 that is d = H / h). For token i and conv head g:
+
+    Ks      = pointwise(depthwise_K(X)) + bias                  (separable conv, H -> A)
+    kernel  = softmax_t(conv_kernel_layer(Ks * Q)[i, g, t])     (K taps per head, no scaling)
+    out[i]  = sum_t kernel[i, g, t] * V'[i + t - K//2]           (V' = conv_out_layer(X), zero outside)
+
+and the layer's output is concat(self-attention heads, conv heads) -> dense -> add & norm.
+
+Padding: with convbert_padding="masked" pad rows are zeroed in the input of the separable
+convolution and in the conv value V', so a real token sees exactly the zeros it would see at the end
+of an unpadded sequence and its output does not depend on padding. "reference" skips the zeroing,
+as the reference codes do (they only mask the self-attention scores), for checkpoint parity.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import initialization as init
+
+from convattn.attention import register_attention
+from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
+from convattn.attention.relative import RelativePositionBias
+
+
+def shifted_taps(x: Tensor, kernel_size: int) -> list[Tensor]:
+    """The K views x[:, i + t - K//2] (zeros outside the sequence) of a (batch, n, ...) tensor.
+
+    Views into one zero-padded copy: summing weighted taps costs K multiply-adds per element,
+    without the K-times-larger copy that unfold + matmul makes.
+    """
+    n, half = x.shape[1], kernel_size // 2
+    padded = F.pad(x, (0, 0) * (x.dim() - 2) + (half, half))
+    return [padded[:, t : t + n] for t in range(kernel_size)]
+
+
+def dynamic_conv(value: Tensor, kernel: Tensor) -> Tensor:
+    """out[b, i, g] = sum_t kernel[b, i, g, t] * value[b, i + t - K//2, g].
+
+    value: (batch, n, heads, head_size); kernel: (batch, n, heads, K) -> (batch, n, heads, head_size).
+    """
+    taps = shifted_taps(value, kernel.shape[-1])
+    out = kernel[..., 0, None] * taps[0]
+    for t in range(1, len(taps)):
+        out = out + kernel[..., t, None] * taps[t]
+    return out
+
+
+class SeparableConv1D(nn.Module):
+    """Depthwise Conv1d(H, H, K, groups=H) then pointwise Conv1d(H, A, 1), both without bias, then + bias (A, 1).
+
+    Parameter names and shapes are those of the reference (HF `key_conv_attn_layer`).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
+        super().__init__()
+        self.depthwise = nn.Conv1d(in_channels, in_channels, kernel_size, groups=in_channels,
+                                   padding=kernel_size // 2, bias=False)
+        self.pointwise = nn.Conv1d(in_channels, out_channels, 1, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_channels, 1))
+
+    def init_weights(self, std: float) -> None:
+        init.normal_(self.depthwise.weight, mean=0.0, std=std)
+        init.normal_(self.pointwise.weight, mean=0.0, std=std)
+        init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(batch, n, H) -> (batch, n, A)."""
+        convolved = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
+        return F.linear(convolved, self.pointwise.weight[:, :, 0], self.bias[:, 0])
+
+
+class ConvBertMixedAttention(nn.Module):
+    """N self-attention heads (optionally with relative terms) + N span-based dynamic conv heads."""
+
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_self_attention_heads
+        if hidden % (2 * self.num_heads):
+            raise ValueError(
+                f"hidden_size={hidden} must be divisible by 2 * (num_attention_heads // head_ratio) = "
+                f"{2 * self.num_heads}: ConvBERT splits H / 2 channels among the self-attention heads"
+            )
+        bottleneck = hidden // 2
+        self.head_size = bottleneck // self.num_heads
+        self.kernel_size = config.conv_kernel_size
+        self.mask_padding = config.convbert_padding == "masked"
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.backend = config.attention_backend
+
+        self.query = nn.Linear(hidden, bottleneck)
+        self.key = nn.Linear(hidden, bottleneck)
+        self.value = nn.Linear(hidden, bottleneck)
+        self.key_conv_attn_layer = SeparableConv1D(hidden, bottleneck, self.kernel_size)
+        self.conv_kernel_layer = nn.Linear(bottleneck, self.num_heads * self.kernel_size)
+        self.conv_out_layer = nn.Linear(hidden, bottleneck)
+        self.relative = (
+            RelativePositionBias(config.relative_terms, self.num_heads, self.head_size,
+                                 config.relative_reach, config.relative_out_of_window)
+            if config.relative_terms else None
+        )
+
+    def conv_heads(self, hidden_states: Tensor, query: Tensor, mask: TokenMask) -> Tensor:
+        """The span-based dynamic convolution: (batch, n, H), (batch, n, A) -> (batch, n, A)."""
+        conv_input = mask.zero_pads(hidden_states) if self.mask_padding else hidden_states
+        key_span = self.key_conv_attn_layer(conv_input)
+        kernel = self.conv_kernel_layer(key_span * query).unflatten(-1, (self.num_heads, self.kernel_size))
+        value = self.conv_out_layer(hidden_states)
+        if self.mask_padding:
+            value = mask.zero_pads(value)
+        out = dynamic_conv(value.unflatten(-1, (self.num_heads, self.head_size)), kernel.softmax(dim=-1))
+        return out.flatten(-2)
+
+    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+        query = self.query(hidden_states)
+        q = split_heads(query, self.num_heads)
+        k = split_heads(self.key(hidden_states), self.num_heads)
+        v = split_heads(self.value(hidden_states), self.num_heads)
+        bias = self.relative(q, k) if self.relative is not None else None
+        context, probs = attend(
+            q, k, v, bias=bias, mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
+            backend=self.backend, need_weights=output_attentions,
+        )
+        return torch.cat([merge_heads(context), self.conv_heads(hidden_states, query, mask)], dim=-1), probs
+
+
+register_attention("convbert")(lambda config, layer_idx, shared: ConvBertMixedAttention(config))

@@ -1,0 +1,171 @@
+"""ELECTRA replaced-token detection (Clark et al. 2020), ConvBERT's pretraining objective (SPEC section 3).
+
+A small generator (the same architecture at `generator_size` x the hidden size, heads and FFN width)
+fills in masked tokens; the discriminator (the encoder we keep) learns which tokens were replaced.
+Both share the word / position / token-type embeddings and the embedding LayerNorm:
+
+    loss = MLM(generator) + discriminator_weight x BCE(replaced?) over non-pad tokens
+
+The discriminator is `model.convattn`, a plain `ConvAttnModel` under the same prefix as every other
+convattn head, so a saved pretraining checkpoint loads straight into e.g.
+`ConvAttnForSequenceClassification.from_pretrained(dir)`; `save_discriminator(dir)` writes the
+encoder alone (no generator, no heads) for fine-tuning.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers.activations import ACT2FN
+from transformers.utils import ModelOutput
+
+from convattn.config import ConvAttnConfig
+from convattn.model import ConvAttnModel, ConvAttnPreTrainedModel, MaskedLMHead
+
+MASK_PROBABILITY = 0.15  # of the maskable tokens of each sequence
+MASK_TOKEN_PROBABILITY = 0.85  # of those, replaced by [MASK] in the generator input; the rest kept
+
+
+def generator_config(config: ConvAttnConfig) -> ConvAttnConfig:
+    """The discriminator's config with hidden size, heads and FFN width scaled by `generator_size`.
+
+    With ConvBERT the generator keeps at least one self-attention and one conv head (as the reference
+    code does when the heads run out: num_attention_heads // head_ratio >= 1).
+    """
+    fraction = config.generator_size
+    fields = config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures", "preset"):
+        fields.pop(key, None)
+    fields.update(
+        hidden_size=round(config.hidden_size * fraction),
+        num_attention_heads=max(config.head_ratio, round(config.num_attention_heads * fraction)),
+        intermediate_size=round(config.intermediate_size * fraction),
+    )
+    return ConvAttnConfig(**fields)
+
+
+@dataclass
+class ElectraPreTrainingOutput(ModelOutput):
+    """`loss` = generator_loss + discriminator_weight x discriminator_loss. `discriminator_logits` (batch, n)
+    score "replaced"; `corrupted_ids` is the discriminator's input and `replaced` its labels (token differs
+    from the original); `masked` marks the positions the generator predicted."""
+
+    loss: Tensor | None = None
+    generator_loss: Tensor | None = None
+    discriminator_loss: Tensor | None = None
+    discriminator_accuracy: Tensor | None = None
+    discriminator_logits: Tensor | None = None
+    corrupted_ids: Tensor | None = None
+    replaced: Tensor | None = None
+    masked: Tensor | None = None
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator head: dense(H -> H) -> activation -> dense_prediction(H -> 1)."""
+
+    def __init__(self, config: ConvAttnConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)
+
+
+def select_masked(maskable: Tensor) -> Tensor:
+    """round(15%) of each row's maskable positions (at least one where any), uniformly at random."""
+    count = maskable.sum(dim=1, keepdim=True)
+    to_mask = (count * MASK_PROBABILITY).round().clamp(min=1).minimum(count)
+    scores = torch.rand(maskable.shape, device=maskable.device).masked_fill(~maskable, -1.0)
+    rank = scores.argsort(dim=1, descending=True).argsort(dim=1)
+    return (rank < to_mask) & maskable
+
+
+def gumbel_sample(logits: Tensor) -> Tensor:
+    """A sample of softmax(logits) per row (temperature 1): argmax(logits + Gumbel noise)."""
+    uniform = torch.rand_like(logits, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)  # in (0, 1)
+    return (logits.float() - torch.log(-torch.log(uniform))).argmax(dim=-1)
+
+
+class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
+    """Generator + discriminator trained on replaced-token detection; `config` is the discriminator's."""
+
+    # targets -> sources (regular expressions): all of the generator's embedding module (whatever it holds:
+    # positions are optional) and its MLM decoder
+    _tied_weights_keys = {  # noqa: RUF012
+        r"generator\.embeddings\.": r"convattn\.embeddings\.",
+        r"generator_head\.decoder\.weight": r"convattn\.embeddings\.word_embeddings\.weight",
+    }
+
+    def __init__(self, config: ConvAttnConfig):
+        if config.mask_token_id is None:
+            raise ValueError("mask_token_id is None: ConvAttnForPreTraining masks tokens itself, so set "
+                             "config.mask_token_id to the tokenizer's [MASK] id")
+        if not config.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings=False: ELECTRA shares the embeddings between generator and "
+                             "discriminator and ties the generator's decoder to them; set it to True")
+        super().__init__(config)
+        self.convattn = ConvAttnModel(config)
+        self.discriminator_head = ReplacedTokenHead(config)
+        small = generator_config(config)
+        self.generator = ConvAttnModel(small)
+        self.generator.embeddings = self.convattn.embeddings
+        self.generator_head = MaskedLMHead(small)
+        self.post_init()
+
+    def discriminator_model(self) -> ConvAttnModel:
+        """The discriminator encoder, the model to fine-tune."""
+        return self.convattn
+
+    def save_discriminator(self, save_directory: str | os.PathLike, **kwargs) -> None:
+        """Save the discriminator encoder alone (a `ConvAttnModel` checkpoint, no generator or heads)."""
+        self.convattn.save_pretrained(save_directory, **kwargs)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.convattn.embeddings.word_embeddings
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.generator_head.decoder
+
+    def corrupt(self, input_ids: Tensor, maskable: Tensor) -> tuple[Tensor, Tensor]:
+        """Choose the positions to predict and build the generator input: (masked positions, generator ids)."""
+        masked = select_masked(maskable)
+        use_mask_token = masked & (torch.rand(masked.shape, device=masked.device) < MASK_TOKEN_PROBABILITY)
+        return masked, input_ids.masked_fill(use_mask_token, self.config.mask_token_id)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                special_tokens_mask: Tensor | None = None) -> ElectraPreTrainingOutput:
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        maskable = keep
+        if special_tokens_mask is not None:
+            maskable = maskable & ~special_tokens_mask.bool()
+        if self.config.pad_token_id is not None:
+            maskable = maskable & (input_ids != self.config.pad_token_id)
+        masked, generator_ids = self.corrupt(input_ids, maskable)
+
+        hidden = self.generator(input_ids=generator_ids, attention_mask=attention_mask,
+                                token_type_ids=token_type_ids).last_hidden_state
+        generator_logits = self.generator_head(hidden[masked]).float()  # only the masked rows: (masked, V)
+        original = input_ids[masked]
+        # sum / max(count, 1): a batch without maskable tokens gives loss 0, not NaN
+        generator_loss = F.cross_entropy(generator_logits, original, reduction="sum") / masked.sum().clamp(min=1)
+
+        with torch.no_grad():
+            corrupted_ids = input_ids.masked_scatter(masked, gumbel_sample(generator_logits))
+        replaced = corrupted_ids != input_ids
+        logits = self.discriminator_head(self.convattn(input_ids=corrupted_ids, attention_mask=attention_mask,
+                                                       token_type_ids=token_type_ids).last_hidden_state)
+        real_logits, labels = logits[keep].float(), replaced[keep].float()
+        discriminator_loss = F.binary_cross_entropy_with_logits(real_logits, labels)
+        accuracy = ((real_logits > 0).float() == labels).float().mean()
+        return ElectraPreTrainingOutput(
+            loss=generator_loss + self.config.discriminator_weight * discriminator_loss,
+            generator_loss=generator_loss, discriminator_loss=discriminator_loss,
+            discriminator_accuracy=accuracy.detach(), discriminator_logits=logits,
+            corrupted_ids=corrupted_ids, replaced=replaced, masked=masked,
+        )

@@ -1,0 +1,155 @@
+"""`transformers` ConvBERT <-> convattn: identical outputs, lossless round trips, saved directories."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import BertConfig, BertModel, ConvBertConfig
+
+from convattn import (
+    ConvAttnConfig,
+    ConvAttnForMaskedLM,
+    ConvAttnForQuestionAnswering,
+    ConvAttnForSequenceClassification,
+    ConvAttnForTokenClassification,
+    ConvAttnModel,
+)
+from convattn.interop.convbert import from_transformers, to_transformers
+
+# SPEC section 3 widths; 2 layers and a small vocabulary keep the tests fast (per-layer shapes are unchanged)
+SHAPES = {
+    "small": dict(embedding_size=128, hidden_size=256, num_attention_heads=4, intermediate_size=1024, num_groups=1),
+    "medium-small": dict(embedding_size=128, hidden_size=384, num_attention_heads=8, intermediate_size=1536,
+                         num_groups=2),
+}
+OURS = {
+    "ConvBertModel": ConvAttnModel,
+    "ConvBertForMaskedLM": ConvAttnForMaskedLM,
+    "ConvBertForSequenceClassification": ConvAttnForSequenceClassification,
+    "ConvBertForTokenClassification": ConvAttnForTokenClassification,
+    "ConvBertForQuestionAnswering": ConvAttnForQuestionAnswering,
+}
+
+
+def hf_model(cls_name: str, shape: str = "small", **fields):
+    """A random-initialised transformers model; every parameter perturbed so zero/one inits hide nothing."""
+    torch.manual_seed(0)
+    fields = {"vocab_size": 500, "num_hidden_layers": 2, "max_position_embeddings": 128, "pad_token_id": 0,
+              "num_labels": 2 if cls_name == "ConvBertForQuestionAnswering" else 3, **SHAPES[shape], **fields}
+    model = getattr(transformers, cls_name)(ConvBertConfig(**fields)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def first_output(output) -> torch.Tensor:
+    for name in ("last_hidden_state", "logits", "start_logits"):
+        if getattr(output, name, None) is not None:
+            return getattr(output, name)
+    raise AssertionError(output)
+
+
+def batch(n=37, size=3, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 500, (size, n), generator=generator)
+    types = (torch.arange(n) >= n // 2).long().expand(size, -1)
+    return ids, types
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("cls_name", ["ConvBertModel", "ConvBertForMaskedLM", "ConvBertForSequenceClassification"])
+def test_converted_models_give_identical_outputs_and_round_trip(cls_name, shape):
+    hf = hf_model(cls_name, shape)
+    ours = from_transformers(hf, convbert_padding="reference")
+    assert type(ours) is OURS[cls_name] and ours.config.num_groups == SHAPES[shape]["num_groups"]
+    ids, types = batch()
+    with torch.no_grad():
+        expected = first_output(hf(input_ids=ids, token_type_ids=types))
+        got = first_output(ours(input_ids=ids, token_type_ids=types))
+    assert (got - expected).abs().max() < 1e-5
+    back = to_transformers(ours)
+    assert type(back) is type(hf)
+    original, returned = hf.state_dict(), back.state_dict()
+    assert original.keys() == returned.keys()
+    assert all(torch.equal(original[k], returned[k]) for k in original)
+
+
+@pytest.mark.parametrize("cls_name", list(OURS))
+def test_every_supported_head_converts_both_ways(cls_name):
+    hf = hf_model(cls_name, hidden_size=64, embedding_size=32, num_attention_heads=4, intermediate_size=128)
+    ours = from_transformers(hf)
+    ids, types = batch(n=12)
+    with torch.no_grad():
+        torch.testing.assert_close(first_output(ours(input_ids=ids, token_type_ids=types)),
+                                   first_output(hf(input_ids=ids, token_type_ids=types)), rtol=1e-5, atol=1e-5)
+    again = from_transformers(to_transformers(ours))
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in ours.state_dict().items())
+
+
+def test_masked_lm_decoder_stays_tied_to_the_word_embeddings():
+    ours = from_transformers(hf_model("ConvBertForMaskedLM"))
+    assert ours.mlm_head.decoder.weight is ours.convattn.embeddings.word_embeddings.weight
+    back = to_transformers(ours)
+    assert back.generator_lm_head.weight is back.convbert.embeddings.word_embeddings.weight
+
+
+def test_config_fields_map_both_ways():
+    hf = hf_model("ConvBertForSequenceClassification", conv_kernel_size=7, num_groups=2,
+                  layer_norm_eps=1e-7, classifier_dropout=0.3, hidden_dropout_prob=0.05, pad_token_id=3)
+    config = from_transformers(hf).config
+    assert (config.conv_kernel_size, config.layer_norm_eps, config.classifier_dropout) == (7, 1e-7, 0.3)
+    assert (config.hidden_dropout_prob, config.pad_token_id, config.num_labels) == (0.05, 3, 3)
+    assert (config.position_embedding_type, config.head_ratio, config.convbert_padding) == ("absolute", 2, "masked")
+    back = to_transformers(from_transformers(hf)).config
+    for field in ("conv_kernel_size", "layer_norm_eps", "classifier_dropout", "pad_token_id", "num_groups",
+                  "num_labels", "embedding_size", "max_position_embeddings", "vocab_size"):
+        assert getattr(back, field) == getattr(hf.config, field), field
+
+
+def test_padding_modes_on_padded_batches():
+    """reference: transformers' output everywhere (its leak included); masked: each sequence as if alone."""
+    hf = hf_model("ConvBertModel")
+    ids, types = batch(n=20)
+    keep = (torch.arange(20)[None, :] < torch.tensor([[20], [13], [6]])).long()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=keep, token_type_ids=types).last_hidden_state
+        reference = from_transformers(hf, convbert_padding="reference")
+        got = reference(input_ids=ids, attention_mask=keep, token_type_ids=types).last_hidden_state
+        assert (got - expected).abs().max() < 1e-5
+        masked = from_transformers(hf)(input_ids=ids, attention_mask=keep, token_type_ids=types).last_hidden_state
+        for b, length in enumerate([20, 13, 6]):
+            alone = hf(input_ids=ids[b : b + 1, :length], token_type_ids=types[b : b + 1, :length]).last_hidden_state
+            assert (masked[b, :length] - alone[0]).abs().max() < 1e-5
+            if length < 20:  # transformers itself leaks padding into the real tokens
+                assert (expected[b, :length] - alone[0]).abs().max() > 1e-3
+
+
+def test_saved_directories_convert(tmp_path):
+    hf = hf_model("ConvBertForMaskedLM", shape="medium-small")
+    hf.save_pretrained(tmp_path / "hf")
+    ours = from_transformers(tmp_path / "hf", convbert_padding="reference")
+    assert isinstance(ours, ConvAttnForMaskedLM)
+    ids, types = batch(n=16)
+    with torch.no_grad():
+        expected = hf(input_ids=ids, token_type_ids=types).logits
+        assert (ours(input_ids=ids, token_type_ids=types).logits - expected).abs().max() < 1e-5
+        to_transformers(ours).save_pretrained(tmp_path / "back")
+        reloaded = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "back").eval()
+        assert isinstance(reloaded, transformers.ConvBertForMaskedLM)
+        assert (reloaded(input_ids=ids, token_type_ids=types).logits - expected).abs().max() < 1e-5
+    hf_model("ConvBertForSequenceClassification").save_pretrained(tmp_path / "cls")
+    assert isinstance(from_transformers(str(tmp_path / "cls")), ConvAttnForSequenceClassification)
+
+
+def test_what_cannot_convert_is_named():
+    with pytest.raises(ValueError, match="cannot convert a BertModel"):
+        from_transformers(BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                               intermediate_size=64, vocab_size=50)))
+    composite = ConvAttnModel(ConvAttnConfig.from_preset("chang2021-small/convbert", relative_terms=["fixed"],
+                                                         num_hidden_layers=1))
+    with pytest.raises(ValueError, match=r"relative_terms=.*no equivalent in transformers' ConvBERT"):
+        to_transformers(composite)
+    with pytest.raises(ValueError, match="head_ratio=1"):
+        to_transformers(ConvAttnModel(ConvAttnConfig(num_hidden_layers=1)))
