@@ -11,6 +11,7 @@ from convattn.errors import UsageError
 # each module defines `register(subparsers)`, which adds its parser and sets `func`
 COMMAND_MODULES = (
     "convattn.commands.presets",
+    "convattn.commands.pretrain",
     "convattn.commands.plot",
 )
 

@@ -1,0 +1,215 @@
+"""`convattn pretrain`: raw text to a trained encoder (the project's main job)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from convattn.errors import UsageError
+
+HUB_DEFAULT = ("Salesforce/wikitext", "wikitext-103-raw-v1")
+
+# architecture flags -> ConvAttnConfig fields
+ARCHITECTURE_FLAGS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "intermediate": "intermediate_size",
+    "embedding_size": "embedding_size",
+    "max_len": "max_position_embeddings",
+}
+# training flags -> Recipe fields (None on the command line: keep the recipe's value)
+RECIPE_FLAGS = ("objective", "format", "vocab_size", "seq_len", "batch_size", "gradient_accumulation",
+                "learning_rate", "weight_decay", "adam_epsilon", "warmup", "max_grad_norm", "mlm_probability",
+                "max_steps", "eval_every", "save_every", "eval_samples", "seed")
+
+EXAMPLES = """\
+examples:
+  convattn pretrain
+      the quick run: a small composite-attention model on the embedded default corpus (a few minutes on CPU)
+  convattn pretrain --train-file corpus/ --eval-file valid.txt --max-steps 5000
+      your own text (files, directories or globs), with the default recipe
+  convattn pretrain --preset chang2021-small/composite --dataset --output-dir runs/small-composite
+      the paper protocol (recipe chang2021-small) on WikiText-103 from the HuggingFace hub
+  convattn pretrain --preset chang2021-small/absolute --layers 4 --hidden 128 --set relative_reach=4
+      any preset, with architecture overrides
+  convattn pretrain --output-dir runs/small-composite --resume
+      continue an interrupted run (repeat its options; Ctrl-C keeps the last checkpoint)
+  accelerate launch --num_processes 2 -m convattn pretrain ...
+      data-parallel on 2 GPUs or processes (torchrun works too)
+"""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Show defaults, except for options whose default is "take it from the recipe" (None)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "pretrain",
+        help="pretrain an encoder (MLM or ELECTRA) from raw text",
+        description="Pretrain a convattn encoder from raw text: train (or load) a tokenizer, format and cache the "
+                    "corpus, train with a paper's recipe, evaluate perplexity on held-out text, and save a model "
+                    "that AutoModelForMaskedLM.from_pretrained loads. Options left unset take the recipe's value.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    from convattn.training.recipes import load_recipe
+
+    default = load_recipe("default")
+
+    def shown(name: str) -> str:  # the default recipe's value, for the help text
+        return f" [default recipe: {getattr(default, name)}]"
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--preset", help="model preset (see `convattn presets`; default: the recipe's)")
+    model.add_argument("--layers", type=int, metavar="N", help="number of layers (num_hidden_layers)")
+    model.add_argument("--hidden", type=int, metavar="N", help="hidden size (hidden_size)")
+    model.add_argument("--heads", type=int, metavar="N", help="attention heads (num_attention_heads)")
+    model.add_argument("--intermediate", type=int, metavar="N", help="feed-forward size (intermediate_size)")
+    model.add_argument("--embedding-size", type=int, metavar="N", help="embedding size (embedding_size)")
+    model.add_argument("--max-len", type=int, metavar="N", help="maximum sequence length (max_position_embeddings)")
+    model.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="any config field, e.g. --set relative_terms=[fixed] --set hidden_dropout_prob=0 "
+                            "(repeatable; VALUE is YAML)")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", nargs="?", const=HUB_DEFAULT[0], metavar="HUB_NAME",
+                      help=f"HuggingFace hub dataset with a 'text' column (bare --dataset: {HUB_DEFAULT[0]}); "
+                           "default: the embedded corpus (installed documentation, no network)")
+    data.add_argument("--dataset-config", metavar="CFG",
+                      help=f"hub dataset config (for {HUB_DEFAULT[0]}: {HUB_DEFAULT[1]})")
+    data.add_argument("--train-file", nargs="+", action="extend", default=[], metavar="PATH",
+                      help="local text: files, directories or globs (one line or paragraph per line)")
+    data.add_argument("--eval-file", nargs="+", action="extend", default=[], metavar="PATH",
+                      help="held-out text (default: the dataset's validation split, or the last 1%% of the train "
+                           "text up to 5000 lines)")
+    data.add_argument("--tokenizer", metavar="DIR",
+                      help="use this tokenizer directory (ours or any HF one) instead of training one")
+    data.add_argument("--vocab-size", type=int, metavar="N",
+                      help="size of the unigram tokenizer to train (special tokens included)" + shown("vocab_size"))
+    data.add_argument("--seq-len", type=int, metavar="N",
+                      help="tokens per example (default: the model's maximum)" + shown("seq_len"))
+    data.add_argument("--format", choices=("pairs", "packed"),
+                      help="pairs: [CLS] line [SEP] next line [SEP] (Chang et al.); packed: full blocks of "
+                           "concatenated text (Conv-Linformer)")
+    data.add_argument("--eval-samples", type=int, metavar="N",
+                      help="evaluate on the first N eval examples only" + shown("eval_samples"))
+    data.add_argument("--cache-dir", type=Path, default=None,
+                      help="where tokenizers and formatted data are cached (default: $CONVATTN_CACHE or "
+                           "~/.cache/convattn)")
+
+    training = parser.add_argument_group("training")
+    training.add_argument("--recipe", help="named protocol: default, chang2021-small, chang2021-base, "
+                                           "convbert-small, convbert-base, malard (default: the preset's paper)")
+    training.add_argument("--objective", choices=("mlm", "electra"),
+                          help="masked LM (15%%, 80/10/10) or ELECTRA replaced-token detection")
+    training.add_argument("--batch-size", type=int, metavar="N",
+                          help="examples per optimizer step, over all processes" + shown("batch_size"))
+    training.add_argument("--gradient-accumulation", type=int, metavar="N",
+                          help="micro-batches per optimizer step" + shown("gradient_accumulation"))
+    training.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps" + shown("max_steps"))
+    training.add_argument("--lr", dest="learning_rate", type=float, metavar="X",
+                          help="peak learning rate" + shown("learning_rate"))
+    training.add_argument("--weight-decay", type=float, metavar="X",
+                          help="AdamW weight decay (never on biases or LayerNorm)" + shown("weight_decay"))
+    training.add_argument("--adam-epsilon", type=float, metavar="X", help="AdamW epsilon" + shown("adam_epsilon"))
+    training.add_argument("--warmup", type=float, metavar="X",
+                          help="linear warmup steps, or a fraction of --max-steps if below 1" + shown("warmup"))
+    training.add_argument("--max-grad-norm", type=float, metavar="X", help="gradient clipping" + shown("max_grad_norm"))
+    training.add_argument("--mlm-probability", type=float, metavar="X",
+                          help="fraction of tokens masked" + shown("mlm_probability"))
+    training.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                          help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU")
+    training.add_argument("--seed", type=int, metavar="N",
+                          help="seed for initialisation, data order and masking" + shown("seed"))
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--output-dir", type=Path, help="where the run goes (default: runs/pretrain-RECIPE)")
+    output.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps" + shown("eval_every"))
+    output.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps" + shown("save_every"))
+    output.add_argument("--log-every", type=int, default=10, help="log train loss and tokens/s every N steps")
+    output.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    output.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    parser.set_defaults(func=run)
+
+
+def config_overrides(args: argparse.Namespace) -> dict:
+    from convattn.config import ConvAttnConfig
+
+    overrides = {field: getattr(args, flag) for flag, field in ARCHITECTURE_FLAGS.items()
+                 if getattr(args, flag) is not None}
+    known = [name for name in ConvAttnConfig.__annotations__ if not name.startswith("_")]
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--set {item!r} must look like FIELD=VALUE, e.g. --set hidden_dropout_prob=0.0")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "run `convattn presets` to see config fields"
+            raise UsageError(f"--set {name}: not a config field; {hint}")
+        overrides[name] = yaml.safe_load(value)
+    return overrides
+
+
+def options_from_args(args: argparse.Namespace):
+    from convattn.training.pretrain import PretrainOptions, default_cache_dir
+    from convattn.training.recipes import load_recipe, recipe_for_preset
+
+    recipe_name = args.recipe or recipe_for_preset(args.preset)
+    recipe = load_recipe(recipe_name)
+    if args.preset:
+        recipe.preset = args.preset
+        if args.recipe is None and recipe_name == "default":
+            recipe.model = {}  # the default recipe's size only applies to its own preset
+    recipe.model = {**recipe.model, **config_overrides(args)}
+    for name in RECIPE_FLAGS:
+        if getattr(args, name) is not None:
+            setattr(recipe, name, getattr(args, name))
+    dataset_config = args.dataset_config
+    if args.dataset == HUB_DEFAULT[0] and dataset_config is None:
+        dataset_config = HUB_DEFAULT[1]
+    return PretrainOptions(
+        recipe=recipe,
+        output_dir=args.output_dir or Path("runs") / f"pretrain-{recipe_name}",
+        dataset=args.dataset, dataset_config=dataset_config, train_files=args.train_file,
+        eval_files=args.eval_file, tokenizer=args.tokenizer, cache_dir=args.cache_dir or default_cache_dir(),
+        precision=args.precision, log_every=args.log_every, resume=args.resume, overwrite=args.overwrite,
+    )
+
+
+def _stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    import datasets
+    import transformers
+
+    from convattn.training.pretrain import pretrain
+
+    datasets.disable_progress_bars()  # our own lines say what data preparation is doing
+    transformers.utils.logging.disable_progress_bar()
+    options = options_from_args(args)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a kill stops like Ctrl-C: checkpoints stay intact
+    summary = pretrain(options)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("\n".join(summary.lines()), file=sys.stderr if summary.interrupted else sys.stdout)
+        if summary.interrupted:
+            print(f"continue with: convattn pretrain ... --output-dir {options.output_dir} --resume", file=sys.stderr)
+    return 130 if summary.interrupted else 0
+

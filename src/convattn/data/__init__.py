@@ -1,0 +1,1 @@
+"""Data: pretraining corpora, tokenizers, sequence formatting (and GLUE loaders)."""

@@ -1,0 +1,254 @@
+"""Pretraining corpora: a HuggingFace hub dataset, local text files, or the embedded default.
+
+Every source becomes a `Corpus`: a train and an eval `datasets.Dataset` with one `text` column
+(one line or paragraph per row) and an `identity` string that changes whenever the text can change,
+so later stages can cache their work under it. Local files are checked up front (missing, empty,
+not UTF-8) so bad input fails before anything is computed or written.
+
+The embedded default needs no network and ships no third-party text: it is extracted at run time
+from the documentation that the installed Python and packages carry (the `pydoc` topics and the
+docstrings of the standard library, numpy and scikit-learn), deduplicated, and cached as text files.
+"""
+
+from __future__ import annotations
+
+import ast
+import codecs
+import glob
+import importlib.util
+import re
+import sys
+import sysconfig
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from convattn.errors import UsageError
+
+EMBEDDED = "embedded"
+EMBEDDED_VERSION = 1
+# packages whose docstrings join the standard library's in the embedded corpus (all dependencies)
+EMBEDDED_PACKAGES = ("numpy", "sklearn")
+EMBEDDED_EVAL_EVERY = 20  # about 1 source file in 20 is held out for evaluation
+HOLDOUT_FRACTION = 0.01  # of a local or hub corpus without its own eval split
+HOLDOUT_MAX_ROWS = 5000
+
+
+@dataclass
+class Corpus:
+    train: datasets.Dataset
+    eval: datasets.Dataset
+    identity: str  # changes whenever the text can change (cache key)
+    description: str
+
+
+# ---------------------------------------------------------------------------------- local files
+def resolve_text_files(patterns: list[str], flag: str = "--train-file") -> list[Path]:
+    """Expand files, directories (recursively, hidden files skipped) and globs, in sorted order."""
+    files: list[Path] = []
+    for pattern in patterns:
+        path = Path(pattern).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
+            if not found:
+                raise UsageError(f"{flag} {pattern}: the directory has no files; point at text files")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        elif glob.has_magic(pattern):
+            found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+            if not found:
+                raise UsageError(f"{flag} {pattern}: the pattern matches no files")
+            files.extend(found)
+        else:
+            raise UsageError(f"{flag} {pattern}: no such file or directory")
+    for file in files:
+        check_text_file(file, flag)
+    return files
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def check_text_file(path: Path, flag: str) -> None:
+    """Raise `UsageError` naming the file if it is empty, blank or not UTF-8 text."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, has_text = 0, False
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            try:
+                text = decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                raise UsageError(
+                    f"{flag} {path}: not UTF-8 text (undecodable byte at offset {offset + err.start}); "
+                    "convert it to UTF-8 or leave it out"
+                ) from None
+            has_text = has_text or bool(text.strip())
+            offset += len(chunk)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise UsageError(f"{flag} {path}: ends in the middle of a UTF-8 character; fix or leave it out") from None
+    if not has_text:
+        raise UsageError(f"{flag} {path}: the file is empty; give a file with text in it")
+
+
+def _files_identity(files: list[Path]) -> str:
+    return ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+def _load_text_files(files: list[Path], cache_dir: Path) -> datasets.Dataset:
+    data = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train",
+                                 cache_dir=str(cache_dir / "hf-datasets"))
+    return data.filter(lambda rows: [bool(t.strip()) for t in rows["text"]], batched=True)
+
+
+def _holdout(data: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Hold out the last rows (contiguous, so no paragraph of an eval article is trained on)."""
+    n_eval = max(1, min(HOLDOUT_MAX_ROWS, int(len(data) * HOLDOUT_FRACTION)))
+    if len(data) < 2:
+        raise UsageError("the corpus has fewer than 2 lines of text; give more text or an --eval-file")
+    return data.select(range(len(data) - n_eval)), data.select(range(len(data) - n_eval, len(data)))
+
+
+def local_corpus(train_patterns: list[str], eval_patterns: list[str], cache_dir: Path) -> Corpus:
+    train_files = resolve_text_files(train_patterns, "--train-file")
+    eval_files = resolve_text_files(eval_patterns, "--eval-file") if eval_patterns else []
+    train = _load_text_files(train_files, cache_dir)
+    if eval_files:
+        evaluation = _load_text_files(eval_files, cache_dir)
+    else:
+        train, evaluation = _holdout(train)
+    identity = f"files[{_files_identity(train_files)}]eval[{_files_identity(eval_files)}]"
+    described = f"{len(train_files)} file(s) from {', '.join(train_patterns)}"
+    return Corpus(train, evaluation, identity, described)
+
+
+# ---------------------------------------------------------------------------------- the hub
+def hub_corpus(name: str, config: str | None, eval_patterns: list[str], cache_dir: Path) -> Corpus:
+    eval_files = resolve_text_files(eval_patterns, "--eval-file") if eval_patterns else []
+    try:
+        splits = datasets.load_dataset(name, config, cache_dir=str(cache_dir / "hf-datasets"))
+    except Exception as err:  # offline, unknown name, gated: the hub's errors vary by version
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(
+            f"cannot load dataset {name!r}{f' ({config})' if config else ''} from the HuggingFace hub "
+            f"[{reason[:160]}]; to train without the hub, point at local text with --train-file PATH "
+            "[--eval-file PATH], or omit --dataset for the embedded default"
+        ) from None
+    if "train" not in splits:
+        raise UsageError(f"dataset {name!r} has no 'train' split (it has {', '.join(splits)})")
+    if "text" not in splits["train"].column_names:
+        raise UsageError(f"dataset {name!r} has no 'text' column (it has {', '.join(splits['train'].column_names)})")
+    keep = lambda rows: [bool(t.strip()) for t in rows["text"]]  # noqa: E731
+    train = splits["train"].select_columns(["text"]).filter(keep, batched=True)
+    eval_split = next((s for s in ("validation", "valid", "test") if s in splits), None)
+    if eval_files:
+        evaluation = _load_text_files(eval_files, cache_dir)
+    elif eval_split:
+        evaluation = splits[eval_split].select_columns(["text"]).filter(keep, batched=True)
+    else:
+        train, evaluation = _holdout(train)
+    identity = f"hub[{name}:{config}:{train._fingerprint}]eval[{_files_identity(eval_files)}:{eval_split}]"
+    return Corpus(train, evaluation, identity, f"{name}{f' ({config})' if config else ''} from the hub")
+
+
+# ---------------------------------------------------------------------------------- embedded default
+def _paragraphs(docstring: str) -> Iterator[str]:
+    for block in re.split(r"\n\s*\n", docstring):
+        text = " ".join(block.split())
+        words = text.split()
+        letters = sum(c.isalpha() or c.isspace() for c in text)
+        if len(words) >= 8 and letters >= 0.8 * len(text) and not text.startswith((">>>", "..", "-", "=")):
+            yield text
+
+
+def _docstrings(path: Path) -> Iterator[str]:
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError, OSError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node)
+            if doc:
+                yield from _paragraphs(doc)
+
+
+def _documentation_sources() -> Iterator[tuple[str, Iterator[str]]]:
+    """(source name, its paragraphs), in a fixed order: pydoc topics, stdlib, then packages."""
+    from pydoc_data.topics import topics
+
+    for key in sorted(topics):
+        yield f"pydoc:{key}", _paragraphs(topics[key])
+    roots = [("stdlib", Path(sysconfig.get_paths()["stdlib"]))]
+    for package in EMBEDDED_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec and spec.origin:
+            roots.append((package, Path(spec.origin).parent))
+    skip = {"test", "tests", "testing", "site-packages", "idlelib", "_vendor", "externals", "__pycache__"}
+    for name, root in roots:
+        for path in sorted(root.rglob("*.py")):
+            relative = path.relative_to(root)
+            if not skip & set(relative.parts):
+                yield f"{name}:{relative.as_posix()}", _docstrings(path)
+
+
+def build_embedded_text(directory: Path) -> tuple[Path, Path]:
+    """Write the embedded corpus to `directory`/{train,eval}.txt (one paragraph per line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    tmp_train, tmp_eval = directory / "train.txt.tmp", directory / "eval.txt.tmp"
+    with open(tmp_train, "w", encoding="utf-8") as train, open(tmp_eval, "w", encoding="utf-8") as evaluation:
+        for source, paragraphs in _documentation_sources():
+            out = evaluation if zlib.crc32(source.encode()) % EMBEDDED_EVAL_EVERY == 0 else train
+            for paragraph in paragraphs:
+                key = paragraph.lower()
+                if key not in seen:
+                    seen.add(key)
+                    out.write(paragraph + "\n")
+    tmp_train.replace(directory / "train.txt")
+    tmp_eval.replace(directory / "eval.txt")
+    return directory / "train.txt", directory / "eval.txt"
+
+
+def embedded_corpus(cache_dir: Path) -> Corpus:
+    version = f"v{EMBEDDED_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    packages = [f"{p}-{_version(p)}" for p in EMBEDDED_PACKAGES]
+    key = zlib.crc32("|".join([version, sysconfig.get_paths()["stdlib"], *packages]).encode())
+    directory = cache_dir / "embedded" / f"{version}-{key:08x}"
+    train_file, eval_file = directory / "train.txt", directory / "eval.txt"
+    if not (train_file.exists() and eval_file.exists()):
+        build_embedded_text(directory)
+    corpus = local_corpus([str(train_file)], [str(eval_file)], cache_dir)
+    size = train_file.stat().st_size / 1e6
+    corpus.description = f"embedded default (installed documentation: Python {sys.version.split()[0]}, " \
+                         f"{', '.join(packages)}; {size:.1f} MB)"
+    return corpus
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version({"sklearn": "scikit-learn"}.get(package, package))
+    except PackageNotFoundError:
+        return "absent"
+
+
+def load_corpus(dataset: str | None, dataset_config: str | None, train_files: list[str], eval_files: list[str],
+                cache_dir: Path) -> Corpus:
+    """The corpus the flags name: --dataset, --train-file, or (neither) the embedded default."""
+    if dataset and train_files:
+        raise UsageError("give either --dataset or --train-file, not both")
+    if dataset:
+        return hub_corpus(dataset, dataset_config, eval_files, cache_dir)
+    if train_files:
+        return local_corpus(train_files, eval_files, cache_dir)
+    if eval_files:
+        raise UsageError("--eval-file needs --train-file or --dataset (the embedded default has its own eval split)")
+    return embedded_corpus(cache_dir)

@@ -1,0 +1,1 @@
+"""Training: pretraining (`pretrain`) with named recipes (`recipes`), and fine-tuning."""

@@ -1,0 +1,70 @@
+"""Pretraining recipes: the papers' protocols as named, overridable settings.
+
+A recipe is a YAML file in `convattn/configs/recipes/pretrain/`; its keys are `Recipe` fields and
+any field left out takes the default below (the settings all three papers share: AdamW with
+eps 1e-6 and weight decay 0.01, linear warmup then linear decay, gradient clipping at 1.0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+
+import yaml
+
+from convattn.errors import UsageError
+
+
+@dataclass
+class Recipe:
+    preset: str
+    objective: str = "mlm"  # "mlm" or "electra"
+    format: str = "pairs"  # "pairs" or "packed"
+    model: dict = field(default_factory=dict)  # config-field overrides of the preset
+    vocab_size: int = 30004
+    seq_len: int | None = None  # None: the model's max_position_embeddings
+    batch_size: int = 128  # per optimizer step, over all processes and accumulation steps
+    gradient_accumulation: int = 1
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.01
+    adam_epsilon: float = 1e-6
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    warmup: float = 10000  # steps, or a fraction of max_steps when below 1
+    max_steps: int = 125000
+    max_grad_norm: float = 1.0
+    mlm_probability: float = 0.15
+    eval_every: int = 5000
+    save_every: int = 5000
+    eval_samples: int | None = None  # evaluate on the first N eval examples (None: all)
+    seed: int = 42
+
+
+def recipe_names() -> list[str]:
+    directory = resources.files("convattn.configs").joinpath("recipes", "pretrain")
+    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
+
+
+def load_recipe(name: str) -> Recipe:
+    if name not in recipe_names():
+        raise UsageError(f"unknown recipe {name!r}; choose --recipe from {', '.join(recipe_names())}")
+    text = resources.files("convattn.configs").joinpath("recipes", "pretrain", f"{name}.yaml").read_text()
+    fields = yaml.safe_load(text) or {}
+    known = {f.name for f in dataclasses.fields(Recipe)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"recipe {name!r} has unknown keys {unknown}; allowed keys are {sorted(known)}")
+    return Recipe(**fields)
+
+
+def recipe_for_preset(preset: str | None) -> str:
+    """The recipe a preset's paper used (`default` when no preset is named)."""
+    if preset is None:
+        return "default"
+    family, _, row = preset.partition("/")
+    if family == "convbert":
+        return "convbert-base" if row.startswith("base") else "convbert-small"
+    if family in ("chang2021-small", "chang2021-base", "malard"):
+        return family
+    return "default"

@@ -1,0 +1,66 @@
+"""Sentence-pair lines and packed blocks, cached on disk and memory-mapped."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+
+from convattn.data.formatting import cached_format, format_dataset
+from convattn.data.tokenizer import train_tokenizer
+from convattn.errors import UsageError
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()  # noqa: SIM905
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    lines = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(8)) for i in range(200)]
+    return train_tokenizer(datasets.Dataset.from_dict({"text": lines}), vocab_size=80, max_length=512)
+
+
+def lines(*texts: str) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"text": list(texts)})
+
+
+def test_pairs_join_consecutive_lines(tokenizer):
+    out = format_dataset(lines("alpha beta", "gamma delta", "epsilon"), tokenizer, "pairs", 32)
+    assert len(out) == 2
+    first = out[0]
+    assert first["input_ids"] == tokenizer("alpha beta", "gamma delta")["input_ids"]
+    tokens = tokenizer.convert_ids_to_tokens(first["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2
+    assert first["special_tokens_mask"] == [int(t in ("[CLS]", "[SEP]")) for t in tokens]
+    assert set(first["token_type_ids"]) == {0, 1}
+    assert out[1]["input_ids"] == tokenizer("epsilon")["input_ids"]  # the odd line out stands alone
+
+
+def test_pairs_are_truncated_to_seq_len(tokenizer):
+    long = " ".join(WORDS * 10)
+    out = format_dataset(lines(long, long), tokenizer, "pairs", 16)
+    assert len(out[0]["input_ids"]) == 16 and out[0]["input_ids"][-1] == tokenizer.sep_token_id
+
+
+def test_packed_blocks_are_full_and_keep_token_order(tokenizer):
+    texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(12)]
+    out = format_dataset(lines(*texts), tokenizer, "packed", 16)
+    stream = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    assert len(out) == len(stream) // 14
+    for i, block in enumerate(out["input_ids"]):
+        assert len(block) == 16 and block[0] == tokenizer.cls_token_id and block[-1] == tokenizer.sep_token_id
+        assert block[1:-1] == stream[i * 14:(i + 1) * 14]
+    assert out[0]["special_tokens_mask"] == [1] + [0] * 14 + [1]
+
+
+def test_cached_format_is_written_once_and_memory_mapped(tokenizer, tmp_path, monkeypatch):
+    texts = lines(*[" ".join(WORDS)] * 50)
+    first = cached_format(texts, tokenizer, "packed", 16, tmp_path / "key")
+    monkeypatch.setattr("convattn.data.formatting.format_dataset", lambda *a: pytest.fail("formatted again"))
+    second = cached_format(texts, tokenizer, "packed", 16, tmp_path / "key")
+    assert second["input_ids"] == first["input_ids"]
+    assert second.cache_files and second.cache_files[0]["filename"].startswith(str(tmp_path / "key"))
+
+
+def test_too_little_text_for_one_block(tokenizer, tmp_path):
+    with pytest.raises(UsageError, match="smaller --seq-len"):
+        cached_format(lines("alpha"), tokenizer, "packed", 64, tmp_path / "key")
+    assert not (tmp_path / "key").exists()

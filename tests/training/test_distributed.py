@@ -1,0 +1,44 @@
+"""Data-parallel pretraining: `torchrun --nproc-per-node 2` on CPU (gloo), tiny config, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+WORDS = "the of and to in a is was for on as with by he at from his an were are which this be or its".split()  # noqa: SIM905
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_one_model(tmp_path):
+    rng = random.Random(0)
+    corpus = tmp_path / "train.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14)))
+                                for _ in range(600)) + "\n")
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "convattn", "pretrain",
+               "--preset", "chang2021-small/composite", "--layers", "2", "--hidden", "32", "--heads", "4",
+               "--intermediate", "64", "--embedding-size", "16", "--vocab-size", "150", "--seq-len", "32",
+               "--batch-size", "8", "--max-steps", "6", "--eval-every", "3", "--save-every", "3", "--warmup", "1",
+               "--train-file", str(corpus), "--output-dir", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CONVATTN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("pretraining done") == 1  # the summary comes from rank 0 only
+    checkpoint = out / "checkpoints" / "checkpoint-6"
+    assert (checkpoint / "rng_state_0.pth").exists() and (checkpoint / "rng_state_1.pth").exists()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 3, 6]
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["num_input_tokens_seen"] == rows[-1]["tokens_seen"] > 0
+    from transformers import AutoModelForMaskedLM
+
+    import convattn  # noqa: F401
+
+    model = AutoModelForMaskedLM.from_pretrained(out)
+    assert torch.isfinite(next(model.parameters())).all()

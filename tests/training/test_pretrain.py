@@ -1,0 +1,185 @@
+"""`convattn pretrain` end to end on a tiny config: outputs, exact resume, bad input, ELECTRA."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+)
+
+from convattn.cli import main
+from convattn.commands.pretrain import options_from_args
+from convattn.training.pretrain import complete_checkpoints, pretrain
+
+WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
+TINY = ["--preset", "chang2021-small/composite", "--layers", "2", "--hidden", "32", "--heads", "4",
+        "--intermediate", "64", "--embedding-size", "16", "--vocab-size", "150", "--seq-len", "32",
+        "--batch-size", "8", "--max-steps", "8", "--eval-every", "4", "--save-every", "2", "--log-every", "2",
+        "--warmup", "2", "--eval-samples", "24"]
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(0)
+    directory = tmp_path_factory.mktemp("corpus")
+    for name, n in (("train.txt", 600), ("valid.txt", 60)):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(n)]
+        (directory / name).write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def tiny_args(corpus, out, *extra: str) -> list[str]:
+    return ["pretrain", *TINY, "--train-file", str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"),
+            "--output-dir", str(out), *extra]
+
+
+def weights(directory) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "full"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+        assert main(tiny_args(corpus, out)) == 0
+    return out
+
+
+def test_outputs_load_with_auto_classes(finished_run):
+    import convattn  # noqa: F401  (registers the Auto classes)
+
+    model = AutoModelForMaskedLM.from_pretrained(finished_run)
+    tokenizer = AutoTokenizer.from_pretrained(finished_run)
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == len(tokenizer)
+    assert model.config.mask_token_id == tokenizer.mask_token_id
+    batch = tokenizer(["the city of the king"], return_tensors="pt")
+    assert model(**batch).logits.shape[-1] == len(tokenizer)
+    assert (finished_run / "perplexity.png").stat().st_size > 0
+    assert any((finished_run / "tensorboard").iterdir())
+
+
+def test_metrics_rows_have_exact_perplexity(finished_run):
+    rows = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 4, 8]
+    for row in rows:
+        assert row["perplexity"] == pytest.approx(math.exp(row["eval_loss"]), rel=1e-4)
+    for row in rows[1:]:
+        assert row["train_loss"] > 0 and row["tokens_per_second"] > 0 and row["learning_rate"] >= 0
+    assert rows[-1]["perplexity"] < rows[0]["perplexity"]
+
+
+class InterruptAt(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run, tmp_path):
+    from convattn.cli import build_parser
+
+    out = tmp_path / "interrupted"
+    options = options_from_args(build_parser().parse_args(tiny_args(corpus, out)))
+    summary = pretrain(options, callbacks=[InterruptAt(5)])  # after checkpoint-4, before checkpoint-6
+    assert summary.interrupted and not (out / "model.safetensors").exists()
+    assert [p.name for p in complete_checkpoints(out / "checkpoints")] == ["checkpoint-2", "checkpoint-4"]
+    assert main(tiny_args(corpus, out, "--resume")) == 0
+    expected, resumed = weights(finished_run), weights(out)
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
+    rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+
+
+def test_resume_rejects_changed_options(corpus, finished_run, capsys):
+    assert main(tiny_args(corpus, finished_run, "--resume", "--lr", "0.5")) == 2
+    assert "learning_rate" in capsys.readouterr().err
+
+
+def test_no_decay_on_biases_and_layernorm():
+    from convattn import ConvAttnConfig, ConvAttnForMaskedLM
+
+    model = ConvAttnForMaskedLM(ConvAttnConfig.from_preset("chang2021-small/composite", num_hidden_layers=1))
+    decayed = set(Trainer.get_decay_parameter_names(None, model))
+    for name, _ in model.named_parameters():
+        assert (name in decayed) == (not name.endswith("bias") and "LayerNorm" not in name), name
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--vocab-size", "4"], "--vocab-size 4"),
+        (["--seq-len", "512"], "--seq-len 512 is above the model's maximum of 128"),
+        (["--preset", "chang2021-small/nope"], "unknown preset"),
+        (["--recipe", "nope"], "unknown recipe"),
+        (["--set", "hiden_size=3"], "did you mean hidden_size"),
+        (["--batch-size", "7", "--gradient-accumulation", "2"], "--batch-size 7"),
+    ],
+)
+def test_bad_options_exit_2_and_write_nothing(corpus, tmp_path, capsys, extra, needle):
+    out = tmp_path / "out"
+    assert main(tiny_args(corpus, out, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and err.startswith("convattn pretrain: error:")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"caf\xe9 au lait\n"])
+def test_bad_corpus_files_exit_2_and_write_nothing(corpus, tmp_path, capsys, content):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    out = tmp_path / "out"
+    args = ["pretrain", *TINY, "--train-file", str(bad), "--output-dir", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and not out.exists()
+    assert main([*args[:-4], "--train-file", str(tmp_path / "missing.txt"), "--output-dir", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_existing_output_dir_needs_resume_or_overwrite(corpus, finished_run, capsys):
+    assert main(tiny_args(corpus, finished_run)) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_help_reads_like_a_cli(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["pretrain", "--help"])
+    text = capsys.readouterr().out
+    assert exit_.value.code == 0
+    for part in ("model:", "data:", "training:", "output:", "examples:", "--resume", "[default recipe: 500]"):
+        assert part in text
+
+
+def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
+    out = tmp_path / "electra"
+    # the composite preset has no absolute positions: the shared embeddings must still tie
+    assert main(tiny_args(corpus, out, "--objective", "electra", "--max-steps", "4")) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["discriminator_accuracy"] > 0 and (out / "config.json").exists()
+    classifier = AutoModelForSequenceClassification.from_pretrained(out / "discriminator", num_labels=2)
+    pretraining = weights(out)
+    for name, value in classifier.convattn.state_dict().items():
+        torch.testing.assert_close(value, pretraining[f"convattn.{name}"], rtol=0, atol=0)
+    assert AutoTokenizer.from_pretrained(out / "discriminator").mask_token == "[MASK]"
