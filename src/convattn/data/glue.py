@@ -1,0 +1,174 @@
+"""The GLUE tasks: what each one reads, predicts and is scored on, and loaders for its splits.
+
+Splits come from a local `glue_data` directory in the standard TSV layout (the one written by the
+GLUE download script) or from the HF hub (`nyu-mll/glue`). Either way a split becomes a
+`datasets.Dataset` with columns `text_a`, [`text_b`], `idx` and, for labelled splits, `label`
+(the index into `GlueTask.labels`, or a float for STS-B).
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasets import Dataset
+
+from convattn.errors import UsageError
+
+HUB_DATASET = "nyu-mll/glue"
+
+# the table layout of Chang et al. (2021), Table 6; the GLUE score averages these columns (WNLI left out)
+GLUE_COLUMNS = ("CoLA", "MNLI-m", "MNLI-mm", "MRPC", "QNLI", "QQP", "RTE", "SST", "STS")
+
+# local split name -> split name on the hub
+HUB_SPLITS = {
+    "train": "train", "dev": "validation", "test": "test",
+    "dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched",
+    "test_matched": "test_matched", "test_mismatched": "test_mismatched",
+}
+
+csv.field_size_limit(sys.maxsize)  # a few GLUE sentences are longer than csv's default field limit
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    name: str                         # the hub config name: cola, sst2, ..., ax
+    folder: str                       # its folder in glue_data
+    hub_text_columns: tuple[str, ...]
+    tsv_text_columns: tuple[str, ...]
+    tsv_label_column: str | None
+    labels: tuple[str, ...]           # label strings as in the TSV files and the submission; () = regression
+    metrics: tuple[str, ...]
+    dev_columns: dict[str, str] = field(default_factory=dict)   # dev split -> table column
+    test_files: dict[str, str] = field(default_factory=dict)    # test split -> submission file name
+    headerless_columns: tuple[str, ...] = ()  # CoLA's train/dev files have no header row
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.labels
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels) or 1
+
+    @property
+    def trains(self) -> bool:
+        """False for AX, which is only predicted (with the MNLI model)."""
+        return bool(self.dev_columns)
+
+    def tsv_path(self, data_dir: Path, split: str) -> Path:
+        if self.name == "ax":
+            return data_dir / self.folder / "diagnostic.tsv"
+        return data_dir / self.folder / f"{split}.tsv"
+
+
+BINARY = ("0", "1")
+NLI2 = ("entailment", "not_entailment")
+
+TASKS: dict[str, GlueTask] = {t.name: t for t in (
+    GlueTask("cola", "CoLA", ("sentence",), ("sentence",), "label", BINARY, ("mcc",),
+             {"dev": "CoLA"}, {"test": "CoLA.tsv"},
+             headerless_columns=("source", "label", "author_label", "sentence")),
+    GlueTask("sst2", "SST-2", ("sentence",), ("sentence",), "label", BINARY, ("accuracy",),
+             {"dev": "SST"}, {"test": "SST-2.tsv"}),
+    GlueTask("mrpc", "MRPC", ("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality", BINARY,
+             ("accuracy", "f1"), {"dev": "MRPC"}, {"test": "MRPC.tsv"}),
+    GlueTask("stsb", "STS-B", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "score", (),
+             ("pearson", "spearman"), {"dev": "STS"}, {"test": "STS-B.tsv"}),
+    GlueTask("qqp", "QQP", ("question1", "question2"), ("question1", "question2"), "is_duplicate", BINARY,
+             ("accuracy", "f1"), {"dev": "QQP"}, {"test": "QQP.tsv"}),
+    GlueTask("mnli", "MNLI", ("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
+             ("entailment", "neutral", "contradiction"), ("accuracy",),
+             {"dev_matched": "MNLI-m", "dev_mismatched": "MNLI-mm"},
+             {"test_matched": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}),
+    GlueTask("qnli", "QNLI", ("question", "sentence"), ("question", "sentence"), "label", NLI2, ("accuracy",),
+             {"dev": "QNLI"}, {"test": "QNLI.tsv"}),
+    GlueTask("rte", "RTE", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", NLI2, ("accuracy",),
+             {"dev": "RTE"}, {"test": "RTE.tsv"}),
+    GlueTask("wnli", "WNLI", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", BINARY,
+             ("accuracy",), {"dev": "WNLI"}, {"test": "WNLI.tsv"}),
+    GlueTask("ax", "diagnostic", ("premise", "hypothesis"), ("sentence1", "sentence2"), None,
+             ("entailment", "neutral", "contradiction"), (), {}, {"test": "AX.tsv"}),
+)}
+
+
+def get_task(name: str) -> GlueTask:
+    if name not in TASKS:
+        raise UsageError(f"unknown GLUE task {name!r}; tasks are {' '.join(TASKS)} (or 'all')")
+    return TASKS[name]
+
+
+def parse_task_list(spec: str) -> list[str]:
+    """'all' or a comma list -> task names in registry order (MNLI before the tasks that build on it)."""
+    names = set(TASKS) if spec.strip() == "all" else {s.strip().lower() for s in spec.split(",") if s.strip()}
+    if not names:
+        raise UsageError("--task is empty; give task names separated by commas, or 'all'")
+    for name in names:
+        get_task(name)
+    order = ("mnli", *[n for n in TASKS if n != "mnli"])
+    return [n for n in order if n in names]
+
+
+def read_tsv(path: Path, fieldnames: tuple[str, ...] | None = None) -> list[dict[str, str]]:
+    """Rows of a GLUE TSV file (no quoting: GLUE sentences contain bare quote characters)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig: MRPC starts with a BOM
+        reader = csv.DictReader(f, fieldnames=fieldnames, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return list(reader)
+
+
+def _label_value(task: GlueTask, raw: str | None, where: str) -> int | float:
+    if task.is_regression:
+        return float(raw)
+    if raw not in task.labels:
+        raise ValueError(f"{where}: unknown {task.name} label {raw!r} (expected one of {', '.join(task.labels)})")
+    return task.labels.index(raw)
+
+
+def load_tsv_split(task: GlueTask, split: str, data_dir: Path) -> Dataset:
+    path = task.tsv_path(data_dir, split)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {task.name} {split} data: {path} does not exist "
+                                f"(--data-dir should be a glue_data directory with a {task.folder}/ folder)")
+    labelled = not split.startswith("test") and task.tsv_label_column is not None
+    headerless = labelled and bool(task.headerless_columns)
+    rows = read_tsv(path, task.headerless_columns if headerless else None)
+    first_line = 1 if headerless else 2
+    columns: dict[str, list] = {"text_a": [], "text_b": [], "idx": [], "label": []}
+    needed = (*task.tsv_text_columns, *([task.tsv_label_column] if labelled else []))
+    for line, row in enumerate(rows):
+        where = f"{path}:{line + first_line}"
+        if any(row.get(c) is None for c in needed):
+            raise ValueError(f"{where}: malformed row, expected the columns {', '.join(needed)}")
+        columns["text_a"].append(row[task.tsv_text_columns[0]])
+        if len(task.tsv_text_columns) > 1:
+            columns["text_b"].append(row[task.tsv_text_columns[1]])
+        columns["idx"].append(int(row.get("index") or row.get("id") or line))
+        if labelled:
+            columns["label"].append(_label_value(task, row[task.tsv_label_column], where))
+    return Dataset.from_dict({k: v for k, v in columns.items() if v or (k == "label" and labelled)})
+
+
+def load_hub_split(task: GlueTask, split: str) -> Dataset:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(HUB_DATASET, task.name, split=HUB_SPLITS[split])
+    except Exception as err:  # offline, not cached, hub errors: all mean the same to the user
+        raise UsageError(f"could not load {HUB_DATASET} ({task.name}, {HUB_SPLITS[split]}) from the HF hub "
+                         f"({type(err).__name__}); pass --data-dir GLUE_DIR with the GLUE TSV files") from err
+    renames = dict(zip(task.hub_text_columns, ("text_a", "text_b"), strict=False))
+    dataset = dataset.rename_columns(renames)
+    if split.startswith("test") or task.name == "ax":
+        dataset = dataset.remove_columns("label")  # test labels on the hub are all -1
+    return dataset.select_columns([c for c in ("text_a", "text_b", "idx", "label") if c in dataset.column_names])
+
+
+def load_split(task: GlueTask, split: str, data_dir: Path | None) -> Dataset:
+    """One split of one task, from `data_dir` (GLUE TSV layout) or, when it is None, from the HF hub."""
+    return load_tsv_split(task, split, data_dir) if data_dir is not None else load_hub_split(task, split)
+
+
+def has_split(task: GlueTask, split: str, data_dir: Path | None) -> bool:
+    return data_dir is None or task.tsv_path(data_dir, split).is_file()

@@ -1,0 +1,302 @@
+"""`convattn glue`: metrics against hand-computed values, recipes, layer-wise lr decay, and end-to-end tiny runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
+from convattn.cli import main
+from convattn.data.glue import get_task
+from convattn.training.glue import (
+    column_score,
+    layerwise_param_groups,
+    load_recipe,
+    mean_sem,
+    resolve_settings,
+    score_predictions,
+    submission_text,
+)
+
+GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
+needs_glue_data = pytest.mark.skipif(not GLUE_DATA.is_dir(), reason=f"shared GLUE data not found at {GLUE_DATA}")
+QUICK = ["--seeds", "1", "--max-steps", "3", "--batch-size", "8"]
+
+
+@pytest.fixture(autouse=True)
+def offline_single_thread(monkeypatch):
+    # 2 shared cores: one intra-op thread avoids OpenMP spin-waiting against other processes (~50x faster here)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def training_sentences() -> list[str]:
+    if GLUE_DATA.is_dir():
+        lines = (GLUE_DATA / "SST-2" / "train.tsv").read_text().splitlines()[1:4000]
+        lines += [line.split("\t")[-1] for line in (GLUE_DATA / "CoLA" / "train.tsv").read_text().splitlines()]
+        return [line.split("\t")[0] for line in lines]
+    return ["a dog runs in the park .", "the cat sat on the mat .", "nothing moves at all ."] * 50
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A tiny composite-attention MLM checkpoint with a WordPiece tokenizer trained on GLUE sentences."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(training_sentences(), trainers.WordPieceTrainer(vocab_size=800,
+                                                                                   special_tokens=specials))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    config = ConvAttnConfig.from_preset("chang2021-small/composite", hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, embedding_size=32,
+                                        vocab_size=len(fast), pad_token_id=fast.pad_token_id)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-composite")
+    ConvAttnForMaskedLM(config).save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+# ---------------------------------------------------------------- metrics, by hand
+
+def test_classification_metrics_match_hand_computed_values():
+    labels, predictions = np.array([1, 0, 0, 1, 1]), np.array([1, 1, 0, 0, 1])
+    # TP 2, FP 1, FN 1, TN 1: accuracy 3/5, F1 = 2*2 / (2*2 + 1 + 1), MCC = (2*1 - 1*1) / sqrt(3*3*2*2)
+    assert score_predictions(get_task("mrpc"), predictions, labels) == pytest.approx({"accuracy": 60.0,
+                                                                                     "f1": 100 * 4 / 6})
+    assert score_predictions(get_task("cola"), predictions, labels) == pytest.approx({"mcc": 100 / 6})
+    assert score_predictions(get_task("sst2"), predictions, labels) == pytest.approx({"accuracy": 60.0})
+    mnli = score_predictions(get_task("mnli"), np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]))
+    assert mnli == pytest.approx({"accuracy": 75.0})
+
+
+def test_stsb_metrics_match_hand_computed_values():
+    # x = 1,2,3 and y = 1,2,4: cov 3, var_x 2, var_y 42/9 -> Pearson 3 / sqrt(2 * 42 / 9); same ranks -> Spearman 1
+    scores = score_predictions(get_task("stsb"), np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 4.0]))
+    assert scores == pytest.approx({"pearson": 100 * 3 / math.sqrt(2 * 42 / 9), "spearman": 100.0})
+    assert column_score(scores) == pytest.approx((scores["pearson"] + scores["spearman"]) / 2)
+
+
+def test_mean_and_standard_error_of_the_mean():
+    assert mean_sem([1.0, 2.0, 3.0]) == pytest.approx({"mean": 2.0, "sem": 1 / math.sqrt(3), "n": 3})
+    assert mean_sem([5.0]) == {"mean": 5.0, "sem": None, "n": 1}
+
+
+def test_submission_format():
+    rte = submission_text(get_task("rte"), np.array([1, 0]), [0, 1])
+    assert rte == "index\tprediction\n0\tnot_entailment\n1\tentailment\n"
+    assert submission_text(get_task("stsb"), np.array([-0.2, 5.7, 2.34567]), [0, 1, 2]).splitlines()[1:] == [
+        "0\t0.000", "1\t5.000", "2\t2.346"]
+    assert submission_text(get_task("cola"), np.array([1]), [9]) == "index\tprediction\n9\t1\n"
+
+
+# ---------------------------------------------------------------- recipes and optimizer groups
+
+def test_recipes_follow_the_papers():
+    chang = load_recipe("chang2021")
+    settings = {t: resolve_settings(chang, t, False, {}, {}, True) for t in ("qnli", "mnli", "rte", "sst2")}
+    assert settings["qnli"].learning_rate == 1e-4 and settings["sst2"].learning_rate == 3e-4
+    assert (settings["mnli"].batch_size, settings["mnli"].epochs) == (128, 4)
+    assert settings["rte"].epochs == 10 and settings["rte"].from_mnli and not settings["sst2"].from_mnli
+    assert settings["sst2"].weight_decay == 0 and settings["sst2"].warmup_ratio == 0.1
+    assert resolve_settings(chang, "sst2", True, {}, {}, False).learning_rate == 1e-4  # base size
+    convbert = resolve_settings(load_recipe("convbert"), "stsb", False, {}, {}, False)
+    assert (convbert.layer_decay, convbert.weight_decay, convbert.epochs, convbert.batch_size) == (0.8, 0.01, 10, 32)
+    overridden = resolve_settings(chang, "qnli", False, {"learning_rate": 5e-5, "batch_size": None}, {"qnli": 2e-5},
+                                  False)
+    assert (overridden.learning_rate, overridden.batch_size) == (2e-5, 32)
+
+
+def lr_by_parameter(model: torch.nn.Module, decay: float) -> tuple[dict[str, float], dict[str, float]]:
+    decay_names = {n for n, _ in model.named_parameters() if "LayerNorm" not in n and not n.endswith("bias")}
+    groups = layerwise_param_groups(model, 1.0, 0.01, decay, decay_names)
+    ids = {id(p): n for n, p in model.named_parameters()}
+    lrs = {ids[id(p)]: g["lr"] for g in groups for p in g["params"]}
+    wds = {ids[id(p)]: g["weight_decay"] for g in groups for p in g["params"]}
+    return lrs, wds
+
+
+def test_layerwise_decay_on_convattn_names():
+    config = ConvAttnConfig.from_preset("chang2021-small/absolute", hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, embedding_size=16, vocab_size=50)
+    model = ConvAttnForSequenceClassification(config)
+    lrs, wds = lr_by_parameter(model, 0.5)
+    assert len(lrs) == len(list(model.parameters()))
+    # ELECTRA: embeddings (and the E -> H projection) decay^(L+2), layer i decay^(L+1-i), head 1
+    assert lrs["convattn.embeddings.word_embeddings.weight"] == 0.5 ** 4
+    assert lrs["convattn.embeddings_project.weight"] == 0.5 ** 4
+    assert lrs["convattn.encoder.layer.0.attention.self.query.weight"] == 0.5 ** 3
+    assert lrs["convattn.encoder.layer.1.output.dense.weight"] == 0.5 ** 2
+    assert lrs["classifier.out_proj.weight"] == 1.0
+    assert wds["classifier.out_proj.weight"] == 0.01 and wds["classifier.out_proj.bias"] == 0.0
+    assert wds["convattn.encoder.layer.1.output.LayerNorm.weight"] == 0.0
+
+
+def test_layerwise_decay_on_bert_names():
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=32)
+    lrs, _ = lr_by_parameter(BertForSequenceClassification(config), 0.8)
+    assert lrs["bert.embeddings.word_embeddings.weight"] == pytest.approx(0.8 ** 5)
+    assert lrs["bert.encoder.layer.2.attention.self.query.weight"] == pytest.approx(0.8 ** 2)
+    assert lrs["bert.pooler.dense.weight"] == lrs["classifier.weight"] == 1.0
+
+
+# ---------------------------------------------------------------- end to end
+
+@needs_glue_data
+def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2,cola", "--data-dir", str(GLUE_DATA),
+            "--seeds", "2", "--max-steps", "6", "--max-train-samples", "96", "--batch-size", "16",
+            "--output-dir", str(out)]
+    assert main(argv) == 0
+
+    results = json.loads((out / "glue_results.json").read_text())
+    assert set(results["tasks"]) == {"sst2", "cola"}
+    for task, column, metric in (("sst2", "SST", "accuracy"), ("cola", "CoLA", "mcc")):
+        entry = results["tasks"][task]
+        assert entry["seeds"] == [0, 1] and entry["best_seed"] in (0, 1)
+        assert entry["settings"]["max_steps"] == 6 and entry["settings"]["max_train_samples"] == 96
+        stat = entry["metrics"]["dev"][metric]
+        assert stat["n"] == 2 and -100 <= stat["mean"] <= 100 and stat["sem"] is not None
+        assert results["columns"][column]["mean"] == pytest.approx(stat["mean"])
+    glue = results["glue"]
+    assert glue["columns"] == ["CoLA", "SST"] and not glue["complete"]
+    assert glue["mean"] == pytest.approx((results["columns"]["CoLA"]["mean"] + results["columns"]["SST"]["mean"]) / 2)
+
+    table = (out / "glue_results.md").read_text()
+    assert "| Model | Params | CoLA | MNLI-m | MNLI-mm | MRPC | QNLI | QQP | RTE | SST | STS | GLUE |" in table
+    assert " ± " in table
+    sst_test = (out / "submission" / "SST-2.tsv").read_text().splitlines()
+    assert sst_test[0] == "index\tprediction" and len(sst_test) == 1822
+    assert sst_test[1].startswith("0\t") and {line.split("\t")[1] for line in sst_test[1:]} <= {"0", "1"}
+    assert len((out / "submission" / "CoLA.tsv").read_text().splitlines()) == 1064
+    log = json.loads((out / "runs" / "sst2" / "seed1" / "log.json").read_text())
+    assert any("loss" in entry for entry in log)
+
+    # resume: only the interrupted run (no run.json) is done again
+    markers = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/run.json")}
+    interrupted = out / "runs" / "cola" / "seed1" / "run.json"
+    interrupted.unlink()
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "sst2: all 2 seeds already finished" in printed and "cola seed 1: fine-tuning" in printed
+    assert "cola seed 0: fine-tuning" not in printed
+    assert interrupted.is_file()
+    assert all(p.stat().st_mtime_ns == t for p, t in markers.items() if p != interrupted)
+
+    # the same output dir with other settings is refused rather than mixed
+    assert main([*argv, "--lr", "1e-3"]) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+def write_fake_pair_task(root: Path, folder: str, header: list[str], label_column: str, labels: list[str],
+                         dev_files: tuple[str, ...], test_files: tuple[str, ...]) -> None:
+    """A few rows in the GLUE TSV layout of a pair task (MNLI, RTE, STS-B are not in ../shared)."""
+    (root / folder).mkdir(parents=True)
+    pairs = [("a dog runs in the park .", "an animal moves ."), ("the cat sat on the mat .", "nothing moves ."),
+             ("it 's a charming journey .", "the film is good ."), ("the sailors rode the breeze .", "a boat .")]
+
+    def rows(n: int, labelled: bool) -> str:
+        lines = ["\t".join(header if labelled else [c for c in header if c != label_column])]
+        for i in range(n):
+            values = {"index": str(i), "sentence1": pairs[i % 4][0], "sentence2": pairs[i % 4][1],
+                      label_column: labels[i % len(labels)]}
+            lines.append("\t".join(values.get(c, "x") for c in header if labelled or c != label_column))
+        return "\n".join(lines) + "\n"
+
+    (root / folder / "train.tsv").write_text(rows(24, True))
+    for name in dev_files:
+        (root / folder / f"{name}.tsv").write_text(rows(8, True))
+    for name in test_files:
+        (root / folder / f"{name}.tsv").write_text(rows(5, False))
+
+
+@pytest.fixture
+def fake_glue_data(tmp_path) -> Path:
+    root = tmp_path / "glue_data"
+    mnli_header = ["index", "promptID", "pairID", "genre", "sentence1", "sentence2", "label1", "gold_label"]
+    write_fake_pair_task(root, "MNLI", mnli_header, "gold_label", ["entailment", "neutral", "contradiction"],
+                         ("dev_matched", "dev_mismatched"), ("test_matched", "test_mismatched"))
+    write_fake_pair_task(root, "RTE", ["index", "sentence1", "sentence2", "label"], "label",
+                         ["entailment", "not_entailment"], ("dev",), ("test",))
+    write_fake_pair_task(root, "STS-B", ["index", "genre", "sentence1", "sentence2", "score"], "score",
+                         ["0.5", "4.2", "3.0", "1.25"], ("dev",), ("test",))
+    (root / "diagnostic").mkdir()
+    (root / "diagnostic" / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\ta dog .\ta cat .\n"
+                                                         "1\tthe cat sat .\tthe cat did not sit .\n")
+    return root
+
+
+def test_from_mnli_and_ax_use_the_same_seeds_mnli_model(tiny_checkpoint, fake_glue_data, tmp_path):
+    out = tmp_path / "out"
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "ax,stsb,rte,mnli", "--data-dir", str(fake_glue_data),
+            "--from-mnli", "--output-dir", str(out), *QUICK]
+    assert main(argv) == 0
+    assert (out / "runs" / "mnli" / "seed0" / "model" / "config.json").is_file()
+    runs = {t: json.loads((out / "runs" / t / "seed0" / "run.json").read_text()) for t in ("mnli", "rte", "stsb")}
+    assert runs["mnli"]["init"] == "pretrained"
+    assert runs["rte"]["init"] == runs["stsb"]["init"] == "mnli seed 0"
+    assert set(runs["mnli"]["scores"]) == {"MNLI-m", "MNLI-mm"}
+    assert set(runs["stsb"]["metrics"]["dev"]) == {"pearson", "spearman"}
+
+    submission = out / "submission"
+    assert {p.name for p in submission.iterdir()} == {"MNLI-m.tsv", "MNLI-mm.tsv", "RTE.tsv", "STS-B.tsv", "AX.tsv"}
+    ax = (submission / "AX.tsv").read_text().splitlines()
+    assert len(ax) == 3 and {line.split("\t")[1] for line in ax[1:]} <= {"entailment", "neutral", "contradiction"}
+    assert {line.split("\t")[1] for line in (submission / "RTE.tsv").read_text().splitlines()[1:]} <= {
+        "entailment", "not_entailment"}
+    assert all(0 <= float(line.split("\t")[1]) <= 5 for line in (submission / "STS-B.tsv").read_text().splitlines()[1:])
+    results = json.loads((out / "glue_results.json").read_text())
+    assert results["glue"]["columns"] == ["MNLI-m", "MNLI-mm", "RTE", "STS"]
+    assert results["submission"]["AX.tsv"] == "ax seed 0"
+
+
+def test_from_mnli_without_mnli_runs_is_refused(tiny_checkpoint, fake_glue_data, tmp_path, capsys):
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "rte", "--data-dir", str(fake_glue_data),
+            "--from-mnli", "--output-dir", str(tmp_path / "out"), *QUICK]
+    assert main(argv) == 2
+    assert "add mnli to --task" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--task", "sst", "--data-dir", "."], "unknown GLUE task 'sst'"),
+    (["--task", "rte", "--data-dir", "/nonexistent/glue_data"], "is not a directory"),
+    (["--task", "qqp", "--data-dir", "{data}"], "no qqp train data"),
+    (["--task", "rte", "--data-dir", "{data}", "--task-lr", "rte:1e-4"], "--task-lr expects TASK=LR"),
+    (["--task", "rte", "--data-dir", "{data}", "--recipe", "convbert", "--warmup-ratio", "1.5"], "warmup ratio"),
+])
+def test_usage_errors_exit_2(tiny_checkpoint, fake_glue_data, tmp_path, capsys, extra, message):
+    extra = [arg.replace("{data}", str(fake_glue_data)) for arg in extra]
+    argv = ["glue", "--model", str(tiny_checkpoint), "--output-dir", str(tmp_path / "out"), *QUICK, *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("convattn glue: error:") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2", "--output-dir", str(tmp_path / "out"), *QUICK]
+    assert main(argv) == 2
+    assert "pass --data-dir" in capsys.readouterr().err
