@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import machine_line, saved_activation_bytes, time_fn, write_atomic
+from common import machine_line, saved_activation_bytes, time_interleaved, write_atomic
 from transformers import BertConfig, BertModel
 
 import convattn  # noqa: F401  (registers the model type)
@@ -69,11 +69,9 @@ def measure(name: str, config: ConvAttnConfig, n: int, reps: int) -> dict:
             fn().pow(2).mean().backward()
         return run
 
-    rows = {}
-    rows["layer_ours"] = time_fn(run_layer(ours_layer_fn), reps)
-    rows["layer_bert"] = time_fn(run_layer(bert_layer_fn), reps)
-    rows["model_ours"] = time_fn(step(ours, {"input_ids": ids, "attention_mask": keep}), reps)
-    rows["model_bert"] = time_fn(step(bert, {"input_ids": ids, "attention_mask": keep}), reps)
+    rows = time_interleaved({"layer_ours": run_layer(ours_layer_fn), "layer_bert": run_layer(bert_layer_fn)}, reps)
+    rows |= time_interleaved({"model_ours": step(ours, {"input_ids": ids, "attention_mask": keep}),
+                              "model_bert": step(bert, {"input_ids": ids, "attention_mask": keep})}, reps)
     rows["mem_ours"] = saved_activation_bytes(lambda: ours(input_ids=ids, attention_mask=keep).last_hidden_state)
     rows["mem_bert"] = saved_activation_bytes(lambda: bert(input_ids=ids, attention_mask=keep).last_hidden_state)
     rows.update(name=name, n=n, batch=batch)
@@ -82,9 +80,9 @@ def measure(name: str, config: ConvAttnConfig, n: int, reps: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", default="chang2021-small/*", help="glob over preset names")
+    parser.add_argument("--presets", default="chang2021-small/*", help="comma-separated globs over preset names")
     parser.add_argument("--lengths", default="128,512,2048")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="two presets, n = 128, one rep")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_speed.md")
@@ -93,7 +91,8 @@ def main() -> int:
 
     import fnmatch
 
-    names = [p for p in preset_names() if fnmatch.fnmatch(p, args.presets)]
+    patterns = args.presets.split(",")
+    names = [p for p in preset_names() if any(fnmatch.fnmatch(p, pattern) for pattern in patterns)]
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.quick:
         names, lengths, args.reps = ["chang2021-small/absolute", "chang2021-small/composite"], [128], 1
@@ -114,7 +113,7 @@ def main() -> int:
         "",
         f"Command: `python benchmarks/attention_speed.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
         f"Machine: {machine_line()}. Batch = {TOKENS_PER_BATCH} tokens (batch x n), 1/8 of one row padded, "
-        f"median of {args.reps} reps after a warm-up.",
+        f"median of {args.reps} reps after a warm-up, ours and BERT alternating within each rep.",
         "Baseline: `transformers` BertLayer / BertModel (attn_implementation='sdpa') of the same H, I, L, heads, "
         "run in the same process. Ratios > 1 mean slower / more memory than BERT. Memory = bytes autograd "
         "saves for backward over the full encoder (activation memory).",

@@ -12,33 +12,37 @@ from pathlib import Path
 import torch
 
 
-def time_fn(fn: Callable[[], None], reps: int, warmup: int = 1) -> float:
-    """Median wall time of `fn` in seconds after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each function, the functions taking turns within every repetition,
+    so that a slow phase of the machine hits all of them alike and their ratios stay meaningful."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for rep in range(warmup + reps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            if rep >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def saved_activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
     """Bytes of tensors autograd keeps for backward while running `fn` (deduplicated by storage).
 
     This is the activation memory of a training step, exact and repeatable on CPU, where
-    allocator peaks are not observable without a fresh process."""
+    allocator peaks are not observable without a fresh process. The graph is only measured, never
+    run backward: packing the tensor itself would tie saved outputs to their own grad_fn in a
+    reference cycle that autograd cannot free (the whole model leaked on every call)."""
     seen: dict[int, int] = {}
 
-    def pack(t: torch.Tensor):
+    def pack(t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
-        return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
+    def unpack(_) -> torch.Tensor:
+        raise RuntimeError("saved_activation_bytes builds a graph for measurement only; it cannot run backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        fn()
     return sum(seen.values())
 
 

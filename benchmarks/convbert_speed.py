@@ -14,14 +14,12 @@ alone (one layer's mixed attention, where the implementations differ; the rest i
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import machine_line, write_atomic
+from common import machine_line, time_interleaved, write_atomic
 from transformers import BertConfig, BertModel, ConvBertConfig, ConvBertModel
 
 from convattn.attention import TokenMask
@@ -63,18 +61,6 @@ def attention_step(module: torch.nn.Module, x: torch.Tensor, ours: bool) -> Call
         context.sum().backward()
 
     return step
-
-
-def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, warmup: int) -> dict[str, float]:
-    """Median seconds per step of each function, the functions taking turns within each repetition."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for rep in range(warmup + reps):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            if rep >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
