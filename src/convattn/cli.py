@@ -12,6 +12,7 @@ from convattn.errors import UsageError
 COMMAND_MODULES = (
     "convattn.commands.presets",
     "convattn.commands.pretrain",
+    "convattn.commands.compare",
     "convattn.commands.glue",
     "convattn.commands.plot",
 )

@@ -106,15 +106,22 @@ class ConvBertMixedAttention(nn.Module):
             if config.relative_terms else None
         )
 
-    def conv_heads(self, hidden_states: Tensor, query: Tensor, mask: TokenMask) -> Tensor:
-        """The span-based dynamic convolution: (batch, n, H), (batch, n, A) -> (batch, n, A)."""
+    def conv_kernels(self, hidden_states: Tensor, query: Tensor, mask: TokenMask) -> Tensor:
+        """The span-based kernels, softmaxed over the K taps: (batch, n, H), (batch, n, A) -> (batch, n, N, K).
+
+        kernel[b, i, g, t] weighs position i + t - K//2 in conv head g (also read by the analysis plots)."""
         conv_input = mask.zero_pads(hidden_states) if self.mask_padding else hidden_states
         key_span = self.key_conv_attn_layer(conv_input)
-        kernel = self.conv_kernel_layer(key_span * query).unflatten(-1, (self.num_heads, self.kernel_size))
+        logits = self.conv_kernel_layer(key_span * query).unflatten(-1, (self.num_heads, self.kernel_size))
+        return logits.softmax(dim=-1)
+
+    def conv_heads(self, hidden_states: Tensor, query: Tensor, mask: TokenMask) -> Tensor:
+        """The span-based dynamic convolution: (batch, n, H), (batch, n, A) -> (batch, n, A)."""
+        kernel = self.conv_kernels(hidden_states, query, mask)
         value = self.conv_out_layer(hidden_states)
         if self.mask_padding:
             value = mask.zero_pads(value)
-        out = dynamic_conv(value.unflatten(-1, (self.num_heads, self.head_size)), kernel.softmax(dim=-1))
+        out = dynamic_conv(value.unflatten(-1, (self.num_heads, self.head_size)), kernel)
         return out.flatten(-2)
 
     def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):

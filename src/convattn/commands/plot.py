@@ -1,24 +1,47 @@
-"""`convattn plot ...`: figures of what a trained model's convolutions and attention do."""
+"""`convattn plot ...`: figures of what a trained model's convolutions and attention do, and a kernel-size sweep."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 
 from convattn.errors import UsageError
 
+DEFAULT_KERNEL_SIZES = "1,3,5,7,9,13,17"
+KERNEL_SIZE_EXAMPLES = """\
+examples:
+  convattn plot kernel-size --layers 2 --hidden 128 --intermediate 512 --vocab-size 8000 --batch-size 32 \\
+      --max-steps 300 --seeds 2
+      the default sizes on the embedded corpus, scaled down
+  convattn plot kernel-size --kernel-sizes 3,9,17 --train-file wiki/ --eval-file valid.txt \\
+      --glue sst2 --glue-data-dir glue_data --glue-max-steps 300
+      three sizes, with SST-2 dev accuracy as a second panel
+
+Writes kernel_size.png and the full `convattn compare` report (report.md, perplexity.png, CSVs) to OUTPUT_DIR;
+run the same command again to continue (finished runs are reused).
+"""
 DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and the dog, which had been asleep, "
                 "did not notice that anything had happened.")
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except None (the help says what an unset option means)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def register(subparsers) -> None:
-    plot = subparsers.add_parser("plot", help="plot learned kernels and attention maps of a checkpoint",
-                                 description="Figures (PNG) of what a trained model's convolutions and attention do.")
+    plot = subparsers.add_parser("plot", help="plot learned kernels and attention maps of a checkpoint, or sweep "
+                                              "ConvBERT's kernel size",
+                                 description="Figures (PNG) of what a trained model's convolutions and attention do, "
+                                             "and ConvBERT's kernel-size sweep.")
     kinds = plot.add_subparsers(dest="plot_kind", metavar="KIND")
     kinds.required = True
 
     kernels = kinds.add_parser(
-        "kernels", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "kernels", formatter_class=DefaultsFormatter,
         help="fixed lightweight kernels (Chang et al. Fig. 2), depthwise kernels (Fig. 3), dynamic kernels",
         description="Heatmaps of the learned lightweight-convolution kernels beta per layer and head, the depthwise "
                     "value kernels per channel sorted by previous/next-token preference, and the dynamic "
@@ -31,14 +54,42 @@ def register(subparsers) -> None:
     kernels.set_defaults(func=run_kernels)
 
     attention = kinds.add_parser(
-        "attention", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="average attention map per layer for a text",
-        description="The softmax attention of each layer, averaged over its self-attention heads, for one text.",
+        "attention", formatter_class=DefaultsFormatter,
+        help="average attention map per layer for a text (ConvBERT: also its per-token conv kernels)",
+        description="The softmax attention of each layer, averaged over its self-attention heads, for one text "
+                    "(attention_maps.png). For ConvBERT models also the span-based dynamic convolution kernel of "
+                    "each token, averaged over the conv heads and placed at the positions it weighs "
+                    "(convbert_kernels.png; Jiang et al. 2020, Figure 2 style).",
     )
     attention.add_argument("checkpoint", help="saved model directory with its tokenizer")
     attention.add_argument("--text", default=DEFAULT_TEXT, help="the text to encode")
+    attention.add_argument("--layer", type=int, default=None,
+                           help="plot this layer only (negative counts from the deepest; default: every layer)")
     attention.add_argument("--output-dir", type=Path, default=None, help="where PNGs go (default: CHECKPOINT/plots)")
     attention.set_defaults(func=run_attention)
+
+    register_kernel_size(kinds)
+
+
+def register_kernel_size(kinds) -> None:
+    from convattn.commands.compare import add_run_arguments
+    from convattn.commands.pretrain import HelpFormatter
+
+    sweep = kinds.add_parser(
+        "kernel-size", formatter_class=HelpFormatter, epilog=KERNEL_SIZE_EXAMPLES,
+        help="pretrain ConvBERT with several conv kernel sizes and plot perplexity vs size (Jiang et al. Fig. 5)",
+        description="Pretrain a ConvBERT preset once per convolution kernel size (span-based dynamic convolution "
+                    "and its separable key convolution), with `convattn compare`'s machinery: one tokenizer, the "
+                    "same data, budget and seeds, resumable. Then plot the final eval perplexity (and, with "
+                    "--glue, the mean GLUE dev score) against the kernel size.",
+    )
+    what = sweep.add_argument_group("what to sweep")
+    what.add_argument("--preset", default="chang2021-small/convbert",
+                      help="a ConvBERT preset (head_ratio > 1), e.g. convbert/small")
+    what.add_argument("--kernel-sizes", default=DEFAULT_KERNEL_SIZES, metavar="K1,K2,...",
+                      help="odd kernel sizes, comma-separated")
+    add_run_arguments(sweep, default_output="runs/kernel-size-PRESET")
+    sweep.set_defaults(func=run_kernel_size)
 
 
 def _output_dir(args) -> Path:
@@ -88,14 +139,78 @@ def run_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _select_layer(per_layer: dict, layer: int | None, layers: int) -> dict:
+    if layer is None:
+        return per_layer
+    if not -layers <= layer < layers:
+        raise UsageError(f"--layer {layer} is out of range: the model has {layers} layers (0..{layers - 1}, "
+                         "or negative from the deepest)")
+    index = layer % layers
+    return {index: per_layer[index]} if index in per_layer else {}
+
+
 def run_attention(args: argparse.Namespace) -> int:
-    from convattn.analysis.attention_maps import attention_maps, plot_attention_maps
+    from convattn.analysis.attention_maps import attention_maps, plot_attention_maps, plot_token_matrices
+    from convattn.analysis.convbert_kernels import position_kernels
     from convattn.analysis.io import load_encoder
 
     model = load_encoder(args.checkpoint)
+    layers = model.config.num_hidden_layers
     encoded, tokens = _encode(args.checkpoint, args.text, model.config.max_position_embeddings)
-    maps = attention_maps(model, encoded["input_ids"])
-    path = plot_attention_maps(maps, tokens, "Attention per layer (mean over self-attention heads)",
-                               _output_dir(args) / "attention_maps.png")
-    print(path)
+    out, written = _output_dir(args), []
+    maps = _select_layer(attention_maps(model, encoded["input_ids"]), args.layer, layers)
+    if maps:
+        written.append(plot_attention_maps(maps, tokens, "Attention per layer (mean over self-attention heads)",
+                                           out / "attention_maps.png"))
+    kernels = _select_layer(position_kernels(model, encoded["input_ids"]), args.layer, layers)
+    if kernels:
+        k = model.config.conv_kernel_size
+        written.append(plot_token_matrices(
+            kernels, tokens, f"Span-based dynamic convolution kernels per token (K={k}, mean over conv heads)",
+            out / "convbert_kernels.png", xlabel="position j (kernel tap j − i)", ylabel="token i",
+            colorbar="kernel weight"))
+    for path in written:
+        print(path)
     return 0
+
+
+def parse_kernel_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--kernel-sizes {text!r} must be comma-separated odd integers, e.g. 3,5,9") from None
+    bad = [k for k in sizes if k < 1 or k % 2 == 0]
+    if not sizes or bad:
+        raise UsageError(f"--kernel-sizes {text!r}: give odd sizes of at least 1 (the kernel is centred on each "
+                         "token), e.g. 1,3,5,9")
+    if len(set(sizes)) < len(sizes):
+        raise UsageError(f"--kernel-sizes {text!r} lists a size more than once")
+    return sorted(sizes)
+
+
+def run_kernel_size(args: argparse.Namespace) -> int:
+    from convattn import ConvAttnConfig
+    from convattn.analysis.kernel_size import plot_kernel_size_sweep
+    from convattn.commands.compare import compare_options, execute
+    from convattn.training.compare_report import collect_results, glue_columns
+    from convattn.training.grids import Grid, RunSpec, check_runs
+
+    sizes = parse_kernel_sizes(args.kernel_sizes)
+    check_runs([RunSpec(args.preset, args.preset)])
+    if not ConvAttnConfig.from_preset(args.preset).uses_convbert:
+        raise UsageError(f"--preset {args.preset} has no ConvBERT convolution (head_ratio 1); use a ConvBERT preset "
+                         "such as chang2021-small/convbert or convbert/small")
+    runs = [RunSpec(f"k={k}", args.preset, {"conv_kernel_size": k}) for k in sizes]
+    grid = Grid(f"kernel size ({args.preset})", runs, description=f"{args.preset} with convolution kernel sizes "
+                f"{', '.join(map(str, sizes))} (span-based dynamic convolution and separable key convolution).")
+    options = compare_options(args, grid, Path("runs") / f"kernel-size-{RunSpec(args.preset, args.preset).slug}")
+    code = execute(options, args.report_only)
+    results = collect_results(options)
+    perplexities = [[result.metrics[seed][-1]["perplexity"] for seed in result.finished] for result in results]
+    columns = glue_columns(results)
+    glue = [[statistics.fmean(scores[c] for c in columns) for scores in result.glue.values()
+             if all(c in scores for c in columns)] for result in results] if columns else None
+    budget = results[0].final_step
+    title = f"{args.preset}: kernel size sweep" + (f" ({budget:,} steps)" if budget else "")
+    print(plot_kernel_size_sweep(sizes, perplexities, glue, title, options.output_dir / "kernel_size.png"))
+    return code

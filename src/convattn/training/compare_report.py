@@ -1,0 +1,449 @@
+"""The report of a comparison, rebuilt from its run directories: markdown, HTML, a figure and CSVs.
+
+See `convattn.training.compare` for the directory layout.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from convattn.training.compare import MEMORY_FILE, CompareOptions, is_finished, run_dir, run_options
+from convattn.training.grids import RunSpec
+from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE, write_atomic
+
+MIB = 2**20
+
+
+def read_metrics(path: Path) -> list[dict]:
+    file = path / METRICS_FILE
+    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
+
+
+def spread(values: list[float]) -> dict | None:
+    """Mean, sample standard deviation and standard error over seeds (std and SEM are None for one seed)."""
+    if not values:
+        return None
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return {"mean": statistics.fmean(values), "std": std, "sem": std / math.sqrt(len(values)) if std else std,
+            "n": len(values), "values": values}
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    metrics: dict[int, list[dict]]  # seed -> metrics.jsonl rows (seeds that have any)
+    finished: list[int]
+    memory: dict | None
+    glue: dict[int, dict[str, float]]  # seed -> GLUE column -> dev score (mean over fine-tuning seeds)
+
+    @property
+    def final_perplexity(self) -> dict | None:
+        return spread([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
+
+    @property
+    def final_step(self) -> int | None:
+        steps = {self.metrics[seed][-1]["step"] for seed in self.finished}
+        return max(steps) if steps else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Median over evaluations of each seed's training throughput, then the mean over seeds."""
+        per_seed = []
+        for rows in self.metrics.values():
+            rates = [row["tokens_per_second"] for row in rows if row.get("tokens_per_second")]
+            if rates:
+                per_seed.append(statistics.median(rates))
+        return statistics.fmean(per_seed) if per_seed else None
+
+    @property
+    def tokens_seen(self) -> float | None:
+        seen = [self.metrics[seed][-1]["tokens_seen"] for seed in self.finished]
+        return statistics.fmean(seen) if seen else None
+
+    @property
+    def cuda_peak(self) -> int | None:
+        peaks = (self.memory or {}).get("cuda_peak_bytes") or {}
+        return max(peaks.values()) if peaks else None
+
+    def glue_score(self, column: str) -> dict | None:
+        return spread([scores[column] for scores in self.glue.values() if column in scores])
+
+
+def read_glue(path: Path) -> dict[str, float]:
+    results_file = path / "glue" / "glue_results.json"
+    if not results_file.is_file():
+        return {}
+    columns = json.loads(results_file.read_text())["columns"]
+    return {column: stat["mean"] for column, stat in columns.items()}
+
+
+def collect_results(options: CompareOptions) -> list[RunResult]:
+    results = []
+    for spec in options.grid.runs:
+        metrics, finished, glue = {}, [], {}
+        for seed in range(options.seeds):
+            path = run_dir(options.output_dir, spec, seed)
+            rows = read_metrics(path)
+            if rows:
+                metrics[seed] = rows
+            if rows and is_finished(path):
+                finished.append(seed)
+            if scores := read_glue(path):
+                glue[seed] = scores
+        memory_file = run_dir(options.output_dir, spec) / MEMORY_FILE
+        memory = json.loads(memory_file.read_text()) if memory_file.is_file() else None
+        results.append(RunResult(spec, metrics, finished, memory, glue))
+    return results
+
+
+def seeds_in_output(options: CompareOptions) -> int:
+    """How many seeds (0..k) the output directory has runs for (0: none)."""
+    found = [int(path.name.removeprefix("seed")) for spec in options.grid.runs
+             for path in run_dir(options.output_dir, spec).glob("seed*") if path.name.removeprefix("seed").isdigit()]
+    return max(found, default=-1) + 1
+
+
+def glue_columns(results: list[RunResult]) -> list[str]:
+    from convattn.data.glue import GLUE_COLUMNS
+
+    found = {column for result in results for scores in result.glue.values() for column in scores}
+    order = {column: index for index, column in enumerate(GLUE_COLUMNS)}
+    return sorted(found, key=lambda column: (order.get(column, len(order)), column))
+
+
+# ---------------------------------------------------------------------------------- report
+def write_report(options: CompareOptions) -> list[RunResult]:
+    """report.md, report.html, perplexity.png, metrics.csv and summary.csv from the run directories."""
+    results = collect_results(options)
+    out = options.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    write_metrics_csv(results, out / "metrics.csv")
+    write_summary_csv(results, out / "summary.csv")
+    has_curves = any(result.metrics for result in results)
+    if has_curves:
+        title = f"Eval perplexity vs training step: {options.grid.name}"
+        plot_perplexity_curves(results, title, out / "perplexity.png")
+    report = Report(options, results, figure="perplexity.png" if has_curves else None)
+    write_atomic(out / "report.md", report.markdown())
+    write_atomic(out / "report.html", report.html())
+    return results
+
+
+def _csv_text(header: list[str], rows: list[list]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(["" if value is None else value for value in row] for row in rows)
+    return buffer.getvalue()
+
+
+METRIC_COLUMNS = ("step", "perplexity", "eval_loss", "train_loss", "tokens_per_second", "tokens_seen",
+                  "learning_rate", "elapsed_seconds")
+
+
+def write_metrics_csv(results: list[RunResult], path: Path) -> None:
+    rows = [[result.spec.name, result.spec.preset, seed, *(row.get(column) for column in METRIC_COLUMNS)]
+            for result in results for seed, seed_rows in result.metrics.items() for row in seed_rows]
+    write_atomic(path, _csv_text(["run", "preset", "seed", *METRIC_COLUMNS], rows))
+
+
+def write_summary_csv(results: list[RunResult], path: Path) -> None:
+    columns = glue_columns(results)
+    header = ["run", "preset", "overrides", "seeds_finished", "final_step", "parameters", "encoder_parameters",
+              "tokens_seen", "tokens_per_second", "train_memory_mib", "cuda_peak_mib", "perplexity_mean",
+              "perplexity_std", "perplexity_sem", "perplexity_per_seed"]
+    header += [f"glue_{column}_{stat}" for column in columns for stat in ("mean", "std")]
+    rows = []
+    for result in results:
+        estimate = (result.memory or {}).get("estimate", {})
+        ppl = result.final_perplexity or {}
+        row = [result.spec.name, result.spec.preset, json.dumps(result.spec.model) if result.spec.model else None,
+               len(result.finished), result.final_step, estimate.get("parameters"),
+               estimate.get("encoder_parameters"), result.tokens_seen, _round(result.tokens_per_second, 1),
+               _round(estimate.get("total_bytes") and estimate["total_bytes"] / MIB, 1),
+               _round(result.cuda_peak and result.cuda_peak / MIB, 1), _round(ppl.get("mean"), 3),
+               _round(ppl.get("std"), 3), _round(ppl.get("sem"), 3),
+               ";".join(f"{v:.3f}" for v in ppl.get("values", []))]
+        for column in columns:
+            score = result.glue_score(column) or {}
+            row += [_round(score.get("mean"), 2), _round(score.get("std"), 2)]
+        rows.append(row)
+    write_atomic(path, _csv_text(header, rows))
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> Path:
+    """One line per run: mean eval perplexity over seeds at each step, shaded between the seeds' min and max;
+    log-scale y (the Conv-Linformer paper's Figure 1)."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import LogFormatter
+
+    from convattn.analysis.io import save_figure
+
+    fig = Figure(figsize=(9, 5))
+    ax = fig.subplots()
+    shown = [result for result in results if result.metrics]
+    cmap = matplotlib.colormaps["tab20" if len(shown) > 10 else "tab10"]
+    for index, result in enumerate(shown):
+        by_step: dict[int, list[float]] = {}
+        for rows in result.metrics.values():
+            for row in rows:
+                by_step.setdefault(row["step"], []).append(row["perplexity"])
+        steps = sorted(by_step)
+        mean = [statistics.fmean(by_step[s]) for s in steps]
+        color = cmap(index % cmap.N)
+        ax.plot(steps, mean, color=color, linewidth=1.5, marker="o", markersize=2.5,
+                label=f"{result.spec.name} ({len(result.metrics)} seed{'s' if len(result.metrics) > 1 else ''})")
+        if len(result.metrics) > 1:
+            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
+                            alpha=0.18, linewidth=0)
+    ax.set(xlabel="training step", ylabel="eval perplexity (log scale)", yscale="log", title=title)
+    for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        set_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))  # plain numbers, not 4x10^1
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              title="line: mean over seeds\nband: min–max", title_fontsize=8)
+    return save_figure(fig, path)
+
+
+def _count(value: int | None) -> str:
+    """A parameter count: 13.09M, 20.4k."""
+    if value is None:
+        return "–"
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}k"
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _mean_std(stat: dict | None, digits: int) -> str:
+    if stat is None:
+        return "–"
+    if stat["std"] is None:
+        return f"{stat['mean']:,.{digits}f}"
+    return f"{stat['mean']:,.{digits}f} ± {stat['std']:,.{digits}f}"
+
+
+@dataclass
+class Report:
+    """The comparison as tables and notes, rendered as markdown or HTML."""
+
+    options: CompareOptions
+    results: list[RunResult]
+    figure: str | None
+
+    def run_settings(self) -> list[dict]:
+        """Each run's options as its directory saved them (what it was really trained with), else as they
+        would be now."""
+        settings = []
+        for result in self.results:
+            saved = run_dir(self.options.output_dir, result.spec, 0) / OPTIONS_FILE
+            settings.append(json.loads(saved.read_text()) if saved.is_file()
+                            else run_options(self.options, result.spec, 0).to_json())
+        return settings
+
+    def settings(self) -> list[tuple[str, str]]:
+        runs = self.run_settings()
+        first = runs[0]
+        shared_model = {k: v for k, v in first["model"].items() if all(run["model"].get(k) == v for run in runs)}
+        if first["dataset"]:
+            corpus = f"{first['dataset']} ({first['dataset_config'] or 'default config'})"
+        else:
+            corpus = ", ".join(first["train_files"]) or "the embedded default corpus"
+        warmup = f"{first['warmup']:.0%} of the steps" if first["warmup"] < 1 else f"{first['warmup']:g} step(s)"
+        given = Path(first["tokenizer"]) != (self.options.output_dir / "tokenizer").resolve()
+        tokenizer = first["tokenizer"] + (" (given; shared by all runs)" if given else
+                                          f" (unigram, {first['vocab_size']:,} pieces, trained once on the train "
+                                          "text; shared by all runs)")
+        return [
+            ("recipe", f"{self.options.recipe_name} ({first['objective']}, {first['format']} format)"),
+            ("config fields set for every run", json.dumps(shared_model) if shared_model else "none"),
+            ("budget (every run)", f"{first['max_steps']:,} steps x batch {first['batch_size']} x "
+                                   f"{first['seq_len'] or 'max-length'} tokens; lr {first['learning_rate']:g}, "
+                                   f"warmup {warmup}, weight decay {first['weight_decay']:g}"),
+            ("evaluation", f"every {first['eval_every']:,} steps on "
+                           + (f"the first {first['eval_samples']:,} eval examples" if first["eval_samples"]
+                              else "all eval examples")),
+            ("train text", corpus),
+            ("eval text", ", ".join(first["eval_files"]) or "the corpus' own held-out split"),
+            ("tokenizer", tokenizer),
+            ("seeds", f"{self.options.seeds} per run (seed k: initialisation, data order and masking; the same k "
+                      "gives every run the same data order)"),
+        ]
+
+    def columns(self) -> list[str]:
+        columns = ["Run"]
+        if any(result.spec.name != result.spec.preset or result.spec.model for result in self.results):
+            columns.append("Preset (+ run fields)")
+        columns += ["Encoder params", "Tokens/s", "Train memory (MiB)"]
+        if any(result.cuda_peak for result in self.results):
+            columns.append("GPU peak (MiB)")
+        columns += ["Eval perplexity (mean ± std)", "Seeds done"]
+        return columns + [f"GLUE {column}" for column in glue_columns(self.results)]
+
+    def rows(self) -> list[list[str]]:
+        finals = [(r.final_perplexity or {}).get("mean") for r in self.results]
+        best = min((f for f in finals if f is not None), default=None)
+        columns, rows = self.columns(), []
+        for result, final in zip(self.results, finals, strict=True):
+            estimate = (result.memory or {}).get("estimate", {})
+            cells = {
+                "Run": result.spec.name,
+                "Preset (+ run fields)": result.spec.preset + (f" {json.dumps(result.spec.model)}"
+                                                               if result.spec.model else ""),
+                "Encoder params": _count(estimate.get("encoder_parameters")),
+                "Tokens/s": _number(result.tokens_per_second, 0),
+                "Train memory (MiB)": _number(estimate.get("total_bytes") and estimate["total_bytes"] / MIB),
+                "GPU peak (MiB)": _number(result.cuda_peak and result.cuda_peak / MIB),
+                "Eval perplexity (mean ± std)": _mean_std(result.final_perplexity, 2),
+                "Seeds done": f"{len(result.finished)}/{self.options.seeds}",
+            }
+            if final is not None and final == best and len(self.results) > 1:
+                cells["Eval perplexity (mean ± std)"] = f"**{cells['Eval perplexity (mean ± std)']}**"
+            for column in glue_columns(self.results):
+                cells[f"GLUE {column}"] = _mean_std(result.glue_score(column), 1)
+            rows.append([cells[column] for column in columns])
+        return rows
+
+    def seed_rows(self) -> tuple[list[str], list[list[str]]]:
+        header = ["Run", *(f"seed {seed}" for seed in range(self.options.seeds))]
+        rows = []
+        for result in self.results:
+            cells = [result.spec.name]
+            for seed in range(self.options.seeds):
+                rows_of_seed = result.metrics.get(seed)
+                if not rows_of_seed:
+                    cells.append("–")
+                else:
+                    last = rows_of_seed[-1]
+                    done = "" if seed in result.finished else f" (step {last['step']}, unfinished)"
+                    cells.append(f"{last['perplexity']:,.2f}{done}")
+            rows.append(cells)
+        return header, rows
+
+    def notes(self) -> list[str]:
+        notes = [
+            "Eval perplexity: exp(mean masked-token loss) on the held-out text at the last step, mean ± sample "
+            "standard deviation over the finished pretraining seeds (summary.csv also gives the SEM and each "
+            "seed's value). Bold: the lowest mean.",
+            "Tokens/s: training throughput (non-padding tokens per second, evaluation and checkpoint time left "
+            "out), the median over each seed's logging intervals before an evaluation, then the mean over seeds. "
+            "Runs are timed one after another on the same machine; other load on it shows up here.",
+            "Train memory: fp32 weights, gradients and AdamW moments (16 bytes per parameter) plus the tensors "
+            "autograd saves for backward in the forward pass of one training micro-batch (batch x sequence "
+            "length), counted once per storage. Measured the same way on every device, it leaves out allocator "
+            "overhead and transient buffers: a lower bound that ranks the models, not a process peak.",
+            "Encoder params: the encoder without the pretraining head (the tokenizer's vocabulary sets the "
+            "embedding size).",
+        ]
+        if any(result.cuda_peak for result in self.results):
+            notes.append("GPU peak: torch.cuda.max_memory_allocated over the training of a run (the highest of its "
+                         "seeds trained in one process), mixed precision included.")
+        if glue_columns(self.results):
+            request = self.options.glue
+            seeds = request.seeds if request else "the"
+            notes.append(f"GLUE: dev score x 100 of each final model (`convattn glue`), the mean over {seeds} "
+                         "fine-tuning seed(s) per pretraining seed, then mean ± std over pretraining seeds.")
+        return notes
+
+    def title(self) -> str:
+        return f"Comparison: {self.options.grid.name}"
+
+    def markdown(self) -> str:
+        lines = [f"# {self.title()}", ""]
+        if self.options.grid.description:
+            lines += [self.options.grid.description.strip(), ""]
+        lines += ["## Settings", ""] + [f"- **{name}**: {value}" for name, value in self.settings()] + [""]
+        lines += ["## Results", "", *_markdown_table(self.columns(), self.rows()), ""]
+        lines += [f"- {note}" for note in self.notes()] + [""]
+        if self.figure:
+            lines += ["## Eval perplexity vs training step", "",
+                      f"![eval perplexity vs training step]({self.figure})", "",
+                      "One line per run: the mean over seeds at each evaluation; the band spans the seeds' "
+                      "minimum and maximum.", ""]
+        header, rows = self.seed_rows()
+        lines += ["## Final eval perplexity per seed", "", *_markdown_table(header, rows), ""]
+        lines += ["Raw numbers: `metrics.csv` (one row per run, seed and evaluation), `summary.csv` (one row per "
+                  "run); each run's own output is in `runs/<run>/seed<k>/`.", ""]
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        from html import escape
+
+        def table(header: list[str], rows: list[list[str]]) -> str:
+            head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
+            left = [column in TEXT_COLUMNS for column in header]
+            body = "".join("<tr>" + "".join(f'<td{" class=text" if text else ""}>{_html_cell(cell)}</td>'
+                                            for cell, text in zip(row, left, strict=True)) + "</tr>" for row in rows)
+            return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+        header, rows = self.seed_rows()
+        parts = [
+            "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>{escape(self.title())}</title>",
+            "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}"
+            "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em}"
+            "td{text-align:right}td.text{text-align:left}th{background:#f3f3f3}"
+            "li{margin:.3em 0}</style></head><body>",
+            f"<h1>{escape(self.title())}</h1>",
+        ]
+        if self.options.grid.description:
+            parts.append(f"<p>{escape(self.options.grid.description.strip())}</p>")
+        parts.append("<h2>Settings</h2><ul>" + "".join(f"<li><b>{escape(name)}</b>: {escape(value)}</li>"
+                                                         for name, value in self.settings()) + "</ul>")
+        parts += ["<h2>Results</h2>", table(self.columns(), self.rows()),
+                  "<ul>" + "".join(f"<li>{escape(note)}</li>" for note in self.notes()) + "</ul>"]
+        if self.figure:
+            parts += ["<h2>Eval perplexity vs training step</h2>",
+                      f'<img src="{escape(self.figure)}" alt="eval perplexity vs training step" '
+                      'style="max-width:100%">',
+                      "<p>One line per run: the mean over seeds at each evaluation; the band spans the seeds' minimum "
+                      "and maximum.</p>"]
+        parts += ["<h2>Final eval perplexity per seed</h2>", table(header, rows),
+                  "<p>Raw numbers: <code>metrics.csv</code>, <code>summary.csv</code>; each run's own output is in "
+                  "<code>runs/&lt;run&gt;/seed&lt;k&gt;/</code>.</p>", "</body></html>"]
+        return "\n".join(parts) + "\n"
+
+    def summary_lines(self) -> list[str]:
+        """A short plain-text table for the terminal."""
+        header = ["run", "params", "tok/s", "mem MiB", "eval ppl (mean ± std)", "seeds"]
+        rows = [[r.spec.name, _count(r.memory and r.memory["estimate"]["encoder_parameters"]),
+                 _number(r.tokens_per_second, 0),
+                 _number(r.memory and r.memory["estimate"]["total_bytes"] / MIB),
+                 _mean_std(r.final_perplexity, 2), f"{len(r.finished)}/{self.options.seeds}"]
+                for r in self.results]
+        columns = glue_columns(self.results)
+        header += columns
+        for row, result in zip(rows, self.results, strict=True):
+            row += [_mean_std(result.glue_score(column), 1) for column in columns]
+        widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+        return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                for row in [header, *rows]]
+
+
+TEXT_COLUMNS = ("Run", "Preset (+ run fields)")  # left-aligned; the other columns hold numbers
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    align = ["---" if column in TEXT_COLUMNS else "---:" for column in header]
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def _html_cell(text: str) -> str:
+    from html import escape
+
+    if text.startswith("**") and text.endswith("**"):
+        return f"<strong>{escape(text[2:-2])}</strong>"
+    return escape(text)

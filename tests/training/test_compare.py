@@ -1,0 +1,222 @@
+"""`convattn compare` and `convattn plot kernel-size` end to end on tiny configs: report files, fairness, reuse."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import statistics
+
+import pytest
+
+from convattn.cli import main
+from convattn.presets import preset_names
+from convattn.training import compare
+from convattn.training.grids import grid_names, load_grid
+
+WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
+PRESETS = ["chang2021-small/absolute", "chang2021-small/composite"]
+TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--intermediate", "64", "--embedding-size", "16",
+        "--vocab-size", "150", "--seq-len", "32", "--batch-size", "8", "--max-steps", "4", "--eval-every", "2",
+        "--save-every", "2", "--log-every", "1", "--warmup", "1", "--eval-samples", "16"]
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(0)
+    directory = tmp_path_factory.mktemp("corpus")
+    for name, n in (("train.txt", 400), ("valid.txt", 40)):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(n)]
+        (directory / name).write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def compare_args(corpus, out, *extra: str, presets: str = ",".join(PRESETS)) -> list[str]:
+    return ["compare", "--presets", presets, "--seeds", "2", *TINY, "--train-file", str(corpus / "train.txt"),
+            "--eval-file", str(corpus / "valid.txt"), "--output-dir", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def compared(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+        assert main(compare_args(corpus, out)) == 0
+    return out
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def metrics_rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_report_files_and_rows(compared):
+    for name in ("report.md", "report.html", "metrics.csv", "summary.csv"):
+        assert (compared / name).stat().st_size > 0, name
+    assert (compared / "perplexity.png").read_bytes()[:4] == b"\x89PNG"
+    metrics = read_csv(compared / "metrics.csv")
+    assert len(metrics) == 2 * 2 * 3  # presets x seeds x evaluations (steps 0, 2, 4)
+    assert {(row["run"], row["seed"], row["step"]) for row in metrics} == {
+        (preset, str(seed), str(step)) for preset in PRESETS for seed in (0, 1) for step in (0, 2, 4)}
+    summary = read_csv(compared / "summary.csv")
+    assert [row["run"] for row in summary] == PRESETS
+    for row in summary:
+        finals = [metrics_rows(compared / "runs" / row["run"].replace("/", "--") / f"seed{s}")[-1]["perplexity"]
+                  for s in (0, 1)]
+        assert row["seeds_finished"] == "2" and row["final_step"] == "4"
+        assert float(row["perplexity_mean"]) == pytest.approx(statistics.fmean(finals), abs=1e-3)
+        assert float(row["perplexity_std"]) == pytest.approx(statistics.stdev(finals), abs=1e-3)
+        assert int(row["encoder_parameters"]) > 0 and float(row["train_memory_mib"]) > 0
+        assert float(row["tokens_per_second"]) > 0
+    report = (compared / "report.md").read_text()
+    assert all(f"| {preset} |" in report for preset in PRESETS)
+    assert "sample standard deviation" in report and "](perplexity.png)" in report
+    assert "<table>" in (compared / "report.html").read_text()
+
+
+def test_runs_share_tokenizer_and_data_order(compared):
+    tokenizers = set()
+    for seed in (0, 1):
+        seen = []
+        for preset in PRESETS:
+            run = compared / "runs" / preset.replace("/", "--") / f"seed{seed}"
+            assert (run / "model.safetensors").is_file() and (run / "tokenizer.json").is_file()
+            options = json.loads((run / "pretrain_options.json").read_text())
+            assert options["seed"] == seed and options["max_steps"] == 4
+            tokenizers.add(options["tokenizer"])
+            seen.append([row["tokens_seen"] for row in metrics_rows(run)])
+        assert seen[0] == seen[1]  # the same batches, in the same order, for every preset at one seed
+    assert tokenizers == {str((compared / "tokenizer").resolve())}
+
+
+def test_second_invocation_reuses_finished_runs(compared, corpus, monkeypatch, capsys):
+    models = sorted(compared.glob("runs/*/seed*/model.safetensors"))
+    before = [path.stat().st_mtime_ns for path in models]
+
+    def no_training(options):
+        raise AssertionError(f"retrained {options.output_dir}")
+
+    monkeypatch.setattr(compare, "pretrain", no_training)
+    assert main(compare_args(corpus, compared)) == 0
+    assert [path.stat().st_mtime_ns for path in models] == before
+    assert "4 reused" in capsys.readouterr().err
+
+
+def test_unfinished_run_resumes_from_its_checkpoint(compared, corpus, monkeypatch):
+    run = compared / "runs" / "chang2021-small--composite" / "seed1"
+    (run / "model.safetensors").unlink()
+    calls, real_pretrain = [], compare.pretrain
+
+    def recording(options):
+        calls.append((options.output_dir, options.resume))
+        return real_pretrain(options)
+
+    monkeypatch.setattr(compare, "pretrain", recording)
+    assert main(compare_args(corpus, compared)) == 0
+    assert calls == [(run, True)]
+    assert (run / "model.safetensors").is_file()
+
+
+def test_changed_budget_is_refused(compared, corpus, capsys):
+    assert main(compare_args(corpus, compared, "--max-steps", "6")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "max_steps: 4 -> 6" in err
+
+
+def test_shared_tokenizer_of_other_settings_is_refused(compared, corpus, capsys):
+    args = compare_args(corpus, compared, presets="chang2021-small/fixed")
+    assert main([*args, "--vocab-size", "140"]) == 2
+    assert "tokenizer was trained for other text or vocabulary" in capsys.readouterr().err
+
+
+def test_report_only_rebuilds_from_the_run_directories(compared, monkeypatch):
+    (compared / "report.md").unlink()
+    monkeypatch.setattr(compare, "pretrain", lambda options: pytest.fail("trained"))
+    assert main(["compare", "--presets", ",".join(PRESETS), "--output-dir", str(compared), "--report-only"]) == 0
+    report = (compared / "report.md").read_text()
+    assert "| chang2021-small/absolute |" in report and "| 2/2 |" in report  # seeds found in the directories
+    assert "4 steps x batch 8 x 32 tokens" in report  # the budget the runs were trained with, not the recipe's
+
+
+@pytest.mark.parametrize(
+    ("selection", "needle"),
+    [
+        (["--grid", "nope"], "unknown grid 'nope'; choose --grid from chang2021-small, convbert, malard-n512"),
+        (["--presets", " , "], "no runs to compare"),
+        (["--presets", "chang2021-small/nope"], "chang2021-small/{none,absolute,"),
+        (["--presets", "chang2021-small/none,chang2021-small/none"], "listed more than once"),
+    ],
+)
+def test_bad_selection_exits_2_with_one_line(tmp_path, capsys, selection, needle):
+    out = tmp_path / "out"
+    assert main(["compare", *selection, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("convattn compare: error:") and needle in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", grid_names())
+def test_shipped_grids_load_and_name_real_presets(name):
+    grid = load_grid(name)
+    assert grid.runs and grid.recipe and grid.description
+    assert {run.preset for run in grid.runs} <= set(preset_names())
+
+
+def test_chang2021_small_grid_has_every_composite_paper_row():
+    expected = [p for p in preset_names() if p.startswith("chang2021-small/") and p != "chang2021-small/convbert"]
+    assert [run.preset for run in load_grid("chang2021-small").runs] == expected and len(expected) == 14
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+def test_activation_memory_grows_with_the_batch():
+    from convattn.training.recipes import Recipe
+
+    tokenizer = word_tokenizer()
+    model = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
+             "embedding_size": 16}
+    small, large = (compare.training_memory(Recipe("chang2021-small/composite", batch_size=batch, seq_len=32,
+                                                   model=model), tokenizer) for batch in (4, 8))
+    assert small["state_bytes"] == large["state_bytes"] == 16 * small["parameters"]
+    assert 1.7 < large["activation_bytes"] / small["activation_bytes"] < 2.3
+
+
+def test_kernel_size_sweep_writes_its_figure(corpus, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["plot", "kernel-size", "--kernel-sizes", "3,1", "--seeds", "1", *TINY, "--max-steps", "2",
+            "--train-file", str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"),
+            "--output-dir", str(out)]
+    assert main(args) == 0
+    assert (out / "kernel_size.png").read_bytes()[:4] == b"\x89PNG"
+    assert [row["run"] for row in read_csv(out / "summary.csv")] == ["k=1", "k=3"]
+    for k in (1, 3):
+        config = json.loads((out / "runs" / f"k={k}" / "seed0" / "config.json").read_text())
+        assert config["conv_kernel_size"] == k and config["head_ratio"] == 2
+    assert str(out / "kernel_size.png") in capsys.readouterr().out
+
+
+def test_kernel_size_sweep_rejects_even_sizes_and_non_convbert_presets(capsys):
+    assert main(["plot", "kernel-size", "--kernel-sizes", "3,4"]) == 2
+    assert "odd sizes" in capsys.readouterr().err
+    assert main(["plot", "kernel-size", "--preset", "chang2021-small/composite"]) == 2
+    assert "no ConvBERT convolution" in capsys.readouterr().err
