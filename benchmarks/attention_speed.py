@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 
 import torch
-from common import machine_line, saved_activation_bytes, time_interleaved, write_atomic
+from common import machine_line, time_interleaved, write_atomic
 from transformers import BertConfig, BertModel
 
 import convattn  # noqa: F401  (registers the model type)
 from convattn import ConvAttnConfig, ConvAttnModel
 from convattn.attention import TokenMask
 from convattn.presets import preset_names
+from convattn.training.memory import saved_activation_bytes
 
 TOKENS_PER_BATCH = 2048
 

@@ -29,6 +29,7 @@ import torch
 
 from convattn.errors import UsageError
 from convattn.training.grids import Grid, RunSpec, check_runs
+from convattn.training.memory import saved_activation_bytes
 from convattn.training.pretrain import (
     METRICS_FILE,
     OPTIONS_FILE,
@@ -187,19 +188,9 @@ def training_memory(recipe: Recipe, tokenizer) -> dict:
         masked = torch.rand(input_ids.shape, generator=generator) < recipe.mlm_probability
         inputs["labels"] = input_ids.masked_fill(~masked, -100)
     parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def record(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameter_storages:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(record, lambda tensor: tensor):
-        model(**inputs)
+    activations = saved_activation_bytes(lambda: model(**inputs), exclude_storages=parameter_storages)
     parameters = model.num_parameters()
     state = 16 * parameters
-    activations = sum(saved.values())
     return {"parameters": parameters, "encoder_parameters": model.convattn.num_parameters(),
             "micro_batch": [batch, seq_len], "state_bytes": state, "activation_bytes": activations,
             "total_bytes": state + activations}
