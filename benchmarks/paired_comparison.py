@@ -1,0 +1,157 @@
+"""Paired per-seed comparison of `convattn compare` runs (the reproduction tables of RESULTS.md §6).
+
+Seed k gives every run the same initialisation seed, data order and masks, so the difference between two
+runs at the same seed and step is a paired measurement: its sign over seeds says more than two overlapping
+mean ± SEM intervals. Reads OUTPUT_DIR/metrics.csv of a compare run and writes, next to it (or --out):
+
+- paired.md: final perplexity per run (mean ± SEM and per seed); for each pair "A - B" the per-seed
+  differences, their mean ± SEM, how many seeds agree on the sign, and the first evaluated step from which
+  every later evaluation has every seed agreeing on that sign (the budget at which the ordering appears);
+- paired.png: each pair's mean difference vs step with its SEM band.
+
+    python benchmarks/paired_comparison.py runs/repro16 \
+        --pairs composite:none composite:absolute fixed:none dynamic:fixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+def load_curves(metrics_csv: Path) -> dict[str, dict[int, dict[int, float]]]:
+    """run -> seed -> step -> eval perplexity."""
+    curves: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    with metrics_csv.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["perplexity"]:
+                curves[row["run"]][int(row["seed"])][int(row["step"])] = float(row["perplexity"])
+    return curves
+
+
+def short_name(run: str) -> str:
+    return run.split("/")[-1]
+
+
+def mean_sem(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    sem = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return mean, sem
+
+
+def paired_differences(a: dict[int, dict[int, float]], b: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
+    """step -> seed -> a - b, over the seeds and steps both runs have."""
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for seed in sorted(set(a) & set(b)):
+        for step in sorted(set(a[seed]) & set(b[seed])):
+            out[step][seed] = a[seed][step] - b[seed][step]
+    return out
+
+
+def ordering_onset(diffs: dict[int, dict[int, float]], sign: float, seeds: int) -> int | None:
+    """First step from which every later evaluation has all `seeds` seeds on `sign`'s side of zero."""
+    onset = None
+    for step in sorted(diffs):
+        values = diffs[step]
+        agree = len(values) == seeds and all(v * sign > 0 for v in values.values())
+        if agree and onset is None:
+            onset = step
+        elif not agree:
+            onset = None
+    return onset
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    return "n/a" if math.isnan(x) else f"{x:,.{digits}f}"
+
+
+def report(curves, pairs: list[tuple[str, str]], source: Path) -> str:
+    by_short = {short_name(run): run for run in curves}
+    lines = [f"# Paired comparison: `{source}`", ""]
+    lines += ["## Final eval perplexity", "", "| Run | Seeds | Mean ± SEM | Per seed | Last step |",
+              "|---|---:|---:|---|---:|"]
+    for run, seeds in curves.items():
+        finals = {s: steps[max(steps)] for s, steps in sorted(seeds.items())}
+        last = min(max(steps) for steps in seeds.values())
+        mean, sem = mean_sem(list(finals.values()))
+        per_seed = ", ".join(f"{v:,.1f}" for v in finals.values())
+        lines.append(f"| {short_name(run)} | {len(finals)} | {fmt(mean)} ± {fmt(sem)} | {per_seed} | {last:,} |")
+    lines += ["", "## Paired differences (same seed = same initialisation, data order and masks)", "",
+              "Negative: the first run has the lower (better) perplexity. Onset: the first evaluated step from "
+              "which every later evaluation has every seed on the final sign.", "",
+              "| A - B | Step | Per seed | Mean ± SEM | Seeds agreeing | Onset |", "|---|---:|---|---:|---:|---:|"]
+    for a, b in pairs:
+        diffs = paired_differences(curves[by_short[a]], curves[by_short[b]])
+        if not diffs:
+            continue
+        seeds = max(len(v) for v in diffs.values())
+        step = max(s for s, v in diffs.items() if len(v) == seeds)
+        values = list(diffs[step].values())
+        mean, sem = mean_sem(values)
+        sign = -1.0 if mean < 0 else 1.0
+        agree = sum(v * sign > 0 for v in values)
+        onset = ordering_onset(diffs, sign, seeds)
+        per_seed = ", ".join(f"{v:+,.1f}" for v in values)
+        lines.append(f"| {a} - {b} | {step:,} | {per_seed} | {mean:+,.1f} ± {fmt(sem)} | {agree}/{len(values)} | "
+                     f"{'never' if onset is None else f'{onset:,}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves, pairs: list[tuple[str, str]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_short = {short_name(run): run for run in curves}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for a, b in pairs:
+        diffs = paired_differences(curves[by_short[a]], curves[by_short[b]])
+        steps = [s for s in sorted(diffs) if s > 0 and len(diffs[s]) >= 2]
+        if not steps:
+            continue
+        stats = [mean_sem(list(diffs[s].values())) for s in steps]
+        means = [m for m, _ in stats]
+        ax.plot(steps, means, label=f"{a} - {b}")
+        ax.fill_between(steps, [m - e for m, e in stats], [m + e for m, e in stats], alpha=0.2)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("eval perplexity difference (mean ± SEM over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("compare_dir", type=Path, help="a `convattn compare` output directory (has metrics.csv)")
+    parser.add_argument("--pairs", nargs="+", default=["composite:none", "composite:absolute", "fixed:none",
+                                                        "dynamic:fixed"],
+                        help="A:B pairs of run names (the part after the preset family's '/'); reports A - B")
+    parser.add_argument("--out", type=Path, help="where paired.md and paired.png go (default: compare_dir)")
+    args = parser.parse_args()
+    curves = load_curves(args.compare_dir / "metrics.csv")
+    if any(p.count(":") != 1 for p in args.pairs):
+        parser.error(f"--pairs: each pair is A:B, got {' '.join(args.pairs)}")
+    pairs = [tuple(p.split(":")) for p in args.pairs]
+    unknown = {name for pair in pairs for name in pair} - {short_name(run) for run in curves}
+    if unknown:
+        parser.error(f"--pairs: no run named {', '.join(sorted(unknown))} in {args.compare_dir}/metrics.csv")
+    out = args.out or args.compare_dir
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(curves, pairs, args.compare_dir)
+    tmp = out / "paired.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "paired.md")
+    plot(curves, pairs, out / "paired.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
