@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from convattn.attention.banded import banded_relative_attention, takes_banded_path
 from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
 from convattn.attention.relative import RelativePositionBias
 
@@ -83,11 +84,15 @@ class CompositeSelfAttention(nn.Module):
         q = split_heads(self.query(hidden_states), self.num_heads)
         k = split_heads(self.key(hidden_states), self.num_heads)
         v = split_heads(values, self.num_heads)
-        bias = self.relative(q, k) if self.relative is not None else None
-        context, probs = attend(
-            q, k, v, bias=bias, mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
-            backend=self.backend, need_weights=output_attentions,
-        )
+        dropout_p = self.dropout_p if self.training else 0.0
+        if self.relative is not None and takes_banded_path(q, self.backend, dropout_p, output_attentions):
+            keep = mask.keep if mask.has_padding else None
+            context, probs = banded_relative_attention(q, k, v, **self.relative.banded(q, k), keep=keep,
+                                                       reach=self.relative.reach), None
+        else:
+            bias = self.relative(q, k) if self.relative is not None else None
+            context, probs = attend(q, k, v, bias=bias, mask=mask, dropout_p=dropout_p, backend=self.backend,
+                                    need_weights=output_attentions)
         context = merge_heads(context)
         if self.value_conv is not None:
             # Eq. 7: a depthwise convolution of the values, added after softmax, dropout and x V
