@@ -60,7 +60,7 @@ class CompositeSelfAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend = config.attention_backend
+        self.backend = config.attention_implementation
         self.conv_projection_input = bool(config.conv_projections)
 
         def projection(name: str) -> nn.Module:
