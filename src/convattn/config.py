@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 # Conv-Linformer's layout: the first L//2 layers project with E/F, the last L//2 with a strided conv
 SEQUENCE_PROJECTION_LAYOUTS = {"linear+conv": ("linear", "conv")}
 
@@ -117,8 +117,10 @@ class ConvAttnConfig(PretrainedConfig):
     # ------------------------------------------------------------------ derived sizes
     @property
     def attention_implementation(self) -> str:
-        """How attention is computed: "sdpa" (fused kernels; relative terms take the banded path on
-        CPU, default) or "eager" (explicit softmax, can return attention maps); the same function."""
+        """How attention is computed, the same function either way: "sdpa" (fused kernels, default;
+        relative terms take the banded path on CPU and FlexAttention on CUDA), "flex_attention"
+        (relative terms through FlexAttention; other mechanisms use SDPA) or "eager" (explicit
+        softmax, can return attention maps)."""
         return self._attn_implementation or "sdpa"
 
     @property

@@ -3,6 +3,8 @@ reference, and the attn_implementation plumbing that selects it."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from helpers.reference import composite_attention_loops
@@ -140,3 +142,36 @@ def test_legacy_attention_backend_still_loads(tmp_path):
 def test_unknown_attn_implementation_is_named():
     with pytest.raises(ValueError, match=r"attn_implementation='flash'.*'sdpa', 'eager'"):
         ConvAttnConfig(attn_implementation="flash")
+
+
+# ---------------------------------------------------------------- FlexAttention
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window):
+    """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly, without grad."""
+    layer = make_layer(TERMS[terms], out_of_window, attn_implementation="flex_attention").eval()
+    x, keep = batch((13, 7, 1), 13, torch.float32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice
+        ours = layer(x, TokenMask(keep))[0].double()
+    expected = composite_attention_loops(layer, x.detach(), keep)
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's compiled kernel and backward need CUDA")
+@pytest.mark.parametrize("terms", ["composite", "composite+key"])
+def test_flex_on_cuda_matches_loop_reference_with_gradients(terms):
+    layer = make_layer(TERMS[terms], "clip", value_depthwise_conv=True).cuda()
+    x, keep = batch((13, 7, 1), 13, torch.float32)
+    x_cuda = x.detach().cuda().requires_grad_()
+    out = layer(x_cuda, TokenMask(keep.cuda()))[0]
+    out.double().mul(keep.cuda()[..., None]).sum().backward()
+    layer_cpu = layer.cpu()
+    expected = composite_attention_loops(layer_cpu, x, keep)
+    expected.mul(keep[..., None]).sum().backward()
+    real = keep[..., None].expand_as(expected)
+    torch.testing.assert_close(out.detach().cpu().double()[real], expected[real].detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x_cuda.grad.cpu().double(), x.grad.double(), rtol=1e-4, atol=1e-4)

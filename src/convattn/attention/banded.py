@@ -33,26 +33,66 @@ def _acc(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _band_keys(x: Tensor, reach: int) -> Tensor:
-    """(..., n, c) -> (..., n + 2r, c) zero-padded so rows t .. t + n - 1 are x[i + t - r]."""
-    return F.pad(x, (0, 0, reach, reach))
-
-
-def _band_valid(keep: Tensor | None, batch: int, n: int, reach: int, device) -> Tensor:
+def _band_valid(keep: Tensor | None, n: int, reach: int, device) -> Tensor:
     """(batch or 1, 1, n, 2r + 1) bool: key j = i + t - r exists and is a real token."""
     key_index = torch.arange(n, device=device)[:, None] + torch.arange(2 * reach + 1, device=device) - reach
     inside = (key_index >= 0) & (key_index < n)
     if keep is None:
         return inside[None, None]
-    padded = F.pad(keep, (reach, reach))
-    return (inside & padded[:, key_index.clamp(-reach, n - 1 + reach) + reach])[:, None]
+    return (inside & F.pad(keep, (reach, reach))[:, key_index + reach])[:, None]
 
 
-def _band_scores(q: Tensor, k_padded: Tensor, band: Tensor, valid: Tensor, scale: float) -> Tensor:
-    n, width = q.shape[-2], band.shape[-1]
-    scores = torch.stack([(q * k_padded[..., t:t + n, :]).sum(-1) for t in range(width)], dim=-1)
-    scores = scores.to(_acc(q)) * scale + band.to(_acc(q))
-    return scores.masked_fill(~valid, float("-inf"))
+class _BandBlocks:
+    """The band as dense matmuls: query block b (rows bB .. bB + B - 1) against its key window
+    (rows bB - r .. bB + B + r - 1), (B x (B + 2r)) scores per block; band entry [i, t] (key
+    i + t - r) sits at [a, a + t] of its block, a = i - bB. Block size B >= 2r, so a window
+    overlaps only the next block's first 2r rows."""
+
+    def __init__(self, n: int, reach: int):
+        self.n, self.reach, self.width = n, reach, 2 * reach + 1
+        self.size = max(32, 2 * reach)
+        self.count = -(-n // self.size)
+        self.padded = self.count * self.size
+
+    def blocks(self, x: Tensor, fill: float = 0.0) -> Tensor:
+        """(..., n, c) -> (..., blocks, B, c), rows past n filled."""
+        if self.padded > self.n:
+            x = F.pad(x, (0, 0, 0, self.padded - self.n), value=fill)
+        return x.unflatten(-2, (self.count, self.size))
+
+    def windows(self, x: Tensor) -> Tensor:
+        """(..., n, c) -> (..., blocks, B + 2r, c), the keys each query block can reach in the band."""
+        x = F.pad(x, (0, 0, self.reach, self.padded - self.n + self.reach))
+        return x.unfold(-2, self.size + 2 * self.reach, self.size).transpose(-1, -2)
+
+    def fold(self, grad_windows: Tensor) -> Tensor:
+        """Adjoint of `windows`: (..., blocks, B + 2r, c) -> (..., n, c), overlaps summed."""
+        *lead, _, _, c = grad_windows.shape
+        size, reach = self.size, self.reach
+        grad = grad_windows.new_zeros(*lead, self.padded + size, c)
+        grad[..., :self.padded, :] += grad_windows[..., :size, :].flatten(-3, -2)
+        grad[..., size:, :].unflatten(-2, (self.count, size))[..., :2 * reach, :] += grad_windows[..., size:, :]
+        return grad[..., reach:reach + self.n, :]
+
+    def band(self, scores: Tensor) -> Tensor:
+        """(..., blocks, B, B + 2r) contiguous -> view (..., blocks, B, 2r + 1) of entries [a, a + t]."""
+        stride = list(scores.stride())
+        stride[-2] += 1
+        return scores.as_strided((*scores.shape[:-1], self.width), stride, scores.storage_offset())
+
+    def unblock(self, x: Tensor) -> Tensor:
+        """(..., blocks, B, ...) -> (..., n, ...)."""
+        return x.flatten(-3, -2)[..., :self.n, :] if x.dim() > 4 else x.flatten(-2)[..., :self.n]
+
+    def scores(self, q_scaled: Tensor, k: Tensor, band: Tensor, valid: Tensor) -> Tensor:
+        """(batch, heads, blocks, B, B + 2r) scores in the accumulation dtype, -inf off the band
+        and at missing or pad keys."""
+        scores = torch.matmul(self.blocks(q_scaled), self.windows(k).transpose(-1, -2)).to(_acc(q_scaled))
+        off_band = torch.ones(self.size, self.size + 2 * self.reach, dtype=torch.bool, device=k.device)
+        self.band(off_band).fill_(False)
+        scores.masked_fill_(off_band, float("-inf"))
+        self.band(scores).add_(self.blocks(band.to(scores.dtype).masked_fill(~valid, float("-inf")), 0.0))
+        return scores
 
 
 class _OffBand:
@@ -85,22 +125,21 @@ class _OffBand:
         return mask.masked_fill(~keys, torch.finfo(dtype).min)[:, None, None, :]
 
 
-def _augment(q: Tensor, k: Tensor, v: Tensor, key_term: Tensor | None, scale: float):
-    """q / sqrt(d), k, v; with a key term one extra column carries it: (q s, 1) . (k, key_j)."""
-    if key_term is None:
-        return q * scale, k, v
-    return (torch.cat([q * scale, q.new_ones(*q.shape[:-1], 1)], -1),
-            torch.cat([k, key_term[..., None].to(k.dtype)], -1), _widen(v))
+class _Augmented:
+    """q / sqrt(d), k, v for the fused calls; with key terms one extra column carries them:
+    (q / sqrt(d), 1) . (k, key_j), v padded with a zero column to the same head size."""
+
+    def __init__(self, q_scaled: Tensor, k: Tensor, v: Tensor, with_key: bool):
+        self.k, self.with_key = k, with_key
+        self.q = torch.cat([q_scaled, q_scaled.new_ones(*q_scaled.shape[:-1], 1)], -1) if with_key else q_scaled
+        self.v = _widen(v) if with_key else v
+
+    def keys(self, key_term: Tensor | None) -> Tensor:
+        return torch.cat([self.k, key_term[..., None].to(self.k.dtype)], -1) if self.with_key else self.k
 
 
 def _widen(x: Tensor) -> Tensor:
     return torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], -1)
-
-
-def _weighted_sum(weights: Tensor, x_padded: Tensor) -> Tensor:
-    """sum_t weights[..., i, t] x[i + t - r] in float32: (..., n, 2r + 1), (..., n + 2r, c) -> (..., n, c)."""
-    n = weights.shape[-2]
-    return sum(weights[..., t, None] * x_padded[..., t:t + n, :].to(_acc(x_padded)) for t in range(weights.shape[-1]))
 
 
 class BandedRelativeAttention(torch.autograd.Function):
@@ -115,31 +154,34 @@ class BandedRelativeAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach):
         n, d = q.shape[-2], q.shape[-1]
         scale = d ** -0.5
-        valid = _band_valid(keep, q.shape[0], n, reach, q.device)
-        scores = _band_scores(q, _band_keys(k, reach), band, valid, scale)
-        lse = torch.logsumexp(scores, dim=-1)
+        blocks = _BandBlocks(n, reach)
+        q_scaled = q * scale
+        scores = blocks.scores(q_scaled, k, band, _band_valid(keep, n, reach, q.device))
+        lse = blocks.unblock(torch.logsumexp(scores, dim=-1))
+        augmented = _Augmented(q_scaled, k, v, key_left is not None)
         parts = []
         for side, row, key in (("left", row_left, key_left), ("right", row_right, key_right)):
             part = _OffBand(side, n, reach)
             if part.length == 0:
                 continue
-            qa, ka, va = _augment(q, k, v, key, scale)
-            out_p, lse_p = flash_forward(part.take(qa, part.queries), part.take(ka, part.keys),
-                                         part.take(va, part.keys), is_causal=True,
+            out_p, lse_p = flash_forward(part.take(augmented.q, part.queries), part.take(augmented.keys(key), part.keys),
+                                         part.take(augmented.v, part.keys), is_causal=True,
                                          attn_mask=part.pad_mask(keep, q.dtype), scale=1.0)
-            out_p = part.put(out_p[..., :d], part.queries, n)
             lse_p = part.put(lse_p[..., None], part.queries, n, float("-inf"))[..., 0]
             if row is not None:
                 lse_p = lse_p + row.to(_acc(q))
-            parts.append((part, out_p, lse_p))
+            parts.append((part, out_p[..., :d], lse_p))
             lse = torch.logaddexp(lse, lse_p)
-        out = _weighted_sum(torch.exp(scores - lse[..., None]), _band_keys(v, reach))
-        for _, out_p, lse_p in parts:
-            out = out + torch.exp(lse_p - lse)[..., None] * out_p.to(_acc(q))
+        probs = torch.exp(scores - blocks.blocks(lse[..., None], 0.0))
+        out = blocks.unblock(torch.matmul(probs.to(v.dtype), blocks.windows(v))).to(_acc(q))
+        for part, out_p, lse_p in parts:
+            weight = torch.exp(lse_p - lse)[..., part.queries, None]
+            out[..., part.queries, :] += weight * part.take(out_p, slice(None)).to(out.dtype)
         out = out.to(q.dtype)
         has_rows = row_left is not None and bool(parts)
         # the row terms' gradients need the left part's own output and weight (see backward)
-        left_out, left_lse = (parts[0][1], parts[0][2]) if has_rows else (None, None)
+        left_out = parts[0][0].put(parts[0][1], parts[0][0].queries, n) if has_rows else None
+        left_lse = parts[0][2] if has_rows else None
         ctx.save_for_backward(q, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse,
                               left_out, left_lse)
         ctx.reach, ctx.has_parts = reach, bool(parts)
@@ -155,40 +197,39 @@ class BandedRelativeAttention(torch.autograd.Function):
         dout = grad_out.to(_acc(q))
         row_term = (dout * out.to(_acc(q))).sum(-1)  # D_i = dO_i . O_i
         # band: recompute its probabilities from the merged log-sum-exp
-        valid = _band_valid(keep, q.shape[0], n, reach, q.device)
-        k_padded, v_padded = _band_keys(k, reach), _band_keys(v, reach)
-        probs = torch.exp(_band_scores(q, k_padded, band, valid, scale) - lse[..., None])
-        width = 2 * reach + 1
-        grad_probs = torch.stack([(dout * v_padded[..., t:t + n, :].to(_acc(q))).sum(-1) for t in range(width)], -1)
-        grad_scores = probs * (grad_probs - row_term[..., None])
-        grad_q = _weighted_sum(grad_scores * scale, k_padded)
-        grad_k_padded = torch.zeros_like(k_padded, dtype=_acc(q))
-        grad_v_padded = torch.zeros_like(v_padded, dtype=_acc(q))
-        q_scaled = q.to(_acc(q)) * scale
-        for t in range(width):
-            grad_k_padded[..., t:t + n, :] += grad_scores[..., t, None] * q_scaled
-            grad_v_padded[..., t:t + n, :] += probs[..., t, None] * dout
-        grad_k, grad_v = grad_k_padded[..., reach:reach + n, :], grad_v_padded[..., reach:reach + n, :]
+        blocks = _BandBlocks(n, reach)
+        q_scaled = q * scale
+        scores = blocks.scores(q_scaled, k, band, _band_valid(keep, n, reach, q.device))
+        probs = torch.exp(scores - blocks.blocks(lse[..., None], 0.0))
+        k_windows, v_windows, dout_blocks = blocks.windows(k), blocks.windows(v), blocks.blocks(grad_out)
+        grad_probs = torch.matmul(dout_blocks, v_windows.transpose(-1, -2)).to(_acc(q))
+        grad_block_scores = probs * (grad_probs - blocks.blocks(row_term[..., None]))
+        grad_scores = blocks.unblock(blocks.band(grad_block_scores))
+        ds = grad_block_scores.to(q.dtype)
+        grad_q = blocks.unblock(torch.matmul(ds, k_windows)).to(_acc(q)) * scale
+        grad_k = blocks.fold(torch.matmul(ds.transpose(-1, -2), blocks.blocks(q_scaled))).to(_acc(q))
+        grad_v = blocks.fold(torch.matmul(probs.to(v.dtype).transpose(-1, -2), dout_blocks)).to(_acc(q))
         grad_key = {}
+        augmented = _Augmented(q_scaled, k, v, key_left is not None)
+        grad_part, out_part = (grad_out, out) if key_left is None else (_widen(grad_out), _widen(out))
         for side, row, key in (("left", row_left, key_left), ("right", row_right, key_right)):
             if not ctx.has_parts:
                 break
             part = _OffBand(side, n, reach)
-            qa, ka, va = _augment(q, k, v, key, scale)
-            grad_part, out_part = (grad_out, out) if key is None else (_widen(grad_out), _widen(out))
             # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
             kernel_lse = lse if row is None else lse - row.to(_acc(q))
             gq, gk, gv = flash_backward(
-                part.take(grad_part, part.queries), part.take(qa, part.queries), part.take(ka, part.keys),
-                part.take(va, part.keys), part.take(out_part, part.queries),
+                part.take(grad_part, part.queries), part.take(augmented.q, part.queries),
+                part.take(augmented.keys(key), part.keys), part.take(augmented.v, part.keys),
+                part.take(out_part, part.queries),
                 part.take(kernel_lse[..., None], part.queries)[..., 0].contiguous(), 0.0, True,
                 attn_mask=part.pad_mask(keep, q.dtype), scale=1.0)
-            grad_q += part.put(gq[..., :d], part.queries, n).to(_acc(q)) * scale
-            gk, gv = part.put(gk, part.keys, n).to(_acc(q)), part.put(gv, part.keys, n).to(_acc(q))
-            grad_k += gk[..., :d]
-            grad_v += gv[..., :d]
+            back = slice(None)
+            grad_q[..., part.queries, :] += part.take(gq[..., :d], back).to(grad_q.dtype) * scale
+            grad_k[..., part.keys, :] += part.take(gk[..., :d], back).to(grad_k.dtype)
+            grad_v[..., part.keys, :] += part.take(gv[..., :d], back).to(grad_v.dtype)
             if key is not None:
-                grad_key[side] = gk[..., d]
+                grad_key[side] = part.put(gk[..., d:], part.keys, n)[..., 0].to(_acc(q))
         grad_rows = [None, None]
         if left_out is not None:
             # a row constant's gradient is the sum of dS_ij over its part: w_p (dO_i . O^p_i - D_i) for

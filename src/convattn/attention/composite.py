@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from convattn.attention.banded import banded_relative_attention, takes_banded_path
 from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
+from convattn.attention.flex import flex_relative_attention, takes_flex_path
 from convattn.attention.relative import RelativePositionBias
 
 
@@ -85,8 +86,10 @@ class CompositeSelfAttention(nn.Module):
         k = split_heads(self.key(hidden_states), self.num_heads)
         v = split_heads(values, self.num_heads)
         dropout_p = self.dropout_p if self.training else 0.0
-        if self.relative is not None and takes_banded_path(q, self.backend, dropout_p, output_attentions):
-            keep = mask.keep if mask.has_padding else None
+        keep = mask.keep if mask.has_padding else None
+        if self.relative is not None and takes_flex_path(q, self.backend, dropout_p, output_attentions):
+            context, probs = flex_relative_attention(q, k, v, self.relative, keep), None
+        elif self.relative is not None and takes_banded_path(q, self.backend, dropout_p, output_attentions):
             context, probs = banded_relative_attention(q, k, v, **self.relative.banded(q, k), keep=keep,
                                                        reach=self.relative.reach), None
         else:
