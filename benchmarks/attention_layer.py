@@ -1,7 +1,7 @@
 """One composite-family attention layer, forward+backward, against the same layer with plain SDPA.
 
 Time: all arms in one process, taking turns within every repetition (median and spread).
-Memory: every arm in a fresh process (`--arm`), peak resident memory (ru_maxrss) and its growth
+Memory: every arm in a fresh process (`--arm`), peak resident memory (VmHWM) and its growth
 over the step (peak minus the resident memory after building the layer and inputs).
 The layer is CompositeSelfAttention of the chang2021-small presets (H 256, 4 heads, d 64) with
 attention dropout 0 (on CPU, SDPA with dropout runs the math kernel for every arm), 1/8 of one
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -47,19 +46,22 @@ def build(arm: str, n: int, batch: int):
     return step
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
+def status_bytes(field: str) -> int:
+    """VmRSS / VmHWM (peak RSS) of this process from /proc; unlike ru_maxrss, VmHWM starts afresh at
+    exec, so it is not the parent's peak."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
 
 
 def measure_memory(arm: str, n: int, batch: int) -> dict:
     """Run in a fresh process: peak resident memory of its first forward+backward."""
     step = build(arm, n, batch)
-    before = rss_bytes()
+    before = status_bytes("VmRSS")
     start = time.perf_counter()
     step()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = status_bytes("VmHWM")
     return {"arm": arm, "peak": peak, "growth": peak - before, "seconds": seconds}
 
 

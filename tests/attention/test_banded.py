@@ -12,6 +12,7 @@ from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnConfig, ConvAttnModel
 from convattn.attention import TokenMask
+from convattn.attention import banded
 from convattn.attention.banded import banded_relative_attention
 from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.relative import RelativePositionBias
@@ -23,6 +24,12 @@ TERMS = {
     "composite": ["fixed", "dynamic_query"],
     "composite+key": ["fixed", "dynamic_query", "dynamic_key"],
 }
+
+
+@pytest.fixture(autouse=True)
+def banded_at_any_length(monkeypatch):
+    """The banded path starts at BANDED_MIN_LENGTH tokens (a speed choice); test it at every length."""
+    monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 0)
 
 
 def make_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, **fields):
@@ -90,7 +97,7 @@ def test_never_builds_the_dense_bias(monkeypatch):
     layer(x, TokenMask(keep))[0].sum().backward()
 
 
-def test_dropout_and_attention_maps_keep_the_dense_path(monkeypatch):
+def test_dropout_attention_maps_and_short_sequences_keep_the_dense_path(monkeypatch):
     calls = []
     original = RelativePositionBias.forward
     monkeypatch.setattr(RelativePositionBias, "forward", lambda self, q, k: calls.append(1) or original(self, q, k))
@@ -99,7 +106,9 @@ def test_dropout_and_attention_maps_keep_the_dense_path(monkeypatch):
     dropping.dropout_p = 0.1
     dropping(x, TokenMask(keep))
     make_layer(TERMS["composite"]).eval()(x, TokenMask(keep), output_attentions=True)
-    assert len(calls) == 2
+    monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 10)
+    make_layer(TERMS["composite"])(x, TokenMask(keep))
+    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

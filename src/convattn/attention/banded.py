@@ -209,6 +209,7 @@ class BandedRelativeAttention(torch.autograd.Function):
         grad_q = blocks.unblock(torch.matmul(ds, k_windows)).to(_acc(q)) * scale
         grad_k = blocks.fold(torch.matmul(ds.transpose(-1, -2), blocks.blocks(q_scaled))).to(_acc(q))
         grad_v = blocks.fold(torch.matmul(probs.to(v.dtype).transpose(-1, -2), dout_blocks)).to(_acc(q))
+        del scores, probs, grad_probs, grad_block_scores, ds, k_windows, v_windows, dout_blocks  # peak memory
         grad_key = {}
         augmented = _Augmented(q_scaled, k, v, key_left is not None)
         grad_part, out_part = (grad_out, out) if key_left is None else (_widen(grad_out), _widen(out))
@@ -230,6 +231,7 @@ class BandedRelativeAttention(torch.autograd.Function):
             grad_v[..., part.keys, :] += part.take(gv[..., :d], back).to(grad_v.dtype)
             if key is not None:
                 grad_key[side] = part.put(gk[..., d:], part.keys, n)[..., 0].to(_acc(q))
+            del gq, gk, gv
         grad_rows = [None, None]
         if left_out is not None:
             # a row constant's gradient is the sum of dS_ij over its part: w_p (dO_i . O^p_i - D_i) for
@@ -241,10 +243,19 @@ class BandedRelativeAttention(torch.autograd.Function):
                 *grad_rows, grad_key.get("left"), grad_key.get("right"), None, None)
 
 
+# Below this length the dense bias with SDPA's math kernel is faster on CPU (one attention layer, 2
+# threads, forward+backward vs plain SDPA: n = 512 banded 3.1x, dense 1.9x; n = 1024 banded 2.5x,
+# dense 2.9x; benchmarks/RESULTS.md, issue 11): the CPU flash kernel's causal mode skips nothing
+# below 1024 keys, so the two off-band calls cost two full ones.
+BANDED_MIN_LENGTH = 1024
+
+
 def takes_banded_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
-    """The banded path serves "sdpa" on CPU. It cannot drop probabilities (the fused CPU kernel has no
-    dropout it could replay in backward) nor return them; those cases keep the dense bias."""
-    return backend == "sdpa" and q.device.type == "cpu" and dropout_p == 0.0 and not need_weights
+    """The banded path serves "sdpa" on CPU from BANDED_MIN_LENGTH tokens on. It cannot drop
+    probabilities (the fused CPU kernel has no dropout it could replay in backward) nor return them;
+    those cases keep the dense bias."""
+    return (backend == "sdpa" and q.device.type == "cpu" and dropout_p == 0.0 and not need_weights
+            and q.shape[-2] >= BANDED_MIN_LENGTH)
 
 
 def banded_relative_attention(q, k, v, band, row_left, row_right, key_left, key_right, keep, reach) -> Tensor:
