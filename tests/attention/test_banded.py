@@ -11,8 +11,7 @@ from helpers.reference import composite_attention_loops
 from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnConfig, ConvAttnModel
-from convattn.attention import TokenMask
-from convattn.attention import banded
+from convattn.attention import TokenMask, banded
 from convattn.attention.banded import banded_relative_attention
 from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.relative import RelativePositionBias

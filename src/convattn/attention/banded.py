@@ -3,7 +3,8 @@
 Relative terms (relative.py) give the score s_ij = q_i . k_j / sqrt(d) + b_ij where b_ij depends on
 i, j only through a table column c(j - i). Split each query row's keys into three parts:
 
-* the band |j - i| <= r: b_ij = band[i, j - i + r], explicit in O(n (2r + 1) d);
+* the band |j - i| <= r: b_ij = band[i, j - i + r], explicit: dense matmuls of each block of B
+  queries against its B + 2r keys, O(n (B + 2r) d), entries off the band masked;
 * left of the band (j < i - r) and right of it (j > i + r): in "clip" mode b_ij = row_i + key_j
   (the edge columns of the row and key tables), in "zero" mode b_ij = 0.
 
@@ -164,9 +165,9 @@ class BandedRelativeAttention(torch.autograd.Function):
             part = _OffBand(side, n, reach)
             if part.length == 0:
                 continue
-            out_p, lse_p = flash_forward(part.take(augmented.q, part.queries), part.take(augmented.keys(key), part.keys),
-                                         part.take(augmented.v, part.keys), is_causal=True,
-                                         attn_mask=part.pad_mask(keep, q.dtype), scale=1.0)
+            out_p, lse_p = flash_forward(
+                part.take(augmented.q, part.queries), part.take(augmented.keys(key), part.keys),
+                part.take(augmented.v, part.keys), is_causal=True, attn_mask=part.pad_mask(keep, q.dtype), scale=1.0)
             lse_p = part.put(lse_p[..., None], part.queries, n, float("-inf"))[..., 0]
             if row is not None:
                 lse_p = lse_p + row.to(_acc(q))

@@ -8,8 +8,9 @@ table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
 * dynamic_key (Huang et al. 2020):              k_j . U[:, c(i - j)] / sqrt(d)
 
 Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
-("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); only the final
-(n x n) bias is materialised, never an n x n x d tensor.
+("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); `forward` builds
+the (n x n) bias (never an n x n x d tensor), `banded` the O(n x (2r + 1)) pieces that banded.py and
+flex.py use without any n x n tensor.
 """
 
 from __future__ import annotations
