@@ -9,6 +9,7 @@ row padded. Results go to benchmarks/results/attention_layer.md.
 
     python benchmarks/attention_layer.py                          # n = 512 (batch 16), 2048 (batch 4)
     python benchmarks/attention_layer.py --shapes 8192x1 --reps 1  # does a batch of 1 at n = 8192 train
+    python benchmarks/attention_layer.py --shapes 512x16 --banded-from 0  # banded path below its default length
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from common import machine_line, write_atomic
 
 from convattn import ConvAttnConfig
-from convattn.attention import TokenMask
+from convattn.attention import TokenMask, banded
 from convattn.attention.composite import CompositeSelfAttention
 
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
@@ -82,10 +83,13 @@ def main() -> int:
     parser.add_argument("--shapes", default="512x16,2048x4", help="n x batch, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--banded-from", type=int, help="override banded.BANDED_MIN_LENGTH (tokens)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_layer.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.banded_from is not None:
+        banded.BANDED_MIN_LENGTH = args.banded_from
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.arm:
         print(json.dumps(measure_memory(args.arm, *shapes[0])))
@@ -98,7 +102,8 @@ def main() -> int:
         "(H 256, 4 heads, d 64), attention dropout 0, 1/8 of one row padded. Time: median over reps "
         "[min, max] of all arms taking turns in one process, ratio to `none` (plain SDPA, no bias). "
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
-        "after building layer and inputs), ratio of growth to `none`.", "",
+        "after building layer and inputs), ratio of growth to `none`. Relative terms take the banded path "
+        f"from n = {banded.BANDED_MIN_LENGTH} on, the dense bias below.", "",
         "| n | batch | arm | ms median [min, max] | time ratio | peak RSS MiB | step growth MiB | growth ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -106,8 +111,11 @@ def main() -> int:
         times = time_arms(n, batch, args.reps) if args.reps else {}
         memory = {}
         for arm in ARMS:
-            out = subprocess.run([sys.executable, __file__, "--arm", arm, "--shapes", f"{n}x{batch}",
-                                  "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+            command = [sys.executable, __file__, "--arm", arm, "--shapes", f"{n}x{batch}",
+                       "--threads", str(args.threads)]
+            if args.banded_from is not None:
+                command += ["--banded-from", str(args.banded_from)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
             memory[arm] = json.loads(out.stdout.strip().splitlines()[-1])
         for arm in ARMS:
             mem = memory[arm]
