@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 # Conv-Linformer's layout: the first L//2 layers project with E/F, the last L//2 with a strided conv
 SEQUENCE_PROJECTION_LAYOUTS = {"linear+conv": ("linear", "conv")}
 
@@ -69,9 +70,8 @@ class ConvAttnConfig(PretrainedConfig):
     mask_token_id: int | None = None
     classifier_dropout: float | None = None
     tie_word_embeddings: bool = True
-    # how attention is computed: "sdpa" (fused kernel, default) or "eager" (explicit softmax, can
-    # return attention maps); the same function either way
-    attention_backend: str = "sdpa"
+    # legacy name of `attn_implementation` (configs saved before it): read into it when loading, then cleared
+    attention_backend: str | None = None
     # composite-attention family
     position_embedding_type: str = "absolute"
     relative_terms: list[str] | tuple[str, ...] = ()
@@ -99,6 +99,15 @@ class ConvAttnConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
+        # --- attn_implementation (issue 11): HF's own field decides; the legacy field only fills it in
+        if self.attention_backend is not None:
+            _choice("attention_backend", self.attention_backend, ATTN_IMPLEMENTATIONS)
+            if self._attn_implementation is None:
+                self._attn_implementation = self.attention_backend
+            self.attention_backend = None
+        if self._attn_implementation is not None:
+            _choice("attn_implementation", self._attn_implementation, ATTN_IMPLEMENTATIONS)
+        # --- end attn_implementation
         self.relative_terms = list(_subset("relative_terms", self.relative_terms, RELATIVE_TERMS))
         self.conv_projections = list(_subset("conv_projections", self.conv_projections, CONV_PROJECTIONS))
         if not isinstance(self.sequence_projection, str):
@@ -106,6 +115,14 @@ class ConvAttnConfig(PretrainedConfig):
         self.validate_convattn()
 
     # ------------------------------------------------------------------ derived sizes
+    @property
+    def attention_implementation(self) -> str:
+        """How attention is computed, the same function either way: "sdpa" (fused kernels, default;
+        relative terms take the banded path on CPU and FlexAttention on CUDA), "flex_attention"
+        (relative terms through FlexAttention; other mechanisms use SDPA) or "eager" (explicit
+        softmax, can return attention maps)."""
+        return self._attn_implementation or "sdpa"
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
@@ -139,7 +156,6 @@ class ConvAttnConfig(PretrainedConfig):
         for field in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             _positive(field, getattr(self, field))
-        _choice("attention_backend", self.attention_backend, ("sdpa", "eager"))
         _choice("position_embedding_type", self.position_embedding_type, ("absolute", "none"))
         _choice("relative_out_of_window", self.relative_out_of_window, ("clip", "zero"))
         _choice("convbert_padding", self.convbert_padding, ("masked", "reference"))

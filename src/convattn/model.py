@@ -164,6 +164,7 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
     base_model_prefix = "convattn"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _supports_flex_attn = True  # issue 11: relative terms as a FlexAttention score_mod
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

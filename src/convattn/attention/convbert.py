@@ -92,7 +92,7 @@ class ConvBertMixedAttention(nn.Module):
         self.kernel_size = config.conv_kernel_size
         self.mask_padding = config.convbert_padding == "masked"
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend = config.attention_backend
+        self.backend = config.attention_implementation
 
         self.query = nn.Linear(hidden, bottleneck)
         self.key = nn.Linear(hidden, bottleneck)

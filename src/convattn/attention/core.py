@@ -61,13 +61,14 @@ def attend(
 
     q: (batch, heads, n, d); k, v: (batch, heads, m, d); bias broadcastable to (batch, heads, n, m);
     `mask` masks the m keys (None when keys are not token positions, e.g. Linformer's projections).
-    The "sdpa" backend hands everything to the fused kernel; "eager" computes the same function
-    explicitly and can return the attention probabilities.
+    The "sdpa" backend (and "flex_attention", which has no score_mod to add here) hands everything
+    to the fused kernel; "eager" computes the same function explicitly and can return the attention
+    probabilities.
     """
     key_bias = mask.key_bias(q.dtype) if mask is not None else None
     if key_bias is not None:
         bias = key_bias if bias is None else bias + key_bias
-    if backend == "sdpa" and not need_weights:
+    if backend in ("sdpa", "flex_attention") and not need_weights:  # no score_mod here: the same kernel
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         return out, None
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -91,7 +91,7 @@ class LinformerSelfAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend = config.attention_backend
+        self.backend = config.attention_implementation
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)

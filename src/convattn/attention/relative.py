@@ -8,8 +8,9 @@ table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
 * dynamic_key (Huang et al. 2020):              k_j . U[:, c(i - j)] / sqrt(d)
 
 Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
-("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); only the final
-(n x n) bias is materialised, never an n x n x d tensor.
+("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); `forward` builds
+the (n x n) bias (never an n x n x d tensor), `banded` the O(n x (2r + 1)) pieces that banded.py and
+flex.py use without any n x n tensor.
 """
 
 from __future__ import annotations
@@ -59,18 +60,50 @@ class RelativePositionBias(nn.Module):
         index = relative_columns(n, self.reach, self.clip, table.device)
         return torch.gather(table, -1, index.expand(*table.shape[:-2], n, n))
 
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        """q, k: (batch, heads, n, d) -> bias broadcastable to (batch, heads, n, n)."""
+    def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """The row table (..., n, 2r + 1) at [i, c(j - i)] (fixed + dynamic_query) and the key table
+        (batch, heads, n, 2r + 1) at [j, c(i - j)] (dynamic_key); None for absent terms."""
         n = q.shape[-2]
-        table = None
+        table = key_table = None
         if self.fixed is not None:
             table = self.fixed[None, :, None, :].to(q.dtype).expand(1, -1, n, -1)
         if self.query_kernel is not None:
             dynamic = torch.matmul(q, self.query_kernel.to(q.dtype)) / math.sqrt(self.head_dim)
             table = dynamic if table is None else dynamic + table
-        bias = None if table is None else self._gather(table, n)
         if self.key_kernel is not None:
             key_table = torch.matmul(k, self.key_kernel.to(k.dtype)) / math.sqrt(self.head_dim)
+        return table, key_table
+
+    def banded(self, q: Tensor, k: Tensor) -> dict[str, Tensor | None]:
+        """The same bias as `forward` in O(n (2r + 1)) pieces for banded.BandedRelativeAttention:
+        band (batch, heads, n, 2r + 1), bias of key i + t - r at [i, t]; and, in clip mode, the
+        off-band constants (batch, heads, n) per query row and per key, left and right of the band."""
+        batch, heads, n, _ = q.shape
+        reach, width = self.reach, 2 * self.reach + 1
+        row_table, key_table = self.tables(q, k)
+        band = row_table.expand(batch, heads, n, width) if row_table is not None else None
+        if key_table is not None:
+            # key i + t - r sits at offset i - j = r - t from query i: column 2r - t of its row
+            padded = torch.nn.functional.pad(key_table, (0, 0, reach, reach)).flatten(-2)
+            index = (torch.arange(n, device=q.device)[:, None] * width
+                     + torch.arange(width, device=q.device) * (width - 1) + 2 * reach)
+            key_band = padded[..., index]
+            band = key_band if band is None else band + key_band
+        pieces = dict(band=band, row_left=None, row_right=None, key_left=None, key_right=None)
+        if self.clip:
+            if row_table is not None:
+                pieces["row_left"] = row_table[..., 0].expand(batch, heads, n)
+                pieces["row_right"] = row_table[..., 2 * reach].expand(batch, heads, n)
+            if key_table is not None:
+                pieces["key_left"], pieces["key_right"] = key_table[..., 2 * reach], key_table[..., 0]
+        return pieces
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        """q, k: (batch, heads, n, d) -> bias broadcastable to (batch, heads, n, n)."""
+        n = q.shape[-2]
+        table, key_table = self.tables(q, k)
+        bias = None if table is None else self._gather(table, n)
+        if key_table is not None:
             # [j, i] of the gathered key table is k_j . U[:, c(i - j)]: transpose to put it at [i, j]
             key_bias = self._gather(key_table, n).transpose(-1, -2)
             bias = key_bias if bias is None else bias + key_bias

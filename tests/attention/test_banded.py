@@ -1,0 +1,185 @@
+"""The banded relative-attention path (issue 11): outputs and every gradient against the float64 loop
+reference, and the attn_implementation plumbing that selects it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from helpers.reference import composite_attention_loops
+from helpers.tiny import randomize_, tiny_config
+
+from convattn import ConvAttnConfig, ConvAttnModel
+from convattn.attention import TokenMask, banded
+from convattn.attention.banded import banded_relative_attention
+from convattn.attention.composite import CompositeSelfAttention
+from convattn.attention.relative import RelativePositionBias
+
+TERMS = {
+    "fixed": ["fixed"],
+    "dynamic": ["dynamic_query"],
+    "key": ["dynamic_key"],
+    "composite": ["fixed", "dynamic_query"],
+    "composite+key": ["fixed", "dynamic_query", "dynamic_key"],
+}
+
+
+@pytest.fixture(autouse=True)
+def banded_at_any_length(monkeypatch):
+    """The banded path starts at BANDED_MIN_LENGTH tokens (a speed choice); test it at every length."""
+    monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 0)
+
+
+def make_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, **fields):
+    config = ConvAttnConfig(hidden_size=32, num_attention_heads=4, relative_terms=terms, relative_reach=reach,
+                            relative_out_of_window=out_of_window, attention_probs_dropout_prob=0.0, **fields)
+    layer = CompositeSelfAttention(config).to(dtype).train()
+    randomize_(layer)
+    return layer
+
+
+def batch(lengths, n, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lengths), n, 32, generator=generator).to(dtype).requires_grad_()
+    keep = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
+    return x, keep
+
+
+def output_and_grads(layer, x, keep, forward):
+    out = forward(x, keep)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    loss = (out.double() * weights * keep[..., None]).sum()  # pad rows' outputs are unused downstream
+    grads = torch.autograd.grad(loss, [x, *layer.parameters()])
+    return out.double(), [g.double() for g in grads]
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window):
+    # reach 3 with odd n = 13: most pairs lie outside the band; a length-1 row makes whole parts pad
+    layer = make_layer(TERMS[terms], out_of_window, value_depthwise_conv=True)
+    x, keep = batch((13, 7, 1), 13, torch.float32)
+    ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    # 1e-5 of the gradients' scale (entries reach ~25 here, and key.bias's true gradient is 0;
+    # the float32 eager path misses a flat 1e-5 too)
+    scale = max(want.abs().max().item() for want in ref_grads)
+    for name, got, want in zip(names, our_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_sequences_shorter_than_the_band_match_reference(n, out_of_window):
+    layer = make_layer(TERMS["composite+key"], out_of_window, reach=3, dtype=torch.float64)
+    x, keep = batch((n, max(1, n // 2)), n, torch.float64)
+    ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-9, atol=1e-9)
+    for got, want in zip(our_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_never_builds_the_dense_bias(monkeypatch):
+    layer = make_layer(TERMS["composite+key"])
+
+    def dense_bias(*args):
+        raise AssertionError("the n x n bias was built")
+
+    monkeypatch.setattr(RelativePositionBias, "forward", dense_bias)
+    x, keep = batch((9, 5), 9, torch.float32)
+    layer(x, TokenMask(keep))[0].sum().backward()
+
+
+def test_dropout_attention_maps_and_short_sequences_keep_the_dense_path(monkeypatch):
+    calls = []
+    original = RelativePositionBias.forward
+    monkeypatch.setattr(RelativePositionBias, "forward", lambda self, q, k: calls.append(1) or original(self, q, k))
+    x, keep = batch((9, 5), 9, torch.float32)
+    dropping = make_layer(TERMS["composite"])
+    dropping.dropout_p = 0.1
+    dropping(x, TokenMask(keep))
+    make_layer(TERMS["composite"]).eval()(x, TokenMask(keep), output_attentions=True)
+    monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 10)
+    make_layer(TERMS["composite"])(x, TokenMask(keep))
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_bfloat16_follows_float32(out_of_window):
+    torch.manual_seed(0)
+    relative = RelativePositionBias(TERMS["composite+key"], 4, 16, 3, out_of_window)
+    q, k, v = (torch.randn(2, 4, 37, 16) for _ in range(3))
+    keep = torch.arange(37)[None] < torch.tensor([37, 20])[:, None]
+
+    def run(dtype):
+        tensors = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = banded_relative_attention(*tensors, **relative.to(dtype).banded(*tensors[:2]), keep=keep, reach=3)
+        out.float().pow(2).sum().backward()
+        return [out.float(), *(t.grad.float() for t in tensors)]
+
+    for got, want in zip(run(torch.bfloat16), run(torch.float32), strict=True):
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
+
+# ---------------------------------------------------------------- attn_implementation
+
+
+def test_from_pretrained_attn_implementation_wins(tmp_path):
+    ConvAttnModel(tiny_config("chang2021-small/composite")).save_pretrained(tmp_path)
+    model = ConvAttnModel.from_pretrained(tmp_path, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    assert model.encoder.layer[0].attention.self.backend == "eager"
+    assert ConvAttnModel.from_pretrained(tmp_path).encoder.layer[0].attention.self.backend == "sdpa"
+
+
+def test_legacy_attention_backend_still_loads(tmp_path):
+    ConvAttnModel(tiny_config("chang2021-small/composite")).save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config_file.read_text().replace('"attention_backend": null', '"attention_backend": "eager"'))
+    assert ConvAttnModel.from_pretrained(tmp_path).encoder.layer[0].attention.self.backend == "eager"
+    explicit = ConvAttnModel.from_pretrained(tmp_path, attn_implementation="sdpa")
+    assert explicit.encoder.layer[0].attention.self.backend == "sdpa"
+
+
+def test_unknown_attn_implementation_is_named():
+    with pytest.raises(ValueError, match=r"attn_implementation='flash'.*'sdpa', 'eager'"):
+        ConvAttnConfig(attn_implementation="flash")
+
+
+# ---------------------------------------------------------------- FlexAttention
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window):
+    """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly, without grad."""
+    layer = make_layer(TERMS[terms], out_of_window, attn_implementation="flex_attention").eval()
+    x, keep = batch((13, 7, 1), 13, torch.float32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice
+        ours = layer(x, TokenMask(keep))[0].double()
+    expected = composite_attention_loops(layer, x.detach(), keep)
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's compiled kernel and backward need CUDA")
+@pytest.mark.parametrize("terms", ["composite", "composite+key"])
+def test_flex_on_cuda_matches_loop_reference_with_gradients(terms):
+    layer = make_layer(TERMS[terms], "clip", value_depthwise_conv=True).cuda()
+    x, keep = batch((13, 7, 1), 13, torch.float32)
+    x_cuda = x.detach().cuda().requires_grad_()
+    out = layer(x_cuda, TokenMask(keep.cuda()))[0]
+    out.double().mul(keep.cuda()[..., None]).sum().backward()
+    layer_cpu = layer.cpu()
+    expected = composite_attention_loops(layer_cpu, x, keep)
+    expected.mul(keep[..., None]).sum().backward()
+    real = keep[..., None].expand_as(expected)
+    torch.testing.assert_close(out.detach().cpu().double()[real], expected[real].detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x_cuda.grad.cpu().double(), x.grad.double(), rtol=1e-4, atol=1e-4)
