@@ -18,12 +18,12 @@ from convattn.data.glue import get_task
 from convattn.training.glue import (
     column_score,
     layerwise_param_groups,
-    load_recipe,
-    mean_sem,
+    load_glue_recipe,
     resolve_settings,
     score_predictions,
     submission_text,
 )
+from convattn.training.run_folder import mean_sem
 
 GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
 needs_glue_data = pytest.mark.skipif(not GLUE_DATA.is_dir(), reason=f"shared GLUE data not found at {GLUE_DATA}")
@@ -93,8 +93,9 @@ def test_stsb_metrics_match_hand_computed_values():
 
 
 def test_mean_and_standard_error_of_the_mean():
-    assert mean_sem([1.0, 2.0, 3.0]) == pytest.approx({"mean": 2.0, "sem": 1 / math.sqrt(3), "n": 3})
-    assert mean_sem([5.0]) == {"mean": 5.0, "sem": None, "n": 1}
+    assert mean_sem([1.0, 2.0, 3.0]) == pytest.approx(
+        {"mean": 2.0, "std": 1.0, "sem": 1 / math.sqrt(3), "n": 3, "values": [1.0, 2.0, 3.0]})
+    assert mean_sem([5.0]) == {"mean": 5.0, "std": None, "sem": None, "n": 1, "values": [5.0]}
 
 
 def test_submission_format():
@@ -108,14 +109,14 @@ def test_submission_format():
 # ---------------------------------------------------------------- recipes and optimizer groups
 
 def test_recipes_follow_the_papers():
-    chang = load_recipe("chang2021")
+    chang = load_glue_recipe("chang2021")
     settings = {t: resolve_settings(chang, t, False, {}, {}, True) for t in ("qnli", "mnli", "rte", "sst2")}
     assert settings["qnli"].learning_rate == 1e-4 and settings["sst2"].learning_rate == 3e-4
     assert (settings["mnli"].batch_size, settings["mnli"].epochs) == (128, 4)
     assert settings["rte"].epochs == 10 and settings["rte"].from_mnli and not settings["sst2"].from_mnli
     assert settings["sst2"].weight_decay == 0 and settings["sst2"].warmup_ratio == 0.1
     assert resolve_settings(chang, "sst2", True, {}, {}, False).learning_rate == 1e-4  # base size
-    convbert = resolve_settings(load_recipe("convbert"), "stsb", False, {}, {}, False)
+    convbert = resolve_settings(load_glue_recipe("convbert"), "stsb", False, {}, {}, False)
     assert (convbert.layer_decay, convbert.weight_decay, convbert.epochs, convbert.batch_size) == (0.8, 0.01, 10, 32)
     overridden = resolve_settings(chang, "qnli", False, {"learning_rate": 5e-5, "batch_size": None}, {"qnli": 2e-5},
                                   False)

@@ -8,14 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.training.compare import MEMORY_FILE, CompareOptions, is_finished, run_dir, run_options
 from convattn.training.grids import RunSpec
-from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE, write_atomic
+from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE
+from convattn.training.run_folder import format_mean_sem, mean_sem, save_figure, write_text_atomic
 
 MIB = 2**20
 
@@ -23,15 +23,6 @@ MIB = 2**20
 def read_metrics(path: Path) -> list[dict]:
     file = path / METRICS_FILE
     return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
-
-
-def spread(values: list[float]) -> dict | None:
-    """Mean, sample standard deviation and standard error over seeds (std and SEM are None for one seed)."""
-    if not values:
-        return None
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return {"mean": statistics.fmean(values), "std": std, "sem": std / math.sqrt(len(values)) if std else std,
-            "n": len(values), "values": values}
 
 
 @dataclass
@@ -44,7 +35,7 @@ class RunResult:
 
     @property
     def final_perplexity(self) -> dict | None:
-        return spread([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
+        return mean_sem([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
 
     @property
     def final_step(self) -> int | None:
@@ -72,7 +63,7 @@ class RunResult:
         return max(peaks.values()) if peaks else None
 
     def glue_score(self, column: str) -> dict | None:
-        return spread([scores[column] for scores in self.glue.values() if column in scores])
+        return mean_sem([scores[column] for scores in self.glue.values() if column in scores])
 
 
 def read_glue(path: Path) -> dict[str, float]:
@@ -130,8 +121,8 @@ def write_report(options: CompareOptions) -> list[RunResult]:
         title = f"Eval perplexity vs training step: {options.grid.name}"
         plot_perplexity_curves(results, title, out / "perplexity.png")
     report = Report(options, results, figure="perplexity.png" if has_curves else None)
-    write_atomic(out / "report.md", report.markdown())
-    write_atomic(out / "report.html", report.html())
+    write_text_atomic(out / "report.md", report.markdown())
+    write_text_atomic(out / "report.html", report.html())
     return results
 
 
@@ -150,7 +141,7 @@ METRIC_COLUMNS = ("step", "perplexity", "eval_loss", "train_loss", "tokens_per_s
 def write_metrics_csv(results: list[RunResult], path: Path) -> None:
     rows = [[result.spec.name, result.spec.preset, seed, *(row.get(column) for column in METRIC_COLUMNS)]
             for result in results for seed, seed_rows in result.metrics.items() for row in seed_rows]
-    write_atomic(path, _csv_text(["run", "preset", "seed", *METRIC_COLUMNS], rows))
+    write_text_atomic(path, _csv_text(["run", "preset", "seed", *METRIC_COLUMNS], rows))
 
 
 def write_summary_csv(results: list[RunResult], path: Path) -> None:
@@ -174,7 +165,7 @@ def write_summary_csv(results: list[RunResult], path: Path) -> None:
             score = result.glue_score(column) or {}
             row += [_round(score.get("mean"), 2), _round(score.get("std"), 2)]
         rows.append(row)
-    write_atomic(path, _csv_text(header, rows))
+    write_text_atomic(path, _csv_text(header, rows))
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -187,8 +178,6 @@ def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> 
     import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogFormatter
-
-    from convattn.analysis.io import save_figure
 
     fig = Figure(figsize=(9, 5))
     ax = fig.subplots()
@@ -228,11 +217,7 @@ def _number(value: float | None, digits: int = 1) -> str:
 
 
 def _mean_std(stat: dict | None, digits: int) -> str:
-    if stat is None:
-        return "–"
-    if stat["std"] is None:
-        return f"{stat['mean']:,.{digits}f}"
-    return f"{stat['mean']:,.{digits}f} ± {stat['std']:,.{digits}f}"
+    return format_mean_sem(stat, digits, spread="std", thousands=True)
 
 
 @dataclass
