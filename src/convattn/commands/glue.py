@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from convattn.commands.arguments import HelpFormatter
 from convattn.errors import UsageError
+from convattn.training.recipes import glue_recipe_names
 
 EPILOG = """\
 examples:
@@ -28,15 +30,6 @@ Finished runs are skipped when the command is run again, so an interrupted run r
 """
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the epilog's layout and shows the defaults that are set."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default not in (None, False, [], argparse.SUPPRESS) and "%(default)" not in action.help:
-            return action.help + " (default: %(default)s)"
-        return action.help
-
-
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "glue",
@@ -56,7 +49,7 @@ def register(subparsers) -> None:
                      help="glue_data directory in the standard GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
     run.add_argument("--output-dir", type=Path, default=None,
                      help="where runs and results go (default: glue/<model name>)")
-    run.add_argument("--recipe", choices=("chang2021", "convbert"), default="chang2021",
+    run.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
                      help="hyperparameters of a paper (see configs/recipes/glue/*.yaml)")
     run.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs per task, seeds 0..N-1 (default: the recipe's, 10 for chang2021, "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 
+from convattn.commands.arguments import HelpFormatter
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -12,7 +14,7 @@ def register(subparsers) -> None:
         help="list named presets (paper rows) with parameter counts",
         description="List the named presets, one per paper row, with the fields that define them and their "
                     "parameter counts (masked-LM model, tied decoder counted once; encoder-only in brackets).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("pattern", nargs="?", default="*", help="glob over preset names, e.g. 'chang2021-small/*'")
     parser.add_argument("--no-count", action="store_true", help="skip building models to count parameters")

@@ -68,3 +68,9 @@ def recipe_for_preset(preset: str | None) -> str:
     if family in ("chang2021-small", "chang2021-base", "malard"):
         return family
     return "default"
+
+
+def glue_recipe_names() -> list[str]:
+    """The fine-tuning recipes shipped in `convattn/configs/recipes/glue/`."""
+    directory = resources.files("convattn.configs").joinpath("recipes", "glue")
+    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))

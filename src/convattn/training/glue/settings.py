@@ -8,13 +8,9 @@ from importlib import resources
 import yaml
 
 from convattn.errors import UsageError
+from convattn.training.recipes import glue_recipe_names
 
 BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings (lr 1e-4)
-
-
-def glue_recipe_names() -> list[str]:
-    directory = resources.files("convattn.configs").joinpath("recipes", "glue")
-    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
 
 
 @dataclass(frozen=True)
