@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
+    parser.set_defaults(loads_models=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.loads_models:
+            import convattn
+
+            convattn.register_auto_classes()  # the command line starts without it (see convattn/__init__.py)
         return args.func(args) or 0
     except (UsageError, ValueError, FileNotFoundError) as err:
         print(f"convattn {args.command}: error: {err}", file=sys.stderr)
