@@ -109,6 +109,7 @@ def run_kernels(args: argparse.Namespace) -> int:
     )
 
     model = load_encoder(args.checkpoint)
+    check_layer(args.layer, model.config.num_hidden_layers)  # before any figure is written
     out, written = _output_dir(args), []
     fixed = fixed_kernels(model)
     if fixed is not None:
@@ -132,12 +133,16 @@ def run_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _select_layer(per_layer: dict, layer: int | None, layers: int) -> dict:
-    if layer is None:
-        return per_layer
-    if not -layers <= layer < layers:
+def check_layer(layer: int | None, layers: int) -> None:
+    if layer is not None and not -layers <= layer < layers:
         raise UsageError(f"--layer {layer} is out of range: the model has {layers} layers (0..{layers - 1}, "
                          "or negative from the deepest)")
+
+
+def _select_layer(per_layer: dict, layer: int | None, layers: int) -> dict:
+    check_layer(layer, layers)
+    if layer is None:
+        return per_layer
     index = layer % layers
     return {index: per_layer[index]} if index in per_layer else {}
 
