@@ -14,7 +14,7 @@ from transformers import BertConfig, BertForSequenceClassification, PreTrainedTo
 
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 from convattn.cli import main
-from convattn.data.glue import get_task
+from convattn.data.glue import get_task, load_split
 from convattn.training.glue import (
     column_score,
     layerwise_param_groups,
@@ -26,6 +26,7 @@ from convattn.training.glue import (
 from convattn.training.run_folder import mean_sem
 
 GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
+FIXTURE_GLUE_DATA = Path(__file__).resolve().parents[1] / "fixtures" / "glue_data"  # tiny, ships with the tests
 needs_glue_data = pytest.mark.skipif(not GLUE_DATA.is_dir(), reason=f"shared GLUE data not found at {GLUE_DATA}")
 QUICK = ["--seeds", "1", "--max-steps", "3", "--batch-size", "8"]
 
@@ -159,10 +160,21 @@ def test_layerwise_decay_on_bert_names():
 
 # ---------------------------------------------------------------- end to end
 
-@needs_glue_data
-def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys):
+def test_the_fixture_is_in_the_glue_layout():
+    counts = {"sst2": {"train": 48, "dev": 16, "test": 12}, "cola": {"train": 48, "dev": 16, "test": 10}}
+    for task, splits in counts.items():
+        for split, rows in splits.items():
+            dataset = load_split(get_task(task), split, FIXTURE_GLUE_DATA)
+            assert len(dataset) == rows and ("label" in dataset.column_names) == (split != "test")
+
+
+@pytest.mark.parametrize("data_dir", [
+    pytest.param(FIXTURE_GLUE_DATA, id="fixture"),
+    pytest.param(GLUE_DATA, marks=needs_glue_data, id="shared-glue-data"),
+])
+def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys, data_dir):
     out = tmp_path / "out"
-    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2,cola", "--data-dir", str(GLUE_DATA),
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2,cola", "--data-dir", str(data_dir),
             "--seeds", "2", "--max-steps", "6", "--max-train-samples", "96", "--batch-size", "16",
             "--output-dir", str(out)]
     assert main(argv) == 0
@@ -184,9 +196,10 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys)
     assert "| Model | Params | CoLA | MNLI-m | MNLI-mm | MRPC | QNLI | QQP | RTE | SST | STS | GLUE |" in table
     assert " ± " in table
     sst_test = (out / "submission" / "SST-2.tsv").read_text().splitlines()
-    assert sst_test[0] == "index\tprediction" and len(sst_test) == 1822
+    test_rows = {name: len((data_dir / name / "test.tsv").read_text().splitlines()) for name in ("SST-2", "CoLA")}
+    assert sst_test[0] == "index\tprediction" and len(sst_test) == test_rows["SST-2"]  # 1822 on GLUE
     assert sst_test[1].startswith("0\t") and {line.split("\t")[1] for line in sst_test[1:]} <= {"0", "1"}
-    assert len((out / "submission" / "CoLA.tsv").read_text().splitlines()) == 1064
+    assert len((out / "submission" / "CoLA.tsv").read_text().splitlines()) == test_rows["CoLA"]  # 1064 on GLUE
     log = json.loads((out / "runs" / "sst2" / "seed1" / "log.json").read_text())
     assert any("loss" in entry for entry in log)
 
