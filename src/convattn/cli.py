@@ -6,9 +6,10 @@ import argparse
 import importlib
 import sys
 
+from convattn.commands.arguments import HelpFormatter
 from convattn.errors import UsageError
 
-# each module defines `register(subparsers)`, which adds its parser and sets `func`
+# each module defines NAME, HELP, DESCRIPTION, optionally EXAMPLES, and `add_arguments(parser)`, which sets `func`
 COMMAND_MODULES = (
     "convattn.commands.presets",
     "convattn.commands.pretrain",
@@ -28,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     parser.set_defaults(loads_models=True)
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+        module = importlib.import_module(name)
+        command = subparsers.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
+                                        epilog=getattr(module, "EXAMPLES", None), formatter_class=HelpFormatter)
+        module.add_arguments(command)
     return parser
 
 

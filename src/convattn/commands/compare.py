@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from convattn.commands.arguments import HelpFormatter, add_run_arguments, compare_options, prepare_training_process
+from convattn.commands.arguments import add_run_arguments, compare_options, prepare_training_process
 from convattn.errors import UsageError
 
 EXAMPLES = """\
@@ -29,19 +29,19 @@ same command again to continue: finished runs are reused and an interrupted one 
 """
 
 
-def register(subparsers) -> None:
+NAME = "compare"
+HELP = "pretrain several presets on one budget and seeds; report perplexity, speed, memory (and GLUE)"
+DESCRIPTION = (
+    "Pretrain a grid of presets on the same data, tokenizer, recipe, budget and seeds, then write "
+    "one report: a table per run (parameters, tokens/s, training memory, final eval perplexity "
+    "mean ± std over seeds, optional GLUE dev scores), eval perplexity vs step, and CSVs. "
+    "Training options left unset take the recipe's value."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from convattn.training.grids import grid_names
 
-    parser = subparsers.add_parser(
-        "compare",
-        help="pretrain several presets on one budget and seeds; report perplexity, speed, memory (and GLUE)",
-        description="Pretrain a grid of presets on the same data, tokenizer, recipe, budget and seeds, then write "
-                    "one report: a table per run (parameters, tokens/s, training memory, final eval perplexity "
-                    "mean ± std over seeds, optional GLUE dev scores), eval perplexity vs step, and CSVs. "
-                    "Training options left unset take the recipe's value.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
     what = parser.add_argument_group("what to compare (one of)")
     choice = what.add_mutually_exclusive_group(required=True)
     choice.add_argument("--grid", metavar="NAME", help=f"a shipped grid: {', '.join(grid_names())}")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from convattn.commands.arguments import HelpFormatter
 from convattn.errors import UsageError
 from convattn.training.recipes import glue_recipe_names
 
-EPILOG = """\
+EXAMPLES = """\
 examples:
   # the composite-attention paper's protocol on every task (10 seeds, RTE/STS-B/MRPC from MNLI)
   convattn glue --model runs/small-composite --task all --data-dir glue_data --from-mnli
@@ -30,15 +29,15 @@ Finished runs are skipped when the command is run again, so an interrupted run r
 """
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "glue",
-        help="fine-tune and evaluate on GLUE (papers' protocol: seeds, mean ± SEM, Table 6 layout)",
-        description="Fine-tune a convattn (or any HF encoder) checkpoint on GLUE tasks over several seeds and "
-                    "report dev mean ± standard error, the best-dev seed, the GLUE score and test predictions.",
-        epilog=EPILOG,
-        formatter_class=HelpFormatter,
-    )
+NAME = "glue"
+HELP = "fine-tune and evaluate on GLUE (papers' protocol: seeds, mean ± SEM, Table 6 layout)"
+DESCRIPTION = (
+    "Fine-tune a convattn (or any HF encoder) checkpoint on GLUE tasks over several seeds and "
+    "report dev mean ± standard error, the best-dev seed, the GLUE score and test predictions."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("what to run")
     run.add_argument("--model", required=True,
                      help="checkpoint directory with model and tokenizer (convattn or HF), or an HF hub model id")

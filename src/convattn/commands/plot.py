@@ -26,11 +26,18 @@ DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and the dog, which
                 "did not notice that anything had happened.")
 
 
-def register(subparsers) -> None:
-    plot = subparsers.add_parser("plot", help="plot learned kernels and attention maps of a checkpoint, or sweep "
-                                              "ConvBERT's kernel size",
-                                 description="Figures (PNG) of what a trained model's convolutions and attention do, "
-                                             "and ConvBERT's kernel-size sweep.")
+NAME = "plot"
+HELP = (
+    "plot learned kernels and attention maps of a checkpoint, or sweep "
+    "ConvBERT's kernel size"
+)
+DESCRIPTION = (
+    "Figures (PNG) of what a trained model's convolutions and attention do, "
+    "and ConvBERT's kernel-size sweep."
+)
+
+
+def add_arguments(plot: argparse.ArgumentParser) -> None:
     kinds = plot.add_subparsers(dest="plot_kind", metavar="KIND")
     kinds.required = True
 

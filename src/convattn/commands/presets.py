@@ -7,21 +7,20 @@ import fnmatch
 import json
 from importlib import resources
 
-from convattn.commands.arguments import HelpFormatter
-
 # {preset: [masked-LM parameters, encoder parameters]}, precomputed so that listing needs no torch; a test
 # checks it against counts of freshly built models (`count_parameters`)
 COUNTS_FILE = "preset_counts.json"
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "presets",
-        help="list named presets (paper rows) with parameter counts",
-        description="List the named presets, one per paper row, with the fields that define them and their "
-                    "parameter counts (masked-LM model, tied decoder counted once; encoder-only in brackets).",
-        formatter_class=HelpFormatter,
-    )
+NAME = "presets"
+HELP = "list named presets (paper rows) with parameter counts"
+DESCRIPTION = (
+    "List the named presets, one per paper row, with the fields that define them and their "
+    "parameter counts (masked-LM model, tied decoder counted once; encoder-only in brackets)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pattern", nargs="?", default="*", help="glob over preset names, e.g. 'chang2021-small/*'")
     parser.add_argument("--no-count", action="store_true", help="skip building models to count parameters")
     parser.set_defaults(func=run, loads_models=False)

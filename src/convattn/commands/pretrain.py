@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from convattn.commands.arguments import (
-    HelpFormatter,
     add_architecture_arguments,
     add_data_arguments,
     add_schedule_arguments,
@@ -36,16 +35,16 @@ examples:
 """
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "pretrain",
-        help="pretrain an encoder (MLM or ELECTRA) from raw text",
-        description="Pretrain a convattn encoder from raw text: train (or load) a tokenizer, format and cache the "
-                    "corpus, train with a paper's recipe, evaluate perplexity on held-out text, and save a model "
-                    "that AutoModelForMaskedLM.from_pretrained loads. Options left unset take the recipe's value.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
+NAME = "pretrain"
+HELP = "pretrain an encoder (MLM or ELECTRA) from raw text"
+DESCRIPTION = (
+    "Pretrain a convattn encoder from raw text: train (or load) a tokenizer, format and cache the "
+    "corpus, train with a paper's recipe, evaluate perplexity on held-out text, and save a model "
+    "that AutoModelForMaskedLM.from_pretrained loads. Options left unset take the recipe's value."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--preset", help="model preset (see `convattn presets`; default: the recipe's)")
     add_architecture_arguments(model)
