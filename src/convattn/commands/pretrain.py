@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--output-dir", type=Path, help="where the run goes (default: runs/pretrain-RECIPE)")
     add_schedule_arguments(output)
     output.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    output.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    output.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output-dir that holds a convattn run (never anything else)")
     parser.set_defaults(func=run)
 
 

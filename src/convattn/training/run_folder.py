@@ -6,7 +6,8 @@
   leaving out `BOOKKEEPING_OPTIONS`);
 * statistics over seeds: `mean_sem` and its table cell `format_mean_sem`;
 * console output: `say` (one progress line on stderr, from the main process only);
-* layout: `seed_dir` (`<folder>/runs/<name>/seed<k>`).
+* layout: `seed_dir` (`<folder>/runs/<name>/seed<k>`);
+* safety: `check_removable` (only a folder holding convattn's run record may be replaced).
 """
 
 from __future__ import annotations
@@ -102,3 +103,17 @@ def seed_dir(folder: Path, name: str, seed: int | None = None) -> Path:
     """`<folder>/runs/<name>/seed<k>` (the run's own folder when seed is None)."""
     path = Path(folder) / "runs" / name
     return path if seed is None else path / f"seed{seed}"
+
+
+def check_removable(path: Path, record: str, flag: str = "--overwrite") -> None:
+    """Refuse, before any work, to remove a folder convattn did not write: the working directory or one of its
+    parents, a home directory, or a non-empty folder without the run record `record` that convattn writes first."""
+    path = Path(path)
+    resolved, cwd = path.resolve(), Path.cwd().resolve()
+    if cwd.is_relative_to(resolved) or resolved in (Path.home().resolve(), Path("/root")) or \
+            resolved.parent == Path("/home"):
+        raise UsageError(f"{flag}: will not remove {path} (the working directory, one of its parents, a home "
+                         "directory or the filesystem root); choose another --output-dir")
+    if path.is_dir() and any(path.iterdir()) and not (path / record).is_file():
+        raise UsageError(f"{flag}: {path} is not a convattn run (no {record}); convattn only replaces what it "
+                         "wrote: choose another --output-dir, or empty that directory yourself")

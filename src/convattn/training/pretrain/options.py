@@ -13,7 +13,7 @@ from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError
 from convattn.training.recipes import Recipe
-from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options
+from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
 
 OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -114,6 +114,8 @@ def check_output_dir(options: PretrainOptions) -> Path | None:
         return checkpoints[-1]
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {out} is a file; choose a directory")
+    if options.overwrite and out.is_dir():
+        check_removable(out, OPTIONS_FILE)
     if out.is_dir() and any(out.iterdir()) and not options.overwrite:
         raise UsageError(
             f"--output-dir {out} is not empty; continue that run with --resume, replace it with --overwrite, "
