@@ -17,6 +17,8 @@ from convattn.commands.arguments import (
     prepare_training_process,
     recipe_overrides,
 )
+from convattn.training.recipes import apply_overrides
+from convattn.training.run_folder import say
 
 EXAMPLES = """\
 examples:
@@ -71,8 +73,9 @@ def options_from_args(args: argparse.Namespace):
         if args.recipe is None and recipe_name == "default":
             recipe.model = {}  # the default recipe's size only applies to its own preset
     recipe.model = {**recipe.model, **config_overrides(args)}
-    for name, value in recipe_overrides(args).items():
-        setattr(recipe, name, value)
+    note = apply_overrides(recipe, recipe_overrides(args))
+    if note:
+        say("pretrain", note)
     return PretrainOptions(
         recipe=recipe, output_dir=args.output_dir or Path("runs") / f"pretrain-{recipe_name}", **data_options(args),
         precision=args.precision, log_every=args.log_every, resume=args.resume, overwrite=args.overwrite,

@@ -39,7 +39,7 @@ from convattn.training.pretrain import (
     per_device_batch,
     pretrain,
 )
-from convattn.training.recipes import Recipe, load_recipe, recipe_for_preset
+from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
 from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, read_json, seed_dir, write_json_atomic
 from convattn.training.run_folder import say as say_as
 
@@ -84,8 +84,9 @@ def run_recipe(options: CompareOptions, spec: RunSpec, seed: int) -> Recipe:
         recipe.model = {}  # as in `convattn pretrain`: the default recipe's size only applies to its own preset
     recipe.preset = spec.preset
     recipe.model = {**recipe.model, **options.grid.model, **spec.model, **options.model}
-    for name, value in {**options.grid.training, **options.training}.items():
-        setattr(recipe, name, value)
+    note = apply_overrides(recipe, {**options.grid.training, **options.training})
+    if note and seed == 0:
+        say(f"{spec.name}: {note}")
     recipe.seed = seed
     return recipe
 

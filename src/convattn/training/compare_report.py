@@ -205,6 +205,17 @@ def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> 
     return save_figure(fig, path)
 
 
+def clear_winner(perplexities: list[dict | None]) -> int | None:
+    """The run whose perplexity band (mean ± std over seeds) lies wholly below every other run's band; None when
+    the bands overlap, a run has a single seed (no spread to judge by) or there is nothing to compare."""
+    if len(perplexities) < 2 or any(stat is None or stat["std"] is None for stat in perplexities):
+        return None
+    best = min(range(len(perplexities)), key=lambda i: perplexities[i]["mean"])
+    top = perplexities[best]["mean"] + perplexities[best]["std"]
+    others = [stat["mean"] - stat["std"] for i, stat in enumerate(perplexities) if i != best]
+    return best if all(top < low for low in others) else None
+
+
 def _count(value: int | None) -> str:
     """A parameter count: 13.09M, 20.4k."""
     if value is None:
@@ -278,10 +289,9 @@ class Report:
         return columns + [f"GLUE {column}" for column in glue_columns(self.results)]
 
     def rows(self) -> list[list[str]]:
-        finals = [(r.final_perplexity or {}).get("mean") for r in self.results]
-        best = min((f for f in finals if f is not None), default=None)
+        winner = clear_winner([r.final_perplexity for r in self.results])
         columns, rows = self.columns(), []
-        for result, final in zip(self.results, finals, strict=True):
+        for index, result in enumerate(self.results):
             estimate = (result.memory or {}).get("estimate", {})
             cells = {
                 "Run": result.spec.name,
@@ -294,7 +304,7 @@ class Report:
                 "Eval perplexity (mean ± std)": _mean_std(result.final_perplexity, 2),
                 "Seeds done": f"{len(result.finished)}/{self.options.seeds}",
             }
-            if final is not None and final == best and len(self.results) > 1:
+            if index == winner:
                 cells["Eval perplexity (mean ± std)"] = f"**{cells['Eval perplexity (mean ± std)']}**"
             for column in glue_columns(self.results):
                 cells[f"GLUE {column}"] = _mean_std(result.glue_score(column), 1)

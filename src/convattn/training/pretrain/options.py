@@ -12,7 +12,7 @@ from convattn.config import ConvAttnConfig
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError
-from convattn.training.recipes import Recipe
+from convattn.training.recipes import Recipe, warmup_steps
 from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
 
 OBJECTIVES = ("mlm", "electra")
@@ -63,6 +63,9 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
             raise UsageError(f"{flag} {value} must be at least 1")
     if not 0 < recipe.mlm_probability < 1:
         raise UsageError(f"--mlm-probability {recipe.mlm_probability} must be between 0 and 1")
+    if warmup_steps(recipe) >= recipe.max_steps:
+        raise UsageError(f"--warmup {recipe.warmup:g} is not below --max-steps {recipe.max_steps}: the learning rate "
+                         "would never reach its peak; lower --warmup (or give a fraction of the run, e.g. 0.06)")
     if recipe.learning_rate <= 0:
         raise UsageError(f"--lr {recipe.learning_rate} must be positive")
     if options.tokenizer is None:

@@ -16,7 +16,8 @@ from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import OPTIONS_FILE, PretrainOptions, check_options, check_output_dir
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
-from convattn.training.run_folder import write_text_atomic
+from convattn.training.recipes import warmup_steps
+from convattn.training.run_folder import say, write_text_atomic
 
 
 @dataclass
@@ -52,6 +53,8 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     config = check_options(options)
     seq_len = recipe.seq_len or config.max_position_embeddings
     resume_from = check_output_dir(options)
+    say("pretrain", f"schedule: {recipe.max_steps:,} steps of {recipe.batch_size} examples, linear warmup over "
+                    f"{warmup_steps(recipe):,} steps to lr {recipe.learning_rate:g}, then linear decay")
     args = training_arguments(options, resuming=resume_from is not None)
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, resume_from)
