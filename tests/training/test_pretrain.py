@@ -183,3 +183,14 @@ def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
     for name, value in classifier.convattn.state_dict().items():
         torch.testing.assert_close(value, pretraining[f"convattn.{name}"], rtol=0, atol=0)
     assert AutoTokenizer.from_pretrained(out / "discriminator").mask_token == "[MASK]"
+
+
+def test_a_small_train_file_without_eval_file_trains(tmp_path):
+    rng = random.Random(1)
+    small = tmp_path / "small.txt"  # 150 lines: the held-out split is 1 line, a batch of one for `pairs`
+    small.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(150)) + "\n")
+    out = tmp_path / "out"
+    args = ["pretrain", *TINY, "--train-file", str(small), "--output-dir", str(out), "--max-steps", "3",
+            "--eval-every", "3"]
+    assert main(args) == 0
+    assert (out / "model.safetensors").is_file()
