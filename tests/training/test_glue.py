@@ -15,6 +15,7 @@ from transformers import BertConfig, BertForSequenceClassification, PreTrainedTo
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 from convattn.cli import main
 from convattn.data.glue import get_task, load_split
+from convattn.errors import UsageError
 from convattn.training.glue import (
     column_score,
     layerwise_param_groups,
@@ -314,3 +315,22 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
     argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2", "--output-dir", str(tmp_path / "out"), *QUICK]
     assert main(argv) == 2
     assert "pass --data-dir" in capsys.readouterr().err
+
+
+def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
+    from convattn.commands.glue import default_output_dir
+    from convattn.training.glue.protocol import check_same_model
+
+    first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"
+    for seed, folder in enumerate((first, second)):
+        torch.manual_seed(seed)
+        ConvAttnForMaskedLM(ConvAttnConfig.from_preset("chang2021-small/composite", num_hidden_layers=1,
+                                                       hidden_size=32, intermediate_size=64,
+                                                       vocab_size=50)).save_pretrained(folder)
+    assert default_output_dir(str(first)) != default_output_dir(str(second))
+    assert default_output_dir(str(first)).name.startswith("discriminator-")
+    out = tmp_path / "glue"
+    check_same_model(out, str(first))
+    check_same_model(out, str(first))  # the same model again: its finished runs are reused
+    with pytest.raises(UsageError, match="another model"):
+        check_same_model(out, str(second))

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--data-dir", type=Path, default=None,
                      help="glue_data directory in the standard GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
     run.add_argument("--output-dir", type=Path, default=None,
-                     help="where runs and results go (default: glue/<model name>)")
+                     help="where runs and results go (default: glue/<model folder name>-<weights fingerprint>)")
     run.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
                      help="hyperparameters of a paper (see configs/recipes/glue/*.yaml)")
     run.add_argument("--seeds", type=int, default=None,
@@ -85,6 +85,16 @@ def parse_task_lr(items: list[str]) -> dict[str, float]:
     return task_lr
 
 
+def default_output_dir(model: str) -> Path:
+    """glue/<model folder name>-<fingerprint> for a saved model (two models with one folder name never share
+    results), glue/<name> for a hub id."""
+    from convattn.training.run_folder import model_identity
+
+    if not Path(model).is_dir():
+        return Path("glue") / Path(model).name
+    return Path("glue") / f"{Path(model).name}-{model_identity(model)[:8]}"
+
+
 def run_command(args: argparse.Namespace) -> int:
     from convattn.data.glue import parse_task_list
     from convattn.training.glue import run_glue
@@ -100,7 +110,7 @@ def run_command(args: argparse.Namespace) -> int:
         "warmup_ratio": args.warmup_ratio, "weight_decay": args.weight_decay, "layer_decay": args.layer_decay,
         "max_length": args.max_length, "max_train_samples": args.max_train_samples,
     }
-    output_dir = args.output_dir or Path("glue") / Path(args.model).name
+    output_dir = args.output_dir or default_output_dir(args.model)
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
                        overrides=overrides, task_lr=parse_task_lr(args.task_lr), from_mnli=args.from_mnli)
     print((output_dir / "glue_results.md").read_text())

@@ -7,11 +7,13 @@
 * statistics over seeds: `mean_sem` and its table cell `format_mean_sem`;
 * console output: `say` (one progress line on stderr, from the main process only);
 * layout: `seed_dir` (`<folder>/runs/<name>/seed<k>`);
+* identity: `model_identity` (what results are keyed on: the saved weights and config, not a folder name);
 * safety: `check_removable` (only a folder holding convattn's run record may be replaced).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -117,3 +119,19 @@ def check_removable(path: Path, record: str, flag: str = "--overwrite") -> None:
     if path.is_dir() and any(path.iterdir()) and not (path / record).is_file():
         raise UsageError(f"{flag}: {path} is not a convattn run (no {record}); convattn only replaces what it "
                          "wrote: choose another --output-dir, or empty that directory yourself")
+
+
+def model_identity(model: str | Path) -> str:
+    """A fingerprint of a saved model: sha256 over its config.json and *.safetensors files (16 hex digits). A hub
+    id, which is not a local directory, stands for itself."""
+    path = Path(model)
+    if not path.is_dir():
+        return str(model)
+    digest = hashlib.sha256()
+    for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
+        if file.is_file():
+            digest.update(file.name.encode())
+            with file.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]

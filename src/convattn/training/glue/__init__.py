@@ -8,7 +8,8 @@
     results.py    aggregation over seeds -> glue_results.json, glue_results.md, submission/
     protocol.py   `run_glue`: checks, every task and seed (finished runs skipped), aggregation
 
-Layout of an output directory: runs/<task>/seed<k>/ (see run.py), glue_results.json, glue_results.md,
+Layout of an output directory: glue_model.json (the model fine-tuned: its fingerprint keys the reuse of finished
+runs), runs/<task>/seed<k>/ (see run.py), glue_results.json, glue_results.md,
 submission/ (best-dev seed's test predictions per task).
 """
 

@@ -14,6 +14,9 @@ from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
 from convattn.training.glue.settings import BASE_HIDDEN_SIZE, FineTuneSettings, load_glue_recipe, resolve_settings
+from convattn.training.run_folder import model_identity, read_json, write_json_atomic
+
+MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 
 
 def check_finished_runs(output_dir: Path, settings: dict[str, FineTuneSettings], seeds: int) -> None:
@@ -23,6 +26,20 @@ def check_finished_runs(output_dir: Path, settings: dict[str, FineTuneSettings],
             if run and run["settings"] and run["settings"] != dataclasses.asdict(task_settings):
                 raise UsageError(f"{run_dir(output_dir, task, seed)} was made with other settings "
                                  f"({run['settings']}); use another --output-dir or delete that run")
+
+
+def check_same_model(output_dir: Path, model: str) -> None:
+    """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
+    MODEL_FILE records it, written before the first run."""
+    record = {"model": model, "identity": model_identity(model)}
+    saved = read_json(output_dir / MODEL_FILE)
+    if saved is None:
+        if (output_dir / "runs").is_dir():
+            raise UsageError(f"{output_dir} holds GLUE runs of an unrecorded model; use another --output-dir")
+        write_json_atomic(output_dir / MODEL_FILE, record)
+    elif saved["identity"] != record["identity"]:
+        raise UsageError(f"{output_dir} holds GLUE runs of another model ({saved['model']}, fingerprint "
+                         f"{saved['identity']}; {model} is {record['identity']}); use another --output-dir")
 
 
 def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str, FineTuneSettings],
@@ -63,6 +80,7 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     # AX is only predicted, with the MNLI model: it takes MNLI's settings (max length)
     settings = {t: resolve_settings(recipe_fields, "mnli" if t == "ax" else t, base_size, overrides or {}, task_lr,
                                     from_mnli) for t in tasks}
+    check_same_model(output_dir, model)
     check_finished_runs(output_dir, settings, seeds)
     check_mnli_available(output_dir, tasks, settings, seeds)
 
