@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 
 import pytest
 import torch
@@ -194,3 +195,16 @@ def test_a_small_train_file_without_eval_file_trains(tmp_path):
             "--eval-every", "3"]
     assert main(args) == 0
     assert (out / "model.safetensors").is_file()
+
+
+def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 0  # nothing repeated
+    capsys.readouterr()
+    assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12"]) == 2
+    err = capsys.readouterr().err
+    assert "max_steps: 8 -> 12" in err and "--allow-schedule-change" in err and len(err.strip().splitlines()) == 1
+    assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12",
+                 "--allow-schedule-change"]) == 0
+    assert complete_checkpoints(run / "checkpoints")[-1].name == "checkpoint-12"

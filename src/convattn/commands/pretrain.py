@@ -18,7 +18,7 @@ from convattn.commands.arguments import (
     recipe_overrides,
 )
 from convattn.training.recipes import apply_overrides
-from convattn.training.run_folder import say
+from convattn.training.run_folder import read_json, say
 
 EXAMPLES = """\
 examples:
@@ -57,15 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--output-dir", type=Path, help="where the run goes (default: runs/pretrain-RECIPE)")
     add_schedule_arguments(output)
     output.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    output.add_argument("--allow-schedule-change", action="store_true",
+                        help="with --resume: accept a new --max-steps (the learning-rate schedule changes with it)")
     output.add_argument("--overwrite", action="store_true",
                         help="replace an existing --output-dir that holds a convattn run (never anything else)")
     parser.set_defaults(func=run)
 
 
 def options_from_args(args: argparse.Namespace):
-    from convattn.training.pretrain import PretrainOptions
+    from convattn.training.pretrain import OPTIONS_FILE, PretrainOptions
     from convattn.training.recipes import load_recipe, recipe_for_preset
 
+    saved = read_json(args.output_dir / OPTIONS_FILE) if args.resume and args.output_dir else None
+    if saved is not None:
+        return resumed_options(PretrainOptions.from_json(saved), args)
     recipe_name = args.recipe or recipe_for_preset(args.preset)
     recipe = load_recipe(recipe_name)
     if args.preset:
@@ -79,7 +84,28 @@ def options_from_args(args: argparse.Namespace):
     return PretrainOptions(
         recipe=recipe, output_dir=args.output_dir or Path("runs") / f"pretrain-{recipe_name}", **data_options(args),
         precision=args.precision, log_every=args.log_every, resume=args.resume, overwrite=args.overwrite,
+        allow_schedule_change=args.allow_schedule_change,
     )
+
+
+def resumed_options(options, args: argparse.Namespace):
+    """--resume: the run's own options, with only the flags given now on top (the run checks what changed)."""
+    recipe = options.recipe
+    if args.preset:
+        recipe.preset = args.preset
+    recipe.model = {**recipe.model, **config_overrides(args)}
+    for name, value in recipe_overrides(args).items():
+        setattr(recipe, name, value)
+    given = {name: value for name, value in data_options(args).items() if value and name != "cache_dir"}
+    for name, value in given.items():
+        setattr(options, name, value)
+    if args.cache_dir:
+        options.cache_dir = args.cache_dir
+    if args.precision != "auto":
+        options.precision = args.precision
+    options.output_dir, options.resume, options.overwrite = args.output_dir, True, args.overwrite
+    options.allow_schedule_change = args.allow_schedule_change
+    return options
 
 
 def run(args: argparse.Namespace) -> int:

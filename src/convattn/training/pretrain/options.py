@@ -20,7 +20,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 OPTIONS_FILE = "pretrain_options.json"
 METRICS_FILE = "metrics.jsonl"
 # options that may change between a run and its --resume without changing what is computed
-RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "max_steps", "eval_every", "save_every")
+RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change")
+# options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
+SCHEDULE_CHANGES = ("max_steps",)
 
 
 def default_cache_dir() -> Path:
@@ -41,6 +43,16 @@ class PretrainOptions:
     log_every: int = 10
     resume: bool = False
     overwrite: bool = False
+    allow_schedule_change: bool = False  # on --resume: a new max_steps (the lr schedule changes with it)
+
+    @classmethod
+    def from_json(cls, saved: dict) -> PretrainOptions:
+        """The options of a run, read back from its OPTIONS_FILE (the inverse of `to_json`)."""
+        recipe_fields = {f.name for f in dataclasses.fields(Recipe)}
+        option_fields = {f.name for f in dataclasses.fields(cls)} - {"recipe"}
+        fields = {k: v for k, v in saved.items() if k in option_fields}
+        fields["output_dir"], fields["cache_dir"] = Path(fields["output_dir"]), Path(fields["cache_dir"])
+        return cls(recipe=Recipe(**{k: v for k, v in saved.items() if k in recipe_fields}), **fields)
 
     def to_json(self) -> dict:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "recipe"}
@@ -112,8 +124,10 @@ def check_output_dir(options: PretrainOptions) -> Path | None:
         checkpoints = complete_checkpoints(out / "checkpoints")
         if not checkpoints:
             raise UsageError(f"--resume: {out} has no complete checkpoint to resume from; drop --resume to start")
-        check_same_options(out / OPTIONS_FILE, options.to_json(), RESUMABLE_CHANGES,
-                           f"--resume: options differ from the run in {out} ({{details}}); repeat its options")
+        allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
+        check_same_options(out / OPTIONS_FILE, options.to_json(), allowed,
+                           f"--resume: options differ from the run in {out} ({{details}}); drop those flags (the run's "
+                           "own options are read from it), or add --allow-schedule-change to change --max-steps")
         return checkpoints[-1]
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {out} is a file; choose a directory")

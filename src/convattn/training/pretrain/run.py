@@ -53,9 +53,9 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     config = check_options(options)
     seq_len = recipe.seq_len or config.max_position_embeddings
     resume_from = check_output_dir(options)
+    args = training_arguments(options, resuming=resume_from is not None)
     say("pretrain", f"schedule: {recipe.max_steps:,} steps of {recipe.batch_size} examples, linear warmup over "
                     f"{warmup_steps(recipe):,} steps to lr {recipe.learning_rate:g}, then linear decay")
-    args = training_arguments(options, resuming=resume_from is not None)
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, resume_from)
     model = build_model(recipe, data.tokenizer)
