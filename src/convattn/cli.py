@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import tempfile
+import traceback
 
 from convattn.commands.arguments import HelpFormatter
 from convattn.errors import UsageError
@@ -51,6 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"convattn {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # not bad input: one line here, the whole traceback in a file
+        message = (str(err).strip().splitlines() or [""])[0][:200]
+        print(f"convattn {args.command}: unexpected error: {type(err).__name__}: {message} (full traceback: "
+              f"{write_traceback(args.command)})", file=sys.stderr)
+        return 1
+
+
+def write_traceback(command: str) -> str:
+    """The current exception's traceback in a new file under the temporary directory; returns its path."""
+    with tempfile.NamedTemporaryFile("w", prefix=f"convattn-{command}-", suffix=".traceback.txt",
+                                     delete=False) as f:
+        traceback.print_exc(file=f)
+    return f.name
 
 
 if __name__ == "__main__":

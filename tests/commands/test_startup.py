@@ -43,3 +43,21 @@ def test_library_import_still_registers_the_auto_classes():
                           env={**os.environ, "PYTHONPATH": str(SRC)})
     assert done.stdout.strip() == "ConvAttnConfig"
 
+
+
+def test_an_unexpected_error_is_one_line_and_a_traceback_file(monkeypatch, capsys):
+    from convattn.cli import main
+    from convattn.commands import presets
+
+    def broken(args):
+        raise RuntimeError("something inside broke\nsecond line")
+
+    monkeypatch.setattr(presets, "run", broken)
+    monkeypatch.setattr(presets, "add_arguments", lambda parser: parser.set_defaults(func=broken, loads_models=False))
+    assert main(["presets"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("convattn presets: unexpected error: RuntimeError: something inside broke")
+    assert "\n" not in err
+    traceback_file = Path(err.rsplit("full traceback: ", 1)[1].rstrip(")"))
+    assert "Traceback" in traceback_file.read_text() and "second line" in traceback_file.read_text()
+    traceback_file.unlink()

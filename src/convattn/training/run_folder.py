@@ -135,3 +135,17 @@ def model_identity(model: str | Path) -> str:
                 while chunk := f.read(1 << 20):
                     digest.update(chunk)
     return digest.hexdigest()[:16]
+
+
+def check_weights(directory: str | Path) -> None:
+    """Every *.safetensors file of a saved model must open (header and data lengths agree): a truncated or
+    corrupt file is one UsageError naming it, before anything loads it. A hub id (no local directory) passes."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(directory).glob("*.safetensors")) if Path(directory).is_dir() else ():
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                weights.keys()
+        except Exception as err:  # safetensors raises its own error type for every kind of damage
+            raise UsageError(f"{file} is truncated or corrupt ({str(err).splitlines()[0][:120]}); "
+                             "save or copy the model again") from None

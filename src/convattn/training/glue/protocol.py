@@ -14,7 +14,7 @@ from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
 from convattn.training.glue.settings import BASE_HIDDEN_SIZE, FineTuneSettings, load_glue_recipe, resolve_settings
-from convattn.training.run_folder import model_identity, read_json, write_json_atomic
+from convattn.training.run_folder import check_weights, model_identity, read_json, write_json_atomic
 
 MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 
@@ -56,6 +56,7 @@ def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str,
 
 def load_pretrained_info(model: str) -> tuple[PreTrainedTokenizerBase, bool, bool]:
     """The checkpoint's tokenizer, whether it is base-sized, whether it takes token type ids."""
+    check_weights(model)
     try:
         config = AutoConfig.from_pretrained(model)
         tokenizer = AutoTokenizer.from_pretrained(model)

@@ -13,7 +13,7 @@ from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError
 from convattn.training.recipes import Recipe, warmup_steps
-from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
+from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options, check_weights
 
 OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -128,6 +128,7 @@ def check_output_dir(options: PretrainOptions) -> Path | None:
         check_same_options(out / OPTIONS_FILE, options.to_json(), allowed,
                            f"--resume: options differ from the run in {out} ({{details}}); drop those flags (the run's "
                            "own options are read from it), or add --allow-schedule-change to change --max-steps")
+        check_weights(checkpoints[-1])
         return checkpoints[-1]
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {out} is a file; choose a directory")
