@@ -135,6 +135,7 @@ def test_no_decay_on_biases_and_layernorm():
         (["--preset", "chang2021-small/nope"], "unknown preset"),
         (["--recipe", "nope"], "unknown recipe"),
         (["--set", "hiden_size=3"], "did you mean hidden_size"),
+        (["--set", "hidden_dropout_prob=abc"], "--set hidden_dropout_prob='abc': expected float"),
         (["--batch-size", "7", "--gradient-accumulation", "2"], "--batch-size 7"),
     ],
 )

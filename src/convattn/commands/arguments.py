@@ -154,8 +154,17 @@ def config_overrides(args: argparse.Namespace) -> dict:
             close = difflib.get_close_matches(name, known, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "run `convattn presets` to see config fields"
             raise UsageError(f"--set {name}: not a config field; {hint}")
-        overrides[name] = yaml.safe_load(value)
+        overrides[name] = checked_value(name, yaml.safe_load(value), getattr(ConvAttnConfig, name, None))
     return overrides
+
+
+def checked_value(name: str, value, default):
+    """--set values must have the field's type (judged by its default), so a typo fails now, not in the model."""
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+    allowed = kinds.get(type(default))
+    if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+        raise UsageError(f"--set {name}={value!r}: expected {type(default).__name__} (like the default {default!r})")
+    return value
 
 
 def recipe_overrides(args: argparse.Namespace) -> dict:
