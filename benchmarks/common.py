@@ -7,9 +7,10 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+
+from convattn.training.run_folder import write_text_atomic as write_atomic  # noqa: F401  (the benchmarks' writer)
 
 
 def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, warmup: int = 1) -> dict[str, float]:
@@ -30,8 +31,3 @@ def machine_line() -> str:
             f"{torch.get_num_threads()} threads")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

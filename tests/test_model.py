@@ -15,6 +15,7 @@ from convattn import (
     ConvAttnForTokenClassification,
     ConvAttnModel,
 )
+from convattn.model import masked_lm_loss
 from convattn.presets import preset_names
 
 PRESETS = [p for p in preset_names() if not p.startswith("chang2021-base/")]  # base rows = small rows at 768
@@ -92,7 +93,9 @@ def test_masked_lm_ties_decoder_to_word_embeddings_and_round_trips(tmp_path):
 
 
 def test_masked_lm_loss_scores_only_labelled_positions():
-    model = tiny_model("chang2021-small/composite", cls=ConvAttnForMaskedLM)
+    # dropout off where it takes effect, at construction, so that train and eval mode compute the same
+    model = tiny_model("chang2021-small/composite", cls=ConvAttnForMaskedLM, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
     ids = torch.randint(5, 101, (2, 12))
     labels = torch.full_like(ids, -100)
     labels[0, 3], labels[1, 7] = 17, 42
@@ -102,8 +105,29 @@ def test_masked_lm_loss_scores_only_labelled_positions():
         expected = torch.nn.functional.cross_entropy(torch.stack([logits[0, 3], logits[1, 7]]), torch.tensor([17, 42]))
         torch.testing.assert_close(eval_out.loss, expected)
         model.train()
-        model.config.hidden_dropout_prob = 0.0
         torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, expected)
+
+
+def test_masked_lm_loss_reductions_agree_with_cross_entropy():
+    model = tiny_model("chang2021-small/composite", cls=ConvAttnForMaskedLM)
+    ids = torch.randint(5, 101, (3, 9))
+    labels = torch.full_like(ids, -100)
+    labels[0, 1], labels[0, 4], labels[2, 8] = 7, 9, 11  # row 1 has no scored token
+    with torch.no_grad():
+        hidden = model.convattn(input_ids=ids).last_hidden_state
+        logits = model.mlm_head(hidden).double()
+        token = {(0, 1): 7, (0, 4): 9, (2, 8): 11}
+        losses = {pos: torch.nn.functional.cross_entropy(logits[pos], torch.tensor(t)) for pos, t in token.items()}
+        per_example = masked_lm_loss(model.mlm_head, hidden, labels, reduction="per_example")
+        expected = torch.stack([losses[0, 1] + losses[0, 4], torch.tensor(0.0, dtype=torch.float64), losses[2, 8]])
+        torch.testing.assert_close(per_example, expected, rtol=1e-5, atol=1e-5)
+        total = sum(losses.values())
+        torch.testing.assert_close(masked_lm_loss(model.mlm_head, hidden, labels, reduction="sum").double(), total,
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(masked_lm_loss(model.mlm_head, hidden, labels).double(), total / 3,
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="reduction"):
+        masked_lm_loss(model.mlm_head, hidden, labels, reduction="avg")
 
 
 def test_sequence_classification_head_from_an_mlm_checkpoint(tmp_path):
@@ -179,3 +203,26 @@ def test_every_module_with_its_own_init_scheme_is_initialised(preset, monkeypatc
     model = ConvAttnForMaskedLM(config)
     expected = [m for m in model.modules() if type(m) in owners]
     assert {id(m) for m in expected} <= {id(m) for m in called}
+
+
+@pytest.mark.parametrize("preset", ["chang2021-small/composite", "convbert/small", "malard/conv-linformer-n128-k32"])
+def test_gradient_checkpointing_gives_the_plain_training_step(preset):
+    """supports_gradient_checkpointing: recomputing activations in backward changes no loss and no gradient."""
+    ids = torch.randint(5, 101, (2, 16))
+    labels = ids.masked_fill(torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) > 0.3, -100)
+    steps = []
+    for checkpointing in (False, True):
+        model = tiny_model(preset, cls=ConvAttnForMaskedLM).train()
+        if checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        calls: list[int] = []
+        model.convattn.encoder.layer[0].attention.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+        loss.backward()
+        assert len(calls) == (2 if checkpointing else 1)  # checkpointing runs the layer again in backward
+        steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (plain_loss, plain_grads), (ckpt_loss, ckpt_grads) = steps
+    torch.testing.assert_close(ckpt_loss, plain_loss)
+    assert plain_grads.keys() == ckpt_grads.keys() and plain_grads
+    for name in plain_grads:
+        torch.testing.assert_close(ckpt_grads[name], plain_grads[name], msg=name)

@@ -2,51 +2,70 @@
 
 Importing the package registers the `convattn` model type with the `transformers` Auto classes,
 so `AutoModelForMaskedLM.from_pretrained(dir)` works on saved convattn checkpoints.
+
+The command line (`convattn ...`, `python -m convattn ...`) is the one exception: it starts without torch and
+transformers, so that `--help` and `convattn presets` answer at once, and registers the Auto classes itself
+(`register_auto_classes`) before a command that loads models. The public names below load on first use.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForPreTraining,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
-
-from convattn.config import ConvAttnConfig
-from convattn.electra import ConvAttnForPreTraining
-from convattn.model import (
-    ConvAttnForMaskedLM,
-    ConvAttnForQuestionAnswering,
-    ConvAttnForSequenceClassification,
-    ConvAttnForTokenClassification,
-    ConvAttnModel,
-    ConvAttnPreTrainedModel,
-)
-from convattn.presets import preset_names
+import importlib
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
-AutoConfig.register(ConvAttnConfig.model_type, ConvAttnConfig, exist_ok=True)
-for _auto, _model in (
-    (AutoModel, ConvAttnModel),
-    (AutoModelForMaskedLM, ConvAttnForMaskedLM),
-    (AutoModelForPreTraining, ConvAttnForPreTraining),
-    (AutoModelForSequenceClassification, ConvAttnForSequenceClassification),
-    (AutoModelForTokenClassification, ConvAttnForTokenClassification),
-    (AutoModelForQuestionAnswering, ConvAttnForQuestionAnswering),
-):
-    _auto.register(ConvAttnConfig, _model, exist_ok=True)
+_PUBLIC = {
+    "ConvAttnConfig": "convattn.config",
+    "ConvAttnForPreTraining": "convattn.electra",
+    "ConvAttnForMaskedLM": "convattn.model",
+    "ConvAttnForQuestionAnswering": "convattn.model",
+    "ConvAttnForSequenceClassification": "convattn.model",
+    "ConvAttnForTokenClassification": "convattn.model",
+    "ConvAttnModel": "convattn.model",
+    "ConvAttnPreTrainedModel": "convattn.model",
+    "preset_names": "convattn.presets",
+}
 
-__all__ = [
-    "ConvAttnConfig",
-    "ConvAttnForMaskedLM",
-    "ConvAttnForPreTraining",
-    "ConvAttnForQuestionAnswering",
-    "ConvAttnForSequenceClassification",
-    "ConvAttnForTokenClassification",
-    "ConvAttnModel",
-    "ConvAttnPreTrainedModel",
-    "preset_names",
-]
+
+def register_auto_classes() -> None:
+    """Register model type "convattn" with the transformers Auto classes (idempotent)."""
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForPreTraining,
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
+
+    from convattn import config, electra, model
+
+    AutoConfig.register(config.ConvAttnConfig.model_type, config.ConvAttnConfig, exist_ok=True)
+    for auto, model_class in (
+        (AutoModel, model.ConvAttnModel),
+        (AutoModelForMaskedLM, model.ConvAttnForMaskedLM),
+        (AutoModelForPreTraining, electra.ConvAttnForPreTraining),
+        (AutoModelForSequenceClassification, model.ConvAttnForSequenceClassification),
+        (AutoModelForTokenClassification, model.ConvAttnForTokenClassification),
+        (AutoModelForQuestionAnswering, model.ConvAttnForQuestionAnswering),
+    ):
+        auto.register(config.ConvAttnConfig, model_class, exist_ok=True)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'convattn' has no attribute {name!r}")
+    register_auto_classes()
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
+
+
+def _started_as_command_line() -> bool:
+    """True while `python -m convattn` locates its module (argv[0] is then '-m') or the `convattn` script runs."""
+    return bool(sys.argv) and (sys.argv[0] == "-m" or Path(sys.argv[0]).name == "convattn")
+
+
+if not _started_as_command_line():
+    register_auto_classes()
+
+__all__ = list(_PUBLIC)

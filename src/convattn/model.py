@@ -264,6 +264,22 @@ def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_typ
     )
 
 
+def masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy (float32) of `head`'s vocabulary logits at the positions whose label is not -100; the head
+    only runs on those positions. reduction: "mean" over the scored tokens, "sum", or "per_example" (the sum
+    over each row of `labels`, shape (batch,), float64 so that sums over a whole eval set stay exact)."""
+    scored = labels != -100
+    token_loss = F.cross_entropy(head(hidden_states[scored]).float(), labels[scored], reduction="none")
+    if reduction == "mean":
+        return token_loss.mean()
+    if reduction == "sum":
+        return token_loss.sum()
+    if reduction == "per_example":
+        per_example = torch.zeros(labels.shape[0], device=labels.device, dtype=torch.float64)
+        return per_example.index_add_(0, scored.nonzero()[:, 0], token_loss.double())
+    raise ValueError(f"reduction={reduction!r} is not allowed; choose one of 'mean', 'sum', 'per_example'")
+
+
 class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
     _tied_weights_keys = {"mlm_head.decoder.weight": "convattn.embeddings.word_embeddings.weight"}  # noqa: RUF012
 
@@ -286,15 +302,12 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
                           output_attentions, output_hidden_states)
         hidden = encoded.last_hidden_state
         loss = logits = None
-        if labels is not None and self.training:
+        if labels is not None:
+            loss = masked_lm_loss(self.mlm_head, hidden, labels)
+        if labels is None or not self.training:
             # training scores only the masked positions (the n x V logits of the others are never
-            # needed), so `logits` is None here; eval mode returns full logits
-            selected = labels != -100
-            loss = F.cross_entropy(self.mlm_head(hidden[selected]).float(), labels[selected])
-        else:
+            # needed), so `logits` is None there; eval mode returns full logits
             logits = self.mlm_head(hidden)
-            if labels is not None:
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
                               attentions=encoded.attentions)
 

@@ -68,3 +68,21 @@ def test_model_without_kernels_is_a_usage_error(tmp_path, capsys):
     ConvAttnForMaskedLM(tiny_config("chang2021-small/absolute")).save_pretrained(tmp_path)
     assert main(["plot", "kernels", str(tmp_path)]) == 2
     assert "no lightweight or depthwise convolution kernels" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["kernels", "attention"])
+def test_layer_out_of_range_is_one_line_before_any_figure(checkpoint, kind, capsys):
+    assert main(["plot", kind, str(checkpoint), "--layer", "99"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("convattn plot: error: --layer 99 is out of range")
+    assert not (checkpoint / "plots").exists()
+
+
+def test_corrupt_weights_are_one_line_exit_2(checkpoint, capsys):
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated copy
+    assert main(["plot", "kernels", str(checkpoint)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("convattn plot: error:") and "truncated or corrupt" in err and "\n" not in err
+    assert not (checkpoint / "plots").exists()

@@ -64,3 +64,10 @@ def test_too_little_text_for_one_block(tokenizer, tmp_path):
     with pytest.raises(UsageError, match="smaller --seq-len"):
         cached_format(lines("alpha"), tokenizer, "packed", 64, tmp_path / "key")
     assert not (tmp_path / "key").exists()
+
+
+@pytest.mark.parametrize("texts", [("alpha beta",), ("alpha beta", "gamma delta", "epsilon zeta")])
+def test_pairs_of_an_odd_batch_keep_the_last_line_alone(tokenizer, texts):
+    out = format_dataset(lines(*texts), tokenizer, "pairs", 32)
+    assert len(out) == (len(texts) + 1) // 2
+    assert out[-1]["input_ids"] == tokenizer(texts[-1])["input_ids"]

@@ -101,3 +101,15 @@ def test_hub_failure_tells_the_user_to_pass_data_dir(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(UsageError, match=r"nyu-mll/glue.*pass --data-dir"):
         glue.load_split(get_task("sst2"), "dev", None)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("sentence\tlabel\n", "has no data rows"),
+    ("sentence\tlabel\na fine film .\t1\textra\n", ":2: 3 tab-separated columns, expected 2"),
+    ("sentence\tlabel\na film with no label .\n", ":2: 1 tab-separated columns, expected 2"),
+])
+def test_empty_or_misshapen_tsv_is_one_clear_error(tmp_path, text, needle):
+    (tmp_path / "SST-2").mkdir()
+    (tmp_path / "SST-2" / "train.tsv").write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        load_split(get_task("sst2"), "train", tmp_path)

@@ -14,18 +14,20 @@ from transformers import BertConfig, BertForSequenceClassification, PreTrainedTo
 
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 from convattn.cli import main
-from convattn.data.glue import get_task
+from convattn.data.glue import get_task, load_split
+from convattn.errors import UsageError
 from convattn.training.glue import (
     column_score,
     layerwise_param_groups,
-    load_recipe,
-    mean_sem,
+    load_glue_recipe,
     resolve_settings,
     score_predictions,
     submission_text,
 )
+from convattn.training.run_folder import mean_sem
 
 GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
+FIXTURE_GLUE_DATA = Path(__file__).resolve().parents[1] / "fixtures" / "glue_data"  # tiny, ships with the tests
 needs_glue_data = pytest.mark.skipif(not GLUE_DATA.is_dir(), reason=f"shared GLUE data not found at {GLUE_DATA}")
 QUICK = ["--seeds", "1", "--max-steps", "3", "--batch-size", "8"]
 
@@ -93,8 +95,9 @@ def test_stsb_metrics_match_hand_computed_values():
 
 
 def test_mean_and_standard_error_of_the_mean():
-    assert mean_sem([1.0, 2.0, 3.0]) == pytest.approx({"mean": 2.0, "sem": 1 / math.sqrt(3), "n": 3})
-    assert mean_sem([5.0]) == {"mean": 5.0, "sem": None, "n": 1}
+    assert mean_sem([1.0, 2.0, 3.0]) == pytest.approx(
+        {"mean": 2.0, "std": 1.0, "sem": 1 / math.sqrt(3), "n": 3, "values": [1.0, 2.0, 3.0]})
+    assert mean_sem([5.0]) == {"mean": 5.0, "std": None, "sem": None, "n": 1, "values": [5.0]}
 
 
 def test_submission_format():
@@ -108,14 +111,14 @@ def test_submission_format():
 # ---------------------------------------------------------------- recipes and optimizer groups
 
 def test_recipes_follow_the_papers():
-    chang = load_recipe("chang2021")
+    chang = load_glue_recipe("chang2021")
     settings = {t: resolve_settings(chang, t, False, {}, {}, True) for t in ("qnli", "mnli", "rte", "sst2")}
     assert settings["qnli"].learning_rate == 1e-4 and settings["sst2"].learning_rate == 3e-4
     assert (settings["mnli"].batch_size, settings["mnli"].epochs) == (128, 4)
     assert settings["rte"].epochs == 10 and settings["rte"].from_mnli and not settings["sst2"].from_mnli
     assert settings["sst2"].weight_decay == 0 and settings["sst2"].warmup_ratio == 0.1
     assert resolve_settings(chang, "sst2", True, {}, {}, False).learning_rate == 1e-4  # base size
-    convbert = resolve_settings(load_recipe("convbert"), "stsb", False, {}, {}, False)
+    convbert = resolve_settings(load_glue_recipe("convbert"), "stsb", False, {}, {}, False)
     assert (convbert.layer_decay, convbert.weight_decay, convbert.epochs, convbert.batch_size) == (0.8, 0.01, 10, 32)
     overridden = resolve_settings(chang, "qnli", False, {"learning_rate": 5e-5, "batch_size": None}, {"qnli": 2e-5},
                                   False)
@@ -158,10 +161,21 @@ def test_layerwise_decay_on_bert_names():
 
 # ---------------------------------------------------------------- end to end
 
-@needs_glue_data
-def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys):
+def test_the_fixture_is_in_the_glue_layout():
+    counts = {"sst2": {"train": 48, "dev": 16, "test": 12}, "cola": {"train": 48, "dev": 16, "test": 10}}
+    for task, splits in counts.items():
+        for split, rows in splits.items():
+            dataset = load_split(get_task(task), split, FIXTURE_GLUE_DATA)
+            assert len(dataset) == rows and ("label" in dataset.column_names) == (split != "test")
+
+
+@pytest.mark.parametrize("data_dir", [
+    pytest.param(FIXTURE_GLUE_DATA, id="fixture"),
+    pytest.param(GLUE_DATA, marks=needs_glue_data, id="shared-glue-data"),
+])
+def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys, data_dir):
     out = tmp_path / "out"
-    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2,cola", "--data-dir", str(GLUE_DATA),
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2,cola", "--data-dir", str(data_dir),
             "--seeds", "2", "--max-steps", "6", "--max-train-samples", "96", "--batch-size", "16",
             "--output-dir", str(out)]
     assert main(argv) == 0
@@ -183,9 +197,10 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys)
     assert "| Model | Params | CoLA | MNLI-m | MNLI-mm | MRPC | QNLI | QQP | RTE | SST | STS | GLUE |" in table
     assert " ± " in table
     sst_test = (out / "submission" / "SST-2.tsv").read_text().splitlines()
-    assert sst_test[0] == "index\tprediction" and len(sst_test) == 1822
+    test_rows = {name: len((data_dir / name / "test.tsv").read_text().splitlines()) for name in ("SST-2", "CoLA")}
+    assert sst_test[0] == "index\tprediction" and len(sst_test) == test_rows["SST-2"]  # 1822 on GLUE
     assert sst_test[1].startswith("0\t") and {line.split("\t")[1] for line in sst_test[1:]} <= {"0", "1"}
-    assert len((out / "submission" / "CoLA.tsv").read_text().splitlines()) == 1064
+    assert len((out / "submission" / "CoLA.tsv").read_text().splitlines()) == test_rows["CoLA"]  # 1064 on GLUE
     log = json.loads((out / "runs" / "sst2" / "seed1" / "log.json").read_text())
     assert any("loss" in entry for entry in log)
 
@@ -300,3 +315,22 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
     argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2", "--output-dir", str(tmp_path / "out"), *QUICK]
     assert main(argv) == 2
     assert "pass --data-dir" in capsys.readouterr().err
+
+
+def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
+    from convattn.commands.glue import default_output_dir
+    from convattn.training.glue.protocol import check_same_model
+
+    first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"
+    for seed, folder in enumerate((first, second)):
+        torch.manual_seed(seed)
+        ConvAttnForMaskedLM(ConvAttnConfig.from_preset("chang2021-small/composite", num_hidden_layers=1,
+                                                       hidden_size=32, intermediate_size=64,
+                                                       vocab_size=50)).save_pretrained(folder)
+    assert default_output_dir(str(first)) != default_output_dir(str(second))
+    assert default_output_dir(str(first)).name.startswith("discriminator-")
+    out = tmp_path / "glue"
+    check_same_model(out, str(first))
+    check_same_model(out, str(first))  # the same model again: its finished runs are reused
+    with pytest.raises(UsageError, match="another model"):
+        check_same_model(out, str(second))

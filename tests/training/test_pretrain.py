@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 
 import pytest
 import torch
@@ -134,6 +135,7 @@ def test_no_decay_on_biases_and_layernorm():
         (["--preset", "chang2021-small/nope"], "unknown preset"),
         (["--recipe", "nope"], "unknown recipe"),
         (["--set", "hiden_size=3"], "did you mean hidden_size"),
+        (["--set", "hidden_dropout_prob=abc"], "--set hidden_dropout_prob='abc': expected float"),
         (["--batch-size", "7", "--gradient-accumulation", "2"], "--batch-size 7"),
     ],
 )
@@ -183,3 +185,27 @@ def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
     for name, value in classifier.convattn.state_dict().items():
         torch.testing.assert_close(value, pretraining[f"convattn.{name}"], rtol=0, atol=0)
     assert AutoTokenizer.from_pretrained(out / "discriminator").mask_token == "[MASK]"
+
+
+def test_a_small_train_file_without_eval_file_trains(tmp_path):
+    rng = random.Random(1)
+    small = tmp_path / "small.txt"  # 150 lines: the held-out split is 1 line, a batch of one for `pairs`
+    small.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(150)) + "\n")
+    out = tmp_path / "out"
+    args = ["pretrain", *TINY, "--train-file", str(small), "--output-dir", str(out), "--max-steps", "3",
+            "--eval-every", "3"]
+    assert main(args) == 0
+    assert (out / "model.safetensors").is_file()
+
+
+def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 0  # nothing repeated
+    capsys.readouterr()
+    assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12"]) == 2
+    err = capsys.readouterr().err
+    assert "max_steps: 8 -> 12" in err and "--allow-schedule-change" in err and len(err.strip().splitlines()) == 1
+    assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12",
+                 "--allow-schedule-change"]) == 0
+    assert complete_checkpoints(run / "checkpoints")[-1].name == "checkpoint-12"

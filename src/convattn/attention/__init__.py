@@ -4,34 +4,29 @@ Every mechanism is an `nn.Module` built from a `ConvAttnConfig` (and the layer i
 `forward(hidden_states, mask, output_attentions=False)` maps (batch, n, hidden) to the
 (batch, n, hidden) context that the layer's output projection consumes, plus the attention
 probabilities when asked. `mask` is a `TokenMask`; every branch must honour it.
+
+Which class a layer uses is read off the config (`attention_kind`) and looked up in `ATTENTION_CLASSES`,
+as transformers picks a model's attention class: one explicit table, no registration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
 from convattn.attention.composite import CompositeSelfAttention
+from convattn.attention.convbert import ConvBertMixedAttention
 from convattn.attention.core import TokenMask, attend
+from convattn.attention.linformer import LinformerSelfAttention
 
-AttentionFactory = Callable[..., nn.Module]
-_REGISTRY: dict[str, AttentionFactory] = {}
-
-
-def register_attention(name: str):
-    def wrap(factory: AttentionFactory) -> AttentionFactory:
-        _REGISTRY[name] = factory
-        return factory
-
-    return wrap
-
-
-register_attention("self")(lambda config, layer_idx, shared: CompositeSelfAttention(config))
+ATTENTION_CLASSES: dict[str, type[nn.Module]] = {
+    "self": CompositeSelfAttention,  # absolute, relative, composite, conv projections (Chang et al. 2021)
+    "convbert": ConvBertMixedAttention,  # span-based dynamic convolution heads (Jiang et al. 2020)
+    "linformer": LinformerSelfAttention,  # sequence-projected keys/values (Wang et al. 2020; Conv-Linformer)
+}
 
 
 def attention_kind(config, layer_idx: int) -> str:
-    """Which registered mechanism a layer uses, read off the config's fields."""
+    """The `ATTENTION_CLASSES` key of a layer, read off the config's fields."""
     if config.layer_projections[layer_idx] != "none":
         return "linformer"
     if config.uses_convbert:
@@ -40,13 +35,11 @@ def attention_kind(config, layer_idx: int) -> str:
 
 
 def build_attention(config, layer_idx: int, shared: nn.ModuleDict) -> nn.Module:
-    """`shared` holds modules that several layers use (e.g. Linformer's layerwise projection)."""
+    """`shared` holds modules that several layers use (Linformer's layerwise projection)."""
     kind = attention_kind(config, layer_idx)
-    if kind not in _REGISTRY:
-        raise NotImplementedError(f"attention mechanism {kind!r} is not available in this build")
-    return _REGISTRY[kind](config, layer_idx, shared)
+    if kind == "linformer":
+        return LinformerSelfAttention(config, layer_idx, shared)
+    return ATTENTION_CLASSES[kind](config)
 
 
-__all__ = ["TokenMask", "attend", "attention_kind", "build_attention", "register_attention"]
-import convattn.attention.convbert  # noqa: E402, F401  (registers "convbert"; needs register_attention)
-from convattn.attention import linformer  # noqa: E402, F401  (registers "linformer"; needs register_attention)
+__all__ = ["ATTENTION_CLASSES", "TokenMask", "attend", "attention_kind", "build_attention"]

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import initialization as init
 
-from convattn.attention import register_attention
 from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
 from convattn.attention.relative import RelativePositionBias
 
@@ -135,6 +134,3 @@ class ConvBertMixedAttention(nn.Module):
             backend=self.backend, need_weights=output_attentions,
         )
         return torch.cat([merge_heads(context), self.conv_heads(hidden_states, query, mask)], dim=-1), probs
-
-
-register_attention("convbert")(lambda config, layer_idx, shared: ConvBertMixedAttention(config))

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import initialization as init
 
-from convattn.attention import register_attention
 from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
 
 
@@ -129,6 +128,3 @@ class LinformerSelfAttention(nn.Module):
             backend=self.backend, need_weights=output_attentions,
         )
         return merge_heads(context), probs
-
-
-register_attention("linformer")(LinformerSelfAttention)

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from convattn.errors import UsageError
+from convattn.training.recipes import glue_recipe_names
 
-EPILOG = """\
+EXAMPLES = """\
 examples:
   # the composite-attention paper's protocol on every task (10 seeds, RTE/STS-B/MRPC from MNLI)
   convattn glue --model runs/small-composite --task all --data-dir glue_data --from-mnli
@@ -28,24 +29,15 @@ Finished runs are skipped when the command is run again, so an interrupted run r
 """
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the epilog's layout and shows the defaults that are set."""
+NAME = "glue"
+HELP = "fine-tune and evaluate on GLUE (papers' protocol: seeds, mean ± SEM, Table 6 layout)"
+DESCRIPTION = (
+    "Fine-tune a convattn (or any HF encoder) checkpoint on GLUE tasks over several seeds and "
+    "report dev mean ± standard error, the best-dev seed, the GLUE score and test predictions."
+)
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default not in (None, False, [], argparse.SUPPRESS) and "%(default)" not in action.help:
-            return action.help + " (default: %(default)s)"
-        return action.help
 
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "glue",
-        help="fine-tune and evaluate on GLUE (papers' protocol: seeds, mean ± SEM, Table 6 layout)",
-        description="Fine-tune a convattn (or any HF encoder) checkpoint on GLUE tasks over several seeds and "
-                    "report dev mean ± standard error, the best-dev seed, the GLUE score and test predictions.",
-        epilog=EPILOG,
-        formatter_class=HelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("what to run")
     run.add_argument("--model", required=True,
                      help="checkpoint directory with model and tokenizer (convattn or HF), or an HF hub model id")
@@ -55,8 +47,8 @@ def register(subparsers) -> None:
     run.add_argument("--data-dir", type=Path, default=None,
                      help="glue_data directory in the standard GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
     run.add_argument("--output-dir", type=Path, default=None,
-                     help="where runs and results go (default: glue/<model name>)")
-    run.add_argument("--recipe", choices=("chang2021", "convbert"), default="chang2021",
+                     help="where runs and results go (default: glue/<model folder name>-<weights fingerprint>)")
+    run.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
                      help="hyperparameters of a paper (see configs/recipes/glue/*.yaml)")
     run.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs per task, seeds 0..N-1 (default: the recipe's, 10 for chang2021, "
@@ -93,6 +85,16 @@ def parse_task_lr(items: list[str]) -> dict[str, float]:
     return task_lr
 
 
+def default_output_dir(model: str) -> Path:
+    """glue/<model folder name>-<fingerprint> for a saved model (two models with one folder name never share
+    results), glue/<name> for a hub id."""
+    from convattn.training.run_folder import model_identity
+
+    if not Path(model).is_dir():
+        return Path("glue") / Path(model).name
+    return Path("glue") / f"{Path(model).name}-{model_identity(model)[:8]}"
+
+
 def run_command(args: argparse.Namespace) -> int:
     from convattn.data.glue import parse_task_list
     from convattn.training.glue import run_glue
@@ -108,7 +110,7 @@ def run_command(args: argparse.Namespace) -> int:
         "warmup_ratio": args.warmup_ratio, "weight_decay": args.weight_decay, "layer_decay": args.layer_decay,
         "max_length": args.max_length, "max_train_samples": args.max_train_samples,
     }
-    output_dir = args.output_dir or Path("glue") / Path(args.model).name
+    output_dir = args.output_dir or default_output_dir(args.model)
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
                        overrides=overrides, task_lr=parse_task_lr(args.task_lr), from_mnli=args.from_mnli)
     print((output_dir / "glue_results.md").read_text())

@@ -6,6 +6,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from convattn.commands.arguments import HelpFormatter
 from convattn.errors import UsageError
 
 DEFAULT_KERNEL_SIZES = "1,3,5,7,9,13,17"
@@ -25,23 +26,23 @@ DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, and the dog, which
                 "did not notice that anything had happened.")
 
 
-class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except None (the help says what an unset option means)."""
+NAME = "plot"
+HELP = (
+    "plot learned kernels and attention maps of a checkpoint, or sweep "
+    "ConvBERT's kernel size"
+)
+DESCRIPTION = (
+    "Figures (PNG) of what a trained model's convolutions and attention do, "
+    "and ConvBERT's kernel-size sweep."
+)
 
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
 
-
-def register(subparsers) -> None:
-    plot = subparsers.add_parser("plot", help="plot learned kernels and attention maps of a checkpoint, or sweep "
-                                              "ConvBERT's kernel size",
-                                 description="Figures (PNG) of what a trained model's convolutions and attention do, "
-                                             "and ConvBERT's kernel-size sweep.")
+def add_arguments(plot: argparse.ArgumentParser) -> None:
     kinds = plot.add_subparsers(dest="plot_kind", metavar="KIND")
     kinds.required = True
 
     kernels = kinds.add_parser(
-        "kernels", formatter_class=DefaultsFormatter,
+        "kernels", formatter_class=HelpFormatter,
         help="fixed lightweight kernels (Chang et al. Fig. 2), depthwise kernels (Fig. 3), dynamic kernels",
         description="Heatmaps of the learned lightweight-convolution kernels beta per layer and head, the depthwise "
                     "value kernels per channel sorted by previous/next-token preference, and the dynamic "
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
     kernels.set_defaults(func=run_kernels)
 
     attention = kinds.add_parser(
-        "attention", formatter_class=DefaultsFormatter,
+        "attention", formatter_class=HelpFormatter,
         help="average attention map per layer for a text (ConvBERT: also its per-token conv kernels)",
         description="The softmax attention of each layer, averaged over its self-attention heads, for one text "
                     "(attention_maps.png). For ConvBERT models also the span-based dynamic convolution kernel of "
@@ -72,8 +73,7 @@ def register(subparsers) -> None:
 
 
 def register_kernel_size(kinds) -> None:
-    from convattn.commands.compare import add_run_arguments
-    from convattn.commands.pretrain import HelpFormatter
+    from convattn.commands.arguments import add_run_arguments
 
     sweep = kinds.add_parser(
         "kernel-size", formatter_class=HelpFormatter, epilog=KERNEL_SIZE_EXAMPLES,
@@ -97,9 +97,9 @@ def _output_dir(args) -> Path:
 
 
 def _encode(checkpoint: str, text: str, max_length: int):
-    from convattn.analysis.io import load_tokenizer
+    from convattn.data.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(checkpoint)
+    tokenizer = load_tokenizer(checkpoint, flag="--checkpoint")
     encoded = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length)
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     return encoded, tokens
@@ -116,6 +116,7 @@ def run_kernels(args: argparse.Namespace) -> int:
     )
 
     model = load_encoder(args.checkpoint)
+    check_layer(args.layer, model.config.num_hidden_layers)  # before any figure is written
     out, written = _output_dir(args), []
     fixed = fixed_kernels(model)
     if fixed is not None:
@@ -139,12 +140,16 @@ def run_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _select_layer(per_layer: dict, layer: int | None, layers: int) -> dict:
-    if layer is None:
-        return per_layer
-    if not -layers <= layer < layers:
+def check_layer(layer: int | None, layers: int) -> None:
+    if layer is not None and not -layers <= layer < layers:
         raise UsageError(f"--layer {layer} is out of range: the model has {layers} layers (0..{layers - 1}, "
                          "or negative from the deepest)")
+
+
+def _select_layer(per_layer: dict, layer: int | None, layers: int) -> dict:
+    check_layer(layer, layers)
+    if layer is None:
+        return per_layer
     index = layer % layers
     return {index: per_layer[index]} if index in per_layer else {}
 
@@ -191,7 +196,8 @@ def parse_kernel_sizes(text: str) -> list[int]:
 def run_kernel_size(args: argparse.Namespace) -> int:
     from convattn import ConvAttnConfig
     from convattn.analysis.kernel_size import plot_kernel_size_sweep
-    from convattn.commands.compare import compare_options, execute
+    from convattn.commands.arguments import compare_options
+    from convattn.commands.compare import execute
     from convattn.training.compare_report import collect_results, glue_columns
     from convattn.training.grids import Grid, RunSpec, check_runs
 

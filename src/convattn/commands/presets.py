@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
+from importlib import resources
+
+# {preset: [masked-LM parameters, encoder parameters]}, precomputed so that listing needs no torch; a test
+# checks it against counts of freshly built models (`count_parameters`)
+COUNTS_FILE = "preset_counts.json"
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "presets",
-        help="list named presets (paper rows) with parameter counts",
-        description="List the named presets, one per paper row, with the fields that define them and their "
-                    "parameter counts (masked-LM model, tied decoder counted once; encoder-only in brackets).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+NAME = "presets"
+HELP = "list named presets (paper rows) with parameter counts"
+DESCRIPTION = (
+    "List the named presets, one per paper row, with the fields that define them and their "
+    "parameter counts (masked-LM model, tied decoder counted once; encoder-only in brackets)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pattern", nargs="?", default="*", help="glob over preset names, e.g. 'chang2021-small/*'")
     parser.add_argument("--no-count", action="store_true", help="skip building models to count parameters")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, loads_models=False)
 
 
 def describe(fields: dict) -> str:
@@ -26,21 +33,33 @@ def describe(fields: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
-def run(args: argparse.Namespace) -> int:
+def count_parameters(name: str) -> list[int]:
+    """[masked-LM parameters (tied decoder once), encoder parameters] of a preset, from a model on the meta device."""
     import torch
 
     from convattn import ConvAttnConfig, ConvAttnForMaskedLM
+
+    with torch.device("meta"):
+        model = ConvAttnForMaskedLM(ConvAttnConfig.from_preset(name))
+    return [model.num_parameters(), model.convattn.num_parameters()]
+
+
+def precomputed_counts() -> dict[str, list[int]]:
+    return json.loads(resources.files("convattn.configs").joinpath(COUNTS_FILE).read_text())
+
+
+def run(args: argparse.Namespace) -> int:
     from convattn.presets import preset_fields, preset_names
 
     names = [n for n in preset_names() if fnmatch.fnmatch(n, args.pattern)]
     if not names:
         raise ValueError(f"no preset matches {args.pattern!r}; run `convattn presets` to see them all")
+    counts = {} if args.no_count else precomputed_counts()
     width = max(map(len, names))
     for name in names:
         line = f"{name:<{width}}"
         if not args.no_count:
-            with torch.device("meta"):
-                model = ConvAttnForMaskedLM(ConvAttnConfig.from_preset(name))
-            line += f"  {model.num_parameters():>12,}  [{model.convattn.num_parameters():>12,}]"
+            total, encoder = counts[name] if name in counts else count_parameters(name)
+            line += f"  {total:>12,}  [{encoder:>12,}]"
         print(f"{line}  {describe(preset_fields(name))}")
     return 0

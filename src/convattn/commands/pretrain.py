@@ -3,33 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import difflib
-import functools
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
-import yaml
-
-from convattn.errors import UsageError
-
-HUB_DEFAULT = ("Salesforce/wikitext", "wikitext-103-raw-v1")
-
-# architecture flags -> ConvAttnConfig fields
-ARCHITECTURE_FLAGS = {
-    "layers": "num_hidden_layers",
-    "hidden": "hidden_size",
-    "heads": "num_attention_heads",
-    "intermediate": "intermediate_size",
-    "embedding_size": "embedding_size",
-    "max_len": "max_position_embeddings",
-}
-# training flags -> Recipe fields (None on the command line: keep the recipe's value)
-RECIPE_FLAGS = ("objective", "format", "vocab_size", "seq_len", "batch_size", "gradient_accumulation",
-                "learning_rate", "weight_decay", "adam_epsilon", "warmup", "max_grad_norm", "mlm_probability",
-                "max_steps", "eval_every", "save_every", "eval_samples", "seed")
+from convattn.commands.arguments import (
+    add_architecture_arguments,
+    add_data_arguments,
+    add_schedule_arguments,
+    add_training_arguments,
+    config_overrides,
+    data_options,
+    prepare_training_process,
+    recipe_overrides,
+)
+from convattn.training.recipes import apply_overrides
+from convattn.training.run_folder import read_json, say
 
 EXAMPLES = """\
 examples:
@@ -48,25 +37,16 @@ examples:
 """
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Show defaults, except for options whose default is "take it from the recipe" (None)."""
+NAME = "pretrain"
+HELP = "pretrain an encoder (MLM or ELECTRA) from raw text"
+DESCRIPTION = (
+    "Pretrain a convattn encoder from raw text: train (or load) a tokenizer, format and cache the "
+    "corpus, train with a paper's recipe, evaluate perplexity on held-out text, and save a model "
+    "that AutoModelForMaskedLM.from_pretrained loads. Options left unset take the recipe's value."
+)
 
-    def _get_help_string(self, action):
-        if action.default in (None, False, []):
-            return action.help
-        return super()._get_help_string(action)
 
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "pretrain",
-        help="pretrain an encoder (MLM or ELECTRA) from raw text",
-        description="Pretrain a convattn encoder from raw text: train (or load) a tokenizer, format and cache the "
-                    "corpus, train with a paper's recipe, evaluate perplexity on held-out text, and save a model "
-                    "that AutoModelForMaskedLM.from_pretrained loads. Options left unset take the recipe's value.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--preset", help="model preset (see `convattn presets`; default: the recipe's)")
     add_architecture_arguments(model)
@@ -77,134 +57,20 @@ def register(subparsers) -> None:
     output.add_argument("--output-dir", type=Path, help="where the run goes (default: runs/pretrain-RECIPE)")
     add_schedule_arguments(output)
     output.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    output.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    output.add_argument("--allow-schedule-change", action="store_true",
+                        help="with --resume: accept a new --max-steps (the learning-rate schedule changes with it)")
+    output.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output-dir that holds a convattn run (never anything else)")
     parser.set_defaults(func=run)
 
 
-# The argument groups below are shared with `convattn compare` and `convattn plot kernel-size`, which run
-# pretraining for several models with the same data and budget.
-@functools.cache
-def _default_recipe():
-    from convattn.training.recipes import load_recipe
-
-    return load_recipe("default")
-
-
-def _default_recipe_value(name: str) -> str:
-    """The default recipe's value of a field, for the help text."""
-    return f" [default recipe: {getattr(_default_recipe(), name)}]"
-
-
-def _no_value(name: str) -> str:
-    return ""
-
-
-def add_architecture_arguments(group) -> None:
-    """--layers, --hidden, ... (ARCHITECTURE_FLAGS) and --set FIELD=VALUE; read back by `config_overrides`."""
-    group.add_argument("--layers", type=int, metavar="N", help="number of layers (num_hidden_layers)")
-    group.add_argument("--hidden", type=int, metavar="N", help="hidden size (hidden_size)")
-    group.add_argument("--heads", type=int, metavar="N", help="attention heads (num_attention_heads)")
-    group.add_argument("--intermediate", type=int, metavar="N", help="feed-forward size (intermediate_size)")
-    group.add_argument("--embedding-size", type=int, metavar="N", help="embedding size (embedding_size)")
-    group.add_argument("--max-len", type=int, metavar="N", help="maximum sequence length (max_position_embeddings)")
-    group.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                       help="any config field, e.g. --set relative_terms=[fixed] --set hidden_dropout_prob=0 "
-                            "(repeatable; VALUE is YAML)")
-
-
-def add_data_arguments(group, recipe_defaults: bool = True) -> None:
-    """The corpus, tokenizer and formatting; `recipe_defaults` shows the default recipe's values in the help."""
-    shown = _default_recipe_value if recipe_defaults else _no_value
-    group.add_argument("--dataset", nargs="?", const=HUB_DEFAULT[0], metavar="HUB_NAME",
-                       help=f"HuggingFace hub dataset with a 'text' column (bare --dataset: {HUB_DEFAULT[0]}); "
-                            "default: the embedded corpus (installed documentation, no network)")
-    group.add_argument("--dataset-config", metavar="CFG",
-                       help=f"hub dataset config (for {HUB_DEFAULT[0]}: {HUB_DEFAULT[1]})")
-    group.add_argument("--train-file", nargs="+", action="extend", default=[], metavar="PATH",
-                       help="local text: files, directories or globs (one line or paragraph per line)")
-    group.add_argument("--eval-file", nargs="+", action="extend", default=[], metavar="PATH",
-                       help="held-out text (default: the dataset's validation split, or the last 1%% of the train "
-                            "text up to 5000 lines)")
-    group.add_argument("--tokenizer", metavar="DIR",
-                       help="use this tokenizer directory (ours or any HF one) instead of training one")
-    group.add_argument("--vocab-size", type=int, metavar="N",
-                       help="size of the unigram tokenizer to train (special tokens included)" + shown("vocab_size"))
-    group.add_argument("--seq-len", type=int, metavar="N",
-                       help="tokens per example (default: the model's maximum)" + shown("seq_len"))
-    group.add_argument("--format", choices=("pairs", "packed"),
-                       help="pairs: [CLS] line [SEP] next line [SEP] (Chang et al.); packed: full blocks of "
-                            "concatenated text (Conv-Linformer)")
-    group.add_argument("--eval-samples", type=int, metavar="N",
-                       help="evaluate on the first N eval examples only" + shown("eval_samples"))
-    group.add_argument("--cache-dir", type=Path, default=None,
-                       help="where tokenizers and formatted data are cached (default: $CONVATTN_CACHE or "
-                            "~/.cache/convattn)")
-
-
-def add_training_arguments(group, recipe_help: str, seed: bool = True, recipe_defaults: bool = True) -> None:
-    """The recipe and its training fields; `seed=False` leaves out --seed (for commands that run several)."""
-    shown = _default_recipe_value if recipe_defaults else _no_value
-    group.add_argument("--recipe", help="named protocol: default, chang2021-small, chang2021-base, "
-                                        f"convbert-small, convbert-base, malard {recipe_help}")
-    group.add_argument("--objective", choices=("mlm", "electra"),
-                       help="masked LM (15%%, 80/10/10) or ELECTRA replaced-token detection")
-    group.add_argument("--batch-size", type=int, metavar="N",
-                       help="examples per optimizer step, over all processes" + shown("batch_size"))
-    group.add_argument("--gradient-accumulation", type=int, metavar="N",
-                       help="micro-batches per optimizer step" + shown("gradient_accumulation"))
-    group.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps" + shown("max_steps"))
-    group.add_argument("--lr", dest="learning_rate", type=float, metavar="X",
-                       help="peak learning rate" + shown("learning_rate"))
-    group.add_argument("--weight-decay", type=float, metavar="X",
-                       help="AdamW weight decay (never on biases or LayerNorm)" + shown("weight_decay"))
-    group.add_argument("--adam-epsilon", type=float, metavar="X", help="AdamW epsilon" + shown("adam_epsilon"))
-    group.add_argument("--warmup", type=float, metavar="X",
-                       help="linear warmup steps, or a fraction of --max-steps if below 1" + shown("warmup"))
-    group.add_argument("--max-grad-norm", type=float, metavar="X", help="gradient clipping" + shown("max_grad_norm"))
-    group.add_argument("--mlm-probability", type=float, metavar="X",
-                       help="fraction of tokens masked" + shown("mlm_probability"))
-    group.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                       help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU")
-    if seed:
-        group.add_argument("--seed", type=int, metavar="N",
-                           help="seed for initialisation, data order and masking" + shown("seed"))
-
-
-def add_schedule_arguments(group, recipe_defaults: bool = True) -> None:
-    shown = _default_recipe_value if recipe_defaults else _no_value
-    group.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps" + shown("eval_every"))
-    group.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps" + shown("save_every"))
-    group.add_argument("--log-every", type=int, default=10, help="log train loss and tokens/s every N steps")
-
-
-def config_overrides(args: argparse.Namespace) -> dict:
-    from convattn.config import ConvAttnConfig
-
-    overrides = {field: getattr(args, flag) for flag, field in ARCHITECTURE_FLAGS.items()
-                 if getattr(args, flag) is not None}
-    known = [name for name in ConvAttnConfig.__annotations__ if not name.startswith("_")]
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise UsageError(f"--set {item!r} must look like FIELD=VALUE, e.g. --set hidden_dropout_prob=0.0")
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else "run `convattn presets` to see config fields"
-            raise UsageError(f"--set {name}: not a config field; {hint}")
-        overrides[name] = yaml.safe_load(value)
-    return overrides
-
-
-def recipe_overrides(args: argparse.Namespace) -> dict:
-    """The recipe fields given on the command line (RECIPE_FLAGS that the parser has and that are set)."""
-    return {name: getattr(args, name) for name in RECIPE_FLAGS if getattr(args, name, None) is not None}
-
-
 def options_from_args(args: argparse.Namespace):
-    from convattn.training.pretrain import PretrainOptions
+    from convattn.training.pretrain import OPTIONS_FILE, PretrainOptions
     from convattn.training.recipes import load_recipe, recipe_for_preset
 
+    saved = read_json(args.output_dir / OPTIONS_FILE) if args.resume and args.output_dir else None
+    if saved is not None:
+        return resumed_options(PretrainOptions.from_json(saved), args)
     recipe_name = args.recipe or recipe_for_preset(args.preset)
     recipe = load_recipe(recipe_name)
     if args.preset:
@@ -212,39 +78,34 @@ def options_from_args(args: argparse.Namespace):
         if args.recipe is None and recipe_name == "default":
             recipe.model = {}  # the default recipe's size only applies to its own preset
     recipe.model = {**recipe.model, **config_overrides(args)}
-    for name, value in recipe_overrides(args).items():
-        setattr(recipe, name, value)
+    note = apply_overrides(recipe, recipe_overrides(args))
+    if note:
+        say("pretrain", note)
     return PretrainOptions(
         recipe=recipe, output_dir=args.output_dir or Path("runs") / f"pretrain-{recipe_name}", **data_options(args),
         precision=args.precision, log_every=args.log_every, resume=args.resume, overwrite=args.overwrite,
+        allow_schedule_change=args.allow_schedule_change,
     )
 
 
-def data_options(args: argparse.Namespace) -> dict:
-    """The `PretrainOptions` fields of the data group (`add_data_arguments`)."""
-    from convattn.training.pretrain import default_cache_dir
-
-    dataset_config = args.dataset_config
-    if args.dataset == HUB_DEFAULT[0] and dataset_config is None:
-        dataset_config = HUB_DEFAULT[1]
-    return dict(dataset=args.dataset, dataset_config=dataset_config, train_files=args.train_file,
-                eval_files=args.eval_file, tokenizer=args.tokenizer, cache_dir=args.cache_dir or default_cache_dir())
-
-
-def _stop_on_sigterm(signum, frame):
-    raise KeyboardInterrupt
-
-
-def prepare_training_process() -> None:
-    """Quiet the libraries' progress bars (our own lines say what data preparation is doing) and make a kill
-    stop like Ctrl-C, so checkpoints stay intact."""
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+def resumed_options(options, args: argparse.Namespace):
+    """--resume: the run's own options, with only the flags given now on top (the run checks what changed)."""
+    recipe = options.recipe
+    if args.preset:
+        recipe.preset = args.preset
+    recipe.model = {**recipe.model, **config_overrides(args)}
+    for name, value in recipe_overrides(args).items():
+        setattr(recipe, name, value)
+    given = {name: value for name, value in data_options(args).items() if value and name != "cache_dir"}
+    for name, value in given.items():
+        setattr(options, name, value)
+    if args.cache_dir:
+        options.cache_dir = args.cache_dir
+    if args.precision != "auto":
+        options.precision = args.precision
+    options.output_dir, options.resume, options.overwrite = args.output_dir, True, args.overwrite
+    options.allow_schedule_change = args.allow_schedule_change
+    return options
 
 
 def run(args: argparse.Namespace) -> int:

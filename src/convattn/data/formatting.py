@@ -30,8 +30,10 @@ def _pair_lines(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -
     lines = batch["text"]
     n_pairs = len(lines) // 2
     options = dict(max_length=seq_len, return_token_type_ids=True, return_special_tokens_mask=True)
-    encoded = tokenizer(lines[0:2 * n_pairs:2], lines[1:2 * n_pairs:2], truncation="longest_first", **options)
-    rows = {column: list(encoded[column]) for column in COLUMNS}
+    rows: dict[str, list] = {column: [] for column in COLUMNS}
+    if n_pairs:  # a batch of one line has no pair (the tokenizer fails on empty lists)
+        encoded = tokenizer(lines[0:2 * n_pairs:2], lines[1:2 * n_pairs:2], truncation="longest_first", **options)
+        rows = {column: list(encoded[column]) for column in COLUMNS}
     if len(lines) % 2:  # the odd line out at the end of the batch stands alone
         single = tokenizer(lines[-1], truncation=True, **options)
         for column in COLUMNS:

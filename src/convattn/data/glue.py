@@ -135,10 +135,17 @@ def load_tsv_split(task: GlueTask, split: str, data_dir: Path) -> Dataset:
     headerless = labelled and bool(task.headerless_columns)
     rows = read_tsv(path, task.headerless_columns if headerless else None)
     first_line = 1 if headerless else 2
+    if not rows:
+        raise ValueError(f"{path} has no data rows; give the {task.name} {split} file in the GLUE TSV layout")
     columns: dict[str, list] = {"text_a": [], "text_b": [], "idx": [], "label": []}
     needed = (*task.tsv_text_columns, *([task.tsv_label_column] if labelled else []))
     for line, row in enumerate(rows):
         where = f"{path}:{line + first_line}"
+        if None in row or None in row.values():  # DictReader's marks of extra or missing fields
+            expected = len(row) - (None in row)
+            found = sum(value is not None for key, value in row.items() if key is not None) + len(row.get(None) or ())
+            raise ValueError(f"{where}: {found} tab-separated columns, expected {expected} "
+                             f"({', '.join(k for k in row if k is not None)})")
         if any(row.get(c) is None for c in needed):
             raise ValueError(f"{where}: malformed row, expected the columns {', '.join(needed)}")
         columns["text_a"].append(row[task.tsv_text_columns[0]])

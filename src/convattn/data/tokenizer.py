@@ -61,19 +61,19 @@ def train_tokenizer(texts: datasets.Dataset, vocab_size: int, max_length: int) -
     )
 
 
-def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerBase:
-    """A tokenizer saved by `convattn pretrain` or any pretrained HF tokenizer directory."""
+def load_tokenizer(directory: str | Path, flag: str = "--tokenizer") -> PreTrainedTokenizerBase:
+    """A tokenizer saved by `convattn pretrain` or any pretrained HF tokenizer directory; errors name `flag`."""
     path = Path(directory).expanduser()
     if not path.is_dir():
-        raise UsageError(f"--tokenizer {directory}: no such directory; give a directory saved by a tokenizer")
+        raise UsageError(f"{flag} {directory}: no such directory; give a directory saved by a tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"--tokenizer {directory}: cannot load a tokenizer from it ({first_line[:160]})") from None
+        raise UsageError(f"{flag} {directory}: cannot load a tokenizer from it ({first_line[:160]})") from None
     missing = [name for name in ("pad_token", "mask_token") if getattr(tokenizer, name) is None]
     if missing:
-        raise UsageError(f"--tokenizer {directory}: the tokenizer has no {' or '.join(missing)}, which MLM needs")
+        raise UsageError(f"{flag} {directory}: the tokenizer has no {' or '.join(missing)}, which MLM needs")
     return tokenizer
 
 

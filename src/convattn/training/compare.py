@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,12 +38,11 @@ from convattn.training.pretrain import (
     complete_checkpoints,
     per_device_batch,
     pretrain,
-    write_atomic,
 )
-from convattn.training.recipes import Recipe, load_recipe, recipe_for_preset
+from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
+from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, read_json, seed_dir, write_json_atomic
+from convattn.training.run_folder import say as say_as
 
-# PretrainOptions that may differ between a run directory and the current invocation
-IGNORED_OPTION_CHANGES = ("output_dir", "resume", "overwrite", "log_every", "cache_dir")
 MEMORY_FILE = "memory.json"
 TOKENIZER_RECORD = "compare_tokenizer.json"  # beside the shared tokenizer: what it was trained for
 
@@ -86,15 +84,15 @@ def run_recipe(options: CompareOptions, spec: RunSpec, seed: int) -> Recipe:
         recipe.model = {}  # as in `convattn pretrain`: the default recipe's size only applies to its own preset
     recipe.preset = spec.preset
     recipe.model = {**recipe.model, **options.grid.model, **spec.model, **options.model}
-    for name, value in {**options.grid.training, **options.training}.items():
-        setattr(recipe, name, value)
+    note = apply_overrides(recipe, {**options.grid.training, **options.training})
+    if note and seed == 0:
+        say(f"{spec.name}: {note}")
     recipe.seed = seed
     return recipe
 
 
 def run_dir(output_dir: Path, spec: RunSpec, seed: int | None = None) -> Path:
-    path = output_dir / "runs" / spec.slug
-    return path if seed is None else path / f"seed{seed}"
+    return seed_dir(output_dir, spec.slug, seed)
 
 
 def tokenizer_dir(options: CompareOptions) -> Path:
@@ -108,7 +106,7 @@ def run_options(options: CompareOptions, spec: RunSpec, seed: int) -> PretrainOp
 
 
 def say(message: str) -> None:
-    print(f"convattn compare: {message}", file=sys.stderr, flush=True)
+    say_as("compare", message)
 
 
 # ---------------------------------------------------------------------------------- run states
@@ -119,16 +117,9 @@ def is_finished(path: Path) -> bool:
 
 def check_same_settings(options: PretrainOptions) -> None:
     """An existing run directory must come from the same settings (budget included), or the comparison is off."""
-    saved_file = options.output_dir / OPTIONS_FILE
-    if not saved_file.is_file():
-        return
-    saved, current = json.loads(saved_file.read_text()), options.to_json()
-    changed = sorted(k for k in set(saved) | set(current)
-                     if k not in IGNORED_OPTION_CHANGES and saved.get(k) != current.get(k))
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
-        raise UsageError(f"{options.output_dir} was trained with other settings ({details}); use another "
-                         "--output-dir, or delete that run directory to train it again")
+    check_same_options(options.output_dir / OPTIONS_FILE, options.to_json(), BOOKKEEPING_OPTIONS,
+                       f"{options.output_dir} was trained with other settings ({{details}}); use another "
+                       "--output-dir, or delete that run directory to train it again")
 
 
 # ---------------------------------------------------------------------------------- tokenizer
@@ -205,14 +196,13 @@ def update_memory(options: CompareOptions, spec: RunSpec, tokenizer, cuda_peaks:
     """Write runs/<run>/memory.json: the estimate (once per recipe) and CUDA peaks of seeds trained here."""
     path = run_dir(options.output_dir, spec) / MEMORY_FILE
     recipe = run_recipe(options, spec, 0)
-    record = json.loads(path.read_text()) if path.is_file() else {}
+    record = read_json(path) or {}
     if record.get("recipe") != json.loads(json.dumps(memory_recipe_key(recipe))):
         say(f"{spec.name}: measuring training memory")
         record = {"recipe": memory_recipe_key(recipe), "estimate": training_memory(recipe, tokenizer),
                   "cuda_peak_bytes": {}}
     record["cuda_peak_bytes"].update({str(seed): peak for seed, peak in cuda_peaks.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(record, indent=2) + "\n")
+    write_json_atomic(path, record)
 
 
 # ---------------------------------------------------------------------------------- running

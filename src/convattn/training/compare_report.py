@@ -8,14 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.training.compare import MEMORY_FILE, CompareOptions, is_finished, run_dir, run_options
 from convattn.training.grids import RunSpec
-from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE, write_atomic
+from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE
+from convattn.training.run_folder import format_mean_sem, mean_sem, save_figure, write_text_atomic
 
 MIB = 2**20
 
@@ -23,15 +23,6 @@ MIB = 2**20
 def read_metrics(path: Path) -> list[dict]:
     file = path / METRICS_FILE
     return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
-
-
-def spread(values: list[float]) -> dict | None:
-    """Mean, sample standard deviation and standard error over seeds (std and SEM are None for one seed)."""
-    if not values:
-        return None
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return {"mean": statistics.fmean(values), "std": std, "sem": std / math.sqrt(len(values)) if std else std,
-            "n": len(values), "values": values}
 
 
 @dataclass
@@ -44,7 +35,7 @@ class RunResult:
 
     @property
     def final_perplexity(self) -> dict | None:
-        return spread([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
+        return mean_sem([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
 
     @property
     def final_step(self) -> int | None:
@@ -72,7 +63,7 @@ class RunResult:
         return max(peaks.values()) if peaks else None
 
     def glue_score(self, column: str) -> dict | None:
-        return spread([scores[column] for scores in self.glue.values() if column in scores])
+        return mean_sem([scores[column] for scores in self.glue.values() if column in scores])
 
 
 def read_glue(path: Path) -> dict[str, float]:
@@ -130,8 +121,8 @@ def write_report(options: CompareOptions) -> list[RunResult]:
         title = f"Eval perplexity vs training step: {options.grid.name}"
         plot_perplexity_curves(results, title, out / "perplexity.png")
     report = Report(options, results, figure="perplexity.png" if has_curves else None)
-    write_atomic(out / "report.md", report.markdown())
-    write_atomic(out / "report.html", report.html())
+    write_text_atomic(out / "report.md", report.markdown())
+    write_text_atomic(out / "report.html", report.html())
     return results
 
 
@@ -150,7 +141,7 @@ METRIC_COLUMNS = ("step", "perplexity", "eval_loss", "train_loss", "tokens_per_s
 def write_metrics_csv(results: list[RunResult], path: Path) -> None:
     rows = [[result.spec.name, result.spec.preset, seed, *(row.get(column) for column in METRIC_COLUMNS)]
             for result in results for seed, seed_rows in result.metrics.items() for row in seed_rows]
-    write_atomic(path, _csv_text(["run", "preset", "seed", *METRIC_COLUMNS], rows))
+    write_text_atomic(path, _csv_text(["run", "preset", "seed", *METRIC_COLUMNS], rows))
 
 
 def write_summary_csv(results: list[RunResult], path: Path) -> None:
@@ -174,7 +165,7 @@ def write_summary_csv(results: list[RunResult], path: Path) -> None:
             score = result.glue_score(column) or {}
             row += [_round(score.get("mean"), 2), _round(score.get("std"), 2)]
         rows.append(row)
-    write_atomic(path, _csv_text(header, rows))
+    write_text_atomic(path, _csv_text(header, rows))
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -187,8 +178,6 @@ def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> 
     import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogFormatter
-
-    from convattn.analysis.io import save_figure
 
     fig = Figure(figsize=(9, 5))
     ax = fig.subplots()
@@ -216,6 +205,17 @@ def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> 
     return save_figure(fig, path)
 
 
+def clear_winner(perplexities: list[dict | None]) -> int | None:
+    """The run whose perplexity band (mean ± std over seeds) lies wholly below every other run's band; None when
+    the bands overlap, a run has a single seed (no spread to judge by) or there is nothing to compare."""
+    if len(perplexities) < 2 or any(stat is None or stat["std"] is None for stat in perplexities):
+        return None
+    best = min(range(len(perplexities)), key=lambda i: perplexities[i]["mean"])
+    top = perplexities[best]["mean"] + perplexities[best]["std"]
+    others = [stat["mean"] - stat["std"] for i, stat in enumerate(perplexities) if i != best]
+    return best if all(top < low for low in others) else None
+
+
 def _count(value: int | None) -> str:
     """A parameter count: 13.09M, 20.4k."""
     if value is None:
@@ -228,11 +228,7 @@ def _number(value: float | None, digits: int = 1) -> str:
 
 
 def _mean_std(stat: dict | None, digits: int) -> str:
-    if stat is None:
-        return "–"
-    if stat["std"] is None:
-        return f"{stat['mean']:,.{digits}f}"
-    return f"{stat['mean']:,.{digits}f} ± {stat['std']:,.{digits}f}"
+    return format_mean_sem(stat, digits, spread="std", thousands=True)
 
 
 @dataclass
@@ -293,10 +289,9 @@ class Report:
         return columns + [f"GLUE {column}" for column in glue_columns(self.results)]
 
     def rows(self) -> list[list[str]]:
-        finals = [(r.final_perplexity or {}).get("mean") for r in self.results]
-        best = min((f for f in finals if f is not None), default=None)
+        winner = clear_winner([r.final_perplexity for r in self.results])
         columns, rows = self.columns(), []
-        for result, final in zip(self.results, finals, strict=True):
+        for index, result in enumerate(self.results):
             estimate = (result.memory or {}).get("estimate", {})
             cells = {
                 "Run": result.spec.name,
@@ -309,7 +304,7 @@ class Report:
                 "Eval perplexity (mean ± std)": _mean_std(result.final_perplexity, 2),
                 "Seeds done": f"{len(result.finished)}/{self.options.seeds}",
             }
-            if final is not None and final == best and len(self.results) > 1:
+            if index == winner:
                 cells["Eval perplexity (mean ± std)"] = f"**{cells['Eval perplexity (mean ± std)']}**"
             for column in glue_columns(self.results):
                 cells[f"GLUE {column}"] = _mean_std(result.glue_score(column), 1)

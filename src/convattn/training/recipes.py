@@ -68,3 +68,28 @@ def recipe_for_preset(preset: str | None) -> str:
     if family in ("chang2021-small", "chang2021-base", "malard"):
         return family
     return "default"
+
+
+def glue_recipe_names() -> list[str]:
+    """The fine-tuning recipes shipped in `convattn/configs/recipes/glue/`."""
+    directory = resources.files("convattn.configs").joinpath("recipes", "glue")
+    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
+
+
+def apply_overrides(recipe: Recipe, fields: dict) -> str | None:
+    """Set recipe fields from the command line. A paper's warmup in steps keeps its share of the run when
+    --max-steps changes (e.g. 10k of 125k steps -> 24 of 300), unless warmup is itself given; returns a note
+    saying so, or None."""
+    paper_steps, paper_warmup = recipe.max_steps, recipe.warmup
+    for name, value in fields.items():
+        setattr(recipe, name, value)
+    if "warmup" in fields or paper_warmup < 1 or recipe.max_steps == paper_steps:
+        return None
+    recipe.warmup = round(paper_warmup * recipe.max_steps / paper_steps)
+    return (f"warmup scaled to {recipe.warmup:,} steps: the recipe's {paper_warmup:,g} of {paper_steps:,} steps, "
+            f"as the same share of --max-steps {recipe.max_steps:,} (give --warmup to choose)")
+
+
+def warmup_steps(recipe: Recipe) -> int:
+    """Warmup in steps (a warmup below 1 is a fraction of max_steps)."""
+    return round(recipe.warmup * recipe.max_steps) if recipe.warmup < 1 else int(recipe.warmup)

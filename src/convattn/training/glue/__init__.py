@@ -1,0 +1,23 @@
+"""GLUE fine-tuning with the papers' protocol: recipes, seeds, layer-wise lr decay, metrics, results.
+
+    settings.py   a paper's recipe resolved per task (`FineTuneSettings`)
+    metrics.py    task metrics in points, the submission format
+    optim.py      layer-wise learning-rate decay (`LayerDecayTrainer`)
+    data.py       a task's splits, tokenized
+    run.py        one task x seed: fine-tune, score the dev sets, predict the test sets -> run.json
+    results.py    aggregation over seeds -> glue_results.json, glue_results.md, submission/
+    protocol.py   `run_glue`: checks, every task and seed (finished runs skipped), aggregation
+
+Layout of an output directory: glue_model.json (the model fine-tuned: its fingerprint keys the reuse of finished
+runs), runs/<task>/seed<k>/ (see run.py), glue_results.json, glue_results.md,
+submission/ (best-dev seed's test predictions per task).
+"""
+
+from convattn.training.glue.data import check_data
+from convattn.training.glue.metrics import column_score, score_predictions, submission_text
+from convattn.training.glue.optim import layerwise_param_groups
+from convattn.training.glue.protocol import run_glue
+from convattn.training.glue.settings import glue_recipe_names, load_glue_recipe, resolve_settings
+
+__all__ = ["check_data", "column_score", "glue_recipe_names", "layerwise_param_groups", "load_glue_recipe",
+           "resolve_settings", "run_glue", "score_predictions", "submission_text"]

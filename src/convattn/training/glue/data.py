@@ -1,0 +1,64 @@
+"""A GLUE task's splits, tokenized for fine-tuning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets import Dataset, Value
+from transformers import PreTrainedTokenizerBase
+
+from convattn.data.glue import GlueTask, has_split, load_split
+from convattn.training.glue.settings import FineTuneSettings
+
+
+@dataclass
+class TaskData:
+    train: Dataset | None
+    dev: dict[str, Dataset]     # dev split -> encoded dataset (with labels)
+    test: dict[str, Dataset]    # test split -> encoded dataset (no labels), keeps `idx`
+
+
+def encode(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int, token_types: bool) -> Dataset:
+    pair = "text_b" in dataset.column_names
+
+    def tokenize(batch):
+        return tokenizer(batch["text_a"], batch["text_b"] if pair else None, truncation=True, max_length=max_length,
+                         return_token_type_ids=token_types)
+
+    texts = [c for c in ("text_a", "text_b") if c in dataset.column_names]
+    encoded = dataset.map(tokenize, batched=True, remove_columns=texts)
+    if "label" in encoded.column_names and encoded.features["label"].dtype == "float64":
+        encoded = encoded.cast_column("label", Value("float32"))
+    return encoded
+
+
+def load_task_data(task: GlueTask, data_dir: Path | None, tokenizer: PreTrainedTokenizerBase,
+                   settings: FineTuneSettings, token_types: bool) -> TaskData:
+    def prepared(split: str) -> Dataset:
+        return encode(load_split(task, split, data_dir), tokenizer, settings.max_length, token_types)
+
+    train = None
+    if task.trains:
+        train = load_split(task, "train", data_dir)
+        if 0 < settings.max_train_samples < len(train):
+            train = train.shuffle(seed=0).select(range(settings.max_train_samples))
+        train = encode(train, tokenizer, settings.max_length, token_types)
+    dev = {split: prepared(split) for split in task.dev_columns}
+    test = {split: prepared(split) for split in task.test_files if has_split(task, split, data_dir)}
+    if data_dir is not None and len(test) < len(task.test_files):
+        print(f"[glue] {task.name}: no test file in {data_dir / task.folder}; no test predictions")
+    return TaskData(train, dev, test)
+
+
+def check_data(tasks: list[GlueTask], data_dir: Path | None) -> None:
+    if data_dir is None:
+        return
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"--data-dir {data_dir} is not a directory")
+    for task in tasks:
+        needed = ["train", *task.dev_columns] if task.trains else list(task.test_files)
+        for split in needed:
+            if not has_split(task, split, data_dir):
+                raise FileNotFoundError(f"no {task.name} {split} data: {task.tsv_path(data_dir, split)} does not "
+                                        "exist")

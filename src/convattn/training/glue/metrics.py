@@ -1,0 +1,39 @@
+"""GLUE metrics (in points, 0-100, as in the papers) and the submission format of test predictions."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from convattn.data.glue import GlueTask
+
+
+def score_predictions(task: GlueTask, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Predicted class ids (or STS-B scores) against gold labels -> the task's metrics x 100."""
+    compute = {
+        "accuracy": lambda: accuracy_score(labels, predictions),
+        "f1": lambda: f1_score(labels, predictions),
+        "mcc": lambda: matthews_corrcoef(labels, predictions),
+        "pearson": lambda: stats.pearsonr(predictions, labels).statistic,
+        "spearman": lambda: stats.spearmanr(predictions, labels).statistic,
+    }
+    return {name: 100 * float(compute[name]()) for name in task.metrics}
+
+
+def logits_to_predictions(task: GlueTask, logits: np.ndarray) -> np.ndarray:
+    return logits.reshape(-1) if task.is_regression else logits.argmax(-1)
+
+
+def column_score(metrics: dict[str, float]) -> float:
+    """A table cell: the mean of the split's metrics (MRPC/QQP accuracy and F1, STS-B Pearson and Spearman)."""
+    return float(np.mean(list(metrics.values())))
+
+
+def submission_text(task: GlueTask, predictions: np.ndarray, indices: list[int]) -> str:
+    """GLUE submission format: `index<TAB>prediction`, label strings (0/1 for binary tasks), STS-B clipped to 0..5."""
+    if task.is_regression:
+        values = [f"{min(max(float(p), 0.0), 5.0):.3f}" for p in predictions]
+    else:
+        values = [task.labels[int(p)] for p in predictions]
+    return "index\tprediction\n" + "".join(f"{i}\t{v}\n" for i, v in zip(indices, values, strict=True))

@@ -1,0 +1,106 @@
+"""The whole GLUE protocol: check everything, fine-tune each task x seed (skipping finished runs), aggregate."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+
+from convattn.data.glue import get_task
+from convattn.errors import UsageError
+from convattn.training.glue.data import check_data, load_task_data
+from convattn.training.glue.results import aggregate
+from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
+from convattn.training.glue.settings import BASE_HIDDEN_SIZE, FineTuneSettings, load_glue_recipe, resolve_settings
+from convattn.training.run_folder import check_weights, model_identity, read_json, write_json_atomic
+
+MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
+
+
+def check_finished_runs(output_dir: Path, settings: dict[str, FineTuneSettings], seeds: int) -> None:
+    for task, task_settings in settings.items():
+        for seed in range(seeds):
+            run = finished_run(run_dir(output_dir, task, seed))
+            if run and run["settings"] and run["settings"] != dataclasses.asdict(task_settings):
+                raise UsageError(f"{run_dir(output_dir, task, seed)} was made with other settings "
+                                 f"({run['settings']}); use another --output-dir or delete that run")
+
+
+def check_same_model(output_dir: Path, model: str) -> None:
+    """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
+    MODEL_FILE records it, written before the first run."""
+    record = {"model": model, "identity": model_identity(model)}
+    saved = read_json(output_dir / MODEL_FILE)
+    if saved is None:
+        if (output_dir / "runs").is_dir():
+            raise UsageError(f"{output_dir} holds GLUE runs of an unrecorded model; use another --output-dir")
+        write_json_atomic(output_dir / MODEL_FILE, record)
+    elif saved["identity"] != record["identity"]:
+        raise UsageError(f"{output_dir} holds GLUE runs of another model ({saved['model']}, fingerprint "
+                         f"{saved['identity']}; {model} is {record['identity']}); use another --output-dir")
+
+
+def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str, FineTuneSettings],
+                         seeds: int) -> None:
+    """AX and --from-mnli tasks need the same seed's MNLI model: from this invocation or a finished run."""
+    dependents = [t for t in tasks if t == "ax" or settings[t].from_mnli]
+    if not dependents or "mnli" in tasks:
+        return
+    missing = [s for s in range(seeds) if not (mnli_model_dir(output_dir, s) / "config.json").is_file()]
+    if missing:
+        raise UsageError(f"{', '.join(dependents)} need(s) the MNLI-tuned model of seeds {missing}, not found under "
+                         f"{output_dir / 'runs' / 'mnli'}; add mnli to --task")
+
+
+def load_pretrained_info(model: str) -> tuple[PreTrainedTokenizerBase, bool, bool]:
+    """The checkpoint's tokenizer, whether it is base-sized, whether it takes token type ids."""
+    check_weights(model)
+    try:
+        config = AutoConfig.from_pretrained(model)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"could not load a model config and tokenizer from {model!r}: {err}") from err
+    base_size = getattr(config, "hidden_size", 0) >= BASE_HIDDEN_SIZE
+    token_types = getattr(config, "type_vocab_size", 0) > 1
+    return tokenizer, base_size, token_types
+
+
+def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | None = None, recipe: str = "chang2021",
+             seeds: int | None = None, overrides: dict | None = None, task_lr: dict[str, float] | None = None,
+             from_mnli: bool = False) -> dict:
+    """Fine-tune `model` on `tasks` for each seed (skipping finished runs), then aggregate everything in output_dir."""
+    recipe_fields = load_glue_recipe(recipe)
+    seeds = seeds or recipe_fields["seeds"]
+    task_lr = task_lr or {}
+    for name in task_lr:
+        get_task(name)
+    check_data([get_task(t) for t in tasks], data_dir)
+    tokenizer, base_size, token_types = load_pretrained_info(model)
+    # AX is only predicted, with the MNLI model: it takes MNLI's settings (max length)
+    settings = {t: resolve_settings(recipe_fields, "mnli" if t == "ax" else t, base_size, overrides or {}, task_lr,
+                                    from_mnli) for t in tasks}
+    check_same_model(output_dir, model)
+    check_finished_runs(output_dir, settings, seeds)
+    check_mnli_available(output_dir, tasks, settings, seeds)
+
+    for name in tasks:
+        task = get_task(name)
+        pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, name, s)) is None]
+        if not pending:
+            print(f"[glue] {name}: all {seeds} seeds already finished, skipping")
+            continue
+        data = load_task_data(task, data_dir, tokenizer, settings[name], token_types)
+        for seed in pending:
+            path = run_dir(output_dir, name, seed)
+            if path.exists():
+                shutil.rmtree(path)  # an interrupted run: start it again
+            print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
+            if task.trains:
+                source = str(mnli_model_dir(output_dir, seed)) if settings[name].from_mnli else model
+                run = fine_tune(task, seed, settings[name], data, source, tokenizer, path, save_model=name == "mnli")
+                print(f"[glue] {name} seed {seed}: {run['scores']}")
+            else:
+                predict_ax(task, seed, data, output_dir, tokenizer, path)
+    return aggregate(output_dir)

@@ -1,0 +1,133 @@
+"""One fine-tuning run (a task and a seed) and where it is written.
+
+    runs/<task>/seed<k>/run.json     finished-run marker (settings, dev metrics, column scores); written last
+    runs/<task>/seed<k>/log.json     the Trainer's log history
+    runs/<task>/seed<k>/predictions/ test-set predictions in the GLUE submission format
+    runs/mnli/seed<k>/model/         the MNLI-tuned model (for AX and --from-mnli)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    DataCollatorWithPadding,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
+
+from convattn.data.glue import GlueTask
+from convattn.training.glue.data import TaskData
+from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
+from convattn.training.glue.optim import LayerDecayTrainer
+from convattn.training.glue.settings import FineTuneSettings
+from convattn.training.run_folder import read_json, seed_dir, write_json_atomic, write_text_atomic
+
+
+def run_dir(output_dir: Path, task: str, seed: int) -> Path:
+    return seed_dir(output_dir, task, seed)
+
+
+def mnli_model_dir(output_dir: Path, seed: int) -> Path:
+    return run_dir(output_dir, "mnli", seed) / "model"
+
+
+def finished_run(path: Path) -> dict | None:
+    return read_json(path / "run.json")
+
+
+def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(path),
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=128,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps or -1,
+        warmup_steps=settings.warmup_ratio,  # a float below 1 is a fraction of the total steps
+        lr_scheduler_type="linear",
+        weight_decay=settings.weight_decay,
+        adam_epsilon=settings.adam_epsilon,
+        seed=seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=0.05,
+        logging_first_step=True,
+        report_to="none",
+        dataloader_pin_memory=torch.cuda.is_available(),
+    )
+
+
+def predict_test_sets(trainer: Trainer, task: GlueTask, data: TaskData, path: Path, label_task: GlueTask) -> list[str]:
+    files = []
+    for split, dataset in data.test.items():
+        logits = trainer.predict(dataset).predictions
+        text = submission_text(label_task, logits_to_predictions(label_task, logits), dataset["idx"])
+        write_text_atomic(path / "predictions" / task.test_files[split], text)
+        files.append(task.test_files[split])
+    return files
+
+
+def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskData, model_source: str,
+              tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool) -> dict:
+    """Fine-tune one seed on one task, score every dev set, predict the test sets; returns (and writes) run.json."""
+    start = time.time()
+    set_seed(seed)  # the new head's initialisation
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_source, num_labels=task.num_labels, ignore_mismatched_sizes=settings.from_mnli,
+        id2label=dict(enumerate(task.labels or ("score",))),
+        label2id={label: i for i, label in enumerate(task.labels or ("score",))},
+    )
+    trainer = LayerDecayTrainer(
+        model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
+        data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
+        layer_decay=settings.layer_decay,
+    )
+    train_output = trainer.train()
+    metrics = {}
+    for split, dataset in data.dev.items():
+        logits = trainer.predict(dataset).predictions
+        metrics[split] = score_predictions(task, logits_to_predictions(task, logits), np.asarray(dataset["label"]))
+    files = predict_test_sets(trainer, task, data, path, task)
+    if save_model:
+        staging = path / "model.partial"
+        trainer.save_model(str(staging))
+        os.replace(staging, path / "model")
+    write_json_atomic(path / "log.json", trainer.state.log_history)
+    run = {
+        "task": task.name, "seed": seed, "model": model_source,
+        "init": f"mnli seed {seed}" if settings.from_mnli else "pretrained",
+        "settings": dataclasses.asdict(settings),
+        "encoder_params": model.base_model.num_parameters(),
+        "metrics": metrics,
+        "scores": {task.dev_columns[split]: column_score(m) for split, m in metrics.items()},
+        "train": {"steps": train_output.global_step, "loss": train_output.training_loss,
+                  "examples": len(data.train)},
+        "test_predictions": files,
+        "seconds": round(time.time() - start, 1),
+    }
+    write_json_atomic(path / "run.json", run)
+    return run
+
+
+def predict_ax(task: GlueTask, seed: int, data: TaskData, output_dir: Path, tokenizer: PreTrainedTokenizerBase,
+               path: Path) -> dict:
+    """AX (the diagnostic set) is predicted with the same seed's MNLI model; it has no dev set."""
+    model = AutoModelForSequenceClassification.from_pretrained(str(mnli_model_dir(output_dir, seed)))
+    args = TrainingArguments(output_dir=str(path), per_device_eval_batch_size=128, report_to="none",
+                             dataloader_pin_memory=torch.cuda.is_available())
+    trainer = Trainer(model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer),
+                      processing_class=tokenizer)
+    files = predict_test_sets(trainer, task, data, path, task)
+    run = {"task": task.name, "seed": seed, "model": str(mnli_model_dir(output_dir, seed)), "init": "mnli",
+           "settings": None, "metrics": {}, "scores": {}, "test_predictions": files}
+    write_json_atomic(path / "run.json", run)
+    return run

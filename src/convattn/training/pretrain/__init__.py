@@ -1,0 +1,36 @@
+"""Pretraining: corpus -> tokenizer -> formatted, cached data -> `Trainer` -> a saved encoder.
+
+    options.py    what a run is asked to do (`PretrainOptions`) and every check made before anything is written
+    data.py       corpus, tokenizer, formatted examples, the masking collator
+    trainer.py    the model factory, `PretrainTrainer` (exact eval perplexity), its `TrainingArguments`
+    callbacks.py  throughput, metrics.jsonl + perplexity.png, the progress bar
+    run.py        `pretrain(options)`: one run, start to finish or resumed
+
+Everything the user can get wrong (files, vocabulary, sequence length, preset, output directory) is
+checked before the output directory is touched. The output directory then holds:
+
+    config.json, model.safetensors, tokenizer files   the final model (AutoModelForMaskedLM loads it)
+    metrics.jsonl                                     one row per evaluation
+    perplexity.png                                    eval perplexity vs steps
+    tensorboard/                                      TensorBoard event files
+    checkpoints/checkpoint-N/                         for --resume (Trainer's own checkpoints)
+    pretrain_options.json                             what was run (checked again on --resume)
+
+Eval perplexity is exp(total token loss / total masked tokens) over the whole eval set; masks are drawn
+from a generator seeded by each batch's tokens, so every evaluation scores the same positions.
+"""
+
+from convattn.training.pretrain.options import (
+    METRICS_FILE,
+    OPTIONS_FILE,
+    PretrainOptions,
+    check_options,
+    complete_checkpoints,
+    default_cache_dir,
+    per_device_batch,
+)
+from convattn.training.pretrain.run import PretrainSummary, pretrain
+from convattn.training.pretrain.trainer import build_model
+
+__all__ = ["METRICS_FILE", "OPTIONS_FILE", "PretrainOptions", "PretrainSummary", "build_model", "check_options",
+           "complete_checkpoints", "default_cache_dir", "per_device_batch", "pretrain"]

@@ -1,0 +1,112 @@
+"""`Trainer` callbacks of a pretraining run: throughput, metrics.jsonl + perplexity.png, the progress bar."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformers import ProgressCallback, TrainerCallback
+
+from convattn.training.pretrain.options import METRICS_FILE
+from convattn.training.run_folder import save_figure, write_text_atomic
+
+
+class ThroughputMeter(TrainerCallback):
+    """Tokens per second of training steps only (intervals containing an evaluation or save are left out)."""
+
+    def __init__(self):
+        self._last: tuple[float, int] | None = None
+        self._skip_next = False
+        self._seconds = 0.0
+        self._tokens = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now, seen = time.perf_counter(), state.num_input_tokens_seen
+        if self._last is not None and not self._skip_next:
+            self._seconds += now - self._last[0]
+            self._tokens += seen - self._last[1]
+        self._last, self._skip_next = (now, seen), False
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._skip_next = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self._skip_next = True
+
+    def rate(self) -> float:
+        rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
+        self._seconds, self._tokens = 0.0, 0
+        return round(rate, 1)
+
+
+class MetricsWriter(TrainerCallback):
+    """metrics.jsonl (one row per evaluation) and perplexity.png, rewritten after each evaluation."""
+
+    def __init__(self, output_dir: Path):
+        self.path = output_dir / METRICS_FILE
+        self.plot_path = output_dir / "perplexity.png"
+        self.rows = [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+        self._train: list[dict] = []
+        self._started = time.perf_counter()
+
+    def keep_until(self, step: int) -> None:
+        """On resume: forget rows after the checkpoint (they will be computed again)."""
+        self.rows = [row for row in self.rows if row["step"] <= step]
+        self._write()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if "loss" in logs:
+            self._train.append(logs)
+        if "eval_loss" in logs:
+            recent = self._train
+            row = {
+                "step": state.global_step,
+                "train_loss": round(sum(r["loss"] for r in recent) / len(recent), 5) if recent else None,
+                "eval_loss": round(logs["eval_loss"], 5),
+                "perplexity": round(logs["eval_perplexity"], 3),
+                "tokens_per_second": recent[-1]["tokens_per_second"] if recent else None,
+                "learning_rate": recent[-1].get("learning_rate") if recent else None,
+                "tokens_seen": state.num_input_tokens_seen,
+                "elapsed_seconds": round(time.perf_counter() - self._started, 1),
+            }
+            row |= {k.removeprefix("eval_"): round(v, 5) for k, v in logs.items()
+                    if k.startswith("eval_") and k.removeprefix("eval_") in ("generator_loss", "discriminator_loss",
+                                                                             "discriminator_accuracy")}
+            self.rows = [r for r in self.rows if r["step"] != row["step"]] + [row]
+            self._train = []
+            self._write()
+
+    def _write(self) -> None:
+        write_text_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))
+        if self.rows:
+            plot_perplexity(self.rows, self.plot_path)
+
+def plot_perplexity(rows: Sequence[dict], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    ax.plot([r["step"] for r in rows], [r["perplexity"] for r in rows], marker="o", markersize=3)
+    ax.set(xlabel="step", ylabel="eval perplexity", yscale="log", title="Eval perplexity (masked LM)")
+    ax.grid(True, which="both", alpha=0.3)
+    save_figure(fig, path, dpi=120)
+
+
+class PretrainProgress(ProgressCallback):
+    """The Trainer's progress bar (steps, ETA) with loss, tokens/s and eval perplexity as its postfix."""
+
+    def __init__(self):
+        super().__init__()
+        self.postfix: dict[str, str] = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            if "loss" in logs:
+                self.postfix |= {"loss": f"{logs['loss']:.3f}", "tok/s": f"{logs['tokens_per_second']:.0f}"}
+            if "eval_perplexity" in logs:
+                self.postfix["eval_ppl"] = f"{logs['eval_perplexity']:.1f}"
+            self.training_bar.set_postfix(self.postfix, refresh=False)

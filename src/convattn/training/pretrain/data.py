@@ -1,0 +1,79 @@
+"""Pretraining data: corpus -> tokenizer -> formatted, cached examples, and the collators that batch them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding, PreTrainedTokenizerBase
+
+from convattn.data.corpus import load_corpus
+from convattn.data.formatting import cache_key, cached_format
+from convattn.data.tokenizer import load_tokenizer, tokenizer_fingerprint, trained_tokenizer
+from convattn.training.pretrain.options import PretrainOptions
+from convattn.training.run_folder import say as say_as
+
+
+@dataclass
+class PretrainData:
+    tokenizer: PreTrainedTokenizerBase
+    train: object  # datasets.Dataset
+    eval: object
+    corpus: str
+    seq_len: int
+def say(message: str) -> None:
+    say_as("pretrain", message)
+
+
+def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | None) -> PretrainData:
+    recipe, cache = options.recipe, options.cache_dir
+    say("reading the corpus" + ("" if options.dataset or options.train_files else
+                                " (first run: extracting the embedded default from installed documentation)"))
+    corpus = load_corpus(options.dataset, options.dataset_config, options.train_files, options.eval_files, cache)
+    say(f"corpus: {corpus.description}; {len(corpus.train):,} train / {len(corpus.eval):,} eval lines")
+    if options.tokenizer:
+        tokenizer = load_tokenizer(options.tokenizer)
+    elif resume_from is not None and (resume_from / "tokenizer.json").exists():
+        tokenizer = load_tokenizer(resume_from)
+    else:
+        say(f"tokenizer: unigram, {recipe.vocab_size:,} pieces (trained once per corpus, then cached)")
+        tokenizer = trained_tokenizer(corpus.train, corpus.identity, recipe.vocab_size, seq_len, cache)
+    key = cache_key(corpus.identity, tokenizer_fingerprint(tokenizer), recipe.format, seq_len)
+    directory = cache / "formatted" / key
+    say(f"formatting: {recipe.format}, {seq_len} tokens (cached in {directory})")
+    train = cached_format(corpus.train, tokenizer, recipe.format, seq_len, directory / "train")
+    evaluation = cached_format(corpus.eval, tokenizer, recipe.format, seq_len, directory / "eval")
+    if recipe.eval_samples:
+        evaluation = evaluation.select(range(min(recipe.eval_samples, len(evaluation))))
+    say(f"data: {len(train):,} train / {len(evaluation):,} eval examples")
+    return PretrainData(tokenizer, train, evaluation, corpus.description, seq_len)
+
+
+@dataclass
+class MaskingCollator:
+    """Pads and masks (15%, 80/10/10, never special or pad tokens) with a generator seeded from the batch's
+    tokens, so masks do not depend on the global RNG: a resumed run masks exactly as the uninterrupted
+    one, and each evaluation scores the same positions."""
+
+    tokenizer: PreTrainedTokenizerBase
+    mlm_probability: float
+    seed: int
+
+    def __post_init__(self):
+        self.masking = DataCollatorForLanguageModeling(self.tokenizer, mlm_probability=self.mlm_probability,
+                                                       pad_to_multiple_of=8)
+
+    def __call__(self, features: list[dict]) -> dict:
+        digest = hashlib.sha256(str(self.seed).encode())
+        for feature in features:
+            digest.update(np.asarray(feature["input_ids"], dtype=np.int64).tobytes())
+        self.masking.generator = torch.Generator().manual_seed(int.from_bytes(digest.digest()[:8], "little") >> 1)
+        return self.masking(features)
+
+
+def padding_collator(tokenizer: PreTrainedTokenizerBase) -> DataCollatorWithPadding:
+    """ELECTRA masks inside the model; its batches are only padded (special_tokens_mask included)."""
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)

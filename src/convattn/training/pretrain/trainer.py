@@ -1,0 +1,144 @@
+"""The model factory, the `Trainer` subclass with exact eval perplexity, and its `TrainingArguments`."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
+
+from convattn.config import ConvAttnConfig
+from convattn.errors import UsageError
+from convattn.model import masked_lm_loss
+from convattn.training.pretrain.options import PretrainOptions, per_device_batch, world_size
+from convattn.training.recipes import Recipe
+
+EVAL_SEED = 1234
+
+
+def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerBase):
+    config = ConvAttnConfig.from_preset(
+        recipe.preset, **{**recipe.model, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                          "mask_token_id": tokenizer.mask_token_id},
+    )
+    set_seed(recipe.seed)
+    if recipe.objective == "electra":
+        try:
+            from convattn.electra import ConvAttnForPreTraining
+        except ImportError as err:
+            raise UsageError(f"--objective electra is not available in this install ({err})") from None
+        return ConvAttnForPreTraining(config)
+    from convattn.model import ConvAttnForMaskedLM
+
+    return ConvAttnForMaskedLM(config)
+
+class PretrainTrainer(Trainer):
+    """`Trainer` whose evaluation sums token losses over the whole eval set (exact perplexity)."""
+
+    def __init__(self, *args, objective: str, throughput, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.objective = objective
+        self.throughput = throughput
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:
+            logs["tokens_per_second"] = self.throughput.rate()
+        super().log(logs, start_time)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        started = time.perf_counter()
+        model = self.model
+        was_training = model.training
+        model.eval()
+        totals: dict[str, torch.Tensor] = {}
+        # evaluation must not move the training RNG (exact resume); ELECTRA draws the same masks each time
+        devices = [self.args.device] if self.args.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                torch.manual_seed(EVAL_SEED)
+                for batch in self.get_eval_dataloader(eval_dataset):
+                    batch = self._prepare_inputs(batch)
+                    with self.autocast_smart_context_manager():
+                        sums = self._eval_sums(model, batch)
+                    # per-example values: gather_for_metrics drops the repeats that even out the shards
+                    gather = self.accelerator.gather_for_metrics if self.objective == "mlm" else self.accelerator.gather
+                    for name, value in sums.items():
+                        totals[name] = totals.get(name, 0) + gather(value).double().sum()
+        finally:
+            model.train(was_training)
+        metrics = self._eval_metrics({k: float(v) for k, v in totals.items()}, metric_key_prefix)
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.perf_counter() - started, 3)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    def _eval_sums(self, model, batch: dict) -> dict[str, torch.Tensor]:
+        """Per-example sums (so `gather_for_metrics` can drop the padding of uneven shards)."""
+        if self.objective == "mlm":
+            labels = batch.pop("labels")
+            hidden = model.convattn(**batch).last_hidden_state
+            loss = masked_lm_loss(model.mlm_head, hidden, labels, reduction="per_example")
+            return {"loss": loss, "tokens": (labels != -100).sum(1)}
+        out = model(**batch)
+        # ELECTRA reports batch means: weight each by the batch's tokens
+        tokens = batch["attention_mask"].sum().double()
+        names = ("loss", "generator_loss", "discriminator_loss", "discriminator_accuracy")
+        sums = {name: (getattr(out, name).double() * tokens).reshape(1) for name in names}
+        return sums | {"tokens": tokens.reshape(1)}
+
+    def _eval_metrics(self, totals: dict[str, float], prefix: str) -> dict[str, float]:
+        tokens = max(totals.pop("tokens"), 1.0)
+        metrics = {f"{prefix}_{name}": value / tokens for name, value in totals.items()}
+        mlm_loss = metrics[f"{prefix}_loss"] if self.objective == "mlm" else metrics[f"{prefix}_generator_loss"]
+        metrics[f"{prefix}_perplexity"] = math.exp(min(mlm_loss, 50.0))
+        metrics[f"{prefix}_tokens"] = tokens
+        return metrics
+
+def precision_flags(precision: str) -> dict:
+    if precision == "auto":
+        gpu = torch.cuda.is_available()
+        precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if gpu else "fp32"
+    if precision != "fp32" and not torch.cuda.is_available():
+        raise UsageError(f"--precision {precision} needs a GPU here; use --precision fp32 (or auto) on CPU")
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
+    recipe = options.recipe
+    warmup = recipe.warmup if recipe.warmup < 1 else int(recipe.warmup)
+    return TrainingArguments(
+        output_dir=str(options.output_dir / "checkpoints"),
+        max_steps=recipe.max_steps,
+        per_device_train_batch_size=per_device_batch(recipe),
+        per_device_eval_batch_size=per_device_batch(recipe) * recipe.gradient_accumulation,
+        gradient_accumulation_steps=recipe.gradient_accumulation,
+        learning_rate=recipe.learning_rate,
+        weight_decay=recipe.weight_decay,
+        adam_epsilon=recipe.adam_epsilon,
+        adam_beta1=recipe.adam_beta1,
+        adam_beta2=recipe.adam_beta2,
+        optim="adamw_torch",
+        lr_scheduler_type="linear",
+        warmup_steps=warmup,
+        max_grad_norm=recipe.max_grad_norm,
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        eval_strategy="steps",
+        eval_steps=recipe.eval_every,
+        eval_on_start=not resuming,
+        logging_steps=min(options.log_every, recipe.eval_every),
+        save_strategy="steps",
+        save_steps=recipe.save_every,
+        save_total_limit=2,
+        include_num_input_tokens_seen="non_padding",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        report_to="none",
+        disable_tqdm=False,
+        # several processes without GPUs: CPU data parallel over gloo (accelerate decides only when told)
+        use_cpu=world_size() > 1 and not torch.cuda.is_available(),
+        **precision_flags(options.precision),
+    )
