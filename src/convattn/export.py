@@ -20,16 +20,16 @@ class LogitsOnly(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
-def load_saved(model_dir: str | os.PathLike) -> nn.Module:
+def load_saved(model_dir: str | os.PathLike, **config_overrides) -> nn.Module:
     """The saved model with the head it was saved with (config.json's `architectures`), in eval mode."""
     import convattn
     from convattn.config import ConvAttnConfig
 
-    config = ConvAttnConfig.from_pretrained(model_dir)
+    config = ConvAttnConfig.from_pretrained(model_dir, **config_overrides)
     architecture = (config.architectures or ["ConvAttnModel"])[0]
     if not architecture.startswith("ConvAttn") or not hasattr(convattn, architecture):
         raise ValueError(f"{model_dir} holds a {architecture}, not a convattn model")
-    return getattr(convattn, architecture).from_pretrained(model_dir).eval()
+    return getattr(convattn, architecture).from_pretrained(model_dir, config=config).eval()
 
 
 def max_length(config) -> int | None:
@@ -64,7 +64,13 @@ def export_program(model: nn.Module) -> ExportedProgram:
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> None:
-    """Write an ONNX graph (inputs input_ids, attention_mask; output logits) via the torch.export path."""
+    """Write an ONNX graph (inputs input_ids, attention_mask; output logits) via the torch.export path.
+
+    Give it a model built with attention_backend="eager": the ONNX decompositions re-trace SDPA with other
+    output strides than torch.export recorded, and the graph's reshape of it then fails."""
+    if model.config.attention_backend != "eager":
+        raise ValueError("export_onnx needs attention_backend='eager' (see its docstring); "
+                         "load the model with load_saved(model_dir, attention_backend='eager')")
     program = export_program(model)
     onnx_program = torch.onnx.export(program, example_inputs(model.config), dynamo=True, opset_version=opset,
                                      input_names=["input_ids", "attention_mask"], output_names=["logits"])

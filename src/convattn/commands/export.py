@@ -32,6 +32,6 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.model_dir} has no config.json: not a saved model")
     from convattn.export import export_onnx, load_saved
 
-    export_onnx(load_saved(args.model_dir), args.onnx, opset=args.opset)
+    export_onnx(load_saved(args.model_dir, attention_backend="eager"), args.onnx, opset=args.opset)
     print(f"wrote {args.onnx}")
     return 0
