@@ -183,3 +183,36 @@ def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
     for name, value in classifier.convattn.state_dict().items():
         torch.testing.assert_close(value, pretraining[f"convattn.{name}"], rtol=0, atol=0)
     assert AutoTokenizer.from_pretrained(out / "discriminator").mask_token == "[MASK]"
+
+
+def test_saved_run_has_a_model_card_and_works_in_a_fill_mask_pipeline(finished_run):
+    import yaml
+    from transformers import pipeline
+
+    import convattn  # noqa: F401  (registers the Auto classes)
+
+    card = (finished_run / "README.md").read_text()
+    metadata = yaml.safe_load(card.split("---")[1])
+    assert metadata["library_name"] == "transformers" and metadata["pipeline_tag"] == "fill-mask"
+    assert "chang2021-small/composite" in metadata["tags"]
+    last = json.loads((finished_run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metadata["model-index"][0]["results"][0]["metrics"][0]["value"] == last["perplexity"]
+    assert f"- steps: {last['step']}" in card and "train.txt" in card
+    fill = pipeline("fill-mask", model=str(finished_run), device="cpu")
+    predictions = fill(f"the city of the {fill.tokenizer.mask_token}", top_k=3)
+    assert len(predictions) == 3 and all(p["token_str"] for p in predictions)
+
+
+def test_push_writes_the_card_and_uploads_the_folder_without_local_state(finished_run, monkeypatch):
+    from huggingface_hub import HfApi
+
+    calls = {}
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.setdefault("create", (repo_id, kw)))
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.setdefault("upload", kw) and "url")
+    assert main(["push", str(finished_run), "--repo", "someone/tiny-composite", "--private"]) == 0
+    assert calls["create"] == ("someone/tiny-composite", {"private": True, "exist_ok": True, "repo_type": "model"})
+    upload = calls["upload"]
+    assert upload["folder_path"] == str(finished_run) and upload["repo_id"] == "someone/tiny-composite"
+    assert "checkpoints/*" in upload["ignore_patterns"] and "tensorboard/*" in upload["ignore_patterns"]
+    assert "someone/tiny-composite" in (finished_run / "README.md").read_text()
+    assert main(["push", str(finished_run / "checkpoints"), "--repo", "someone/x"]) == 2

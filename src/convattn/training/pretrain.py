@@ -48,6 +48,7 @@ from convattn.data.corpus import load_corpus
 from convattn.data.formatting import FORMATS, cache_key, cached_format
 from convattn.data.tokenizer import check_vocab_size, load_tokenizer, tokenizer_fingerprint, trained_tokenizer
 from convattn.errors import UsageError
+from convattn.hub import write_model_card
 from convattn.training.recipes import Recipe
 
 OBJECTIVES = ("mlm", "electra")
@@ -574,5 +575,6 @@ def save_final(trainer: Trainer, out: Path) -> None:
                 shutil.rmtree(target)
             item.replace(target)
         tmp.rmdir()
+        write_model_card(out)
     trainer.accelerator.wait_for_everyone()
 
