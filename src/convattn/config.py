@@ -135,6 +135,13 @@ class ConvAttnConfig(PretrainedConfig):
             return [spec] * layers
         return list(spec)
 
+    @property
+    def max_input_length(self) -> int | None:
+        """The longest input the model takes: max_position_embeddings with absolute position embeddings or
+        Linformer projections (both sized to it), else None (any length: nothing depends on absolute position)."""
+        fixed = self.position_embedding_type == "absolute" or any(p != "none" for p in self.layer_projections)
+        return self.max_position_embeddings if fixed else None
+
     # ------------------------------------------------------------------ validation
     def validate_convattn(self) -> None:
         for field in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

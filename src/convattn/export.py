@@ -32,12 +32,6 @@ def load_saved(model_dir: str | os.PathLike, **config_overrides) -> nn.Module:
     return getattr(convattn, architecture).from_pretrained(model_dir, config=config).eval()
 
 
-def max_length(config) -> int | None:
-    """The longest input a model can take: None (any) without absolute positions or Linformer projections."""
-    fixed = config.position_embedding_type == "absolute" or any(p != "none" for p in config.layer_projections)
-    return config.max_position_embeddings if fixed else None
-
-
 def example_inputs(config, batch: int = 2, n: int = 16) -> tuple[Tensor, Tensor]:
     ids = torch.randint(5, config.vocab_size, (batch, n))
     keep = torch.ones_like(ids)
@@ -48,7 +42,7 @@ def example_inputs(config, batch: int = 2, n: int = 16) -> tuple[Tensor, Tensor]
 def dynamic_shapes(config) -> dict:
     # sizes 0 and 1 are specialised by torch.export, so the symbolic ranges start at 2
     batch = Dim("batch", min=1, max=4096)
-    seq = Dim("sequence", min=2, max=max_length(config) or 1 << 20)
+    seq = Dim("sequence", min=2, max=config.max_input_length or 1 << 20)
     return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
 
 

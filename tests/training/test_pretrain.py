@@ -216,3 +216,23 @@ def test_push_writes_the_card_and_uploads_the_folder_without_local_state(finishe
     assert "checkpoints/*" in upload["ignore_patterns"] and "tensorboard/*" in upload["ignore_patterns"]
     assert "someone/tiny-composite" in (finished_run / "README.md").read_text()
     assert main(["push", str(finished_run / "checkpoints"), "--repo", "someone/x"]) == 2
+
+
+def test_perplexity_at_lengths_extends_relative_models_and_reports_absolute_ones(finished_run, corpus, tmp_path):
+    import shutil
+
+    from convattn.training.length_eval import evaluate_at_lengths
+
+    lengths = [32, 64, 128]
+    relative = evaluate_at_lengths(finished_run, [corpus / "valid.txt"], lengths, max_blocks=4)
+    assert [r.length for r in relative] == lengths
+    assert all(r.perplexity is not None and math.isfinite(r.perplexity) and r.masked_tokens > 0 for r in relative)
+    # the same run with absolute positions (trained max 32) cannot go past 32
+    absolute = tmp_path / "absolute"
+    shutil.copytree(finished_run, absolute, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
+    config = json.loads((absolute / "config.json").read_text())
+    config.update(position_embedding_type="absolute", max_position_embeddings=32)
+    (absolute / "config.json").write_text(json.dumps(config))
+    rows = evaluate_at_lengths(absolute, [corpus / "valid.txt"], lengths, max_blocks=4)
+    assert rows[0].perplexity is not None
+    assert [r.note for r in rows[1:]] == ["cannot extend: absolute position embeddings stop at 32"] * 2
