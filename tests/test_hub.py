@@ -45,6 +45,12 @@ LOAD_AND_RUN = textwrap.dedent('''
             outputs[name] = model(**ids).to_tuple()[0]
     classifier = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True, num_labels=3)
     assert type(classifier).__name__ == "ConvAttnForSequenceClassification"
+    # a model loaded from the bundle saves the bundle again, and the copy loads too
+    model = AutoModelForMaskedLM.from_pretrained(model_dir, trust_remote_code=True).eval()
+    model.save_pretrained(out + ".again")
+    again = AutoModelForMaskedLM.from_pretrained(out + ".again", trust_remote_code=True).eval()
+    with torch.no_grad():
+        outputs["again"] = again(**ids).logits
     assert "convattn" not in sys.modules
     save_file(outputs, out)
 ''')
@@ -86,6 +92,7 @@ def test_saved_model_loads_and_reproduces_logits_without_convattn(tmp_path, pres
     remote = load_file(tmp_path / "out.safetensors")
     with torch.no_grad():
         assert torch.equal(remote["mlm"], model(input_ids=ids, attention_mask=keep).logits)
+        assert torch.equal(remote["again"], remote["mlm"])
         assert torch.equal(remote["base"], model.convattn(input_ids=ids, attention_mask=keep).last_hidden_state)
 
 
