@@ -55,7 +55,7 @@ def paired_differences(a: dict[int, dict[int, float]], b: dict[int, dict[int, fl
 def ordering_onset(diffs: dict[int, dict[int, float]], sign: float, seeds: int) -> int | None:
     """First step from which every later evaluation has all `seeds` seeds on `sign`'s side of zero."""
     onset = None
-    for step in sorted(diffs):
+    for step in sorted(s for s in diffs if s > 0):  # step 0 is the initialisation, before any training
         values = diffs[step]
         agree = len(values) == seeds and all(v * sign > 0 for v in values.values())
         if agree and onset is None:
@@ -82,7 +82,7 @@ def report(curves, pairs: list[tuple[str, str]], source: Path) -> str:
         lines.append(f"| {short_name(run)} | {len(finals)} | {fmt(mean)} ± {fmt(sem)} | {per_seed} | {last:,} |")
     lines += ["", "## Paired differences (same seed = same initialisation, data order and masks)", "",
               "Negative: the first run has the lower (better) perplexity. Onset: the first evaluated step from "
-              "which every later evaluation has every seed on the final sign.", "",
+              "which every later evaluation has every seed on the final sign (step 0, the initialisation, left out).", "",
               "| A - B | Step | Per seed | Mean ± SEM | Seeds agreeing | Onset |", "|---|---:|---|---:|---:|---:|"]
     for a, b in pairs:
         diffs = paired_differences(curves[by_short[a]], curves[by_short[b]])

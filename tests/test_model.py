@@ -49,16 +49,39 @@ def test_outputs_at_real_positions_do_not_depend_on_padding(preset):
             torch.testing.assert_close(padded_more[b, :length], alone, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["chang2021-small/composite+key", "chang2021-small/composite+conv-qkv",
-                                    "chang2021-small/composite+depthwise"])
-def test_every_length_up_to_max_works_and_longer_is_rejected(preset):
+@pytest.mark.parametrize("preset", ["chang2021-small/absolute", "malard/transformer-n128"])
+def test_absolute_positions_accept_every_length_up_to_max_and_reject_longer(preset):
     model = tiny_model(preset, max_position_embeddings=24)
+    assert model.config.position_embedding_type == "absolute"
     with torch.no_grad():
         for n in range(1, 25):
             out = model(input_ids=torch.randint(5, 101, (2, n))).last_hidden_state
             assert out.shape == (2, n, 32) and torch.isfinite(out).all()
         with pytest.raises(ValueError, match="sequence length 25 exceeds max_position_embeddings=24"):
             model(input_ids=torch.randint(5, 101, (1, 25)))
+
+
+@pytest.mark.parametrize("preset", ["chang2021-small/composite+key", "chang2021-small/composite+depthwise",
+                                    "chang2021-small/none", "chang2021-small/conv-qkv"])
+def test_models_without_absolute_positions_run_past_their_trained_length(preset):
+    """Built for 128, run at 1024: nothing depends on absolute position, and padding still works there."""
+    model = tiny_model(preset, max_position_embeddings=128)
+    assert model.config.position_embedding_type == "none"
+    ids = torch.randint(5, 101, (2, 1024))
+    keep = torch.ones_like(ids)
+    keep[1, 700:] = 0
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=keep).last_hidden_state
+        alone = model(input_ids=ids[1:, :700]).last_hidden_state
+    assert out.shape == (2, 1024, 32) and torch.isfinite(out).all()
+    torch.testing.assert_close(out[1, :700], alone[0], rtol=1e-4, atol=1e-4)
+
+
+def test_linformer_rejects_lengths_past_its_projection_with_a_clear_error():
+    # even without absolute positions, E and F are (k, max_position_embeddings) matrices
+    model = tiny_model("malard/linformer-n128-k32", position_embedding_type="none")
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings=64, the length the Linformer"):
+        model(input_ids=torch.randint(5, 101, (1, 65)))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -105,7 +128,25 @@ def test_masked_lm_loss_scores_only_labelled_positions():
         expected = torch.nn.functional.cross_entropy(torch.stack([logits[0, 3], logits[1, 7]]), torch.tensor([17, 42]))
         torch.testing.assert_close(eval_out.loss, expected)
         model.train()
-        torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, expected)
+        trained = model(input_ids=ids, labels=labels)
+        torch.testing.assert_close(trained.loss, expected)
+        torch.testing.assert_close(trained.logits, logits)  # the HF contract: logits come with the loss
+
+
+HEADS = [ConvAttnModel, ConvAttnForMaskedLM, ConvAttnForSequenceClassification, ConvAttnForTokenClassification,
+         ConvAttnForQuestionAnswering]
+
+
+@pytest.mark.parametrize("cls", HEADS)
+def test_return_dict_false_returns_the_same_outputs_as_a_tuple(cls):
+    model = tiny_model("chang2021-small/composite", cls=cls)
+    ids = torch.randint(5, 101, (2, 9))
+    with torch.no_grad():
+        as_dict = model(input_ids=ids, output_hidden_states=True)
+        as_tuple = model(input_ids=ids, output_hidden_states=True, return_dict=False)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(as_dict.to_tuple())
+    for got, expected in zip(as_tuple, as_dict.to_tuple(), strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_masked_lm_loss_reductions_agree_with_cross_entropy():

@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "convattn.commands.compare",
     "convattn.commands.glue",
     "convattn.commands.plot",
+    "convattn.commands.export",
+    "convattn.commands.push",
 )
 
 

@@ -13,6 +13,7 @@ Invalid values and combinations raise `ValueError` naming the field and the allo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from transformers import PretrainedConfig
@@ -151,6 +152,13 @@ class ConvAttnConfig(PretrainedConfig):
             return [spec] * layers
         return list(spec)
 
+    @property
+    def max_input_length(self) -> int | None:
+        """The longest input the model takes: max_position_embeddings with absolute position embeddings or
+        Linformer projections (both sized to it), else None (any length: nothing depends on absolute position)."""
+        fixed = self.position_embedding_type == "absolute" or any(p != "none" for p in self.layer_projections)
+        return self.max_position_embeddings if fixed else None
+
     # ------------------------------------------------------------------ validation
     def validate_convattn(self) -> None:
         for field in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -245,6 +253,17 @@ class ConvAttnConfig(PretrainedConfig):
             raise ValueError(
                 "linformer_sharing='layerwise' needs the same sequence_projection in every projected layer"
             )
+
+    # ------------------------------------------------------------------ saving
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """Also writes the modeling code and `auto_map` (every model saves its config through here), so
+        `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where convattn is not installed."""
+        from convattn.remote_code import auto_map, write_remote_code
+
+        os.makedirs(save_directory, exist_ok=True)
+        write_remote_code(save_directory, type(self).__module__)
+        self.auto_map = auto_map()
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     # ------------------------------------------------------------------ presets
     @classmethod

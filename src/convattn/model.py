@@ -21,6 +21,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.utils.generic import can_return_tuple
 
 from convattn.attention import TokenMask, build_attention
 from convattn.config import ConvAttnConfig
@@ -206,6 +207,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: Tensor | None = None,
@@ -220,10 +222,12 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         batch, n = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
-        if n > self.config.max_position_embeddings:
+        # only absolute position embeddings tie a model to its trained length (Linformer's E/F check their own)
+        if self.config.position_embedding_type == "absolute" and n > self.config.max_position_embeddings:
             raise ValueError(
-                f"sequence length {n} exceeds max_position_embeddings={self.config.max_position_embeddings}; "
-                "truncate the input or build the model with a larger max_position_embeddings"
+                f"sequence length {n} exceeds max_position_embeddings={self.config.max_position_embeddings} of "
+                "this model's absolute position embeddings; truncate the input or build the model with a larger "
+                "max_position_embeddings"
             )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         if attention_mask is None:
@@ -295,19 +299,15 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.mlm_head.decoder = new_embeddings
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None) -> MaskedLMOutput:
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states)
         hidden = encoded.last_hidden_state
-        loss = logits = None
-        if labels is not None:
-            loss = masked_lm_loss(self.mlm_head, hidden, labels)
-        if labels is None or not self.training:
-            # training scores only the masked positions (the n x V logits of the others are never
-            # needed), so `logits` is None there; eval mode returns full logits
-            logits = self.mlm_head(hidden)
+        logits = self.mlm_head(hidden)  # the HF contract: logits come with the loss, as BertForMaskedLM
+        loss = masked_lm_loss(self.mlm_head, hidden, labels) if labels is not None else None
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
                               attentions=encoded.attentions)
 
@@ -338,6 +338,7 @@ class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
         self.classifier = ClassificationHead(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None) -> SequenceClassifierOutput:
@@ -366,6 +367,7 @@ class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None) -> TokenClassifierOutput:
@@ -388,6 +390,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None) -> QuestionAnsweringModelOutput:

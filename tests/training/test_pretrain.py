@@ -209,3 +209,56 @@ def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run,
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12",
                  "--allow-schedule-change"]) == 0
     assert complete_checkpoints(run / "checkpoints")[-1].name == "checkpoint-12"
+
+
+def test_saved_run_has_a_model_card_and_works_in_a_fill_mask_pipeline(finished_run):
+    import yaml
+    from transformers import pipeline
+
+    import convattn  # noqa: F401  (registers the Auto classes)
+
+    card = (finished_run / "README.md").read_text()
+    metadata = yaml.safe_load(card.split("---")[1])
+    assert metadata["library_name"] == "transformers" and metadata["pipeline_tag"] == "fill-mask"
+    assert "chang2021-small/composite" in metadata["tags"]
+    last = json.loads((finished_run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metadata["model-index"][0]["results"][0]["metrics"][0]["value"] == last["perplexity"]
+    assert f"- steps: {last['step']}" in card and "train.txt" in card
+    fill = pipeline("fill-mask", model=str(finished_run), device="cpu")
+    predictions = fill(f"the city of the {fill.tokenizer.mask_token}", top_k=3)
+    assert len(predictions) == 3 and all(p["token_str"] for p in predictions)
+
+
+def test_push_writes_the_card_and_uploads_the_folder_without_local_state(finished_run, monkeypatch):
+    from huggingface_hub import HfApi
+
+    calls = {}
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.setdefault("create", (repo_id, kw)))
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.setdefault("upload", kw) and "url")
+    assert main(["push", str(finished_run), "--repo", "someone/tiny-composite", "--private"]) == 0
+    assert calls["create"] == ("someone/tiny-composite", {"private": True, "exist_ok": True, "repo_type": "model"})
+    upload = calls["upload"]
+    assert upload["folder_path"] == str(finished_run) and upload["repo_id"] == "someone/tiny-composite"
+    assert "checkpoints/*" in upload["ignore_patterns"] and "tensorboard/*" in upload["ignore_patterns"]
+    assert "someone/tiny-composite" in (finished_run / "README.md").read_text()
+    assert main(["push", str(finished_run / "checkpoints"), "--repo", "someone/x"]) == 2
+
+
+def test_perplexity_at_lengths_extends_relative_models_and_reports_absolute_ones(finished_run, corpus, tmp_path):
+    import shutil
+
+    from convattn.training.length_eval import evaluate_at_lengths
+
+    lengths = [32, 64, 128]
+    relative = evaluate_at_lengths(finished_run, [corpus / "valid.txt"], lengths, max_blocks=4)
+    assert [r.length for r in relative] == lengths
+    assert all(r.perplexity is not None and math.isfinite(r.perplexity) and r.masked_tokens > 0 for r in relative)
+    # the same run with absolute positions (trained max 32) cannot go past 32
+    absolute = tmp_path / "absolute"
+    shutil.copytree(finished_run, absolute, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
+    config = json.loads((absolute / "config.json").read_text())
+    config.update(position_embedding_type="absolute", max_position_embeddings=32)
+    (absolute / "config.json").write_text(json.dumps(config))
+    rows = evaluate_at_lengths(absolute, [corpus / "valid.txt"], lengths, max_blocks=4)
+    assert rows[0].perplexity is not None
+    assert [r.note for r in rows[1:]] == ["cannot extend: absolute position embeddings stop at 32"] * 2

@@ -254,7 +254,10 @@ BANDED_MIN_LENGTH = 1024
 def takes_banded_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
     """The banded path serves "sdpa" on CPU from BANDED_MIN_LENGTH tokens on. It cannot drop
     probabilities (the fused CPU kernel has no dropout it could replay in backward) nor return them;
-    those cases keep the dense bias."""
+    those cases keep the dense bias, and so does a graph being traced by torch.export / ONNX (the length
+    test would pin the dynamic sequence axis to one side of BANDED_MIN_LENGTH)."""
+    if torch.compiler.is_exporting():
+        return False
     return (backend == "sdpa" and q.device.type == "cpu" and dropout_p == 0.0 and not need_weights
             and q.shape[-2] >= BANDED_MIN_LENGTH)
 

@@ -10,6 +10,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def is_tracing() -> bool:
+    """True while torch.compile, torch.export or the TorchScript tracer capture a graph."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 @dataclass
 class TokenMask:
     """Which positions hold real tokens (True) and which hold padding (False), shape (batch, n)."""
@@ -18,6 +23,10 @@ class TokenMask:
 
     @cached_property
     def has_padding(self) -> bool:
+        # a traced graph (torch.export, ONNX) cannot branch on the data, so it always masks; masking
+        # a batch without padding is the same function, only slower
+        if is_tracing():
+            return True
         return not bool(self.keep.all())
 
     def zero_pads(self, x: Tensor) -> Tensor:

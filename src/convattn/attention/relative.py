@@ -21,6 +21,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
+from convattn.attention.core import is_tracing
+
 
 @lru_cache(maxsize=64)
 def relative_columns(n: int, reach: int, clip: bool, device: torch.device) -> Tensor:
@@ -57,7 +59,9 @@ class RelativePositionBias(nn.Module):
         """table (..., n, 2r + 1) -> bias (..., n, n) with bias[..., i, j] = table[..., i, c(j - i)]."""
         if not self.clip:
             table = torch.cat([table, table.new_zeros(*table.shape[:-1], 1)], dim=-1)
-        index = relative_columns(n, self.reach, self.clip, table.device)
+        # a traced graph has a symbolic n, which the cache cannot hash
+        columns = relative_columns.__wrapped__ if is_tracing() else relative_columns
+        index = columns(n, self.reach, self.clip, table.device)
         return torch.gather(table, -1, index.expand(*table.shape[:-2], n, n))
 
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import ProgressCallback, Trainer, TrainerCallback
 from transformers.integrations import TensorBoardCallback
 
+from convattn.hub import write_model_card
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import OPTIONS_FILE, PretrainOptions, check_options, check_output_dir
@@ -116,4 +117,5 @@ def save_final(trainer: Trainer, out: Path) -> None:
                 shutil.rmtree(target)
             item.replace(target)
         tmp.rmdir()
+        write_model_card(out)
     trainer.accelerator.wait_for_everyone()

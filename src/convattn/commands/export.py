@@ -1,0 +1,37 @@
+"""`convattn export`: a saved model as an ONNX graph with dynamic batch and sequence axes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "export"
+HELP = "export a saved model to ONNX (dynamic batch and sequence axes)"
+DESCRIPTION = (
+    "Export a saved model (any head) to ONNX through torch.export: inputs input_ids and "
+    "attention_mask, output the head's logits. Needs the [onnx] extra (onnx, onnxscript)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", type=Path, help="a folder written by save_pretrained / convattn pretrain")
+    parser.add_argument("--onnx", type=Path, required=True, metavar="OUT.onnx", help="the ONNX file to write")
+    parser.add_argument("--opset", type=int, default=18, help="ONNX opset version")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from convattn.errors import UsageError
+
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"ONNX export needs {' and '.join(missing)}: pip install 'convattn[onnx]'")
+    if not (args.model_dir / "config.json").exists():
+        raise FileNotFoundError(f"{args.model_dir} has no config.json: not a saved model")
+    from convattn.export import export_onnx, load_saved
+
+    export_onnx(load_saved(args.model_dir, attn_implementation="eager"), args.onnx, opset=args.opset)
+    print(f"wrote {args.onnx}")
+    return 0

@@ -1,0 +1,102 @@
+"""Sharing a saved run: its model card (README.md with Hub metadata) and `convattn push`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+CARD = "README.md"
+RUN_FILES = ("config.json", "model.safetensors")
+# what a run folder holds that is not for the Hub (resumable state, logs are kept: metrics.jsonl, *.png)
+NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", ".*"]
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _metrics_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
+    """The README.md text of a saved run, from its config.json, pretrain_options.json and metrics.jsonl."""
+    run = Path(run_dir)
+    config = _read_json(run / "config.json")
+    if not config:
+        raise FileNotFoundError(f"{run} has no config.json: not a saved convattn model")
+    options = _read_json(run / "pretrain_options.json")
+    rows = _metrics_rows(run / "metrics.jsonl")
+    final = rows[-1] if rows else {}
+    data = options.get("dataset") or ", ".join(Path(f).name for f in options.get("train_files", [])) or None
+    architecture = (config.get("architectures") or ["ConvAttnForMaskedLM"])[0]
+    metadata = {
+        "library_name": "transformers",
+        "pipeline_tag": "fill-mask" if architecture.endswith("MaskedLM") else None,
+        "tags": ["convattn", "custom_code"] + ([config["preset"]] if config.get("preset") else []),
+        "datasets": [options["dataset"]] if options.get("dataset") else None,
+    }
+    if final.get("perplexity") is not None:
+        metadata["model-index"] = [{"name": repo_id or run.name, "results": [{
+            "task": {"type": "fill-mask", "name": "Masked language modelling"},
+            "metrics": [{"type": "perplexity", "name": "eval perplexity", "value": final["perplexity"]}],
+        }]}]
+    metadata = {k: v for k, v in metadata.items() if v is not None}
+    name = repo_id or str(run)
+    mechanism = {k: config[k] for k in (
+        "position_embedding_type", "relative_terms", "relative_reach", "value_depthwise_conv", "conv_projections",
+        "head_ratio", "conv_kernel_size", "num_groups", "sequence_projection", "linformer_k") if k in config}
+    sizes = {k: config[k] for k in ("hidden_size", "embedding_size", "num_hidden_layers", "num_attention_heads",
+                                    "intermediate_size", "vocab_size", "max_position_embeddings") if k in config}
+    lines = [
+        "---", yaml.safe_dump(metadata, sort_keys=False).rstrip(), "---", "",
+        f"# {Path(name).name}", "",
+        f"A BERT-style encoder with convolution-augmented attention, trained with "
+        f"convattn (preset `{config.get('preset') or 'custom'}`, `{architecture}`).", "",
+        "## Model", "",
+        *(f"- `{k}`: {json.dumps(v)}" for k, v in (sizes | mechanism).items()), "",
+        "## Training", "",
+        f"- data: {data or 'not recorded'}",
+        f"- steps: {final.get('step', options.get('max_steps', 'not recorded'))}",
+        f"- tokens seen: {final['tokens_seen']:,}" if final.get("tokens_seen") else "- tokens seen: not recorded",
+        f"- eval perplexity: {final['perplexity']}" if final.get("perplexity") is not None
+        else "- eval perplexity: not recorded", "",
+        "## Usage", "",
+        "The modeling code is saved with the weights, so convattn need not be installed:", "",
+        "```python",
+        "from transformers import pipeline",
+        f'fill = pipeline("fill-mask", model="{name}", trust_remote_code=True)',
+        'fill(f"The capital of France is {fill.tokenizer.mask_token}.")',
+        "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> Path:
+    """Write (or rewrite) the run's README.md, atomically."""
+    from convattn.training.run_folder import write_text_atomic
+
+    path = Path(run_dir) / CARD
+    write_text_atomic(path, model_card(run_dir, repo_id))
+    return path
+
+
+def push(run_dir: str | os.PathLike, repo_id: str, *, private: bool = False, token: str | None = None) -> str:
+    """Upload a saved run to the Hub (model, tokenizer, modeling code, card, metrics); returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    run = Path(run_dir)
+    missing = [f for f in RUN_FILES if not (run / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"{run} is not a saved model: missing {', '.join(missing)}")
+    if not any(run.glob("convattn_*.py")):
+        raise FileNotFoundError(f"{run} has no modeling code (convattn_*.py): save it again with this convattn")
+    write_model_card(run, repo_id)
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(folder_path=str(run), repo_id=repo_id, repo_type="model",
+                               ignore_patterns=NOT_UPLOADED, commit_message="Upload convattn model")
+    return str(getattr(commit, "commit_url", commit))

@@ -1,0 +1,106 @@
+"""Saved models load with trust_remote_code where convattn cannot be imported; model card; push."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers.tiny import randomize_, tiny_config
+from safetensors.torch import load_file, save_file
+
+from convattn import ConvAttnForMaskedLM
+from convattn.remote_code import AUTO_MAP
+
+# a meta-path finder that makes every `convattn` import fail, as in an environment without it installed
+BLOCK_CONVATTN = textwrap.dedent('''
+    import sys
+
+    class _NoConvattn:
+        def find_spec(self, name, path=None, target=None):
+            if name == "convattn" or name.startswith("convattn."):
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            return None
+
+    sys.meta_path.insert(0, _NoConvattn())
+''')
+
+LOAD_AND_RUN = textwrap.dedent('''
+    import sys, torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    model_dir, out = sys.argv[1], sys.argv[2]
+    ids = load_file(model_dir + "/inputs.safetensors")
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
+    assert type(config).__name__ == "ConvAttnConfig", type(config)
+    outputs = {}
+    for name, auto in (("mlm", AutoModelForMaskedLM), ("base", AutoModel)):
+        model = auto.from_pretrained(model_dir, trust_remote_code=True).eval()
+        with torch.no_grad():
+            outputs[name] = model(**ids).to_tuple()[0]
+    classifier = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True, num_labels=3)
+    assert type(classifier).__name__ == "ConvAttnForSequenceClassification"
+    # a model loaded from the bundle saves the bundle again, and the copy loads too
+    model = AutoModelForMaskedLM.from_pretrained(model_dir, trust_remote_code=True).eval()
+    model.save_pretrained(out + ".again")
+    again = AutoModelForMaskedLM.from_pretrained(out + ".again", trust_remote_code=True).eval()
+    with torch.no_grad():
+        outputs["again"] = again(**ids).logits
+    assert "convattn" not in sys.modules
+    save_file(outputs, out)
+''')
+
+
+def run_without_convattn(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCK_CONVATTN)
+    (tmp_path / "script.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(blocker), HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    return subprocess.run([sys.executable, str(tmp_path / "script.py"), *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_blocker_really_hides_convattn(tmp_path):
+    result = run_without_convattn(tmp_path, "import convattn\n")
+    assert result.returncode != 0 and "No module named 'convattn'" in result.stderr
+
+
+@pytest.mark.parametrize("preset", ["chang2021-small/composite+conv-qkv", "chang2021-small/convbert",
+                                    "malard/conv-linformer-n128-k32"])
+def test_saved_model_loads_and_reproduces_logits_without_convattn(tmp_path, preset):
+    torch.manual_seed(0)
+    model = ConvAttnForMaskedLM(tiny_config(preset))
+    randomize_(model)
+    model.eval()
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    assert json.loads((model_dir / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == (
+        "convattn_model.ConvAttnForMaskedLM")
+    ids = torch.randint(5, 101, (2, 13))
+    keep = torch.ones_like(ids)
+    keep[1, 9:] = 0
+    save_file({"input_ids": ids, "attention_mask": keep}, model_dir / "inputs.safetensors")
+    result = run_without_convattn(tmp_path, LOAD_AND_RUN, str(model_dir), str(tmp_path / "out.safetensors"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = load_file(tmp_path / "out.safetensors")
+    with torch.no_grad():
+        assert torch.equal(remote["mlm"], model(input_ids=ids, attention_mask=keep).logits)
+        assert torch.equal(remote["again"], remote["mlm"])
+        assert torch.equal(remote["base"], model.convattn(input_ids=ids, attention_mask=keep).last_hidden_state)
+
+
+def test_every_auto_class_in_the_map_exists():
+    import importlib
+
+    import transformers
+
+    for auto, (module, cls) in AUTO_MAP.items():
+        assert hasattr(transformers, auto)
+        assert hasattr(importlib.import_module(module), cls)
