@@ -82,7 +82,8 @@ def report(curves, pairs: list[tuple[str, str]], source: Path) -> str:
         lines.append(f"| {short_name(run)} | {len(finals)} | {fmt(mean)} ± {fmt(sem)} | {per_seed} | {last:,} |")
     lines += ["", "## Paired differences (same seed = same initialisation, data order and masks)", "",
               "Negative: the first run has the lower (better) perplexity. Onset: the first evaluated step from "
-              "which every later evaluation has every seed on the final sign (step 0, the initialisation, left out).", "",
+              "which every later evaluation has every seed on the final sign (step 0, the initialisation, "
+              "left out).", "",
               "| A - B | Step | Per seed | Mean ± SEM | Seeds agreeing | Onset |", "|---|---:|---|---:|---:|---:|"]
     for a, b in pairs:
         diffs = paired_differences(curves[by_short[a]], curves[by_short[b]])
