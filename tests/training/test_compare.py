@@ -220,3 +220,31 @@ def test_kernel_size_sweep_rejects_even_sizes_and_non_convbert_presets(capsys):
     assert "odd sizes" in capsys.readouterr().err
     assert main(["plot", "kernel-size", "--preset", "chang2021-small/composite"]) == 2
     assert "no ConvBERT convolution" in capsys.readouterr().err
+
+
+def test_eval_lengths_scores_relative_runs_past_the_trained_length(compared, corpus, capsys):
+    # trained on 32-token examples; absolute positions stop at the preset's 128, relative positions run past it
+    args = ["compare", "--presets", ",".join(PRESETS), "--output-dir", str(compared), "--report-only",
+            "--eval-file", str(corpus / "valid.txt"), "--eval-lengths", "16,160"]
+    assert main(args) == 0
+    rows = read_csv(compared / "lengths.csv")
+    by_run = {(r["run"], r["seed"], r["length"]): r for r in rows}
+    assert len(rows) == 2 * 2 * 2  # runs x seeds x lengths
+    for seed in ("0", "1"):
+        assert float(by_run["chang2021-small/composite", seed, "160"]["perplexity"]) > 1.0
+        assert float(by_run["chang2021-small/absolute", seed, "16"]["perplexity"]) > 1.0
+        absolute_long = by_run["chang2021-small/absolute", seed, "160"]
+        assert absolute_long["perplexity"] == "" and "cannot extend" in absolute_long["note"]
+    table = (compared / "lengths.md").read_text()
+    assert "cannot extend: absolute position embeddings stop at 128" in table
+    assert (compared / "lengths.png").stat().st_size > 0
+    cached = json.loads((compared / "runs" / "chang2021-small--composite" / "seed0" / "length_eval.json").read_text())
+    assert cached["lengths"] == [16, 160]
+
+
+@pytest.mark.parametrize(("value", "needle"), [("128,abc", "comma-separated integers"), ("2", ">= 3")])
+def test_eval_lengths_bad_values_exit_2(compared, value, needle, capsys):
+    args = ["compare", "--presets", ",".join(PRESETS), "--output-dir", str(compared), "--report-only",
+            "--eval-lengths", value]
+    assert main(args) == 2
+    assert needle in capsys.readouterr().err

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     choice.add_argument("--grid", metavar="NAME", help=f"a shipped grid: {', '.join(grid_names())}")
     choice.add_argument("--presets", metavar="P1,P2,...", help="comma-separated presets (see `convattn presets`)")
     add_run_arguments(parser, default_output="runs/compare-GRID")
+    parser.add_argument("--eval-lengths", metavar="N1,N2,...",
+                        help="also score every finished run on --eval-file at these input lengths, e.g. 128,512,1024 "
+                             "(length generalisation: lengths.md, lengths.csv, lengths.png; works with --report-only)")
     parser.set_defaults(func=run)
 
 
@@ -54,7 +57,7 @@ def parse_presets(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def execute(options, report_only: bool) -> int:
+def execute(options, report_only: bool, eval_lengths: list[int] | None = None) -> int:
     """Run (or only report) a comparison; prints the summary table. Returns the exit code."""
     from convattn.training.compare import run_compare
     from convattn.training.compare_report import Report, seeds_in_output, write_report
@@ -74,6 +77,10 @@ def execute(options, report_only: bool) -> int:
         print(f"compare: {outcome.trained} run(s) trained, {outcome.reused} reused", file=sys.stderr)
     results = write_report(options)
     print("\n".join(Report(options, results, figure=None).summary_lines()))
+    if eval_lengths:
+        from convattn.training.compare_lengths import write_length_report
+
+        print("\n".join(write_length_report(options, eval_lengths)))
     print(f"report: {options.output_dir / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
     if interrupted:
         print("interrupted: run the same command again to continue (finished runs are reused)", file=sys.stderr)
@@ -85,5 +92,10 @@ def run(args: argparse.Namespace) -> int:
     from convattn.training.grids import grid_from_presets, load_grid
 
     grid = load_grid(args.grid) if args.grid else grid_from_presets(parse_presets(args.presets))
+    from convattn.training.compare_lengths import eval_files, parse_lengths
+
     options = compare_options(args, grid, Path("runs") / f"compare-{grid.name}")
-    return execute(options, args.report_only)
+    eval_lengths = parse_lengths(args.eval_lengths) if args.eval_lengths else None
+    if eval_lengths:
+        eval_files(options)  # refuse before any training when there is no eval text to score
+    return execute(options, args.report_only, eval_lengths)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 MASK_PROBABILITY = 0.15
 
@@ -47,6 +46,8 @@ def blocks_of(stream: torch.Tensor, length: int, cls_id: int, sep_id: int, max_b
 
 @torch.no_grad()
 def perplexity_at(model, tokenizer, blocks: torch.Tensor, seed: int, batch_size: int) -> tuple[float, int]:
+    from convattn.model import masked_lm_loss
+
     generator = torch.Generator().manual_seed(seed)
     selected = torch.rand(blocks.shape, generator=generator) < MASK_PROBABILITY
     selected[:, 0] = selected[:, -1] = False
@@ -55,8 +56,9 @@ def perplexity_at(model, tokenizer, blocks: torch.Tensor, seed: int, batch_size:
     for start in range(0, len(blocks), batch_size):
         ids, chosen = blocks[start: start + batch_size], selected[start: start + batch_size]
         inputs = ids.masked_fill(chosen, tokenizer.mask_token_id).to(device)
-        logits = model(input_ids=inputs).logits
-        total += F.cross_entropy(logits[chosen.to(device)].float(), ids[chosen].to(device), reduction="sum").item()
+        labels = ids.masked_fill(~chosen, -100).to(device)
+        hidden = model.convattn(input_ids=inputs).last_hidden_state
+        total += masked_lm_loss(model.mlm_head, hidden, labels, reduction="sum").item()
         count += int(chosen.sum())
     return math.exp(min(total / max(count, 1), 50.0)), count
 

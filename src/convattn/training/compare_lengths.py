@@ -1,0 +1,127 @@
+"""Length generalisation in a comparison (`convattn compare --eval-lengths 128,512,1024`).
+
+Every finished run and seed is scored by `length_eval.evaluate_at_lengths` on the comparison's eval files at
+each length (the papers train at 128); the scores are cached per seed in `length_eval.json` (keyed on the
+lengths and eval files, so a second report costs nothing) and summarised in the output directory:
+
+    lengths.md      one row per run: eval perplexity mean ± SEM over seeds at each length
+    lengths.csv     one row per run x seed x length
+    lengths.png     perplexity vs input length, one line per run
+
+Models with absolute positions (or Linformer projections) past their maximum length are reported as unable
+to extend, not run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from convattn.errors import UsageError
+from convattn.training.compare import CompareOptions, is_finished, run_dir, say
+from convattn.training.run_folder import (
+    format_mean_sem,
+    mean_sem,
+    read_json,
+    save_figure,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+LENGTHS_FILE = "length_eval.json"
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--eval-lengths {text!r}: expected comma-separated integers, e.g. 128,512,1024") from None
+    if not lengths or any(n < 3 for n in lengths):
+        raise UsageError(f"--eval-lengths {text!r}: every length must be an integer >= 3")
+    return lengths
+
+
+def eval_files(options: CompareOptions) -> list[str]:
+    files = [str(path) for path in options.data.get("eval_files") or []]
+    if not files:
+        raise UsageError("--eval-lengths needs --eval-file (the text every run is scored on at each length)")
+    return files
+
+
+def seed_scores(path: Path, lengths: list[int], files: list[str]) -> dict:
+    """{"lengths": [...], "files": [...], "results": [{length, perplexity, note}, ...]}, cached in the seed dir."""
+    from convattn.training.length_eval import evaluate_at_lengths
+
+    cache = path / LENGTHS_FILE
+    record = read_json(cache) if cache.is_file() else None
+    if record and record.get("lengths") == lengths and record.get("files") == files:
+        return record
+    results = evaluate_at_lengths(path, files, lengths)
+    record = {"lengths": lengths, "files": files,
+              "results": [{"length": r.length, "perplexity": r.perplexity, "note": r.note} for r in results]}
+    write_json_atomic(cache, record)
+    return record
+
+
+def evaluate_lengths(options: CompareOptions, lengths: list[int]) -> dict[str, dict[int, list[dict]]]:
+    """run name -> seed -> per-length results, for every finished run and seed."""
+    files = eval_files(options)
+    scores: dict[str, dict[int, list[dict]]] = {}
+    for spec in options.grid.runs:
+        for seed in range(options.seeds):
+            path = run_dir(options.output_dir, spec, seed)
+            if not is_finished(path):
+                continue
+            say(f"{spec.name} seed {seed}: eval perplexity at lengths {','.join(map(str, lengths))}")
+            scores.setdefault(spec.name, {})[seed] = seed_scores(path, lengths, files)["results"]
+    return scores
+
+
+def length_table(scores: dict[str, dict[int, list[dict]]], lengths: list[int]) -> list[str]:
+    lines = ["| Run | Seeds | " + " | ".join(f"n = {n:,}" for n in lengths) + " |",
+             "|---|---:|" + "---:|" * len(lengths)]
+    for run, seeds in scores.items():
+        cells = []
+        for index, _ in enumerate(lengths):
+            values = [results[index]["perplexity"] for results in seeds.values()]
+            if any(value is None for value in values):
+                cells.append(next(r[index]["note"] for r in seeds.values() if r[index]["perplexity"] is None))
+            else:
+                cells.append(format_mean_sem(mean_sem(values), digits=1))
+        lines.append(f"| {run} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_length_report(options: CompareOptions, lengths: list[int]) -> list[str]:
+    """lengths.md, lengths.csv and lengths.png in the output directory; returns the markdown table."""
+    scores = evaluate_lengths(options, lengths)
+    out = options.output_dir
+    table = length_table(scores, lengths)
+    intro = (f"Masked-LM eval perplexity at each input length on {', '.join(eval_files(options))} "
+             "(15 % of tokens masked, the same text at every length), mean ± SEM over seeds.")
+    write_text_atomic(out / "lengths.md", "\n".join(["# Length generalisation", "", intro, "", *table]) + "\n")
+    rows = ["run,seed,length,perplexity,note"]
+    rows += [f"{run},{seed},{r['length']},{'' if r['perplexity'] is None else r['perplexity']},{r['note']}"
+             for run, seeds in scores.items() for seed, results in seeds.items() for r in results]
+    write_text_atomic(out / "lengths.csv", "\n".join(rows) + "\n")
+    plot_lengths(scores, lengths, out / "lengths.png")
+    return table
+
+
+def plot_lengths(scores: dict[str, dict[int, list[dict]]], lengths: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run, seeds in scores.items():
+        points = [(n, mean_sem([r[i]["perplexity"] for r in seeds.values()])["mean"]) for i, n in enumerate(lengths)
+                  if all(r[i]["perplexity"] is not None for r in seeds.values())]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=run)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("input length (tokens)")
+    ax.set_ylabel("eval perplexity")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    save_figure(fig, path)
