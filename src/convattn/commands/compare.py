@@ -60,7 +60,8 @@ def parse_presets(text: str) -> list[str]:
 def execute(options, report_only: bool, eval_lengths: list[int] | None = None) -> int:
     """Run (or only report) a comparison; prints the summary table. Returns the exit code."""
     from convattn.training.compare import run_compare
-    from convattn.training.compare_report import Report, seeds_in_output, write_report
+    from convattn.training.compare_report import Report, write_report
+    from convattn.training.compare_results import seeds_in_output
     from convattn.training.grids import check_runs
 
     interrupted = False

@@ -198,7 +198,7 @@ def run_kernel_size(args: argparse.Namespace) -> int:
     from convattn.analysis.kernel_size import plot_kernel_size_sweep
     from convattn.commands.arguments import compare_options
     from convattn.commands.compare import execute
-    from convattn.training.compare_report import collect_results, glue_columns
+    from convattn.training.compare_results import collect_results, glue_columns
     from convattn.training.grids import Grid, RunSpec, check_runs
 
     sizes = parse_kernel_sizes(args.kernel_sizes)

@@ -7,7 +7,7 @@ seeds (seed k sets initialisation, data order and masking). Layout of the output
     runs/<run>/seed<k>/         a normal `convattn pretrain` output directory per run and seed
     runs/<run>/seed<k>/glue/    `convattn glue` output, when GLUE tasks are asked for
     runs/<run>/memory.json      the run's training-memory measurement
-    report.md, report.html      one table row per run, settings, the figure  (compare_report.py)
+    report.md, report.html      one table row per run, settings, the figure  (compare_report.py, compare_results.py)
     perplexity.png              eval perplexity vs training step, one line per run
     metrics.csv                 one row per run x seed x evaluation
     summary.csv                 one row per run

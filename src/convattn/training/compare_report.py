@@ -1,111 +1,27 @@
-"""The report of a comparison, rebuilt from its run directories: markdown, HTML, a figure and CSVs.
+"""The report of a comparison: report.md and report.html from the results that `compare_results.py` reads
+back from the run directories (it also writes the CSVs and the figure).
 
 See `convattn.training.compare` for the directory layout.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from convattn.training.compare import MEMORY_FILE, CompareOptions, is_finished, run_dir, run_options
-from convattn.training.grids import RunSpec
-from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE
-from convattn.training.run_folder import format_mean_sem, mean_sem, save_figure, write_text_atomic
-
-MIB = 2**20
-
-
-def read_metrics(path: Path) -> list[dict]:
-    file = path / METRICS_FILE
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
-
-
-@dataclass
-class RunResult:
-    spec: RunSpec
-    metrics: dict[int, list[dict]]  # seed -> metrics.jsonl rows (seeds that have any)
-    finished: list[int]
-    memory: dict | None
-    glue: dict[int, dict[str, float]]  # seed -> GLUE column -> dev score (mean over fine-tuning seeds)
-
-    @property
-    def final_perplexity(self) -> dict | None:
-        return mean_sem([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
-
-    @property
-    def final_step(self) -> int | None:
-        steps = {self.metrics[seed][-1]["step"] for seed in self.finished}
-        return max(steps) if steps else None
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        """Median over evaluations of each seed's training throughput, then the mean over seeds."""
-        per_seed = []
-        for rows in self.metrics.values():
-            rates = [row["tokens_per_second"] for row in rows if row.get("tokens_per_second")]
-            if rates:
-                per_seed.append(statistics.median(rates))
-        return statistics.fmean(per_seed) if per_seed else None
-
-    @property
-    def tokens_seen(self) -> float | None:
-        seen = [self.metrics[seed][-1]["tokens_seen"] for seed in self.finished]
-        return statistics.fmean(seen) if seen else None
-
-    @property
-    def cuda_peak(self) -> int | None:
-        peaks = (self.memory or {}).get("cuda_peak_bytes") or {}
-        return max(peaks.values()) if peaks else None
-
-    def glue_score(self, column: str) -> dict | None:
-        return mean_sem([scores[column] for scores in self.glue.values() if column in scores])
-
-
-def read_glue(path: Path) -> dict[str, float]:
-    results_file = path / "glue" / "glue_results.json"
-    if not results_file.is_file():
-        return {}
-    columns = json.loads(results_file.read_text())["columns"]
-    return {column: stat["mean"] for column, stat in columns.items()}
-
-
-def collect_results(options: CompareOptions) -> list[RunResult]:
-    results = []
-    for spec in options.grid.runs:
-        metrics, finished, glue = {}, [], {}
-        for seed in range(options.seeds):
-            path = run_dir(options.output_dir, spec, seed)
-            rows = read_metrics(path)
-            if rows:
-                metrics[seed] = rows
-            if rows and is_finished(path):
-                finished.append(seed)
-            if scores := read_glue(path):
-                glue[seed] = scores
-        memory_file = run_dir(options.output_dir, spec) / MEMORY_FILE
-        memory = json.loads(memory_file.read_text()) if memory_file.is_file() else None
-        results.append(RunResult(spec, metrics, finished, memory, glue))
-    return results
-
-
-def seeds_in_output(options: CompareOptions) -> int:
-    """How many seeds (0..k) the output directory has runs for (0: none)."""
-    found = [int(path.name.removeprefix("seed")) for spec in options.grid.runs
-             for path in run_dir(options.output_dir, spec).glob("seed*") if path.name.removeprefix("seed").isdigit()]
-    return max(found, default=-1) + 1
-
-
-def glue_columns(results: list[RunResult]) -> list[str]:
-    from convattn.data.glue import GLUE_COLUMNS
-
-    found = {column for result in results for scores in result.glue.values() for column in scores}
-    order = {column: index for index, column in enumerate(GLUE_COLUMNS)}
-    return sorted(found, key=lambda column: (order.get(column, len(order)), column))
+from convattn.training.compare import CompareOptions, run_dir, run_options
+from convattn.training.compare_results import (
+    MIB,
+    RunResult,
+    collect_results,
+    glue_columns,
+    plot_perplexity_curves,
+    write_metrics_csv,
+    write_summary_csv,
+)
+from convattn.training.pretrain import OPTIONS_FILE
+from convattn.training.run_folder import format_mean_sem, write_text_atomic
 
 
 # ---------------------------------------------------------------------------------- report
@@ -124,85 +40,6 @@ def write_report(options: CompareOptions) -> list[RunResult]:
     write_text_atomic(out / "report.md", report.markdown())
     write_text_atomic(out / "report.html", report.html())
     return results
-
-
-def _csv_text(header: list[str], rows: list[list]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(["" if value is None else value for value in row] for row in rows)
-    return buffer.getvalue()
-
-
-METRIC_COLUMNS = ("step", "perplexity", "eval_loss", "train_loss", "tokens_per_second", "tokens_seen",
-                  "learning_rate", "elapsed_seconds")
-
-
-def write_metrics_csv(results: list[RunResult], path: Path) -> None:
-    rows = [[result.spec.name, result.spec.preset, seed, *(row.get(column) for column in METRIC_COLUMNS)]
-            for result in results for seed, seed_rows in result.metrics.items() for row in seed_rows]
-    write_text_atomic(path, _csv_text(["run", "preset", "seed", *METRIC_COLUMNS], rows))
-
-
-def write_summary_csv(results: list[RunResult], path: Path) -> None:
-    columns = glue_columns(results)
-    header = ["run", "preset", "overrides", "seeds_finished", "final_step", "parameters", "encoder_parameters",
-              "tokens_seen", "tokens_per_second", "train_memory_mib", "cuda_peak_mib", "perplexity_mean",
-              "perplexity_std", "perplexity_sem", "perplexity_per_seed"]
-    header += [f"glue_{column}_{stat}" for column in columns for stat in ("mean", "std")]
-    rows = []
-    for result in results:
-        estimate = (result.memory or {}).get("estimate", {})
-        ppl = result.final_perplexity or {}
-        row = [result.spec.name, result.spec.preset, json.dumps(result.spec.model) if result.spec.model else None,
-               len(result.finished), result.final_step, estimate.get("parameters"),
-               estimate.get("encoder_parameters"), result.tokens_seen, _round(result.tokens_per_second, 1),
-               _round(estimate.get("total_bytes") and estimate["total_bytes"] / MIB, 1),
-               _round(result.cuda_peak and result.cuda_peak / MIB, 1), _round(ppl.get("mean"), 3),
-               _round(ppl.get("std"), 3), _round(ppl.get("sem"), 3),
-               ";".join(f"{v:.3f}" for v in ppl.get("values", []))]
-        for column in columns:
-            score = result.glue_score(column) or {}
-            row += [_round(score.get("mean"), 2), _round(score.get("std"), 2)]
-        rows.append(row)
-    write_text_atomic(path, _csv_text(header, rows))
-
-
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> Path:
-    """One line per run: mean eval perplexity over seeds at each step, shaded between the seeds' min and max;
-    log-scale y (the Conv-Linformer paper's Figure 1)."""
-    import matplotlib
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import LogFormatter
-
-    fig = Figure(figsize=(9, 5))
-    ax = fig.subplots()
-    shown = [result for result in results if result.metrics]
-    cmap = matplotlib.colormaps["tab20" if len(shown) > 10 else "tab10"]
-    for index, result in enumerate(shown):
-        by_step: dict[int, list[float]] = {}
-        for rows in result.metrics.values():
-            for row in rows:
-                by_step.setdefault(row["step"], []).append(row["perplexity"])
-        steps = sorted(by_step)
-        mean = [statistics.fmean(by_step[s]) for s in steps]
-        color = cmap(index % cmap.N)
-        ax.plot(steps, mean, color=color, linewidth=1.5, marker="o", markersize=2.5,
-                label=f"{result.spec.name} ({len(result.metrics)} seed{'s' if len(result.metrics) > 1 else ''})")
-        if len(result.metrics) > 1:
-            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
-                            alpha=0.18, linewidth=0)
-    ax.set(xlabel="training step", ylabel="eval perplexity (log scale)", yscale="log", title=title)
-    for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        set_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))  # plain numbers, not 4x10^1
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
-              title="line: mean over seeds\nband: min–max", title_fontsize=8)
-    return save_figure(fig, path)
 
 
 def clear_winner(perplexities: list[dict | None]) -> int | None:
