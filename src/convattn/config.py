@@ -113,6 +113,9 @@ class ConvAttnConfig(PretrainedConfig):
         self.conv_projections = list(_subset("conv_projections", self.conv_projections, CONV_PROJECTIONS))
         if not isinstance(self.sequence_projection, str):
             self.sequence_projection = list(self.sequence_projection)
+        # Not transformers' `validate_architecture` hook: it only runs under huggingface_hub's @strict, which
+        # re-raises every check as StrictDataclassClassValidationError (not a ValueError), and our documented
+        # contract is "ValueError naming the field and the allowed values", raised when the config is built.
         self.validate_convattn()
 
     # ------------------------------------------------------------------ derived sizes
