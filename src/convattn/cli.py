@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "convattn.commands.pretrain",
     "convattn.commands.compare",
     "convattn.commands.glue",
+    "convattn.commands.squad",
     "convattn.commands.plot",
     "convattn.commands.export",
     "convattn.commands.push",

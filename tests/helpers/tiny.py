@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import torch
+from pathlib import Path
 
-from convattn import ConvAttnConfig
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from convattn import ConvAttnConfig, ConvAttnForMaskedLM
 from convattn.presets import preset_fields
 
 TINY = dict(vocab_size=101, embedding_size=16, hidden_size=32, num_attention_heads=4, intermediate_size=64,
@@ -26,3 +30,29 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> None:
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+
+
+def tiny_wordpiece_tokenizer(sentences: list[str], vocab_size: int = 800) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer ([CLS] A [SEP] B [SEP], lower-cased) trained on `sentences`."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(sentences, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+
+
+def save_tiny_checkpoint(path: Path, sentences: list[str], preset: str = "chang2021-small/composite") -> Path:
+    """A tiny MLM checkpoint (2 layers, hidden 32) with a WordPiece tokenizer trained on `sentences`."""
+    fast = tiny_wordpiece_tokenizer(sentences)
+    config = ConvAttnConfig.from_preset(preset, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=64, embedding_size=32, vocab_size=len(fast),
+                                        pad_token_id=fast.pad_token_id)
+    torch.manual_seed(0)
+    ConvAttnForMaskedLM(config).save_pretrained(path)
+    fast.save_pretrained(path)
+    return path

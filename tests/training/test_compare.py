@@ -6,6 +6,7 @@ import csv
 import json
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -248,3 +249,23 @@ def test_eval_lengths_bad_values_exit_2(compared, value, needle, capsys):
             "--eval-lengths", value]
     assert main(args) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_squad_columns_join_the_report(corpus, tmp_path):
+    squad = Path(__file__).resolve().parents[1] / "fixtures" / "squad"
+    out = tmp_path / "out"
+    args = compare_args(corpus, out, "--squad", "1.1", "--squad-train-file", str(squad / "train-v1.1.json"),
+                        "--squad-dev-file", str(squad / "dev-v1.1.json"), "--squad-max-steps", "2",
+                        "--squad-max-length", "128", presets="chang2021-small/composite")
+    args[args.index("--seeds") + 1] = "1"
+    assert main(args) == 0
+    assert (out / "runs" / "chang2021-small--composite" / "seed0" / "squad" / "squad_results.json").is_file()
+    report = (out / "report.md").read_text()
+    assert "| SQuAD v1.1 EM | SQuAD v1.1 F1 |" in report and "SQuAD: dev exact match" in report
+    summary = read_csv(out / "summary.csv")[0]
+    assert float(summary["SQuAD_v1.1_F1_mean"]) >= 0
+
+
+def test_squad_flags_need_a_version(corpus, tmp_path, capsys):
+    assert main(compare_args(corpus, tmp_path / "o", "--squad-max-steps", "3")) == 2
+    assert "--squad-max-steps need(s) --squad VERSION" in capsys.readouterr().err

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+from helpers.tiny import save_tiny_checkpoint
+from transformers import BertConfig, BertForSequenceClassification
 
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 from convattn.cli import main
@@ -53,25 +53,7 @@ def training_sentences() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A tiny composite-attention MLM checkpoint with a WordPiece tokenizer trained on GLUE sentences."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(training_sentences(), trainers.WordPieceTrainer(vocab_size=800,
-                                                                                   special_tokens=specials))
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    config = ConvAttnConfig.from_preset("chang2021-small/composite", hidden_size=32, num_hidden_layers=2,
-                                        num_attention_heads=2, intermediate_size=64, embedding_size=32,
-                                        vocab_size=len(fast), pad_token_id=fast.pad_token_id)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-composite")
-    ConvAttnForMaskedLM(config).save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-composite"), training_sentences())
 
 
 # ---------------------------------------------------------------- metrics, by hand
@@ -319,7 +301,7 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
 
 
 def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
-    from convattn.commands.glue import default_output_dir
+    from convattn.commands.arguments import model_output_dir
     from convattn.training.glue.protocol import check_same_model
 
     first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"
@@ -328,8 +310,8 @@ def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
         ConvAttnForMaskedLM(ConvAttnConfig.from_preset("chang2021-small/composite", num_hidden_layers=1,
                                                        hidden_size=32, intermediate_size=64,
                                                        vocab_size=50)).save_pretrained(folder)
-    assert default_output_dir(str(first)) != default_output_dir(str(second))
-    assert default_output_dir(str(first)).name.startswith("discriminator-")
+    assert model_output_dir("glue", str(first)) != model_output_dir("glue", str(second))
+    assert model_output_dir("glue", str(first)).name.startswith("discriminator-")
     out = tmp_path / "glue"
     check_same_model(out, str(first))
     check_same_model(out, str(first))  # the same model again: its finished runs are reused

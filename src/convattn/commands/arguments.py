@@ -223,12 +223,68 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     glue.add_argument("--glue-max-train-samples", type=int, metavar="N",
                       help="fine-tune on a fixed random subset of this many examples")
 
+    squad = parser.add_argument_group("SQuAD fine-tuning of each final model (optional; see `convattn squad`)")
+    squad.add_argument("--squad", choices=("1.1", "2.0"), metavar="VERSION", help="SQuAD version: 1.1 or 2.0")
+    squad.add_argument("--squad-train-file", type=Path, metavar="FILE",
+                       help="training questions, official SQuAD JSON (default: the HF hub)")
+    squad.add_argument("--squad-dev-file", type=Path, metavar="FILE",
+                       help="dev questions, official SQuAD JSON (default: the HF hub)")
+    squad.add_argument("--squad-seeds", type=int, default=1, metavar="N", help="fine-tuning seeds per model")
+    squad.add_argument("--squad-max-steps", type=int, metavar="N",
+                       help="fine-tuning steps (default: the recipe's 2 epochs)")
+    squad.add_argument("--squad-max-length", type=int, metavar="N", help="window length in tokens (default: 512)")
+
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", type=Path, help=f"where the runs and the report go (default: {default_output})")
     add_schedule_arguments(output, recipe_defaults=False)
     output.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the runs in --output-dir without training (their settings "
                              "and seeds are read from the run directories)")
+
+
+def add_fine_tune_arguments(parser: argparse.ArgumentParser):
+    """Hyperparameter overrides shared by `convattn glue` and `convattn squad`; returns the group for more."""
+    hyper = parser.add_argument_group("hyperparameter overrides (default: the recipe's)")
+    length = hyper.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=float, default=None, help="training epochs")
+    length.add_argument("--max-steps", type=int, default=None, help="training steps (instead of epochs)")
+    hyper.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    hyper.add_argument("--batch-size", type=int, default=None, help="training batch size")
+    hyper.add_argument("--warmup-ratio", type=float, default=None, help="linear warmup over this fraction of steps")
+    hyper.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (not on biases, LayerNorm)")
+    hyper.add_argument("--layer-decay", type=float, default=None,
+                       help="layer-wise lr decay: layer i gets lr * decay^(L + 1 - i), embeddings decay^(L + 2)")
+    hyper.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
+    hyper.add_argument("--max-train-samples", type=int, default=None,
+                       help="train on a fixed random subset of this many examples (quick runs)")
+    return hyper
+
+
+FINE_TUNE_FIELDS = {"lr": "learning_rate", "batch_size": "batch_size", "epochs": "epochs", "max_steps": "max_steps",
+                    "warmup_ratio": "warmup_ratio", "weight_decay": "weight_decay", "layer_decay": "layer_decay",
+                    "max_length": "max_length", "max_train_samples": "max_train_samples"}
+POSITIVE_FLAGS = ("epochs", "max_steps", "batch_size", "max_length", "max_train_samples")
+
+
+def fine_tune_overrides(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict:
+    """The settings fields given on the command line (None: the recipe's); sizes must be positive. `extra`: more
+    flag names (dest) that map to the field of the same name."""
+    fields = {**FINE_TUNE_FIELDS, **{name: name for name in extra}}
+    for name in (*POSITIVE_FLAGS, *extra):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return {field: getattr(args, flag) for flag, field in fields.items()}
+
+
+def model_output_dir(command: str, model: str) -> Path:
+    """<command>/<model folder name>-<fingerprint> for a saved model (two models with one folder name never share
+    results), <command>/<name> for a hub id."""
+    from convattn.training.run_folder import model_identity
+
+    if not Path(model).is_dir():
+        return Path(command) / Path(model).name
+    return Path(command) / f"{Path(model).name}-{model_identity(model)[:8]}"
 
 
 def glue_request(args: argparse.Namespace):
@@ -250,6 +306,26 @@ def glue_request(args: argparse.Namespace):
     return GlueRequest(parse_task_list(args.glue), args.glue_data_dir, args.glue_recipe, args.glue_seeds, overrides)
 
 
+def squad_request(args: argparse.Namespace):
+    from convattn.training.compare import SquadRequest
+
+    flags = {"--squad-train-file": args.squad_train_file, "--squad-dev-file": args.squad_dev_file,
+             "--squad-max-steps": args.squad_max_steps, "--squad-max-length": args.squad_max_length}
+    given = [flag for flag, value in flags.items() if value is not None]
+    if not args.squad:
+        if given:
+            raise UsageError(f"{', '.join(given)} need(s) --squad VERSION")
+        return None
+    if (args.squad_train_file is None) != (args.squad_dev_file is None):
+        raise UsageError("give both --squad-train-file and --squad-dev-file (local files), or neither (the HF hub)")
+    for flag, value in (("--squad-seeds", args.squad_seeds), ("--squad-max-steps", args.squad_max_steps),
+                        ("--squad-max-length", args.squad_max_length)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value} must be at least 1")
+    overrides = {"max_steps": args.squad_max_steps, "max_length": args.squad_max_length}
+    return SquadRequest(args.squad, args.squad_train_file, args.squad_dev_file, args.squad_seeds, overrides)
+
+
 def compare_options(args: argparse.Namespace, grid, default_output: Path):
     """CompareOptions from the shared run arguments (`add_run_arguments`) and a grid."""
     from convattn.training.compare import CompareOptions
@@ -257,5 +333,5 @@ def compare_options(args: argparse.Namespace, grid, default_output: Path):
     return CompareOptions(
         grid=grid, output_dir=args.output_dir or default_output, data=data_options(args), seeds=args.seeds,
         recipe=args.recipe, model=config_overrides(args), training=recipe_overrides(args), precision=args.precision,
-        log_every=args.log_every, glue=glue_request(args),
+        log_every=args.log_every, glue=glue_request(args), squad=squad_request(args),
     )

@@ -19,6 +19,8 @@ examples:
       the composite paper's 14 BERT-small rows, scaled down, 3 seeds each
   convattn compare --grid convbert --glue sst2,mrpc --glue-data-dir glue_data --glue-max-steps 300
       BERT vs ConvBERT, with GLUE dev scores of each final model
+  convattn compare --presets chang2021-small/none,chang2021-small/composite --squad 1.1 --squad-max-steps 1000
+      ... with SQuAD v1.1 dev exact match and F1 of each final model (HF hub data, or --squad-train-file/-dev-file)
   convattn compare --grid malard-n512 --output-dir runs/malard --report-only
       rebuild the report from the runs already there, without training
 

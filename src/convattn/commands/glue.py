@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from convattn.commands.arguments import add_fine_tune_arguments, fine_tune_overrides, model_output_dir
 from convattn.errors import UsageError
 from convattn.training.recipes import glue_recipe_names
 
@@ -56,21 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--from-mnli", action="store_true",
                      help="start RTE, STS-B and MRPC from the same seed's MNLI-tuned encoder, as both papers did")
 
-    hyper = parser.add_argument_group("hyperparameter overrides (default: the recipe's, per task)")
-    length = hyper.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=float, default=None, help="training epochs for every task")
-    length.add_argument("--max-steps", type=int, default=None, help="training steps for every task (instead of epochs)")
-    hyper.add_argument("--lr", type=float, default=None, help="peak learning rate for every task")
+    hyper = add_fine_tune_arguments(parser)
     hyper.add_argument("--task-lr", action="append", default=[], metavar="TASK=LR",
                        help="per-task learning rate, e.g. qnli=1e-4 (repeatable or comma-separated); wins over --lr")
-    hyper.add_argument("--batch-size", type=int, default=None, help="training batch size")
-    hyper.add_argument("--warmup-ratio", type=float, default=None, help="linear warmup over this fraction of steps")
-    hyper.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (not on biases, LayerNorm)")
-    hyper.add_argument("--layer-decay", type=float, default=None,
-                       help="layer-wise lr decay: layer i gets lr * decay^(L + 1 - i), embeddings decay^(L + 2)")
-    hyper.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
-    hyper.add_argument("--max-train-samples", type=int, default=None,
-                       help="train on a fixed random subset of this many examples (quick runs)")
     parser.set_defaults(func=run_command)
 
 
@@ -85,32 +74,15 @@ def parse_task_lr(items: list[str]) -> dict[str, float]:
     return task_lr
 
 
-def default_output_dir(model: str) -> Path:
-    """glue/<model folder name>-<fingerprint> for a saved model (two models with one folder name never share
-    results), glue/<name> for a hub id."""
-    from convattn.training.run_folder import model_identity
-
-    if not Path(model).is_dir():
-        return Path("glue") / Path(model).name
-    return Path("glue") / f"{Path(model).name}-{model_identity(model)[:8]}"
-
-
 def run_command(args: argparse.Namespace) -> int:
     from convattn.data.glue import parse_task_list
     from convattn.training.glue import run_glue
 
     tasks = parse_task_list(args.task)
-    for flag, value in (("--seeds", args.seeds), ("--epochs", args.epochs), ("--max-steps", args.max_steps),
-                        ("--batch-size", args.batch_size), ("--max-length", args.max_length),
-                        ("--max-train-samples", args.max_train_samples)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{flag} must be positive, got {value}")
-    overrides = {
-        "learning_rate": args.lr, "batch_size": args.batch_size, "epochs": args.epochs, "max_steps": args.max_steps,
-        "warmup_ratio": args.warmup_ratio, "weight_decay": args.weight_decay, "layer_decay": args.layer_decay,
-        "max_length": args.max_length, "max_train_samples": args.max_train_samples,
-    }
-    output_dir = args.output_dir or default_output_dir(args.model)
+    if args.seeds is not None and args.seeds <= 0:
+        raise UsageError(f"--seeds must be positive, got {args.seeds}")
+    overrides = fine_tune_overrides(args)
+    output_dir = args.output_dir or model_output_dir("glue", args.model)
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
                        overrides=overrides, task_lr=parse_task_lr(args.task_lr), from_mnli=args.from_mnli)
     print((output_dir / "glue_results.md").read_text())

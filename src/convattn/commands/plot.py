@@ -198,7 +198,7 @@ def run_kernel_size(args: argparse.Namespace) -> int:
     from convattn.analysis.kernel_size import plot_kernel_size_sweep
     from convattn.commands.arguments import compare_options
     from convattn.commands.compare import execute
-    from convattn.training.compare_results import collect_results, glue_columns
+    from convattn.training.compare_results import collect_results, downstream_columns
     from convattn.training.grids import Grid, RunSpec, check_runs
 
     sizes = parse_kernel_sizes(args.kernel_sizes)
@@ -213,8 +213,8 @@ def run_kernel_size(args: argparse.Namespace) -> int:
     code = execute(options, args.report_only)
     results = collect_results(options)
     perplexities = [[result.metrics[seed][-1]["perplexity"] for seed in result.finished] for result in results]
-    columns = glue_columns(results)
-    glue = [[statistics.fmean(scores[c] for c in columns) for scores in result.glue.values()
+    columns = [column for column in downstream_columns(results) if column.startswith("GLUE ")]
+    glue = [[statistics.fmean(scores[c] for c in columns) for scores in result.downstream.values()
              if all(c in scores for c in columns)] for result in results] if columns else None
     budget = results[0].final_step
     title = f"{args.preset}: kernel size sweep" + (f" ({budget:,} steps)" if budget else "")

@@ -6,6 +6,7 @@ seeds (seed k sets initialisation, data order and masking). Layout of the output
     tokenizer/                  the one tokenizer of every run (trained once here, unless given)
     runs/<run>/seed<k>/         a normal `convattn pretrain` output directory per run and seed
     runs/<run>/seed<k>/glue/    `convattn glue` output, when GLUE tasks are asked for
+    runs/<run>/seed<k>/squad/   `convattn squad` output, when a SQuAD version is asked for
     runs/<run>/memory.json      the run's training-memory measurement
     report.md, report.html      one table row per run, settings, the figure  (compare_report.py, compare_results.py)
     perplexity.png              eval perplexity vs training step, one line per run
@@ -60,6 +61,17 @@ class GlueRequest:
 
 
 @dataclass
+class SquadRequest:
+    """Fine-tune each final model on SQuAD (`convattn squad` machinery) and report dev EM and F1."""
+
+    version: str
+    train_file: Path | None = None
+    dev_file: Path | None = None
+    seeds: int = 1
+    overrides: dict = field(default_factory=dict)  # SquadSettings fields, e.g. max_steps, max_length
+
+
+@dataclass
 class CompareOptions:
     grid: Grid
     output_dir: Path
@@ -71,6 +83,7 @@ class CompareOptions:
     precision: str = "auto"
     log_every: int = 10
     glue: GlueRequest | None = None
+    squad: SquadRequest | None = None
 
     @property
     def recipe_name(self) -> str:
@@ -231,6 +244,12 @@ def validate(options: CompareOptions) -> int:
         from convattn.training.glue import check_data
 
         check_data([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
+    if options.squad:
+        from convattn.data.squad import read_squad_json
+
+        for file in (options.squad.train_file, options.squad.dev_file):
+            if file is not None:
+                read_squad_json(file)  # missing, empty or not JSON: said before any training
     return seq_len
 
 
@@ -274,18 +293,24 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
                 outcome.interrupted = True
                 return outcome
         update_memory(options, spec, tokenizer, cuda_peaks)
-        if options.glue:
+        if options.glue or options.squad:
             fine_tune_runs(options, spec)
     return outcome
 
 
 def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
-    from convattn.training.glue import run_glue
-
-    request = options.glue
     for seed in range(options.seeds):
         path = run_dir(options.output_dir, spec, seed)
         model = path / "discriminator" if (path / "discriminator").is_dir() else path  # ELECTRA: the discriminator
-        say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
-        run_glue(str(model), request.tasks, path / "glue", data_dir=request.data_dir, recipe=request.recipe,
-                 seeds=request.seeds, overrides=request.overrides)
+        if request := options.glue:
+            from convattn.training.glue import run_glue
+
+            say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
+            run_glue(str(model), request.tasks, path / "glue", data_dir=request.data_dir, recipe=request.recipe,
+                     seeds=request.seeds, overrides=request.overrides)
+        if request := options.squad:
+            from convattn.training.squad import run_squad
+
+            say(f"{spec.name} seed {seed}: SQuAD v{request.version}")
+            run_squad(str(model), request.version, path / "squad", train_file=request.train_file,
+                      dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides)

@@ -15,7 +15,7 @@ from convattn.training.compare_results import (
     MIB,
     RunResult,
     collect_results,
-    glue_columns,
+    downstream_columns,
     plot_perplexity_curves,
     write_metrics_csv,
     write_summary_csv,
@@ -123,7 +123,7 @@ class Report:
         if any(result.cuda_peak for result in self.results):
             columns.append("GPU peak (MiB)")
         columns += ["Eval perplexity (mean ± std)", "Seeds done"]
-        return columns + [f"GLUE {column}" for column in glue_columns(self.results)]
+        return columns + downstream_columns(self.results)
 
     def rows(self) -> list[list[str]]:
         winner = clear_winner([r.final_perplexity for r in self.results])
@@ -143,8 +143,8 @@ class Report:
             }
             if index == winner:
                 cells["Eval perplexity (mean ± std)"] = f"**{cells['Eval perplexity (mean ± std)']}**"
-            for column in glue_columns(self.results):
-                cells[f"GLUE {column}"] = _mean_std(result.glue_score(column), 1)
+            for column in downstream_columns(self.results):
+                cells[column] = _mean_std(result.downstream_score(column), 1)
             rows.append([cells[column] for column in columns])
         return rows
 
@@ -182,11 +182,17 @@ class Report:
         if any(result.cuda_peak for result in self.results):
             notes.append("GPU peak: torch.cuda.max_memory_allocated over the training of a run (the highest of its "
                          "seeds trained in one process), mixed precision included.")
-        if glue_columns(self.results):
+        if any(column.startswith("GLUE") for column in downstream_columns(self.results)):
             request = self.options.glue
             seeds = request.seeds if request else "the"
             notes.append(f"GLUE: dev score x 100 of each final model (`convattn glue`), the mean over {seeds} "
                          "fine-tuning seed(s) per pretraining seed, then mean ± std over pretraining seeds.")
+        if any(column.startswith("SQuAD") for column in downstream_columns(self.results)):
+            request = self.options.squad
+            seeds = request.seeds if request else "the"
+            notes.append(f"SQuAD: dev exact match and F1 x 100 of each final model (`convattn squad`, the official "
+                         f"evaluation; v2.0 at the dev-chosen no-answer threshold), the mean over {seeds} fine-tuning "
+                         "seed(s) per pretraining seed, then mean ± std over pretraining seeds.")
         return notes
 
     def title(self) -> str:
@@ -255,10 +261,10 @@ class Report:
                  _number(r.memory and r.memory["estimate"]["total_bytes"] / MIB),
                  _mean_std(r.final_perplexity, 2), f"{len(r.finished)}/{self.options.seeds}"]
                 for r in self.results]
-        columns = glue_columns(self.results)
+        columns = downstream_columns(self.results)
         header += columns
         for row, result in zip(rows, self.results, strict=True):
-            row += [_mean_std(result.glue_score(column), 1) for column in columns]
+            row += [_mean_std(result.downstream_score(column), 1) for column in columns]
         widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
         return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                 for row in [header, *rows]]

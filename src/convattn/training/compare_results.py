@@ -32,7 +32,7 @@ class RunResult:
     metrics: dict[int, list[dict]]  # seed -> metrics.jsonl rows (seeds that have any)
     finished: list[int]
     memory: dict | None
-    glue: dict[int, dict[str, float]]  # seed -> GLUE column -> dev score (mean over fine-tuning seeds)
+    downstream: dict[int, dict[str, float]]  # seed -> "GLUE <column>" / "SQuAD v<version> EM|F1" -> dev score
 
     @property
     def final_perplexity(self) -> dict | None:
@@ -63,22 +63,32 @@ class RunResult:
         peaks = (self.memory or {}).get("cuda_peak_bytes") or {}
         return max(peaks.values()) if peaks else None
 
-    def glue_score(self, column: str) -> dict | None:
-        return mean_sem([scores[column] for scores in self.glue.values() if column in scores])
+    def downstream_score(self, column: str) -> dict | None:
+        return mean_sem([scores[column] for scores in self.downstream.values() if column in scores])
 
 
-def read_glue(path: Path) -> dict[str, float]:
-    results_file = path / "glue" / "glue_results.json"
-    if not results_file.is_file():
-        return {}
-    columns = json.loads(results_file.read_text())["columns"]
-    return {column: stat["mean"] for column, stat in columns.items()}
+def read_downstream(path: Path) -> dict[str, float]:
+    """A pretraining seed's fine-tuning results (means over fine-tuning seeds): GLUE columns, SQuAD EM and F1."""
+    scores = {}
+    glue = path / "glue" / "glue_results.json"
+    if glue.is_file():
+        columns = json.loads(glue.read_text())["columns"]
+        scores.update({f"GLUE {column}": stat["mean"] for column, stat in columns.items()})
+    squad = path / "squad" / "squad_results.json"
+    if squad.is_file():
+        results = json.loads(squad.read_text())
+        version = results["version"]
+        for label, key in (("EM", "best_exact" if version == "2.0" else "exact_match"),
+                           ("F1", "best_f1" if version == "2.0" else "f1")):
+            if key in results["scores"]:
+                scores[f"SQuAD v{version} {label}"] = results["scores"][key]["mean"]
+    return scores
 
 
 def collect_results(options: CompareOptions) -> list[RunResult]:
     results = []
     for spec in options.grid.runs:
-        metrics, finished, glue = {}, [], {}
+        metrics, finished, downstream = {}, [], {}
         for seed in range(options.seeds):
             path = run_dir(options.output_dir, spec, seed)
             rows = read_metrics(path)
@@ -86,11 +96,11 @@ def collect_results(options: CompareOptions) -> list[RunResult]:
                 metrics[seed] = rows
             if rows and is_finished(path):
                 finished.append(seed)
-            if scores := read_glue(path):
-                glue[seed] = scores
+            if scores := read_downstream(path):
+                downstream[seed] = scores
         memory_file = run_dir(options.output_dir, spec) / MEMORY_FILE
         memory = json.loads(memory_file.read_text()) if memory_file.is_file() else None
-        results.append(RunResult(spec, metrics, finished, memory, glue))
+        results.append(RunResult(spec, metrics, finished, memory, downstream))
     return results
 
 
@@ -101,11 +111,12 @@ def seeds_in_output(options: CompareOptions) -> int:
     return max(found, default=-1) + 1
 
 
-def glue_columns(results: list[RunResult]) -> list[str]:
+def downstream_columns(results: list[RunResult]) -> list[str]:
+    """Fine-tuning columns present in any run: GLUE in the papers' order, then SQuAD."""
     from convattn.data.glue import GLUE_COLUMNS
 
-    found = {column for result in results for scores in result.glue.values() for column in scores}
-    order = {column: index for index, column in enumerate(GLUE_COLUMNS)}
+    found = {column for result in results for scores in result.downstream.values() for column in scores}
+    order = {f"GLUE {column}": index for index, column in enumerate(GLUE_COLUMNS)}
     return sorted(found, key=lambda column: (order.get(column, len(order)), column))
 
 
@@ -128,11 +139,11 @@ def write_metrics_csv(results: list[RunResult], path: Path) -> None:
 
 
 def write_summary_csv(results: list[RunResult], path: Path) -> None:
-    columns = glue_columns(results)
+    columns = downstream_columns(results)
     header = ["run", "preset", "overrides", "seeds_finished", "final_step", "parameters", "encoder_parameters",
               "tokens_seen", "tokens_per_second", "train_memory_mib", "cuda_peak_mib", "perplexity_mean",
               "perplexity_std", "perplexity_sem", "perplexity_per_seed"]
-    header += [f"glue_{column}_{stat}" for column in columns for stat in ("mean", "std")]
+    header += [f"{column.replace(' ', '_')}_{stat}" for column in columns for stat in ("mean", "std")]
     rows = []
     for result in results:
         estimate = (result.memory or {}).get("estimate", {})
@@ -145,7 +156,7 @@ def write_summary_csv(results: list[RunResult], path: Path) -> None:
                _round(ppl.get("std"), 3), _round(ppl.get("sem"), 3),
                ";".join(f"{v:.3f}" for v in ppl.get("values", []))]
         for column in columns:
-            score = result.glue_score(column) or {}
+            score = result.downstream_score(column) or {}
             row += [_round(score.get("mean"), 2), _round(score.get("std"), 2)]
         rows.append(row)
     write_text_atomic(path, _csv_text(header, rows))

@@ -70,10 +70,18 @@ def recipe_for_preset(preset: str | None) -> str:
     return "default"
 
 
-def glue_recipe_names() -> list[str]:
-    """The fine-tuning recipes shipped in `convattn/configs/recipes/glue/`."""
-    directory = resources.files("convattn.configs").joinpath("recipes", "glue")
+def fine_tune_recipe_names(kind: str) -> list[str]:
+    """The fine-tuning recipes shipped in `convattn/configs/recipes/<kind>/` (kind: glue or squad)."""
+    directory = resources.files("convattn.configs").joinpath("recipes", kind)
     return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
+
+
+def glue_recipe_names() -> list[str]:
+    return fine_tune_recipe_names("glue")
+
+
+def squad_recipe_names() -> list[str]:
+    return fine_tune_recipe_names("squad")
 
 
 def apply_overrides(recipe: Recipe, fields: dict) -> str | None:

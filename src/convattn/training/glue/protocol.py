@@ -28,17 +28,17 @@ def check_finished_runs(output_dir: Path, settings: dict[str, FineTuneSettings],
                                  f"({run['settings']}); use another --output-dir or delete that run")
 
 
-def check_same_model(output_dir: Path, model: str) -> None:
+def check_same_model(output_dir: Path, model: str, record_file: str = MODEL_FILE) -> None:
     """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
-    MODEL_FILE records it, written before the first run."""
+    `record_file` records it, written before the first run."""
     record = {"model": model, "identity": model_identity(model)}
-    saved = read_json(output_dir / MODEL_FILE)
+    saved = read_json(output_dir / record_file)
     if saved is None:
         if (output_dir / "runs").is_dir():
-            raise UsageError(f"{output_dir} holds GLUE runs of an unrecorded model; use another --output-dir")
-        write_json_atomic(output_dir / MODEL_FILE, record)
+            raise UsageError(f"{output_dir} holds runs of an unrecorded model; use another --output-dir")
+        write_json_atomic(output_dir / record_file, record)
     elif saved["identity"] != record["identity"]:
-        raise UsageError(f"{output_dir} holds GLUE runs of another model ({saved['model']}, fingerprint "
+        raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
                          f"{saved['identity']}; {model} is {record['identity']}); use another --output-dir")
 
 

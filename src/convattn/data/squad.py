@@ -1,0 +1,150 @@
+"""SQuAD v1.1 and v2.0 questions: the official JSON layout (local files) or the HF hub, as one `Dataset`.
+
+Every split has the hub's columns: id, title, context, question, answers = {"text": [...], "answer_start": [...]}
+(an unanswerable v2.0 question has empty lists). Local files are checked while they are read: the layout, and that
+every answer_start points at its answer text in the context.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from datasets import Dataset
+
+from convattn.errors import UsageError
+from convattn.training.run_folder import say
+
+VERSIONS = ("1.1", "2.0")
+HUB_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
+HUB_SPLITS = {"train": "train", "dev": "validation"}
+COLUMNS = ("id", "title", "context", "question", "answers")
+
+
+def check_version(version: str) -> str:
+    if version not in VERSIONS:
+        raise UsageError(f"--version must be one of {', '.join(VERSIONS)}, got {version!r}")
+    return version
+
+
+def read_squad_json(path: Path) -> dict:
+    """The parsed official JSON file (UsageError, one line, when it is missing, empty or not JSON)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    text = path.read_bytes()
+    if not text.strip():
+        raise UsageError(f"{path}: the file is empty; expected SQuAD JSON ({{\"data\": [...]}})")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: not JSON ({err}); expected the official SQuAD layout") from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise UsageError(f"{path}: not in the SQuAD layout: expected a JSON object with a \"data\" list of articles")
+    return data
+
+
+def shorten(text: str, width: int = 60) -> str:
+    return repr(text if len(text) <= width else text[:width] + "...")
+
+
+def answer_end(context: str, start: int, text: str) -> int | None:
+    """Where the answer `text` ends in the context when it starts at `start`, whitespace aside (the official dev
+    sets have answers whose spaces differ from the context's); None when the characters do not match."""
+    position = start
+    for char in text:
+        if char.isspace():
+            continue
+        while position < len(context) and context[position].isspace():
+            position += 1
+        if position >= len(context) or context[position] != char or (position == start and start < 0):
+            return None
+        position += 1
+    return position if text.strip() and 0 <= start < len(context) else None
+
+
+def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bool) -> dict[str, list]:
+    impossible = bool(qa.get("is_impossible", False))
+    if impossible and version == "1.1":
+        raise UsageError(f"{where}: is_impossible questions are SQuAD 2.0; use --version 2.0")
+    answers = [] if impossible else qa["answers"]
+    if not isinstance(answers, list):
+        raise UsageError(f"{where}: \"answers\" must be a list")
+    if not answers and not impossible:
+        raise UsageError(f"{where}: no answers (a SQuAD 2.0 unanswerable question needs \"is_impossible\": true)")
+    texts, starts = [], []
+    for answer in answers:
+        text, start = answer.get("text"), answer.get("answer_start")
+        if not isinstance(text, str) or not isinstance(start, int):
+            raise UsageError(f"{where}: every answer needs a string \"text\" and an integer \"answer_start\"")
+        if check_offsets and answer_end(context, start, text) is None:
+            raise UsageError(f"{where}: answer_start {start} does not point at the answer {shorten(text)} (the "
+                             f"context has {shorten(context[start:start + len(text)])} there)")
+        texts.append(text)
+        starts.append(start)
+    return {"text": texts, "answer_start": starts}
+
+
+def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> dict[str, list]:
+    """The official layout -> columns; every question is checked (UsageError naming the question). Answer offsets
+    are checked where they become training labels (`check_offsets`); the evaluation reads only answer texts, and
+    the official dev sets have a few answer_starts that miss their text."""
+    columns: dict[str, list] = {name: [] for name in COLUMNS}
+    for a, article in enumerate(data["data"]):
+        for p, paragraph in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
+            context = paragraph.get("context")
+            if not isinstance(context, str) or not isinstance(paragraph.get("qas"), list):
+                raise UsageError(f"{source}: article {a}, paragraph {p}: needs a \"context\" string and a \"qas\" list")
+            for qa in paragraph["qas"]:
+                where = f"{source}: question {qa.get('id', '?')!r}"
+                if not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
+                    raise UsageError(f"{where}: every question needs a string \"id\" and \"question\"")
+                columns["answers"].append(_answers(qa, context, where, version, check_offsets))
+                columns["id"].append(qa["id"])
+                columns["title"].append(article.get("title", ""))
+                columns["context"].append(context)
+                columns["question"].append(qa["question"])
+    if not columns["id"]:
+        raise UsageError(f"{source}: no questions in the file")
+    columns["id"], renamed = unique_ids(columns["id"])
+    if renamed:
+        say("squad", f"{source}: {renamed} question ids repeat an earlier question's; renamed <id>#<k> so each "
+                     "question gets its own answer in predictions.json")
+    return columns
+
+
+def unique_ids(ids: list[str]) -> tuple[list[str], int]:
+    """Question ids with every repeat renamed `<id>#<k>` (k = 1, 2, ...), and how many were renamed."""
+    seen: dict[str, int] = {}
+    unique = []
+    for qid in ids:
+        seen[qid] = seen.get(qid, -1) + 1
+        unique.append(qid if seen[qid] == 0 else f"{qid}#{seen[qid]}")
+    return unique, sum(seen.values())
+
+
+def load_squad_file(path: Path, version: str, split: str = "train") -> Dataset:
+    return Dataset.from_dict(squad_rows(read_squad_json(path), check_version(version), str(path),
+                                        check_offsets=split == "train"))
+
+
+def load_squad_hub(version: str, split: str) -> Dataset:
+    import datasets
+
+    name = HUB_DATASETS[check_version(version)]
+    try:
+        dataset = datasets.load_dataset(name, split=HUB_SPLITS[split])
+    except Exception as err:  # offline, not cached, hub errors: all mean the same to the user
+        raise UsageError(f"could not load {name} ({HUB_SPLITS[split]}) from the HF hub ({type(err).__name__}); "
+                         f"pass --train-file and --dev-file with SQuAD {version} JSON files") from err
+    return dataset.select_columns(list(COLUMNS))
+
+
+def load_squad(version: str, split: str, file: Path | None) -> Dataset:
+    """One split ("train" or "dev") from a local official-layout file or, when file is None, from the HF hub."""
+    return load_squad_file(file, version, split) if file is not None else load_squad_hub(version, split)
+
+
+def official_answers(dataset: Dataset) -> dict[str, list[str]]:
+    """question id -> reference answer texts (empty for an unanswerable question), as the scorers read them."""
+    return {qid: answers["text"] for qid, answers in zip(dataset["id"], dataset["answers"], strict=True)}

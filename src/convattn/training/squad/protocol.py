@@ -1,0 +1,70 @@
+"""The whole SQuAD protocol: check everything, fine-tune each seed (finished seeds skipped), aggregate."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from convattn.data.squad import check_version, load_squad
+from convattn.errors import UsageError
+from convattn.training.glue.protocol import check_same_model, load_pretrained_info
+from convattn.training.run_folder import say
+from convattn.training.squad.features import encode_split
+from convattn.training.squad.results import aggregate
+from convattn.training.squad.run import SquadData, fine_tune, finished_run, run_dir
+from convattn.training.squad.settings import SquadSettings, load_squad_recipe, resolve_settings
+
+MODEL_FILE = "squad_model.json"  # the model every seed of the folder fine-tuned
+
+
+def check_finished_runs(output_dir: Path, version: str, settings: SquadSettings, seeds: int) -> None:
+    for seed in range(seeds):
+        run = finished_run(run_dir(output_dir, version, seed))
+        if run and run["settings"] != dataclasses.asdict(settings):
+            raise UsageError(f"{run_dir(output_dir, version, seed)} was made with other settings ({run['settings']}); "
+                             "use another --output-dir or delete that run")
+
+
+def load_data(version: str, train_file: Path | None, dev_file: Path | None, tokenizer, settings: SquadSettings,
+              token_types: bool) -> SquadData:
+    train = load_squad(version, "train", train_file)
+    if 0 < settings.max_train_samples < len(train):
+        train = train.shuffle(seed=0).select(range(settings.max_train_samples))
+    dev = load_squad(version, "dev", dev_file)
+    return SquadData(train=encode_split(train, tokenizer, settings, token_types, training=True),
+                     train_questions=len(train), dev=dev,
+                     dev_windows=encode_split(dev, tokenizer, settings, token_types, training=False))
+
+
+def run_squad(model: str, version: str, output_dir: Path, train_file: Path | None = None,
+              dev_file: Path | None = None, recipe: str = "convbert", seeds: int | None = None,
+              overrides: dict | None = None) -> dict:
+    """Fine-tune `model` on SQuAD `version` for each seed (skipping finished ones), then aggregate output_dir."""
+    check_version(version)
+    recipe_fields = load_squad_recipe(recipe)
+    seeds = seeds or recipe_fields["seeds"]
+    tokenizer, base_size, token_types = load_pretrained_info(model)
+    if not tokenizer.is_fast:
+        raise UsageError(f"{model}: SQuAD needs a fast tokenizer (character offsets); this one is "
+                         f"{type(tokenizer).__name__}")
+    settings = resolve_settings(recipe_fields, base_size, overrides or {})
+    check_finished_runs(output_dir, version, settings, seeds)
+    pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
+    data = load_data(version, train_file, dev_file, tokenizer, settings, token_types) if pending else None
+    check_same_model(output_dir, model, MODEL_FILE)  # after the data's checks: bad input leaves nothing behind
+    if data:
+        say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
+                     f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
+    for seed in pending:
+        path = run_dir(output_dir, version, seed)
+        if path.exists():
+            shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
+        say("squad", f"v{version} seed {seed}: fine-tuning")
+        run = fine_tune(version, seed, settings, data, model, tokenizer, path)
+        headline = run["scores"].get("best_f1", run["scores"]["f1"])
+        em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
+        say("squad", f"v{version} seed {seed}: EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)")
+    if not pending:
+        say("squad", f"v{version}: all {seeds} seeds already finished")
+    return aggregate(output_dir, version)

@@ -1,0 +1,78 @@
+"""One fine-tuning run (a seed) and what it writes.
+
+    runs/squad<version>/seed<k>/run.json                  finished-run marker (settings, scores); written last
+    runs/squad<version>/seed<k>/predictions.json          question id -> answer, the official scripts' input
+    runs/squad<version>/seed<k>/nbest_predictions.json    question id -> n-best spans with probabilities
+    runs/squad<version>/seed<k>/null_odds.json            SQuAD 2.0: the no-answer odds the threshold search uses
+    runs/squad<version>/seed<k>/log.json                  the Trainer's log history
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
+
+from convattn.data.squad import official_answers
+from convattn.training.glue.optim import LayerDecayTrainer
+from convattn.training.glue.run import training_arguments
+from convattn.training.run_folder import read_json, seed_dir, write_json_atomic
+from convattn.training.squad.metrics import squad_scores
+from convattn.training.squad.postprocess import best_answers
+from convattn.training.squad.settings import SquadSettings
+
+
+@dataclass
+class SquadData:
+    train: Dataset          # training windows with start/end positions
+    train_questions: int
+    dev: Dataset            # dev questions (id, context, answers)
+    dev_windows: Dataset    # their windows with offsets and max-context flags
+
+
+def run_dir(output_dir: Path, version: str, seed: int) -> Path:
+    return seed_dir(output_dir, f"squad{version}", seed)
+
+
+def finished_run(path: Path) -> dict | None:
+    return read_json(path / "run.json")
+
+
+def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData, model_source: str,
+              tokenizer: PreTrainedTokenizerBase, path: Path) -> dict:
+    """Fine-tune one seed, answer every dev question and score the answers; returns (and writes) run.json."""
+    start = time.time()
+    set_seed(seed)  # the new span head's initialisation and the data order
+    model = AutoModelForQuestionAnswering.from_pretrained(model_source)
+    trainer = LayerDecayTrainer(
+        model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
+        data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
+        layer_decay=settings.layer_decay,
+    )
+    train_output = trainer.train()
+    start_logits, end_logits = trainer.predict(data.dev_windows).predictions[:2]
+    answers = best_answers(data.dev, data.dev_windows, start_logits, end_logits, settings.n_best,
+                           settings.max_answer_length, version)
+    scores = squad_scores(official_answers(data.dev), answers.predictions, version,
+                          no_answer_probs=answers.null_odds if version == "2.0" else None)
+    write_json_atomic(path / "predictions.json", answers.predictions)
+    write_json_atomic(path / "nbest_predictions.json", answers.nbest)
+    if version == "2.0":
+        write_json_atomic(path / "null_odds.json", answers.null_odds)
+    write_json_atomic(path / "log.json", trainer.state.log_history)
+    run = {
+        "version": version, "seed": seed, "model": model_source,
+        "settings": dataclasses.asdict(settings),
+        "encoder_params": model.base_model.num_parameters(),
+        "scores": scores,
+        "train": {"steps": train_output.global_step, "loss": train_output.training_loss,
+                  "questions": data.train_questions, "windows": len(data.train)},
+        "dev": {"questions": len(data.dev), "windows": len(data.dev_windows)},
+        "seconds": round(time.time() - start, 1),
+    }
+    write_json_atomic(path / "run.json", run)
+    return run

@@ -1,0 +1,56 @@
+"""Fine-tuning settings: a SQuAD recipe (configs/recipes/squad/*.yaml) with command-line overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+from convattn.errors import UsageError
+from convattn.training.recipes import squad_recipe_names
+
+BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
+
+
+@dataclass(frozen=True)
+class SquadSettings:
+    learning_rate: float
+    batch_size: int
+    epochs: float
+    warmup_ratio: float
+    weight_decay: float
+    layer_decay: float
+    adam_epsilon: float
+    max_length: int
+    doc_stride: int
+    max_query_length: int
+    n_best: int
+    max_answer_length: int
+    max_steps: int = 0             # > 0 overrides epochs
+    max_train_samples: int = 0     # 0 = every training question
+
+
+OVERRIDABLE = ("learning_rate", "batch_size", "epochs", "max_steps", "warmup_ratio", "weight_decay", "layer_decay",
+               "max_length", "doc_stride", "max_query_length", "n_best", "max_answer_length", "max_train_samples")
+
+
+def load_squad_recipe(name: str) -> dict:
+    if name not in squad_recipe_names():
+        raise UsageError(f"unknown --recipe {name!r}; SQuAD recipes are {', '.join(squad_recipe_names())}")
+    return yaml.safe_load(resources.files("convattn.configs").joinpath("recipes", "squad", f"{name}.yaml").read_text())
+
+
+def resolve_settings(recipe: dict, base_size: bool, overrides: dict) -> SquadSettings:
+    """recipe defaults < base-size settings < command-line overrides (None = not given)."""
+    fields = dict(recipe["defaults"])
+    if base_size:
+        fields.update(recipe.get("base_size", {}))
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    settings = SquadSettings(**fields)
+    if not 0 <= settings.warmup_ratio < 1:
+        raise UsageError(f"--warmup-ratio must be in [0, 1), got {settings.warmup_ratio}")
+    if settings.max_query_length + 4 > settings.max_length:
+        raise UsageError(f"--max-length {settings.max_length} leaves no room for a context after "
+                         f"--max-query-length {settings.max_query_length}")
+    return settings
