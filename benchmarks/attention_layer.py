@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_line, write_atomic
+from common import machine_line, status_bytes, write_atomic
 
 from convattn import ConvAttnConfig
 from convattn.attention import TokenMask, banded
@@ -45,14 +45,6 @@ def build(arm: str, n: int, batch: int):
     def step():
         layer(hidden, mask)[0].pow(2).mean().backward()
     return step
-
-
-def status_bytes(field: str) -> int:
-    """VmRSS / VmHWM (peak RSS) of this process from /proc; unlike ru_maxrss, VmHWM starts afresh at
-    exec, so it is not the parent's peak."""
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) * 1024
 
 
 def measure_memory(arm: str, n: int, batch: int) -> dict:

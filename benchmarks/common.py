@@ -31,3 +31,11 @@ def machine_line() -> str:
             f"{torch.get_num_threads()} threads")
 
 
+
+
+def status_bytes(field: str) -> int:
+    """VmRSS / VmHWM (peak RSS) of this process from /proc; unlike ru_maxrss, VmHWM starts afresh at
+    exec, so it is not the parent's peak."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
