@@ -48,9 +48,17 @@ def aggregate(output_dir: Path, version: str) -> dict:
     return results
 
 
+def model_label(model: str | None) -> str:
+    """The model's folder name; with its parent for a compare run's `<run>/seed<k>`."""
+    if not model:
+        return "?"
+    path = Path(model)
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("seed") else path.name
+
+
 def results_markdown(results: dict) -> str:
     version = results["version"]
-    model = Path(results["model"]).name if results["model"] else "?"
+    model = model_label(results["model"])
     params = f"{results['encoder_params'] / 1e6:.2f}M" if results["encoder_params"] else "–"
     columns = HEADLINE[version]
     threshold_note = (" EM and F1 are the official v2.0 evaluator's best_exact / best_f1: the no-answer threshold "
