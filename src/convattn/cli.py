@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.loads_models:
             import convattn
+            from convattn.training import console
 
             convattn.register_auto_classes()  # the command line starts without it (see convattn/__init__.py)
+            console.configure(verbose=getattr(args, "verbose", False))
         return args.func(args) or 0
     except (UsageError, ValueError, FileNotFoundError) as err:
         print(f"convattn {args.command}: error: {err}", file=sys.stderr)

@@ -137,6 +137,7 @@ def add_schedule_arguments(group, recipe_defaults: bool = True) -> None:
     group.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps" + shown("eval_every"))
     group.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps" + shown("save_every"))
     group.add_argument("--log-every", type=int, default=10, help="log train loss and tokens/s every N steps")
+    add_verbose_argument(group)
 
 
 def config_overrides(args: argparse.Namespace) -> dict:
@@ -187,14 +188,14 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
-def prepare_training_process() -> None:
-    """Quiet the libraries' progress bars (our own lines say what data preparation is doing) and make a kill
-    stop like Ctrl-C, so checkpoints stay intact."""
-    import datasets
-    import transformers
+def add_verbose_argument(parser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the libraries' own output live (load reports, Trainer logs, progress bars of "
+                             "data preparation); without it they go to OUTPUT_DIR/log.txt")
 
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+
+def prepare_training_process() -> None:
+    """Make a kill stop like Ctrl-C, so checkpoints stay intact."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
 

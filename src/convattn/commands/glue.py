@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from convattn.commands.arguments import add_fine_tune_arguments, fine_tune_overrides, model_output_dir
+from convattn.commands.arguments import (
+    add_fine_tune_arguments,
+    add_verbose_argument,
+    fine_tune_overrides,
+    model_output_dir,
+)
 from convattn.errors import UsageError
 from convattn.training.recipes import glue_recipe_names
 
@@ -57,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--from-mnli", action="store_true",
                      help="start RTE, STS-B and MRPC from the same seed's MNLI-tuned encoder, as both papers did")
 
+    add_verbose_argument(run)
     hyper = add_fine_tune_arguments(parser)
     hyper.add_argument("--task-lr", action="append", default=[], metavar="TASK=LR",
                        help="per-task learning rate, e.g. qnli=1e-4 (repeatable or comma-separated); wins over --lr")

@@ -6,7 +6,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from convattn.commands.arguments import HelpFormatter
+from convattn.commands.arguments import HelpFormatter, add_verbose_argument
 from convattn.errors import UsageError
 
 DEFAULT_KERNEL_SIZES = "1,3,5,7,9,13,17"
@@ -52,6 +52,7 @@ def add_arguments(plot: argparse.ArgumentParser) -> None:
     kernels.add_argument("--text", default=DEFAULT_TEXT, help="text over which dynamic kernels are averaged")
     kernels.add_argument("--layer", type=int, default=-1, help="layer of the depthwise kernels (-1: deepest)")
     kernels.add_argument("--output-dir", type=Path, default=None, help="where PNGs go (default: CHECKPOINT/plots)")
+    add_verbose_argument(kernels)
     kernels.set_defaults(func=run_kernels)
 
     attention = kinds.add_parser(
@@ -67,6 +68,7 @@ def add_arguments(plot: argparse.ArgumentParser) -> None:
     attention.add_argument("--layer", type=int, default=None,
                            help="plot this layer only (negative counts from the deepest; default: every layer)")
     attention.add_argument("--output-dir", type=Path, default=None, help="where PNGs go (default: CHECKPOINT/plots)")
+    add_verbose_argument(attention)
     attention.set_defaults(func=run_attention)
 
     register_kernel_size(kinds)
@@ -94,6 +96,12 @@ def register_kernel_size(kinds) -> None:
 
 def _output_dir(args) -> Path:
     return args.output_dir or Path(args.checkpoint) / "plots"
+
+
+def _log_to_output_dir(args) -> None:
+    from convattn.training.console import log_to
+
+    log_to(_output_dir(args))
 
 
 def _encode(checkpoint: str, text: str, max_length: int):
@@ -135,6 +143,7 @@ def run_kernels(args: argparse.Namespace) -> int:
     if not written:
         raise UsageError(f"{args.checkpoint} has no lightweight or depthwise convolution kernels to plot "
                          "(relative_terms and value_depthwise_conv are off)")
+    _log_to_output_dir(args)
     for path in written:
         print(path)
     return 0
@@ -174,6 +183,7 @@ def run_attention(args: argparse.Namespace) -> int:
             kernels, tokens, f"Span-based dynamic convolution kernels per token (K={k}, mean over conv heads)",
             out / "convbert_kernels.png", xlabel="position j (kernel tap j − i)", ylabel="token i",
             colorbar="kernel weight"))
+    _log_to_output_dir(args)
     for path in written:
         print(path)
     return 0

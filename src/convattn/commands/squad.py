@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from convattn.commands.arguments import add_fine_tune_arguments, fine_tune_overrides, model_output_dir
+from convattn.commands.arguments import (
+    add_fine_tune_arguments,
+    add_verbose_argument,
+    fine_tune_overrides,
+    model_output_dir,
+)
 from convattn.errors import UsageError
 from convattn.training.recipes import squad_recipe_names
 
@@ -54,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs, seeds 0..N-1 (default: the recipe's, 3 for convbert)")
 
+    add_verbose_argument(run)
     hyper = add_fine_tune_arguments(parser)
     hyper.add_argument("--doc-stride", type=int, default=None, help="window starts advance by this many tokens")
     hyper.add_argument("--max-query-length", type=int, default=None, help="questions are cut to this many tokens")

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from convattn.errors import UsageError
+from convattn.training.console import log_to
 from convattn.training.grids import Grid, RunSpec, check_runs
 from convattn.training.memory import saved_activation_bytes
 from convattn.training.pretrain import (
@@ -271,6 +272,7 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
 
     seq_len = validate(options)
     options.output_dir.mkdir(parents=True, exist_ok=True)
+    log_to(options.output_dir)
     tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))
     outcome = CompareOutcome(trained=0, reused=0)
     total = len(options.grid.runs) * options.seeds

@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from convattn.data.glue import get_task
 from convattn.errors import UsageError
+from convattn.training.console import log_to
 from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
@@ -82,6 +83,7 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     settings = {t: resolve_settings(recipe_fields, "mnli" if t == "ax" else t, base_size, overrides or {}, task_lr,
                                     from_mnli) for t in tasks}
     check_same_model(output_dir, model)
+    log_to(output_dir)
     check_finished_runs(output_dir, settings, seeds)
     check_mnli_available(output_dir, tasks, settings, seeds)
 

@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from convattn.data.glue import GlueTask
+from convattn.training.console import quiet_trainer
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
 from convattn.training.glue.optim import LayerDecayTrainer
@@ -91,7 +92,7 @@ def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskD
         data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
         layer_decay=settings.layer_decay,
     )
-    train_output = trainer.train()
+    train_output = quiet_trainer(trainer).train()
     metrics = {}
     for split, dataset in data.dev.items():
         logits = trainer.predict(dataset).predictions
@@ -124,8 +125,8 @@ def predict_ax(task: GlueTask, seed: int, data: TaskData, output_dir: Path, toke
     model = AutoModelForSequenceClassification.from_pretrained(str(mnli_model_dir(output_dir, seed)))
     args = TrainingArguments(output_dir=str(path), per_device_eval_batch_size=128, report_to="none",
                              dataloader_pin_memory=torch.cuda.is_available())
-    trainer = Trainer(model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer),
-                      processing_class=tokenizer)
+    trainer = quiet_trainer(Trainer(model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer),
+                                    processing_class=tokenizer))
     files = predict_test_sets(trainer, task, data, path, task)
     run = {"task": task.name, "seed": seed, "model": str(mnli_model_dir(output_dir, seed)), "init": "mnli",
            "settings": None, "metrics": {}, "scores": {}, "test_predictions": files}

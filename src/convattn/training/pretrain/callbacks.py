@@ -97,7 +97,8 @@ def plot_perplexity(rows: Sequence[dict], path: Path) -> None:
 
 
 class PretrainProgress(ProgressCallback):
-    """The Trainer's progress bar (steps, ETA) with loss, tokens/s and eval perplexity as its postfix."""
+    """The Trainer's progress bar (steps, ETA) with loss, tokens/s and eval perplexity as its postfix, and one
+    line per evaluation."""
 
     def __init__(self):
         super().__init__()
@@ -109,4 +110,5 @@ class PretrainProgress(ProgressCallback):
                 self.postfix |= {"loss": f"{logs['loss']:.3f}", "tok/s": f"{logs['tokens_per_second']:.0f}"}
             if "eval_perplexity" in logs:
                 self.postfix["eval_ppl"] = f"{logs['eval_perplexity']:.1f}"
+                self.training_bar.write(f"step {state.global_step:,}: eval perplexity {logs['eval_perplexity']:,.1f}")
             self.training_bar.set_postfix(self.postfix, refresh=False)

@@ -13,6 +13,7 @@ from transformers import ProgressCallback, Trainer, TrainerCallback
 from transformers.integrations import TensorBoardCallback
 
 from convattn.hub import write_model_card
+from convattn.training.console import log_to
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import OPTIONS_FILE, PretrainOptions, check_options, check_output_dir
@@ -67,6 +68,7 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
+        log_to(out)
     metrics = MetricsWriter(out)
     if resume_from is not None and args.process_index == 0:
         metrics.keep_until(int(resume_from.name.removeprefix("checkpoint-")))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
+from convattn.training.console import log_to
 from convattn.training.glue.protocol import check_same_model, load_pretrained_info
 from convattn.training.run_folder import say
 from convattn.training.squad.features import encode_split
@@ -53,6 +54,7 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
     pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
     data = load_data(version, train_file, dev_file, tokenizer, settings, token_types) if pending else None
     check_same_model(output_dir, model, MODEL_FILE)  # after the data's checks: bad input leaves nothing behind
+    log_to(output_dir)
     if data:
         say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
                      f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")

@@ -18,6 +18,7 @@ from datasets import Dataset
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
 from convattn.data.squad import official_answers
+from convattn.training.console import quiet_trainer
 from convattn.training.glue.optim import LayerDecayTrainer
 from convattn.training.glue.run import training_arguments
 from convattn.training.run_folder import read_json, seed_dir, write_json_atomic
@@ -53,7 +54,7 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
         data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
         layer_decay=settings.layer_decay,
     )
-    train_output = trainer.train()
+    train_output = quiet_trainer(trainer).train()
     start_logits, end_logits = trainer.predict(data.dev_windows).predictions[:2]
     answers = best_answers(data.dev, data.dev_windows, start_logits, end_logits, settings.n_best,
                            settings.max_answer_length, version)

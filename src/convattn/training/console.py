@@ -1,0 +1,103 @@
+"""What a command prints: one progress bar per long phase and short `convattn <command>: ...` lines.
+
+The libraries' own output (transformers' load reports and warnings, the Trainer's per-log dicts, datasets' Map
+bars, weight-loading bars) goes to the run folder's `log.txt` instead: `configure` (called by the command line
+for every command that loads models) captures it, kept in memory until the command knows its folder and calls
+`log_to`. `--verbose` shows it all live, as the libraries print it. Errors still reach the screen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from transformers import ProgressCallback, Trainer
+
+LOG_FILE = "log.txt"
+CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go to log.txt
+
+
+class RunLog(logging.Handler):
+    """Log records as lines: held in memory until `attach`, then appended to the file."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        self.pending: list[str] = []
+        self.path: Path | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = self.format(record)
+        if self.path is None:
+            self.pending.append(line)
+        else:
+            self._append([line])
+
+    def attach(self, path: Path) -> None:
+        self.path = path
+        lines, self.pending = self.pending, []
+        if lines:
+            self._append(lines)
+
+    def _append(self, lines: list[str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # the folder appears with its first line
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+_run_log: RunLog | None = None  # set while library output is captured (not --verbose)
+_saved: dict[str, tuple[list[logging.Handler], int, bool]] = {}  # captured logger -> its handlers, level, propagate
+
+
+def configure(verbose: bool) -> None:
+    """Capture the libraries' output for log.txt, or (verbose) let them print as they do by default."""
+    global _run_log
+    import datasets
+    import transformers
+
+    for name, (handlers, level, propagate) in _saved.items():  # an earlier command of this process (tests)
+        logger = logging.getLogger(name)
+        logger.handlers, logger.propagate = handlers, propagate
+        logger.setLevel(level)
+    _saved.clear()
+    _run_log = None
+    if verbose:
+        datasets.enable_progress_bars()
+        transformers.utils.logging.enable_progress_bar()
+        return
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    _run_log, screen = RunLog(), logging.StreamHandler()
+    screen.setLevel(logging.ERROR)
+    for name in CAPTURED:
+        logger = logging.getLogger(name)
+        _saved[name] = (logger.handlers[:], logger.level, logger.propagate)
+        logger.handlers, logger.propagate = [_run_log, screen], False
+        logger.setLevel(logging.INFO)
+
+
+def log_to(folder: Path) -> Path | None:
+    """From now on (and what was captured before) the libraries' output goes to folder/log.txt."""
+    if _run_log is None:
+        return None
+    _run_log.attach(Path(folder) / LOG_FILE)
+    return _run_log.path
+
+
+class LoggedProgress(ProgressCallback):
+    """The Trainer's progress bar with the latest loss as its postfix; each log dict goes to log.txt."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            logging.getLogger("convattn.trainer").info(json.dumps({"step": state.global_step, **logs}))
+            if self.training_bar is not None and "loss" in logs:
+                self.training_bar.set_postfix({"loss": f"{logs['loss']:.3f}"}, refresh=False)
+
+
+def quiet_trainer(trainer: Trainer) -> Trainer:
+    """Swap the Trainer's dict-printing progress callback for `LoggedProgress` unless output is verbose."""
+    if _run_log is not None:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(LoggedProgress())
+    return trainer

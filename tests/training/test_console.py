@@ -1,0 +1,47 @@
+"""Readable output: the libraries' reports go to the run folder's log.txt unless --verbose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny import save_tiny_checkpoint
+
+from convattn.cli import main
+from convattn.data.squad import load_squad_file
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "squad"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    questions = load_squad_file(FIXTURES / "train-v1.1.json", "1.1")
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), list(questions["context"]) * 3)
+
+
+def squad(checkpoint: Path, out: Path, *extra: str) -> int:
+    torch.set_num_threads(1)
+    return main(["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file",
+                 str(FIXTURES / "train-v1.1.json"), "--dev-file", str(FIXTURES / "dev-v1.1.json"), "--output-dir",
+                 str(out), "--seeds", "1", "--max-steps", "3", "--batch-size", "4", "--max-length", "64",
+                 "--max-query-length", "16", *extra])
+
+
+def test_library_reports_go_to_the_log_file(checkpoint, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert squad(checkpoint, tmp_path / "quiet") == 0
+    screen = "".join(capfd.readouterr())
+    for noise in ("LOAD REPORT", "{'loss'", "Map:", "Loading weights"):
+        assert noise not in screen
+    assert "convattn squad: v1.1 seed 0: EM" in screen  # the short line per evaluation stays
+    log = (tmp_path / "quiet" / "log.txt").read_text()
+    assert "LOAD REPORT" in log and "convattn.trainer" in log and '"loss"' in log
+
+
+def test_verbose_shows_them_live(checkpoint, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert squad(checkpoint, tmp_path / "verbose", "--verbose") == 0
+    screen = "".join(capfd.readouterr())
+    assert "{'loss'" in screen  # the Trainer's own log lines, live
+    assert not (tmp_path / "verbose" / "log.txt").exists()
