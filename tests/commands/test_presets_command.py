@@ -8,6 +8,8 @@ from convattn.cli import main
 def test_lists_paper_rows_with_counts(capsys):
     assert main(["presets", "chang2021-small/*"]) == 0
     out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header[:4] == ["preset", "MLM", "params", "[encoder]"] and "define" in header
     assert "chang2021-small/composite " in out and "13,428,196" in out
     assert "chang2021-small/absolute " in out and "13,430,708" in out
 

@@ -269,3 +269,22 @@ def test_squad_columns_join_the_report(corpus, tmp_path):
 def test_squad_flags_need_a_version(corpus, tmp_path, capsys):
     assert main(compare_args(corpus, tmp_path / "o", "--squad-max-steps", "3")) == 2
     assert "--squad-max-steps need(s) --squad VERSION" in capsys.readouterr().err
+
+
+def test_perplexity_figure_reads_plain_numbers_and_labels_every_line():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from convattn.training.compare_results import RunResult, perplexity_figure
+    from convattn.training.grids import RunSpec
+
+    # a narrow range above 10^4, as in the first few hundred steps of a large vocabulary
+    results = [RunResult(RunSpec(name, name), {seed: [{"step": step, "perplexity": 14_000 - 900 * step / 100 + seed}
+                                                       for step in (0, 100, 200, 300)] for seed in (0, 1)},
+                         [0, 1], None, {}) for name in ("chang2021-small/none", "chang2021-small/composite")]
+    fig = perplexity_figure(results, "test")
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)]
+    assert any(labels) and not any("e+" in label or "times" in label for label in labels)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["chang2021-small/none (2 seeds)", "chang2021-small/composite (2 seeds)"]

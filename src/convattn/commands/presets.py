@@ -16,7 +16,7 @@ NAME = "presets"
 HELP = "list named presets (paper rows) with parameter counts"
 DESCRIPTION = (
     "List the named presets, one per paper row, with the fields that define them and their "
-    "parameter counts (masked-LM model, tied decoder counted once; encoder-only in brackets)."
+    "parameter counts: the masked-LM model (tied decoder counted once) and, in brackets, the encoder alone."
 )
 
 
@@ -55,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise ValueError(f"no preset matches {args.pattern!r}; run `convattn presets` to see them all")
     counts = {} if args.no_count else precomputed_counts()
-    width = max(map(len, names))
+    width = max(map(len, ["preset", *names]))
+    header = f"{'preset':<{width}}"
+    if not args.no_count:
+        header += f"  {'MLM params':>12}  {'[encoder]':>14}"
+    print(f"{header}  fields that define it")
     for name in names:
         line = f"{name:<{width}}"
         if not args.no_count:

@@ -166,12 +166,18 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> Path:
+def perplexity_figure(results: list[RunResult], title: str):
     """One line per run: mean eval perplexity over seeds at each step, shaded between the seeds' min and max;
-    log-scale y (the Conv-Linformer paper's Figure 1)."""
+    log-scale y (the Conv-Linformer paper's Figure 1) with plain-number tick labels."""
     import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        """LogFormatter's choice of ticks to label, written as 12,000 rather than 1e+04."""
+
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:,.0f}" if x >= 1 else f"{x:.2g}"
 
     fig = Figure(figsize=(9, 5))
     ax = fig.subplots()
@@ -190,10 +196,14 @@ def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> 
         if len(result.metrics) > 1:
             ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
                             alpha=0.18, linewidth=0)
-    ax.set(xlabel="training step", ylabel="eval perplexity (log scale)", yscale="log", title=title)
+    ax.set(xlabel="training step", ylabel="eval perplexity (log scale)", yscale="log",
+           title=f"{title}\n(line: mean over seeds; band: the seeds' min to max)")
     for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        set_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))  # plain numbers, not 4x10^1
+        set_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
-              title="line: mean over seeds\nband: min–max", title_fontsize=8)
-    return save_figure(fig, path)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> Path:
+    return save_figure(perplexity_figure(results, title), path)
