@@ -267,3 +267,16 @@ def test_gradient_checkpointing_gives_the_plain_training_step(preset):
     assert plain_grads.keys() == ckpt_grads.keys() and plain_grads
     for name in plain_grads:
         torch.testing.assert_close(ckpt_grads[name], plain_grads[name], msg=name)
+
+
+def test_masked_lm_loss_alone_skips_the_full_decoder():
+    model = tiny_model("chang2021-small/composite", cls=ConvAttnForMaskedLM)
+    ids = torch.randint(5, 101, (2, 12))
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 7] = 17, 42
+    torch.manual_seed(0)
+    full = model(input_ids=ids, labels=labels)
+    torch.manual_seed(0)
+    alone = model(input_ids=ids, labels=labels, return_logits=False)
+    assert alone.logits is None and full.logits.shape == (2, 12, 101)
+    torch.testing.assert_close(alone.loss, full.loss)

@@ -302,11 +302,14 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None) -> MaskedLMOutput:
+                return_dict=None, return_logits: bool = True) -> MaskedLMOutput:
+        """return_logits=False (with labels): the loss alone, the decoder run only at the labelled positions
+        instead of a (tokens x vocabulary) matmul whose result a training step never uses."""
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states)
         hidden = encoded.last_hidden_state
-        logits = self.mlm_head(hidden)  # the HF contract: logits come with the loss, as BertForMaskedLM
+        # the HF contract by default: logits come with the loss, as BertForMaskedLM
+        logits = self.mlm_head(hidden) if return_logits or labels is None else None
         loss = masked_lm_loss(self.mlm_head, hidden, labels) if labels is not None else None
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
                               attentions=encoded.attentions)

@@ -46,6 +46,12 @@ class PretrainTrainer(Trainer):
             logs["tokens_per_second"] = self.throughput.rate()
         super().log(logs, start_time)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.objective == "mlm" and not return_outputs:
+            inputs = {**inputs, "return_logits": False}  # through the (possibly wrapped) model: DDP still syncs
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         started = time.perf_counter()
         model = self.model
