@@ -22,6 +22,7 @@ RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
+QA_HEADS = ("span", "joint")
 # Conv-Linformer's layout: the first L//2 layers project with E/F, the last L//2 with a strided conv
 SEQUENCE_PROJECTION_LAYOUTS = {"linear+conv": ("linear", "conv")}
 
@@ -90,6 +91,9 @@ class ConvAttnConfig(PretrainedConfig):
     # the discriminator's, and the weight of the discriminator's loss
     generator_size: float = 0.25
     discriminator_weight: float = 50.0
+    # ConvAttnForQuestionAnswering: "span" (BERT's start/end linear head, as transformers' ConvBERT) or "joint"
+    # (ELECTRA's SQuAD head: start, end given the start, answerability; see qa.py)
+    qa_head: str = "span"
     # Linformer / Conv-Linformer
     linformer_k: int = 0
     sequence_projection: str | list[str] = "none"
@@ -172,6 +176,7 @@ class ConvAttnConfig(PretrainedConfig):
         _choice("convbert_padding", self.convbert_padding, ("masked", "reference"))
         _choice("linformer_sharing", self.linformer_sharing, ("headwise", "key_value", "layerwise"))
         _choice("linformer_conv", self.linformer_conv, ("dense", "depthwise"))
+        _choice("qa_head", self.qa_head, QA_HEADS)
         _positive("relative_reach", self.relative_reach)
         _positive("head_ratio", self.head_ratio)
         _positive("num_groups", self.num_groups)

@@ -25,6 +25,7 @@ from transformers.utils.generic import can_return_tuple
 
 from convattn.attention import TokenMask, build_attention
 from convattn.config import ConvAttnConfig
+from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, default_answer_mask
 
 
 class ConvAttnEmbeddings(nn.Module):
@@ -385,21 +386,34 @@ class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
 
 
 class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
-    """Extractive QA: start and end logits per token."""
+    """Extractive QA. `config.qa_head` "span": start and end logits per token (BERT's head, transformers'
+    ConvBERT's); "joint": ELECTRA's head (qa.py), which also takes `answer_mask` and, for SQuAD 2.0 training,
+    `is_impossible`."""
 
     def __init__(self, config: ConvAttnConfig):
         super().__init__(config)
         self.convattn = ConvAttnModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        if config.qa_head == "joint":
+            self.qa_joint = JointSpanHead(config.hidden_size)
+        else:
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None) -> QuestionAnsweringModelOutput:
+                output_hidden_states=None, return_dict=None, answer_mask=None,
+                is_impossible=None) -> QuestionAnsweringModelOutput | JointQuestionAnsweringOutput:
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states)
-        start_logits, end_logits = self.qa_outputs(encoded.last_hidden_state).unbind(dim=-1)
+        hidden = encoded.last_hidden_state
+        if self.config.qa_head == "joint":
+            if answer_mask is None:
+                answer_mask = default_answer_mask(attention_mask, token_type_ids, hidden.shape[:2]).to(hidden.device)
+            out = self.qa_joint(hidden, answer_mask.bool(), start_positions, end_positions, is_impossible)
+            out.hidden_states, out.attentions = encoded.hidden_states, encoded.attentions
+            return out
+        start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             n = start_logits.shape[1]

@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hyper.add_argument("--max-query-length", type=int, default=None, help="questions are cut to this many tokens")
     hyper.add_argument("--n-best", type=int, default=None, help="start and end candidates per window")
     hyper.add_argument("--max-answer-length", type=int, default=None, help="longest answer, in tokens")
+    hyper.add_argument("--head", choices=("span", "joint"), default=None,
+                       help="joint: ELECTRA's head (start, end given the start with beam 20, answerability; the "
+                            "recipe's); span: BERT's start/end head. Models other than convattn always use their own")
     parser.set_defaults(func=run_command)
 
 
@@ -77,7 +80,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("give both --train-file and --dev-file (local files), or neither (the HF hub)")
     output_dir = args.output_dir or model_output_dir("squad", args.model)
     results = run_squad(args.model, args.version, output_dir, train_file=args.train_file, dev_file=args.dev_file,
-                        recipe=args.recipe, seeds=args.seeds, overrides=fine_tune_overrides(args, SPAN_FLAGS))
+                        recipe=args.recipe, seeds=args.seeds,
+                        overrides={**fine_tune_overrides(args, SPAN_FLAGS), "head": args.head})
     print((output_dir / "squad_results.md").read_text())
     print(f"results: {output_dir / 'squad_results.json'}")
     return 0 if results["seeds"] else 1

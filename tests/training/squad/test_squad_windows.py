@@ -151,7 +151,8 @@ def test_answers_are_the_best_valid_span_over_windows(questions, tokenizer, n_be
     rng = np.random.default_rng(0)
     width = max(len(ids) for ids in windows["input_ids"])
     start_logits, end_logits = rng.normal(size=(2, len(windows), width))
-    answers = best_answers(questions, windows, start_logits, end_logits, n_best, max_answer_length, "1.1")
+    outputs = {"start_logits": list(start_logits), "end_logits": list(end_logits)}
+    answers = best_answers(questions, windows, outputs, n_best, max_answer_length, "1.1")
     contexts = dict(zip(questions["id"], questions["context"], strict=True))
     for qid in questions["id"]:
         rows = [r for r, q in enumerate(windows["example_id"]) if q == qid]
@@ -178,7 +179,8 @@ def test_version_2_predicts_no_answer_when_the_null_score_wins(questions, tokeni
     start_logits[:, 0] = end_logits[:, 0] = 5.0  # [CLS]: null score 10 in every window
     for row in rows:
         start_logits[row, 0] = end_logits[row, 0] = -5.0  # the first question: null score -10
-    answers = best_answers(questions, windows, start_logits, end_logits, 20, 30, "2.0")
+    answers = best_answers(questions, windows, {"start_logits": list(start_logits), "end_logits": list(end_logits)},
+                           20, 30, "2.0")
     assert answers.predictions[first_qid] != "" and answers.null_odds[first_qid] == pytest.approx(-10.0)
     for qid in questions["id"][1:]:
         assert answers.predictions[qid] == "" and answers.null_odds[qid] == pytest.approx(10.0)
@@ -221,3 +223,48 @@ def test_the_shared_sample_reads_as_a_dev_set_but_not_as_training_labels():
     assert set(dev["title"]) == {"United_Methodist_Church", "Technical_components", "Force"}
     with pytest.raises(UsageError, match="does not point at"):  # a few official answer_starts miss their text
         load_squad_file(SHARED_SAMPLE, "1.1", "train")
+
+
+@pytest.mark.parametrize("max_answer_length", [30, 2])
+def test_joint_answers_are_the_best_valid_pair_in_the_beam(questions, tokenizer, max_answer_length):
+    config = settings(head="joint")
+    windows = encode_split(questions, tokenizer, config, token_types=True, training=False)
+    rng = np.random.default_rng(1)
+    rows, beam = len(windows), 5
+    width = max(len(ids) for ids in windows["input_ids"])
+    outputs = {"start_top_log_probs": list(-rng.random((rows, beam))),
+               "start_top_index": list(rng.integers(0, width, (rows, beam))),
+               "end_top_log_probs": list(-rng.random((rows, beam, beam))),
+               "end_top_index": list(rng.integers(0, width, (rows, beam, beam))),
+               "answerable_logits": list(rng.normal(size=rows))}
+    answers = best_answers(questions, windows, outputs, 20, max_answer_length, "2.0", null_threshold=np.inf)
+    contexts = dict(zip(questions["id"], questions["context"], strict=True))
+    for qid in questions["id"]:
+        best, text = -np.inf, ""
+        for row in (r for r, q in enumerate(windows["example_id"]) if q == qid):
+            offsets, flags = windows[row]["context_offsets"], windows[row]["max_context"]
+            for i in range(beam):
+                s = outputs["start_top_index"][row][i]
+                for j in range(beam):
+                    e = outputs["end_top_index"][row][i, j]
+                    score = outputs["start_top_log_probs"][row][i] + outputs["end_top_log_probs"][row][i, j]
+                    ok = (s < len(offsets) and e < len(offsets) and offsets[s] and offsets[e] and flags[s]
+                          and s <= e < s + max_answer_length)
+                    if ok and score > best:
+                        best, text = score, contexts[qid][offsets[s][0]:offsets[e][1]].strip()
+        assert answers.predictions[qid] == text
+        # ELECTRA's no-answer odds: the lowest answerable logit over the question's windows
+        expected = min(outputs["answerable_logits"][r] for r, q in enumerate(windows["example_id"]) if q == qid)
+        assert answers.null_odds[qid] == pytest.approx(expected)
+
+
+def test_joint_windows_carry_the_answer_mask_and_answerability(questions, tokenizer):
+    config = settings(head="joint")
+    train = encode_split(questions, tokenizer, config, token_types=True, training=True)
+    evaluation = encode_split(questions, tokenizer, config, token_types=True, training=False)
+    for row in range(len(train)):
+        offsets, mask = evaluation[row]["context_offsets"], train[row]["answer_mask"]
+        assert mask == [int(k == 0 or o is not None) for k, o in enumerate(offsets)]
+        qid = evaluation[row]["example_id"]
+        answerable = bool(questions[questions["id"].index(qid)]["answers"]["text"])
+        assert train[row]["is_impossible"] == int(not answerable)

@@ -84,17 +84,24 @@ def encode_split(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, settings:
                  training: bool) -> Dataset:
     """Questions -> one row per window. Training rows carry start/end positions (answer outside the window or no
     answer: both 0, the [CLS] token, as BERT and ELECTRA train); evaluation rows carry the question id, the
-    context offsets and the max-context flags that post-processing needs."""
+    context offsets and the max-context flags that post-processing needs. For the joint head, every row also
+    has ELECTRA's answer mask (context tokens and [CLS]) and training rows `is_impossible`."""
+    joint = settings.head == "joint"
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         rows: dict[str, list] = {}
         for i, question in enumerate(batch["question"]):
             features = encode_question(question, batch["context"][i], tokenizer, settings, token_types)
             windows = features.pop("context_offsets")
+            if joint:
+                features["answer_mask"] = [[int(k == 0 or o is not None) for k, o in enumerate(offsets)]
+                                           for offsets in windows]
             if training:
                 spans = [training_span(offsets, batch["context"][i], batch["answers"][i]) for offsets in windows]
                 features["start_positions"] = [s for s, _ in spans]
                 features["end_positions"] = [e for _, e in spans]
+                if joint:
+                    features["is_impossible"] = [int(not batch["answers"][i]["text"])] * len(windows)
             else:
                 features["example_id"] = [batch["id"][i]] * len(windows)
                 features["context_offsets"] = [[list(o) if o else None for o in offsets] for offsets in windows]

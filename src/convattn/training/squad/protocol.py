@@ -6,6 +6,8 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
 from convattn.training.console import log_to
@@ -50,6 +52,9 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
         raise UsageError(f"{model}: SQuAD needs a fast tokenizer (character offsets); this one is "
                          f"{type(tokenizer).__name__}")
     settings = resolve_settings(recipe_fields, base_size, overrides or {})
+    if settings.head == "joint" and AutoConfig.from_pretrained(model).model_type != "convattn":
+        say("squad", f"{model} is not a convattn model: its own span head is fine-tuned (head=span), not ELECTRA's")
+        settings = dataclasses.replace(settings, head="span")
     check_finished_runs(output_dir, version, settings, seeds)
     pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
     data = load_data(version, train_file, dev_file, tokenizer, settings, token_types) if pending else None

@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
 from datasets import Dataset
+from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
 from convattn.data.squad import official_answers
@@ -43,21 +46,61 @@ def finished_run(path: Path) -> dict | None:
     return read_json(path / "run.json")
 
 
+PREDICT_BATCH = 16  # the joint head scores beam x n end positions per window
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "answer_mask")
+
+
+class SquadCollator(DataCollatorWithPadding):
+    """Pads the tokenizer's fields, and the joint head's per-token `answer_mask` with zeros."""
+
+    def __call__(self, features: list[dict]) -> dict:
+        masks = [f.pop("answer_mask") for f in features] if "answer_mask" in features[0] else None
+        batch = super().__call__(features)
+        if masks is not None:
+            width = batch["input_ids"].shape[1]
+            batch["answer_mask"] = torch.tensor([m + [0] * (width - len(m)) for m in masks])
+        return batch
+
+
+def predict_windows(model, windows: Dataset, collator: SquadCollator) -> dict[str, list[np.ndarray]]:
+    """Every output of the model for every window, in order (per-window arrays; positions past a window's
+    length are padding)."""
+    inputs = windows.select_columns([c for c in MODEL_INPUTS if c in windows.column_names])
+    outputs: dict[str, list[np.ndarray]] = {}
+    model.eval()
+    with torch.no_grad():
+        for batch in DataLoader(inputs, batch_size=PREDICT_BATCH, collate_fn=collator):
+            result = model(**{k: v.to(model.device) for k, v in batch.items()})
+            for name, value in result.items():
+                if isinstance(value, torch.Tensor):
+                    outputs.setdefault(name, []).extend(value.float().cpu().numpy())
+    return outputs
+
+
+def load_qa_model(model_source: str, head: str):
+    """The pretrained encoder with a new QA head: convattn models take `head`; others keep their own span head."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_source)
+    extra = {"qa_head": head} if config.model_type == "convattn" else {}
+    return AutoModelForQuestionAnswering.from_pretrained(model_source, **extra)
+
+
 def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData, model_source: str,
               tokenizer: PreTrainedTokenizerBase, path: Path) -> dict:
     """Fine-tune one seed, answer every dev question and score the answers; returns (and writes) run.json."""
     start = time.time()
     set_seed(seed)  # the new span head's initialisation and the data order
-    model = AutoModelForQuestionAnswering.from_pretrained(model_source)
+    model = load_qa_model(model_source, settings.head)
+    collator = SquadCollator(tokenizer)
     trainer = LayerDecayTrainer(
         model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
-        data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
-        layer_decay=settings.layer_decay,
+        data_collator=collator, processing_class=tokenizer, layer_decay=settings.layer_decay,
     )
     train_output = quiet_trainer(trainer).train()
-    start_logits, end_logits = trainer.predict(data.dev_windows).predictions[:2]
-    answers = best_answers(data.dev, data.dev_windows, start_logits, end_logits, settings.n_best,
-                           settings.max_answer_length, version)
+    outputs = predict_windows(model, data.dev_windows, collator)
+    answers = best_answers(data.dev, data.dev_windows, outputs, settings.n_best, settings.max_answer_length,
+                           version)
     scores = squad_scores(official_answers(data.dev), answers.predictions, version,
                           no_answer_probs=answers.null_odds if version == "2.0" else None)
     write_json_atomic(path / "predictions.json", answers.predictions)

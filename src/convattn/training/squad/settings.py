@@ -27,12 +27,11 @@ class SquadSettings:
     max_query_length: int
     n_best: int
     max_answer_length: int
+    head: str = "span"             # "joint": ELECTRA's head (convattn models only; qa.py)
     max_steps: int = 0             # > 0 overrides epochs
     max_train_samples: int = 0     # 0 = every training question
 
 
-OVERRIDABLE = ("learning_rate", "batch_size", "epochs", "max_steps", "warmup_ratio", "weight_decay", "layer_decay",
-               "max_length", "doc_stride", "max_query_length", "n_best", "max_answer_length", "max_train_samples")
 
 
 def load_squad_recipe(name: str) -> dict:
