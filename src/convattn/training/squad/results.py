@@ -68,7 +68,7 @@ def results_markdown(results: dict) -> str:
         "",
         f"Exact match and F1 x 100 of the official SQuAD v{version} evaluation, mean ± standard error of the mean "
         f"over {len(results['seeds'])} fine-tuning seed(s) (layout of Jiang et al. 2020, Table 4).{threshold_note} "
-        "Params: encoder without the span head.",
+        "Params: encoder without the QA head.",
         "",
         "| Model | Params | " + " | ".join(label for label, _ in columns) + " |",
         "|---|---:|" + "---:|" * len(columns),
