@@ -114,13 +114,19 @@ def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> di
 
 
 def unique_ids(ids: list[str]) -> tuple[list[str], int]:
-    """Question ids with every repeat renamed `<id>#<k>` (k = 1, 2, ...), and how many were renamed."""
-    seen: dict[str, int] = {}
-    unique = []
+    """Question ids with every repeat renamed `<id>#<k>` (the lowest k = 1, 2, ... not taken), and how many
+    were renamed."""
+    taken: set[str] = set()
+    unique, renamed = [], 0
     for qid in ids:
-        seen[qid] = seen.get(qid, -1) + 1
-        unique.append(qid if seen[qid] == 0 else f"{qid}#{seen[qid]}")
-    return unique, sum(seen.values())
+        name, k = qid, 0
+        while name in taken:
+            k += 1
+            name = f"{qid}#{k}"
+        taken.add(name)
+        unique.append(name)
+        renamed += k > 0
+    return unique, renamed
 
 
 def load_squad_file(path: Path, version: str, split: str = "train") -> Dataset:

@@ -268,3 +268,9 @@ def test_joint_windows_carry_the_answer_mask_and_answerability(questions, tokeni
         qid = evaluation[row]["example_id"]
         answerable = bool(questions[questions["id"].index(qid)]["answers"]["text"])
         assert train[row]["is_impossible"] == int(not answerable)
+
+
+def test_repeated_ids_get_unused_names():
+    from convattn.data.squad import unique_ids
+
+    assert unique_ids(["q", "q", "q#1", "q"]) == (["q", "q#1", "q#1#1", "q#2"], 3)

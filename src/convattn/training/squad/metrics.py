@@ -78,9 +78,10 @@ def _best_threshold(predictions: dict[str, str], scores: dict[str, float], no_an
 def _scores_v2(answers: dict[str, list[str]], predictions: dict[str, str],
                no_answer_probs: dict[str, float] | None, na_prob_thresh: float) -> dict[str, float]:
     has_answer = {qid: bool(truths) for qid, truths in answers.items()}
-    if missing := [qid for qid in answers if qid not in predictions]:
-        # the official script leaves them out of `total`, then fails (KeyError) on its HasAns / NoAns splits
-        raise ValueError(f"SQuAD 2.0 scoring needs a prediction for every question; none for {missing[:5]}")
+    # the official script leaves a missing prediction out of `total`, then fails (KeyError) on its splits
+    _check_covered("predictions", predictions, answers)
+    if no_answer_probs is not None:
+        _check_covered("no_answer_probs", no_answer_probs, answers)
     exact_raw, f1_raw = {}, {}
     for qid, truths in answers.items():
         truths = [t for t in truths if normalize_answer(t)] or [""]
@@ -107,12 +108,25 @@ def _scores_v2(answers: dict[str, list[str]], predictions: dict[str, str],
     return result
 
 
+def _check_covered(name: str, values: dict, answers: dict) -> None:
+    if missing := [qid for qid in answers if qid not in values]:
+        raise ValueError(f"{name} lack {len(missing)} of {len(answers)} questions (SQuAD 2.0 scores every "
+                         f"question), e.g. {missing[:5]}")
+
+
 def squad_scores(answers: dict[str, list[str]], predictions: dict[str, str], version: str,
                  no_answer_probs: dict[str, float] | None = None, na_prob_thresh: float = 1.0) -> dict[str, float]:
     """The official evaluation's output for `version` ("1.1" or "2.0"). answers: question id -> reference texts
     ([] for an unanswerable v2.0 question); predictions: question id -> answer ("" = no answer)."""
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {', '.join(VERSIONS)}, got {version!r}")
+    if not answers:
+        raise ValueError("answers is empty: there is no question to score")
     if version == "1.1":
+        if no_answer_probs is not None:
+            raise ValueError("no_answer_probs are for version 2.0 only")
+        if unanswerable := [qid for qid, truths in answers.items() if not truths]:
+            raise ValueError(f"version 1.1 needs at least one reference answer per question; none for "
+                             f"{unanswerable[:5]}")
         return _scores_v1(answers, predictions)
     return _scores_v2(answers, predictions, no_answer_probs, na_prob_thresh)
