@@ -11,7 +11,7 @@ from helpers.reference import composite_attention_loops
 from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnConfig, ConvAttnModel
-from convattn.attention import TokenMask, banded
+from convattn.attention import TokenMask, banded, composite, flex
 from convattn.attention.banded import banded_relative_attention
 from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.relative import RelativePositionBias
@@ -31,17 +31,17 @@ def banded_at_any_length(monkeypatch):
     monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 0)
 
 
-def make_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, **fields):
-    config = ConvAttnConfig(hidden_size=32, num_attention_heads=4, relative_terms=terms, relative_reach=reach,
+def make_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, hidden_size=32, **fields):
+    config = ConvAttnConfig(hidden_size=hidden_size, num_attention_heads=4, relative_terms=terms, relative_reach=reach,
                             relative_out_of_window=out_of_window, attention_probs_dropout_prob=0.0, **fields)
     layer = CompositeSelfAttention(config).to(dtype).train()
     randomize_(layer)
     return layer
 
 
-def batch(lengths, n, dtype, seed=0):
+def batch(lengths, n, dtype, seed=0, width=32):
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(len(lengths), n, 32, generator=generator).to(dtype).requires_grad_()
+    x = torch.randn(len(lengths), n, width, generator=generator).to(dtype).requires_grad_()
     keep = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
     return x, keep
 
@@ -157,29 +157,44 @@ def test_unknown_attn_implementation_is_named():
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
-def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window):
+def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window, monkeypatch):
     """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly, without grad."""
-    layer = make_layer(TERMS[terms], out_of_window, attn_implementation="flex_attention").eval()
-    x, keep = batch((13, 7, 1), 13, torch.float32)
+    layer = make_layer(TERMS[terms], out_of_window, hidden_size=64, attn_implementation="flex_attention").eval()
+    x, keep = batch((13, 7, 1), 13, torch.float32, width=64)
+    calls = []
+    monkeypatch.setattr(composite, "flex_relative_attention",
+                        lambda *args: calls.append(1) or flex.flex_relative_attention(*args))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice
         ours = layer(x, TokenMask(keep))[0].double()
+    assert calls, "the flex path was not taken"
     expected = composite_attention_loops(layer, x.detach(), keep)
     real = keep[..., None].expand_as(ours)
     torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
 
 
+def test_flex_needs_heads_of_16_channels():
+    """Its kernel refuses narrower heads; those keep the dense bias instead of failing to compile."""
+    q = torch.zeros(1, 4, 5, 8)
+    assert not flex.takes_flex_path(q, "flex_attention", 0.0, False)
+    assert flex.takes_flex_path(torch.zeros(1, 4, 5, 16), "flex_attention", 0.0, False)
+    assert not flex.takes_flex_path(torch.zeros(1, 4, 5, 16), "flex_attention", 0.1, False)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's compiled kernel and backward need CUDA")
-@pytest.mark.parametrize("terms", ["composite", "composite+key"])
-def test_flex_on_cuda_matches_loop_reference_with_gradients(terms):
-    layer = make_layer(TERMS[terms], "clip", value_depthwise_conv=True).cuda()
-    x, keep = batch((13, 7, 1), 13, torch.float32)
-    x_cuda = x.detach().cuda().requires_grad_()
-    out = layer(x_cuda, TokenMask(keep.cuda()))[0]
-    out.double().mul(keep.cuda()[..., None]).sum().backward()
-    layer_cpu = layer.cpu()
-    expected = composite_attention_loops(layer_cpu, x, keep)
-    expected.mul(keep[..., None]).sum().backward()
-    real = keep[..., None].expand_as(expected)
-    torch.testing.assert_close(out.detach().cpu().double()[real], expected[real].detach(), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(x_cuda.grad.cpu().double(), x.grad.double(), rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_flex_on_cuda_outputs_and_all_gradients_match_loop_reference(terms, out_of_window):
+    """The compiled FlexAttention kernel ("sdpa" on CUDA picks it) with heads of 16, its smallest."""
+    layer = make_layer(TERMS[terms], out_of_window, hidden_size=64, value_depthwise_conv=True)
+    x, keep = batch((13, 7, 1), 13, torch.float32, width=64)
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    layer.cuda()
+    ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x.cuda(), TokenMask(keep.cuda()))[0].cpu())
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    scale = max(want.abs().max().item() for want in ref_grads)
+    for name, got, want in zip(names, our_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * scale,
+                                   msg=lambda m, name=name: f"{name}: {m}")

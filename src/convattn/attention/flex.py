@@ -1,9 +1,10 @@
 """Relative-position attention with FlexAttention (the CUDA path of issue 11).
 
-A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as relative.py; the
-padding is a BlockMask over keys, so blocks of pad keys are skipped. On CUDA the compiled kernel
-never forms an n x n matrix; on CPU, flex_attention runs eagerly (forward only: torch 2.13 has no
-CPU backward), which the tests use to check the score_mod against the reference.
+A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as relative.py and
+masks pad keys. (A BlockMask could skip whole blocks of pad keys, but building one per batch,
+create_block_mask, cost 4-6 ms on an H100: more than the attention itself at n = 512 and 2048.)
+On CUDA the compiled kernel never forms an n x n matrix; on CPU, flex_attention runs eagerly
+(forward only: torch 2.13 has no CPU backward), which the tests use to check the score_mod against the reference.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from functools import cache
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import flex_attention
 
 from convattn.attention.relative import RelativePositionBias
 
@@ -24,9 +25,10 @@ def _compiled_flex():
 
 def takes_flex_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
     """attn_implementation="flex_attention", or "sdpa" on CUDA (chosen automatically there). FlexAttention
-    has no dropout on the probabilities nor returns them; those cases keep the dense bias."""
+    has no dropout on the probabilities nor returns them, and its kernel needs heads of at least 16
+    channels; those cases keep the dense bias."""
     chosen = backend == "flex_attention" or (backend == "sdpa" and q.is_cuda)
-    return chosen and dropout_p == 0.0 and not need_weights
+    return chosen and dropout_p == 0.0 and not need_weights and q.shape[-1] >= 16
 
 
 def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias,
@@ -48,11 +50,10 @@ def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativeP
             bias = bias + key_table[b, h, kv_idx, 2 * reach - column]
         if not clip:
             bias = torch.where(offset.abs() <= reach, bias, torch.zeros_like(bias))
-        return score + bias
+        score = score + bias
+        if keep is not None:
+            score = torch.where(keep[b, kv_idx], score, -float("inf"))
+        return score
 
-    block_mask = None
-    if keep is not None:
-        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: keep[b, kv_idx], batch, None, n, n,
-                                       device=q.device)
     attention = _compiled_flex() if q.is_cuda else flex_attention
-    return attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    return attention(q, k, v, score_mod=score_mod)
