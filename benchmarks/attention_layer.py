@@ -9,7 +9,7 @@ row padded. Results go to benchmarks/results/attention_layer.md.
 
     python benchmarks/attention_layer.py                          # n = 512 (batch 16), 2048 (batch 4)
     python benchmarks/attention_layer.py --shapes 8192x1 --reps 1  # does a batch of 1 at n = 8192 train
-    python benchmarks/attention_layer.py --shapes 512x16 --banded-from 0  # banded path below its default length
+    python benchmarks/attention_layer.py --shapes 512x16 --banded-from 100000  # the dense bias instead of banded
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main() -> int:
     lines = [
         "# One attention layer, forward+backward, vs the same layer with plain SDPA (issue 11)", "",
         f"Command: `python benchmarks/attention_layer.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {machine_line()} (shared: other jobs ran). CompositeSelfAttention of chang2021-small "
+        f"Machine: {machine_line()} (a shared VM: ratios move by about 0.1 between runs). CompositeSelfAttention of chang2021-small "
         "(H 256, 4 heads, d 64), attention dropout 0, 1/8 of one row padded. Time: median over reps "
         "[min, max] of all arms taking turns in one process, ratio to `none` (plain SDPA, no bias). "
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "

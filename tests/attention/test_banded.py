@@ -54,12 +54,21 @@ def output_and_grads(layer, x, keep, forward):
     return out.double(), [g.double() for g in grads]
 
 
+# (n, queries per block, lengths): one block holding every key (no fused calls); blocks of 2r, the
+# narrowest, and of 8, with a partial last block, fused calls on both sides and whole fused parts of pads
+SHAPES = {"one block": (13, None, (13, 7, 1)), "blocks of 2r": (37, 6, (37, 20, 1)), "blocks of 8": (29, 8, (29, 11, 2))}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
-def test_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window):
-    # reach 3 with odd n = 13: most pairs lie outside the band; a length-1 row makes whole parts pad
+def test_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window, shape, monkeypatch):
+    # reach 3: most pairs lie outside the band; a short row makes whole parts pad
+    n, size, lengths = SHAPES[shape]
+    if size is not None:
+        monkeypatch.setattr(banded, "block_size", lambda reach: size)
     layer = make_layer(TERMS[terms], out_of_window, value_depthwise_conv=True)
-    x, keep = batch((13, 7, 1), 13, torch.float32)
+    x, keep = batch(lengths, n, torch.float32)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
     expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
     real = keep[..., None].expand_as(ours)
@@ -72,9 +81,10 @@ def test_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_wi
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
+@pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 14])
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
-def test_sequences_shorter_than_the_band_match_reference(n, out_of_window):
+def test_sequences_shorter_than_the_band_match_reference(n, out_of_window, monkeypatch):
+    monkeypatch.setattr(banded, "block_size", lambda reach: 2 * reach)
     layer = make_layer(TERMS["composite+key"], out_of_window, reach=3, dtype=torch.float64)
     x, keep = batch((n, max(1, n // 2)), n, torch.float64)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -83,6 +93,23 @@ def test_sequences_shorter_than_the_band_match_reference(n, out_of_window):
     torch.testing.assert_close(ours[real], expected[real], rtol=1e-9, atol=1e-9)
     for got, want in zip(our_grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_default_blocks_match_the_dense_bias(out_of_window, monkeypatch):
+    # the shipped block size over several blocks, a partial last one and whole pad blocks, against the
+    # dense-bias path (itself checked against the loop reference), whose cost grows as n^2 only
+    n, reach = 300, 8
+    assert banded.block_size(reach) < n // 2
+    layer = make_layer(TERMS["composite+key"], out_of_window, reach=reach, dtype=torch.float64)
+    x, keep = batch((n, 170, 3), n, torch.float64)
+    ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", n + 1)
+    expected, dense_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-10, atol=1e-10)
+    for got, want in zip(our_grads, dense_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 def test_never_builds_the_dense_bias(monkeypatch):
@@ -111,7 +138,8 @@ def test_dropout_attention_maps_and_short_sequences_keep_the_dense_path(monkeypa
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
-def test_bfloat16_follows_float32(out_of_window):
+def test_bfloat16_follows_float32(out_of_window, monkeypatch):
+    monkeypatch.setattr(banded, "block_size", lambda reach: 8)  # fused calls on both sides of the windows
     torch.manual_seed(0)
     relative = RelativePositionBias(TERMS["composite+key"], 4, 16, 3, out_of_window)
     q, k, v = (torch.randn(2, 4, 37, 16) for _ in range(3))

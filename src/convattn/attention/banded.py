@@ -1,22 +1,27 @@
 """Exact attention with relative-position scores, never holding an n x n bias or probability matrix.
 
 Relative terms (relative.py) give the score s_ij = q_i . k_j / sqrt(d) + b_ij where b_ij depends on
-i, j only through a table column c(j - i). Split each query row's keys into three parts:
+i, j only through a table column c(j - i): b_ij = band[i, j - i + r] on the band |j - i| <= r, and off
+it, in "clip" mode, a constant per query row plus one per key, different left (j < i - r) and right
+(j > i + r) of the band; in "zero" mode b_ij = 0 off the band.
 
-* the band |j - i| <= r: b_ij = band[i, j - i + r], explicit: dense matmuls of each block of B
-  queries against its B + 2r keys, O(n (B + 2r) d), entries off the band masked;
-* left of the band (j < i - r) and right of it (j > i + r): in "clip" mode b_ij = row_i + key_j
-  (the edge columns of the row and key tables), in "zero" mode b_ij = 0.
+Queries go in blocks of S rows; block [s, s + S) meets the band only in keys [s - r, s + S + r), its
+window. Each block's keys split into three parts:
 
-An off-band part is a shifted-causal fused attention call (`is_causal` on offset slices of q and k,
-the CPU flash kernel). Its per-row constant does not change its softmax, only its log-sum-exp
-(lse + row_i); its per-key constant rides on one extra column, (q_i / sqrt(d), 1) . (k_j, key_j).
-The parts merge by log-sum-exp: with w_p = exp(lse_p - lse), out = sum_p w_p out_p.
+* the window, explicit: a dense (S x (S + 2r)) matmul with the band's bias and, beside the band, the
+  off-band constants;
+* the keys left of the window, [0, s - r), and right of it, [s + S + r, n): off the band for every query
+  of the block, so each side is one rectangular call of the CPU flash kernel. Its per-row constant does
+  not change its softmax, only its log-sum-exp (lse + row_i); its per-key constant rides on one extra
+  column, (q_i / sqrt(d), 1) . (k_j, key_j).
+
+The parts merge by log-sum-exp: with w_p = exp(lse_p - lse), out = sum_p w_p out_p. The fused calls do
+about the n^2 d work of one plain attention between them, the windows n (S + 2r) d.
 
 Backward (the flash-attention identities, dS_ij = P_ij (dO_i . v_j - D_i), D_i = dO_i . O_i): the
-fused backward kernel of a part, fed grad_out = w_p dO and the *merged* output O, computes
-w_p P^p_ij (dO_i . v_j - dO_i . O_i) = dS_ij exactly, so no log-sum-exp gradient is needed; the
-row constant's gradient is sum_{j in part} dS_ij = w_p (dO_i . O^p_i - D_i).
+fused backward kernel of a part, fed the *merged* output O and log-sum-exp (minus its row constant),
+computes P_ij and so dS_ij exactly, with no log-sum-exp gradient; the row constant's gradient is
+sum_{j in part} dS_ij = w_p (dO_i . O^p_i - D_i).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import Tensor
 
 flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+SIDES = ("left", "right")
 
 
 def _acc(x: Tensor) -> torch.dtype:
@@ -34,109 +40,150 @@ def _acc(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _band_valid(keep: Tensor | None, n: int, reach: int, device) -> Tensor:
-    """(batch or 1, 1, n, 2r + 1) bool: key j = i + t - r exists and is a real token."""
-    key_index = torch.arange(n, device=device)[:, None] + torch.arange(2 * reach + 1, device=device) - reach
-    inside = (key_index >= 0) & (key_index < n)
-    if keep is None:
-        return inside[None, None]
-    return (inside & F.pad(keep, (reach, reach))[:, key_index + reach])[:, None]
+def block_size(reach: int) -> int:
+    """Queries per block: wider windows cost explicit work (S + 2r per query) and memory (the window
+    tensors), narrower ones more fused calls (2 n / S). One layer, 2 threads (issue 11): S = 128 beat 64
+    and 256 at n = 512 (composite 1.36x plain SDPA's time against 1.40x and 1.41x, composite+key 1.65x
+    against 1.86x and 1.72x); at n = 2048 S = 256 was faster (1.26x against 1.37x), but at n = 8192 it
+    took 1.39x plain SDPA's peak memory against 1.29x."""
+    return max(2 * reach, 128)
 
 
-class _BandBlocks:
-    """The band as dense matmuls: query block b (rows bB .. bB + B - 1) against its key window
-    (rows bB - r .. bB + B + r - 1), (B x (B + 2r)) scores per block; band entry [i, t] (key
-    i + t - r) sits at [a, a + t] of its block, a = i - bB. Block size B >= 2r, so a window
-    overlaps only the next block's first 2r rows."""
+class _Windows:
+    """Query block b (rows bS .. bS + S - 1) against its key window (rows bS - r .. bS + S + r - 1).
+    Entry [a, c] pairs query i = bS + a with key j = bS - r + c: on the band where 0 <= c - a <= 2r
+    (band column t = c - a), left of it where c < a, right of it where c > a + 2r. S >= 2r, so a
+    window overlaps only the next block's first 2r rows."""
 
     def __init__(self, n: int, reach: int):
         self.n, self.reach, self.width = n, reach, 2 * reach + 1
-        self.size = max(32, 2 * reach)
+        self.size = block_size(reach)
         self.count = -(-n // self.size)
         self.padded = self.count * self.size
 
+    def queries(self, block: int) -> slice:
+        return slice(block * self.size, min((block + 1) * self.size, self.n))
+
+    def keys(self, block: int, side: str) -> slice:
+        """The keys of a block's fused call: left or right of its window (possibly empty)."""
+        start = block * self.size
+        if side == "left":
+            return slice(0, max(start - self.reach, 0))
+        return slice(min(start + self.size + self.reach, self.n), self.n)
+
     def blocks(self, x: Tensor, fill: float = 0.0) -> Tensor:
-        """(..., n, c) -> (..., blocks, B, c), rows past n filled."""
+        """(..., n, c) -> (..., blocks, S, c), rows past n filled."""
         if self.padded > self.n:
             x = F.pad(x, (0, 0, 0, self.padded - self.n), value=fill)
         return x.unflatten(-2, (self.count, self.size))
 
     def windows(self, x: Tensor) -> Tensor:
-        """(..., n, c) -> (..., blocks, B + 2r, c), the keys each query block can reach in the band."""
-        x = F.pad(x, (0, 0, self.reach, self.padded - self.n + self.reach))
-        return x.unfold(-2, self.size + 2 * self.reach, self.size).transpose(-1, -2)
+        """(..., n, c) -> contiguous (..., blocks, S + 2r, c), the keys each query block's window holds (0 past
+        the ends): block b's own rows, the last r rows of block b - 1 before them and the first r of b + 1 after."""
+        size, reach = self.size, self.reach
+        rows = self.blocks(x)
+        out = rows.new_empty(*rows.shape[:-2], size + 2 * reach, rows.shape[-1])
+        out[..., reach:reach + size, :] = rows
+        out[..., 1:, :reach, :] = rows[..., :-1, size - reach:, :]
+        out[..., :-1, size + reach:, :] = rows[..., 1:, :reach, :]
+        out[..., 0, :reach, :] = 0
+        out[..., -1, size + reach:, :] = 0
+        return out
 
     def fold(self, grad_windows: Tensor) -> Tensor:
-        """Adjoint of `windows`: (..., blocks, B + 2r, c) -> (..., n, c), overlaps summed."""
-        *lead, _, _, c = grad_windows.shape
+        """Adjoint of `windows`: (..., blocks, S + 2r, c) -> (..., n, c), overlaps summed."""
         size, reach = self.size, self.reach
-        grad = grad_windows.new_zeros(*lead, self.padded + size, c)
-        grad[..., :self.padded, :] += grad_windows[..., :size, :].flatten(-3, -2)
-        grad[..., size:, :].unflatten(-2, (self.count, size))[..., :2 * reach, :] += grad_windows[..., size:, :]
-        return grad[..., reach:reach + self.n, :]
+        grad = grad_windows[..., reach:reach + size, :].clone()
+        grad[..., :-1, size - reach:, :] += grad_windows[..., 1:, :reach, :]
+        grad[..., 1:, :reach, :] += grad_windows[..., :-1, size + reach:, :]
+        return self.unblock(grad)
 
     def band(self, scores: Tensor) -> Tensor:
-        """(..., blocks, B, B + 2r) contiguous -> view (..., blocks, B, 2r + 1) of entries [a, a + t]."""
+        """(..., blocks, S, S + 2r) contiguous -> view (..., blocks, S, 2r + 1) of entries [a, a + t]."""
         stride = list(scores.stride())
         stride[-2] += 1
         return scores.as_strided((*scores.shape[:-1], self.width), stride, scores.storage_offset())
 
     def unblock(self, x: Tensor) -> Tensor:
-        """(..., blocks, B, ...) -> (..., n, ...)."""
+        """(..., blocks, S, ...) -> (..., n, ...)."""
         return x.flatten(-3, -2)[..., :self.n, :] if x.dim() > 4 else x.flatten(-2)[..., :self.n]
 
-    def scores(self, q_scaled: Tensor, k: Tensor, band: Tensor, valid: Tensor) -> Tensor:
-        """(batch, heads, blocks, B, B + 2r) scores in the accumulation dtype, -inf off the band
-        and at missing or pad keys."""
-        scores = torch.matmul(self.blocks(q_scaled), self.windows(k).transpose(-1, -2)).to(_acc(q_scaled))
-        off_band = torch.ones(self.size, self.size + 2 * self.reach, dtype=torch.bool, device=k.device)
-        self.band(off_band).fill_(False)
-        scores.masked_fill_(off_band, float("-inf"))
-        self.band(scores).add_(self.blocks(band.to(scores.dtype).masked_fill(~valid, float("-inf")), 0.0))
-        return scores
+    def sides(self, device) -> dict[str, Tensor]:
+        """(S, S + 2r) bool: the window entries left and right of the band."""
+        a = torch.arange(self.size, device=device)[:, None]
+        c = torch.arange(self.size + 2 * self.reach, device=device)
+        return {"left": c < a, "right": c > a + 2 * self.reach}
+
+    def row_sums(self, x: Tensor) -> Tensor:
+        """(..., blocks, S, S + 2r) -> (..., n): sum over each query's window."""
+        return self.unblock(x.sum(-1))
+
+    def key_sums(self, x: Tensor) -> Tensor:
+        """(..., blocks, S, S + 2r) -> (..., n): sum over each key's queries, all windows."""
+        return self.fold(x.sum(-2)[..., None])[..., 0]
+
+    def off_band_sums(self, grad_scores: Tensor, rows: bool, keys: bool) -> tuple[dict, dict]:
+        """Sums of dS beside the band within the windows: per query row left of it (`rows`), per key left
+        and right of it (`keys`). Consumes grad_scores (zeroed in place, so no window-sized temporary)."""
+        grad_rows, grad_keys = {}, {}
+        self.band(grad_scores).zero_()
+        both_sides = self.key_sums(grad_scores) if keys else None
+        grad_scores.masked_fill_(self.sides(grad_scores.device)["right"], 0.0)  # left of the band remains
+        if rows:
+            grad_rows["left"] = self.row_sums(grad_scores)
+        if keys:
+            grad_keys["left"] = self.key_sums(grad_scores)
+            grad_keys["right"] = both_sides - grad_keys["left"]
+        return grad_rows, grad_keys
+
+    def scores(self, q_scaled: Tensor, k: Tensor, band: Tensor, rows: dict, keys: dict, keep: Tensor | None) -> Tensor:
+        """(batch, heads, blocks, S, S + 2r) scores in the accumulation dtype: the band's bias on the band,
+        the off-band constants beside it, -inf at missing or pad keys."""
+        q_blocks, k_windows = self.blocks(q_scaled), self.windows(k)
+        shape, acc = (*q_blocks.shape[:-1], k_windows.shape[-2]), _acc(q_scaled)
+        if rows["left"] is not None:
+            # the per-row bias of every window entry in one gather: [row_left, band, row_right][i, c - a + 1]
+            table = torch.cat([rows["left"][..., None], band, rows["right"][..., None]], -1).to(acc)
+            column = (torch.arange(self.size + 2 * self.reach, device=k.device)
+                      - torch.arange(self.size, device=k.device)[:, None] + 1).clamp_(0, self.width + 1)
+            scores = torch.gather(self.blocks(table), -1, column.expand(shape))
+        else:
+            scores = torch.zeros(shape, dtype=acc, device=k.device)
+            self.band(scores).add_(self.blocks(band.to(acc)))
+        if acc == q_scaled.dtype:  # the score product accumulates into the bias, no extra pass
+            scores.flatten(0, -3).baddbmm_(q_blocks.flatten(0, -3), k_windows.flatten(0, -3).transpose(-1, -2))
+        else:
+            scores += torch.matmul(q_blocks, k_windows.transpose(-1, -2)).to(acc)
+        for side, inside in self.sides(k.device).items():
+            if keys[side] is not None:
+                bias = self.windows(keys[side][..., None].to(scores.dtype)).transpose(-1, -2)
+                scores += bias.masked_fill(~inside, 0.0)
+        exists = torch.ones(1, self.n, dtype=torch.uint8, device=k.device) if keep is None else keep.to(torch.uint8)
+        missing = self.windows(exists[:, None, :, None]).transpose(-1, -2) == 0
+        return scores.masked_fill_(missing, float("-inf"))
 
 
-class _OffBand:
-    """One side of the band as a fused causal call: which query rows and key rows it covers."""
-
-    def __init__(self, side: str, n: int, reach: int):
-        self.side, self.length = side, max(n - reach - 1, 0)
-        # left: query i = a + r + 1 sees keys b <= a; right: query i = a sees keys j = b + r + 1, b >= a,
-        # which is causal after flipping both sequences
-        self.queries = slice(reach + 1, n) if side == "left" else slice(0, self.length)
-        self.keys = slice(0, self.length) if side == "left" else slice(reach + 1, n)
-
-    def take(self, x: Tensor, rows: slice) -> Tensor:
-        """Rows of a (..., n, c) tensor, in the part's (causal) order."""
-        x = x[..., rows, :]
-        return x.flip(-2) if self.side == "right" else x
-
-    def put(self, x: Tensor, rows: slice, n: int, fill: float = 0.0) -> Tensor:
-        """Inverse of `take`: the part's rows back at their positions in (..., n, c), `fill` elsewhere."""
-        x = x.flip(-2) if self.side == "right" else x
-        return F.pad(x, (0, 0, rows.start, n - rows.stop), value=fill)
-
-    def pad_mask(self, keep: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-        """Additive (batch, 1, 1, length) mask of the part's pad keys (finite, so an all-pad part
-        gets a finite log-sum-exp and weight exp(lse_p - lse) = 0)."""
-        if keep is None:
-            return None
-        keys = self.take(keep[..., None], self.keys)[..., 0]
-        mask = torch.zeros(keys.shape, dtype=dtype, device=keep.device)
-        return mask.masked_fill(~keys, torch.finfo(dtype).min)[:, None, None, :]
+def _pad_mask(keep: Tensor | None, keys: slice, dtype: torch.dtype) -> Tensor | None:
+    """Additive (batch, 1, 1, keys) mask of a fused call's pad keys (finite, so an all-pad part gets a
+    finite log-sum-exp and weight exp(lse_p - lse) = 0)."""
+    if keep is None:
+        return None
+    mask = torch.zeros(keep[:, keys].shape, dtype=dtype, device=keep.device)
+    return mask.masked_fill(~keep[:, keys], torch.finfo(dtype).min)[:, None, None, :]
 
 
 class _Augmented:
     """q / sqrt(d), k, v for the fused calls; with key terms one extra column carries them:
     (q / sqrt(d), 1) . (k, key_j), v padded with a zero column to the same head size."""
 
-    def __init__(self, q_scaled: Tensor, k: Tensor, v: Tensor, with_key: bool):
-        self.k, self.with_key = k, with_key
-        self.q = torch.cat([q_scaled, q_scaled.new_ones(*q_scaled.shape[:-1], 1)], -1) if with_key else q_scaled
-        self.v = _widen(v) if with_key else v
-
-    def keys(self, key_term: Tensor | None) -> Tensor:
-        return torch.cat([self.k, key_term[..., None].to(self.k.dtype)], -1) if self.with_key else self.k
+    def __init__(self, q_scaled: Tensor, k: Tensor, v: Tensor, keys: dict):
+        self.with_key = keys["left"] is not None
+        if self.with_key:
+            self.q = torch.cat([q_scaled, q_scaled.new_ones(*q_scaled.shape[:-1], 1)], -1)
+            self.k = {side: torch.cat([k, keys[side][..., None].to(k.dtype)], -1) for side in SIDES}
+            self.v = _widen(v)
+        else:
+            self.q, self.k, self.v = q_scaled, {side: k for side in SIDES}, v
 
 
 def _widen(x: Tensor) -> Tensor:
@@ -154,101 +201,106 @@ class BandedRelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach):
         n, d = q.shape[-2], q.shape[-1]
-        scale = d ** -0.5
-        blocks = _BandBlocks(n, reach)
-        q_scaled = q * scale
-        scores = blocks.scores(q_scaled, k, band, _band_valid(keep, n, reach, q.device))
-        lse = blocks.unblock(torch.logsumexp(scores, dim=-1))
-        augmented = _Augmented(q_scaled, k, v, key_left is not None)
-        parts = []
-        for side, row, key in (("left", row_left, key_left), ("right", row_right, key_right)):
-            part = _OffBand(side, n, reach)
-            if part.length == 0:
-                continue
-            out_p, lse_p = flash_forward(
-                part.take(augmented.q, part.queries), part.take(augmented.keys(key), part.keys),
-                part.take(augmented.v, part.keys), is_causal=True, attn_mask=part.pad_mask(keep, q.dtype), scale=1.0)
-            lse_p = part.put(lse_p[..., None], part.queries, n, float("-inf"))[..., 0]
-            if row is not None:
-                lse_p = lse_p + row.to(_acc(q))
-            parts.append((part, out_p[..., :d], lse_p))
-            lse = torch.logaddexp(lse, lse_p)
-        probs = torch.exp(scores - blocks.blocks(lse[..., None], 0.0))
-        out = blocks.unblock(torch.matmul(probs.to(v.dtype), blocks.windows(v))).to(_acc(q))
-        for part, out_p, lse_p in parts:
-            weight = torch.exp(lse_p - lse)[..., part.queries, None]
-            out[..., part.queries, :] += weight * part.take(out_p, slice(None)).to(out.dtype)
+        acc = _acc(q)
+        rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
+        windows = _Windows(n, reach)
+        # heads come as (batch, n, heads, d) strided views: the window matmuls want q contiguous (k and v
+        # are copied into windows, and the fused kernel takes strides)
+        q_scaled = torch.mul(q, d ** -0.5, out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+        scores = windows.scores(q_scaled, k, band, rows, keys, keep)
+        # the window's softmax statistics; its unnormalised probabilities overwrite the scores
+        top = scores.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)
+        unnormalised = scores.sub_(top).exp_()
+        lse = windows.unblock((top + unnormalised.sum(-1, keepdim=True).log())[..., 0])
+        augmented = _Augmented(q_scaled, k, v, keys)
+        side_out = {side: q.new_zeros(*q.shape) for side in SIDES}
+        side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
+        for block in range(windows.count):
+            queries = windows.queries(block)
+            for side in SIDES:
+                part = windows.keys(block, side)
+                if part.start == part.stop:
+                    continue
+                out_p, lse_p = flash_forward(augmented.q[..., queries, :], augmented.k[side][..., part, :],
+                                             augmented.v[..., part, :], attn_mask=_pad_mask(keep, part, q.dtype),
+                                             scale=1.0)
+                side_out[side][..., queries, :] = out_p[..., :d]
+                side_lse[side][..., queries] = lse_p
+        for side in SIDES:
+            if rows[side] is not None:
+                side_lse[side] += rows[side].to(acc)
+            lse = torch.logaddexp(lse, side_lse[side])
+        probs = unnormalised.mul_(torch.exp(top - windows.blocks(lse[..., None])))
+        out = windows.unblock(torch.matmul(probs.to(v.dtype), windows.windows(v))).to(acc)
+        for side in SIDES:
+            out.addcmul_(torch.exp(side_lse[side] - lse)[..., None], side_out[side].to(acc))
         out = out.to(q.dtype)
-        has_rows = row_left is not None and bool(parts)
-        # the row terms' gradients need the left part's own output and weight (see backward)
-        left_out = parts[0][0].put(parts[0][1], parts[0][0].queries, n) if has_rows else None
-        left_lse = parts[0][2] if has_rows else None
-        ctx.save_for_backward(q, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse,
-                              left_out, left_lse)
-        ctx.reach, ctx.has_parts = reach, bool(parts)
+        # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
+        left_out, left_lse = (side_out["left"], side_lse["left"]) if row_left is not None else (None, None)
+        ctx.save_for_backward(q_scaled, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse,
+                              probs, left_out, left_lse)
+        ctx.reach = reach
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse, left_out, left_lse = (
+        q_scaled, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse, probs, left_out, left_lse = (
             ctx.saved_tensors)
+        q = q_scaled
         reach, n, d = ctx.reach, q.shape[-2], q.shape[-1]
-        scale = d ** -0.5
+        acc, scale = _acc(q), d ** -0.5
+        rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
         grad_out = grad_out.contiguous()
-        dout = grad_out.to(_acc(q))
-        row_term = (dout * out.to(_acc(q))).sum(-1)  # D_i = dO_i . O_i
-        # band: recompute its probabilities from the merged log-sum-exp
-        blocks = _BandBlocks(n, reach)
-        q_scaled = q * scale
-        scores = blocks.scores(q_scaled, k, band, _band_valid(keep, n, reach, q.device))
-        probs = torch.exp(scores - blocks.blocks(lse[..., None], 0.0))
-        k_windows, v_windows, dout_blocks = blocks.windows(k), blocks.windows(v), blocks.blocks(grad_out)
-        grad_probs = torch.matmul(dout_blocks, v_windows.transpose(-1, -2)).to(_acc(q))
-        grad_block_scores = probs * (grad_probs - blocks.blocks(row_term[..., None]))
-        grad_scores = blocks.unblock(blocks.band(grad_block_scores))
-        ds = grad_block_scores.to(q.dtype)
-        grad_q = blocks.unblock(torch.matmul(ds, k_windows)).to(_acc(q)) * scale
-        grad_k = blocks.fold(torch.matmul(ds.transpose(-1, -2), blocks.blocks(q_scaled))).to(_acc(q))
-        grad_v = blocks.fold(torch.matmul(probs.to(v.dtype).transpose(-1, -2), dout_blocks)).to(_acc(q))
-        del scores, probs, grad_probs, grad_block_scores, ds, k_windows, v_windows, dout_blocks  # peak memory
-        grad_key = {}
-        augmented = _Augmented(q_scaled, k, v, key_left is not None)
-        grad_part, out_part = (grad_out, out) if key_left is None else (_widen(grad_out), _widen(out))
-        for side, row, key in (("left", row_left, key_left), ("right", row_right, key_right)):
-            if not ctx.has_parts:
-                break
-            part = _OffBand(side, n, reach)
-            # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
-            kernel_lse = lse if row is None else lse - row.to(_acc(q))
-            gq, gk, gv = flash_backward(
-                part.take(grad_part, part.queries), part.take(augmented.q, part.queries),
-                part.take(augmented.keys(key), part.keys), part.take(augmented.v, part.keys),
-                part.take(out_part, part.queries),
-                part.take(kernel_lse[..., None], part.queries)[..., 0].contiguous(), 0.0, True,
-                attn_mask=part.pad_mask(keep, q.dtype), scale=1.0)
-            back = slice(None)
-            grad_q[..., part.queries, :] += part.take(gq[..., :d], back).to(grad_q.dtype) * scale
-            grad_k[..., part.keys, :] += part.take(gk[..., :d], back).to(grad_k.dtype)
-            grad_v[..., part.keys, :] += part.take(gv[..., :d], back).to(grad_v.dtype)
-            if key is not None:
-                grad_key[side] = part.put(gk[..., d:], part.keys, n)[..., 0].to(_acc(q))
-            del gq, gk, gv
-        grad_rows = [None, None]
-        if left_out is not None:
-            # a row constant's gradient is the sum of dS_ij over its part: w_p (dO_i . O^p_i - D_i) for
-            # the left part; sum_j dS_ij = 0 over all keys, so the right part's is minus band and left
-            left = torch.exp(left_lse - lse) * ((dout * left_out.to(_acc(q))).sum(-1) - row_term)
-            right = -(grad_scores.sum(-1) + left) * (torch.arange(n, device=q.device) < n - reach - 1)
-            grad_rows = [left if row_left is not None else None, right if row_right is not None else None]
-        return (grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), grad_scores.to(band.dtype),
-                *grad_rows, grad_key.get("left"), grad_key.get("right"), None, None)
+        dout = grad_out.to(acc)
+        row_term = (dout * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
+        windows = _Windows(n, reach)
+        dout_blocks = windows.blocks(grad_out)
+        grad_scores = torch.matmul(dout_blocks, windows.windows(v).transpose(-1, -2)).to(acc)  # dP, then dS in place
+        grad_scores.sub_(windows.blocks(row_term[..., None])).mul_(probs)
+        grad_band = windows.unblock(windows.band(grad_scores)).clone()  # grad_scores is reused below
+        ds = grad_scores.to(q.dtype)
+        grad_q = windows.unblock(torch.matmul(ds, windows.windows(k))).to(acc) * scale
+        grad_k = windows.fold(torch.matmul(ds.transpose(-1, -2), windows.blocks(q_scaled))).to(acc)
+        grad_v = windows.fold(torch.matmul(probs.to(v.dtype).transpose(-1, -2), dout_blocks)).to(acc)
+        del ds, dout_blocks
+        # the off-band constants' gradients: sums of dS beside the band, per query row (left side only,
+        # the right one follows from sum_j dS_ij = 0, below) and per key
+        grad_rows, grad_keys = windows.off_band_sums(grad_scores, row_left is not None, key_left is not None)
+        del grad_scores
+        augmented = _Augmented(q_scaled, k, v, keys)
+        grad_part, out_part = (_widen(grad_out), _widen(out)) if augmented.with_key else (grad_out, out)
+        # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
+        kernel_lse = {side: (lse if rows[side] is None else lse - rows[side].to(acc)).contiguous() for side in SIDES}
+        for block in range(windows.count):
+            queries = windows.queries(block)
+            for side in SIDES:
+                part = windows.keys(block, side)
+                if part.start == part.stop:
+                    continue
+                gq, gk, gv = flash_backward(
+                    grad_part[..., queries, :], augmented.q[..., queries, :], augmented.k[side][..., part, :],
+                    augmented.v[..., part, :], out_part[..., queries, :], kernel_lse[side][..., queries],
+                    0.0, False, attn_mask=_pad_mask(keep, part, q.dtype), scale=1.0)
+                grad_q[..., queries, :] += gq[..., :d].to(acc) * scale
+                grad_k[..., part, :] += gk[..., :d].to(acc)
+                grad_v[..., part, :] += gv[..., :d].to(acc)
+                if keys[side] is not None:
+                    grad_keys[side][..., part] += gk[..., d].to(acc)
+        if row_left is not None:
+            # the left fused parts add w_p (dO_i . O^p_i - D_i); the right side's sum is minus the band's and the left's
+            left_fused = torch.exp(left_lse - lse) * ((dout * left_out.to(acc)).sum(-1) - row_term)
+            grad_rows["left"] = grad_rows["left"] + left_fused
+            grad_rows["right"] = -(grad_band.sum(-1) + grad_rows["left"]) * (torch.arange(n, device=q.device) < n - reach - 1)
+        return (grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), grad_band.to(band.dtype),
+                grad_rows.get("left"), grad_rows.get("right"), grad_keys.get("left"), grad_keys.get("right"),
+                None, None)
 
 
 # Below this length the dense bias with SDPA's math kernel is faster on CPU (one attention layer, 2
-# threads, forward+backward vs plain SDPA: n = 512 banded 3.1x, dense 1.9x; n = 1024 banded 2.5x,
-# dense 2.9x; benchmarks/RESULTS.md, issue 11): the CPU flash kernel's causal mode skips nothing
-# below 1024 keys, so the two off-band calls cost two full ones.
-BANDED_MIN_LENGTH = 1024
+# threads, forward+backward vs plain SDPA, composite / composite+key: n = 256 dense 1.56x / 1.72x,
+# banded 1.87x / 2.00x; n = 512 dense 2.05x / 2.37x, banded 1.61x / 1.88x; benchmarks/RESULTS.md,
+# issue 11): short sequences have few blocks, so the windows are most of the work.
+BANDED_MIN_LENGTH = 512
 
 
 def takes_banded_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
