@@ -54,9 +54,15 @@ def output_and_grads(layer, x, keep, forward):
     return out.double(), [g.double() for g in grads]
 
 
-# (n, queries per block, lengths): one block holding every key (no fused calls); blocks of 2r, the
-# narrowest, and of 8, with a partial last block, fused calls on both sides and whole fused parts of pads
-SHAPES = {"one block": (13, None, (13, 7, 1)), "blocks of 2r": (37, 6, (37, 20, 1)), "blocks of 8": (29, 8, (29, 11, 2))}
+# (n, queries per block, lengths, window chunk bytes): one block holding every key (no fused calls);
+# blocks of 2r, the narrowest, and of 8, with a partial last block, fused calls on both sides and whole
+# fused parts of pads; windows computed one (batch, head, block) group per chunk
+SHAPES = {
+    "one block": (13, None, (13, 7, 1), None),
+    "blocks of 2r": (37, 6, (37, 20, 1), None),
+    "blocks of 8": (29, 8, (29, 11, 2), None),
+    "one group per chunk": (29, 8, (29, 11, 2), 1),
+}
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -64,9 +70,11 @@ SHAPES = {"one block": (13, None, (13, 7, 1)), "blocks of 2r": (37, 6, (37, 20, 
 @pytest.mark.parametrize("terms", list(TERMS))
 def test_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window, shape, monkeypatch):
     # reach 3: most pairs lie outside the band; a short row makes whole parts pad
-    n, size, lengths = SHAPES[shape]
+    n, size, lengths, chunk_bytes = SHAPES[shape]
     if size is not None:
-        monkeypatch.setattr(banded, "block_size", lambda reach: size)
+        monkeypatch.setattr(banded, "block_size", lambda n, reach: size)
+    if chunk_bytes is not None:
+        monkeypatch.setattr(banded, "WINDOW_CHUNK_BYTES", chunk_bytes)
     layer = make_layer(TERMS[terms], out_of_window, value_depthwise_conv=True)
     x, keep = batch(lengths, n, torch.float32)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -84,7 +92,7 @@ def test_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_wi
 @pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 14])
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 def test_sequences_shorter_than_the_band_match_reference(n, out_of_window, monkeypatch):
-    monkeypatch.setattr(banded, "block_size", lambda reach: 2 * reach)
+    monkeypatch.setattr(banded, "block_size", lambda n, reach: 2 * reach)
     layer = make_layer(TERMS["composite+key"], out_of_window, reach=3, dtype=torch.float64)
     x, keep = batch((n, max(1, n // 2)), n, torch.float64)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -99,10 +107,10 @@ def test_sequences_shorter_than_the_band_match_reference(n, out_of_window, monke
 def test_default_blocks_match_the_dense_bias(out_of_window, monkeypatch):
     # the shipped block size over several blocks, a partial last one and whole pad blocks, against the
     # dense-bias path (itself checked against the loop reference), whose cost grows as n^2 only
-    n, reach = 300, 8
-    assert banded.block_size(reach) < n // 2
+    n, reach = 601, 8
+    assert banded.block_size(n, reach) < n // 2
     layer = make_layer(TERMS["composite+key"], out_of_window, reach=reach, dtype=torch.float64)
-    x, keep = batch((n, 170, 3), n, torch.float64)
+    x, keep = batch((n, 260, 3), n, torch.float64)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
     monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", n + 1)
     expected, dense_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -139,7 +147,7 @@ def test_dropout_attention_maps_and_short_sequences_keep_the_dense_path(monkeypa
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 def test_bfloat16_follows_float32(out_of_window, monkeypatch):
-    monkeypatch.setattr(banded, "block_size", lambda reach: 8)  # fused calls on both sides of the windows
+    monkeypatch.setattr(banded, "block_size", lambda n, reach: 8)  # fused calls on both sides of the windows
     torch.manual_seed(0)
     relative = RelativePositionBias(TERMS["composite+key"], 4, 16, 3, out_of_window)
     q, k, v = (torch.randn(2, 4, 37, 16) for _ in range(3))

@@ -8,20 +8,24 @@ it, in "clip" mode, a constant per query row plus one per key, different left (j
 Queries go in blocks of S rows; block [s, s + S) meets the band only in keys [s - r, s + S + r), its
 window. Each block's keys split into three parts:
 
-* the window, explicit: a dense (S x (S + 2r)) matmul with the band's bias and, beside the band, the
-  off-band constants;
+* the window, explicit: a dense (S x (S + 2r)) matmul added to the bias (row_left left of the band,
+  the band, row_right right of it); the per-key constants and the padding ride on one extra column of q and
+  k, (q_i, 1) . (k_j, sqrt(d) key_right_j or -max), with left of the band corrected by
+  key_left_j - key_right_j (and the band by -key_right_j);
 * the keys left of the window, [0, s - r), and right of it, [s + S + r, n): off the band for every query
   of the block, so each side is one rectangular call of the CPU flash kernel. Its per-row constant does
   not change its softmax, only its log-sum-exp (lse + row_i); its per-key constant rides on one extra
-  column, (q_i / sqrt(d), 1) . (k_j, key_j).
+  column, (q_i, 1) . (k_j, sqrt(d) key_j).
 
-The parts merge by log-sum-exp: with w_p = exp(lse_p - lse), out = sum_p w_p out_p. The fused calls do
-about the n^2 d work of one plain attention between them, the windows n (S + 2r) d.
+The parts merge by log-sum-exp: with w_p = exp(lse_p - lse), out = sum_p w_p out_p. The windows keep
+their probabilities unnormalised, U = exp(s - max_row), O(n (S + 2r)) in all, and the normalisation
+f = exp(max_row - lse) is applied to the (n x d) rows they touch: U V f in forward, and in backward
+dS = U (f dO V^T - f D), dV = U^T (f dO).
 
 Backward (the flash-attention identities, dS_ij = P_ij (dO_i . v_j - D_i), D_i = dO_i . O_i): the
 fused backward kernel of a part, fed the *merged* output O and log-sum-exp (minus its row constant),
 computes P_ij and so dS_ij exactly, with no log-sum-exp gradient; the row constant's gradient is
-sum_{j in part} dS_ij = w_p (dO_i . O^p_i - D_i).
+sum_{j in part} dS_ij = w_p (dO_i . O^p_i - D_i), a key constant's the kernel's gradient of its column.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ from torch import Tensor
 flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 SIDES = ("left", "right")
+# The windows are computed a chunk of (batch, head, block) groups at a time, each chunk's score tensor
+# about this size: small enough to stay in cache between the passes over it and for the allocator to
+# reuse (glibc maps anything above 32 MiB afresh, page faults and all, on every call). Forward keeps
+# each chunk's probabilities for backward (recomputing them cost a third of the backward's time).
+WINDOW_CHUNK_BYTES = 4 << 20
 
 
 def _acc(x: Tensor) -> torch.dtype:
@@ -40,13 +49,13 @@ def _acc(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def block_size(reach: int) -> int:
-    """Queries per block: wider windows cost explicit work (S + 2r per query) and memory (the window
-    tensors), narrower ones more fused calls (2 n / S). One layer, 2 threads (issue 11): S = 128 beat 64
-    and 256 at n = 512 (composite 1.36x plain SDPA's time against 1.40x and 1.41x, composite+key 1.65x
-    against 1.86x and 1.72x); at n = 2048 S = 256 was faster (1.26x against 1.37x), but at n = 8192 it
-    took 1.39x plain SDPA's peak memory against 1.29x."""
-    return max(2 * reach, 128)
+def block_size(n: int, reach: int) -> int:
+    """Queries per block. The CPU flash kernel splits a call's queries into tiles of 32 below 192 queries
+    and of 64 from there, and its cost per score falls by about a quarter between the two (measured
+    at 2 threads, issue 11); wider windows cost explicit work (S + 2r keys per query) and memory. One
+    layer forward + backward, 2 threads: S = 256 beat 128 and 192 at n = 512 and 2048 (composite 1.32x
+    plain SDPA's time against 1.50x at n = 512, 1.27x against 1.42x at 2048)."""
+    return max(2 * reach, 256)
 
 
 class _Windows:
@@ -57,7 +66,7 @@ class _Windows:
 
     def __init__(self, n: int, reach: int):
         self.n, self.reach, self.width = n, reach, 2 * reach + 1
-        self.size = block_size(reach)
+        self.size = block_size(n, reach)
         self.count = -(-n // self.size)
         self.padded = self.count * self.size
 
@@ -71,10 +80,10 @@ class _Windows:
             return slice(0, max(start - self.reach, 0))
         return slice(min(start + self.size + self.reach, self.n), self.n)
 
-    def blocks(self, x: Tensor, fill: float = 0.0) -> Tensor:
-        """(..., n, c) -> (..., blocks, S, c), rows past n filled."""
+    def blocks(self, x: Tensor) -> Tensor:
+        """(..., n, c) -> (..., blocks, S, c), rows past n zero."""
         if self.padded > self.n:
-            x = F.pad(x, (0, 0, 0, self.padded - self.n), value=fill)
+            x = F.pad(x, (0, 0, 0, self.padded - self.n))
         return x.unflatten(-2, (self.count, self.size))
 
     def windows(self, x: Tensor) -> Tensor:
@@ -108,86 +117,152 @@ class _Windows:
         """(..., blocks, S, ...) -> (..., n, ...)."""
         return x.flatten(-3, -2)[..., :self.n, :] if x.dim() > 4 else x.flatten(-2)[..., :self.n]
 
-    def sides(self, device) -> dict[str, Tensor]:
-        """(S, S + 2r) bool: the window entries left and right of the band."""
+    def left_of_band(self, device, dtype) -> Tensor:
+        """(S, S + 2r): 1 at the window entries left of the band, else 0."""
         a = torch.arange(self.size, device=device)[:, None]
-        c = torch.arange(self.size + 2 * self.reach, device=device)
-        return {"left": c < a, "right": c > a + 2 * self.reach}
+        return (torch.arange(self.size + 2 * self.reach, device=device) < a).to(dtype)
 
-    def row_sums(self, x: Tensor) -> Tensor:
-        """(..., blocks, S, S + 2r) -> (..., n): sum over each query's window."""
-        return self.unblock(x.sum(-1))
+    def hide_missing(self, key_windows: Tensor, column: int) -> None:
+        """Write -max into `column` of the window rows past either end of the sequence (past the end: the
+        last block's window, and the one before if the last block has fewer than r rows)."""
+        lowest = torch.finfo(key_windows.dtype).min
+        key_windows[..., 0, :self.reach, column] = lowest
+        for block in range(self.count - 1, -1, -1):
+            past_end = self.n - block * self.size + self.reach
+            if past_end >= self.size + 2 * self.reach:
+                break
+            key_windows[..., block, past_end:, column] = lowest
 
     def key_sums(self, x: Tensor) -> Tensor:
         """(..., blocks, S, S + 2r) -> (..., n): sum over each key's queries, all windows."""
         return self.fold(x.sum(-2)[..., None])[..., 0]
 
-    def off_band_sums(self, grad_scores: Tensor, rows: bool, keys: bool) -> tuple[dict, dict]:
-        """Sums of dS beside the band within the windows: per query row left of it (`rows`), per key left
-        and right of it (`keys`). Consumes grad_scores (zeroed in place, so no window-sized temporary)."""
-        grad_rows, grad_keys = {}, {}
-        self.band(grad_scores).zero_()
-        both_sides = self.key_sums(grad_scores) if keys else None
-        grad_scores.masked_fill_(self.sides(grad_scores.device)["right"], 0.0)  # left of the band remains
-        if rows:
-            grad_rows["left"] = self.row_sums(grad_scores)
-        if keys:
-            grad_keys["left"] = self.key_sums(grad_scores)
-            grad_keys["right"] = both_sides - grad_keys["left"]
-        return grad_rows, grad_keys
 
-    def scores(self, q_scaled: Tensor, k: Tensor, band: Tensor, rows: dict, keys: dict, keep: Tensor | None) -> Tensor:
-        """(batch, heads, blocks, S, S + 2r) scores in the accumulation dtype: the band's bias on the band,
-        the off-band constants beside it, -inf at missing or pad keys."""
-        q_blocks, k_windows = self.blocks(q_scaled), self.windows(k)
-        shape, acc = (*q_blocks.shape[:-1], k_windows.shape[-2]), _acc(q_scaled)
+def _band_keys(x: Tensor, reach: int) -> Tensor:
+    """(..., n) per-key values -> (..., n, 2r + 1) with key i + t - r's value at [i, t], 0 past the ends."""
+    return F.pad(x, (reach, reach)).unfold(-1, 2 * reach + 1, 1)
+
+
+def _band_key_sums(grad_band: Tensor, reach: int) -> Tensor:
+    """Adjoint of `_band_keys`: (..., n, 2r + 1) -> (..., n), each key's entries summed."""
+    n = grad_band.shape[-2]
+    sums = grad_band.new_zeros(*grad_band.shape[:-2], n + 2 * reach)
+    for t in range(2 * reach + 1):
+        sums[..., t:t + n] += grad_band[..., t]
+    return sums[..., reach:reach + n]
+
+
+class _Operands:
+    """q, k, v laid out for the window matmuls and the fused calls. Queries carry a column of ones and
+    keys a column holding sqrt(d) times a key constant, or -max at pad keys: (q_i, 1) . (k_j, c_j) / sqrt(d)
+    adds c_j / sqrt(d). Without key constants: [q, 1], [k, pad] and v; the fused calls take the first d
+    columns and mask pads with `attn_mask`. With them: [1, q, 1], [sqrt(d) key_left, k, sqrt(d) key_right]
+    and [0, v, 0]; the left calls take columns 0 .. d, the right ones and the windows 1 .. d + 1."""
+
+    def __init__(self, q: Tensor, k: Tensor, with_key: bool, keep: Tensor | None):
+        self.q, self.k, self.with_key, self.keep = q, k, with_key, keep
+        self.d = q.shape[-1] - (2 if with_key else 1)
+        tail = slice(1, None) if with_key else slice(None)
+        self.window_queries, self.window_keys = q[..., tail], k[..., tail]
+
+    @classmethod
+    def build(cls, q: Tensor, k: Tensor, key_left: Tensor | None, key_right: Tensor | None,
+              keep: Tensor | None) -> _Operands:
+        d, with_key = q.shape[-1], key_left is not None
+        lowest, root = torch.finfo(q.dtype).min, d ** 0.5
+
+        def column(key: Tensor | None) -> Tensor:
+            values = k.new_zeros(k.shape[:-1]) if key is None else (key * root).to(k.dtype)
+            return values if keep is None else values.masked_fill(~keep[:, None, :], lowest)
+
+        q_buffer = q.new_empty(*q.shape[:-1], d + (2 if with_key else 1))
+        k_buffer = k.new_empty(q_buffer.shape)
+        first = 1 if with_key else 0
+        q_buffer[..., first:first + d] = q
+        k_buffer[..., first:first + d] = k
+        q_buffer[..., -1] = 1
+        k_buffer[..., -1] = column(key_right)
+        if with_key:
+            q_buffer[..., 0] = 1
+            k_buffer[..., 0] = column(key_left)
+        return cls(q_buffer, k_buffer, with_key, keep)
+
+    def side(self, x: Tensor, side: str) -> Tensor:
+        """A (..., width) buffer as one side's fused call takes it."""
+        if not self.with_key:
+            return x[..., :self.d]
+        return x[..., :self.d + 1] if side == "left" else x[..., 1:]
+
+    def main(self, x: Tensor, side: str) -> Tensor:
+        """The d head columns of a fused call's output or gradient."""
+        return x[..., 1:] if self.with_key and side == "left" else x[..., :self.d]
+
+    def constant(self, x: Tensor, side: str) -> Tensor:
+        """The key-constant column of a fused call's key gradient."""
+        return x[..., 0] if side == "left" else x[..., self.d]
+
+    def widen(self, x: Tensor) -> Tensor:
+        """v, O or dO as the fused calls take them: [0, x, 0] with key constants."""
+        return F.pad(x, (1, 1)) if self.with_key else x
+
+    def pad_mask(self, keys: slice) -> Tensor | None:
+        """Additive (batch, 1, 1, keys) mask of a fused call's pad keys (finite, so an all-pad part gets a
+        finite log-sum-exp and weight exp(lse_p - lse) = 0); with key constants the column masks them."""
+        if self.keep is None or self.with_key:
+            return None
+        keep = self.keep[:, keys]
+        mask = torch.zeros(keep.shape, dtype=self.q.dtype, device=keep.device)
+        return mask.masked_fill(~keep, torch.finfo(self.q.dtype).min)[:, None, None, :]
+
+
+class _WindowTerms:
+    """Everything the windows' scores need, flattened to groups g = (batch, head, block): query rows
+    (g, S, d + 1) with their column of ones, key rows (g, S + 2r, d + 1) with the key column (-max past the
+    ends), value rows (g, S + 2r, d), the band (g, S, 2r + 1), the row constants (g, S) and key_left -
+    key_right (g, S + 2r). `scores` builds a chunk of groups at a time."""
+
+    def __init__(self, windows: _Windows, operands: _Operands, v: Tensor, band: Tensor, rows: dict, keys: dict):
+        self.windows, self.d, self.acc = windows, operands.d, _acc(band)
+        groups = lambda x: x.flatten(0, -3)  # noqa: E731  (..., blocks, S, c) -> (g, S, c)
+        self.queries = groups(windows.blocks(operands.window_queries))
+        key_windows = windows.windows(operands.window_keys)
+        windows.hide_missing(key_windows, self.d)
+        self.keys, self.values = groups(key_windows), groups(windows.windows(v))
+        if keys["right"] is not None:
+            band = band - _band_keys(keys["right"], windows.reach)  # the key column adds key_right to the band too
+        self.band = groups(windows.blocks(band.to(self.acc)))
+        self.rows = None
         if rows["left"] is not None:
-            # the per-row bias of every window entry in one gather: [row_left, band, row_right][i, c - a + 1]
-            table = torch.cat([rows["left"][..., None], band, rows["right"][..., None]], -1).to(acc)
-            column = (torch.arange(self.size + 2 * self.reach, device=k.device)
-                      - torch.arange(self.size, device=k.device)[:, None] + 1).clamp_(0, self.width + 1)
-            scores = torch.gather(self.blocks(table), -1, column.expand(shape))
+            self.rows = [groups(windows.blocks(rows[side][..., None].to(self.acc))) for side in SIDES]
+        self.key_shift = None
+        if keys["left"] is not None:
+            self.key_shift = groups(windows.windows((keys["left"] - keys["right"])[..., None].to(self.acc))).mT
+        self.left = windows.left_of_band(band.device, torch.bool)
+        self.left_weight = self.left.to(self.acc)
+        self.count, size = self.queries.shape[0], windows.size * (windows.size + 2 * windows.reach)
+        self.chunk = max(1, WINDOW_CHUNK_BYTES // (size * torch.finfo(self.acc).bits // 8))
+
+    def chunks(self) -> list[slice]:
+        return [slice(start, min(start + self.chunk, self.count)) for start in range(0, self.count, self.chunk)]
+
+    def scores(self, chunk: slice) -> Tensor:
+        """(groups, S, S + 2r) scores in the accumulation dtype: row constants beside the band, the band's
+        bias on it, q . k / sqrt(d) and the key column by one matmul (which also hides missing and pad keys),
+        and key_left - key_right left of the band."""
+        q, k = self.queries[chunk], self.keys[chunk]
+        shape = (q.shape[0], q.shape[1], k.shape[1])
+        if self.rows is not None:
+            scores = torch.where(self.left, self.rows[0][chunk], self.rows[1][chunk])
         else:
-            scores = torch.zeros(shape, dtype=acc, device=k.device)
-            self.band(scores).add_(self.blocks(band.to(acc)))
-        if acc == q_scaled.dtype:  # the score product accumulates into the bias, no extra pass
-            scores.flatten(0, -3).baddbmm_(q_blocks.flatten(0, -3), k_windows.flatten(0, -3).transpose(-1, -2))
+            scores = torch.zeros(shape, dtype=self.acc, device=q.device)
+        self.windows.band(scores).copy_(self.band[chunk])
+        if self.acc == q.dtype:  # the score product accumulates into the bias, no extra pass
+            scores.baddbmm_(q, k.mT, alpha=self.d ** -0.5)
         else:
-            scores += torch.matmul(q_blocks, k_windows.transpose(-1, -2)).to(acc)
-        for side, inside in self.sides(k.device).items():
-            if keys[side] is not None:
-                bias = self.windows(keys[side][..., None].to(scores.dtype)).transpose(-1, -2)
-                scores += bias.masked_fill(~inside, 0.0)
-        exists = torch.ones(1, self.n, dtype=torch.uint8, device=k.device) if keep is None else keep.to(torch.uint8)
-        missing = self.windows(exists[:, None, :, None]).transpose(-1, -2) == 0
-        return scores.masked_fill_(missing, float("-inf"))
-
-
-def _pad_mask(keep: Tensor | None, keys: slice, dtype: torch.dtype) -> Tensor | None:
-    """Additive (batch, 1, 1, keys) mask of a fused call's pad keys (finite, so an all-pad part gets a
-    finite log-sum-exp and weight exp(lse_p - lse) = 0)."""
-    if keep is None:
-        return None
-    mask = torch.zeros(keep[:, keys].shape, dtype=dtype, device=keep.device)
-    return mask.masked_fill(~keep[:, keys], torch.finfo(dtype).min)[:, None, None, :]
-
-
-class _Augmented:
-    """q / sqrt(d), k, v for the fused calls; with key terms one extra column carries them:
-    (q / sqrt(d), 1) . (k, key_j), v padded with a zero column to the same head size."""
-
-    def __init__(self, q_scaled: Tensor, k: Tensor, v: Tensor, keys: dict):
-        self.with_key = keys["left"] is not None
-        if self.with_key:
-            self.q = torch.cat([q_scaled, q_scaled.new_ones(*q_scaled.shape[:-1], 1)], -1)
-            self.k = {side: torch.cat([k, keys[side][..., None].to(k.dtype)], -1) for side in SIDES}
-            self.v = _widen(v)
-        else:
-            self.q, self.k, self.v = q_scaled, {side: k for side in SIDES}, v
-
-
-def _widen(x: Tensor) -> Tensor:
-    return torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], -1)
+            scores += torch.matmul(q, k.mT).to(self.acc) * self.d ** -0.5
+        if self.key_shift is not None:
+            scores.addcmul_(self.left_weight, self.key_shift[chunk])
+        return scores
 
 
 class BandedRelativeAttention(torch.autograd.Function):
@@ -201,19 +276,28 @@ class BandedRelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach):
         n, d = q.shape[-2], q.shape[-1]
-        acc = _acc(q)
+        acc, scale = _acc(q), d ** -0.5
         rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
         windows = _Windows(n, reach)
-        # heads come as (batch, n, heads, d) strided views: the window matmuls want q contiguous (k and v
-        # are copied into windows, and the fused kernel takes strides)
-        q_scaled = torch.mul(q, d ** -0.5, out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
-        scores = windows.scores(q_scaled, k, band, rows, keys, keep)
-        # the window's softmax statistics; its unnormalised probabilities overwrite the scores
-        top = scores.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)
-        unnormalised = scores.sub_(top).exp_()
-        lse = windows.unblock((top + unnormalised.sum(-1, keepdim=True).log())[..., 0])
-        augmented = _Augmented(q_scaled, k, v, keys)
-        side_out = {side: q.new_zeros(*q.shape) for side in SIDES}
+        operands = _Operands.build(q, k, key_left, key_right, keep)
+        terms = _WindowTerms(windows, operands, v, band, rows, keys)
+        # the windows, a chunk of groups at a time: U = exp(s - max_row), kept for backward, and U V
+        window_out = q.new_empty(*terms.queries.shape[:-1], d)
+        top = torch.empty(terms.queries.shape[:-1], dtype=acc, device=q.device)
+        window_lse = torch.empty_like(top)
+        kept = []
+        for chunk in terms.chunks():
+            scores = terms.scores(chunk)
+            top[chunk] = scores.amax(-1)
+            unnormalised = scores.sub_(top[chunk, :, None]).exp_()
+            window_lse[chunk] = top[chunk] + unnormalised.sum(-1).log()
+            torch.matmul(unnormalised.to(v.dtype), terms.values[chunk], out=window_out[chunk])
+            kept.append(unnormalised)
+        del scores, unnormalised
+        group_shape = (*q.shape[:-2], windows.count, windows.size)
+        lse = windows.unblock(window_lse.view(group_shape))
+        values = operands.widen(v)
+        side_out = {side: q.new_zeros(q.shape) for side in SIDES}
         side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
         for block in range(windows.count):
             queries = windows.queries(block)
@@ -221,54 +305,77 @@ class BandedRelativeAttention(torch.autograd.Function):
                 part = windows.keys(block, side)
                 if part.start == part.stop:
                     continue
-                out_p, lse_p = flash_forward(augmented.q[..., queries, :], augmented.k[side][..., part, :],
-                                             augmented.v[..., part, :], attn_mask=_pad_mask(keep, part, q.dtype),
-                                             scale=1.0)
-                side_out[side][..., queries, :] = out_p[..., :d]
+                out_p, lse_p = flash_forward(
+                    operands.side(operands.q, side)[..., queries, :], operands.side(operands.k, side)[..., part, :],
+                    operands.side(values, side)[..., part, :], attn_mask=operands.pad_mask(part), scale=scale)
+                side_out[side][..., queries, :] = operands.main(out_p, side)
                 side_lse[side][..., queries] = lse_p
         for side in SIDES:
             if rows[side] is not None:
                 side_lse[side] += rows[side].to(acc)
             lse = torch.logaddexp(lse, side_lse[side])
-        probs = unnormalised.mul_(torch.exp(top - windows.blocks(lse[..., None])))
-        out = windows.unblock(torch.matmul(probs.to(v.dtype), windows.windows(v))).to(acc)
+        out = windows.unblock(window_out.view(*group_shape, d)).to(acc)
+        out *= torch.exp(windows.unblock(top.view(group_shape)) - lse)[..., None]
         for side in SIDES:
             out.addcmul_(torch.exp(side_lse[side] - lse)[..., None], side_out[side].to(acc))
         out = out.to(q.dtype)
         # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
         left_out, left_lse = (side_out["left"], side_lse["left"]) if row_left is not None else (None, None)
-        ctx.save_for_backward(q_scaled, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse,
-                              probs, left_out, left_lse)
-        ctx.reach = reach
+        ctx.save_for_backward(v, row_left, row_right, out, lse, left_out, left_lse)
+        ctx.operands, ctx.terms, ctx.reach, ctx.kept = operands, terms, reach, kept
+        ctx.window_scale = torch.exp(top - windows.blocks(lse[..., None]).flatten(0, -3)[..., 0])
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_scaled, k, v, band, row_left, row_right, key_left, key_right, keep, out, lse, probs, left_out, left_lse = (
-            ctx.saved_tensors)
-        q = q_scaled
-        reach, n, d = ctx.reach, q.shape[-2], q.shape[-1]
-        acc, scale = _acc(q), d ** -0.5
-        rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
-        grad_out = grad_out.contiguous()
-        dout = grad_out.to(acc)
-        row_term = (dout * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
+        v, row_left, row_right, out, lse, left_out, left_lse = ctx.saved_tensors
+        operands, terms, reach = ctx.operands, ctx.terms, ctx.reach
+        n, d = out.shape[-2], out.shape[-1]
+        acc, scale = _acc(out), d ** -0.5
+        rows = {"left": row_left, "right": row_right}
+        has_rows, has_keys = row_left is not None, terms.key_shift is not None
         windows = _Windows(n, reach)
-        dout_blocks = windows.blocks(grad_out)
-        grad_scores = torch.matmul(dout_blocks, windows.windows(v).transpose(-1, -2)).to(acc)  # dP, then dS in place
-        grad_scores.sub_(windows.blocks(row_term[..., None])).mul_(probs)
-        grad_band = windows.unblock(windows.band(grad_scores)).clone()  # grad_scores is reused below
-        ds = grad_scores.to(q.dtype)
-        grad_q = windows.unblock(torch.matmul(ds, windows.windows(k))).to(acc) * scale
-        grad_k = windows.fold(torch.matmul(ds.transpose(-1, -2), windows.blocks(q_scaled))).to(acc)
-        grad_v = windows.fold(torch.matmul(probs.to(v.dtype).transpose(-1, -2), dout_blocks)).to(acc)
-        del ds, dout_blocks
-        # the off-band constants' gradients: sums of dS beside the band, per query row (left side only,
-        # the right one follows from sum_j dS_ij = 0, below) and per key
-        grad_rows, grad_keys = windows.off_band_sums(grad_scores, row_left is not None, key_left is not None)
-        del grad_scores
-        augmented = _Augmented(q_scaled, k, v, keys)
-        grad_part, out_part = (_widen(grad_out), _widen(out)) if augmented.with_key else (grad_out, out)
+        grad_out = grad_out.contiguous()
+        row_term = (grad_out.to(acc) * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
+        # the windows: dS = P (dO V^T - D) and dV = P^T dO with P = U f, f = exp(max_row - lse) moved onto dO and D
+        groups = lambda x: windows.blocks(x).flatten(0, -3)  # noqa: E731
+        scaled_grad = groups(grad_out) * ctx.window_scale[..., None].to(grad_out.dtype)
+        scaled_row_term = groups(row_term[..., None]) * ctx.window_scale[..., None]
+        grad_band = torch.empty(terms.band.shape, dtype=acc, device=out.device)
+        grad_q = out.new_empty(*terms.queries.shape[:-1], d)
+        grad_keys_window = out.new_empty(terms.keys.shape)
+        grad_v = out.new_empty(terms.values.shape)
+        left_rows = torch.empty(terms.queries.shape[:-1], dtype=acc, device=out.device) if has_rows else None
+        left_keys = torch.empty(terms.keys.shape[:-1], dtype=acc, device=out.device) if has_keys else None
+        for chunk, unnormalised in zip(terms.chunks(), ctx.kept, strict=True):
+            grad_scores = torch.matmul(scaled_grad[chunk], terms.values[chunk].mT).to(acc)
+            grad_scores.sub_(scaled_row_term[chunk]).mul_(unnormalised)
+            grad_band[chunk] = windows.band(grad_scores)
+            ds = grad_scores.to(out.dtype)
+            torch.matmul(ds, terms.keys[chunk][..., :d], out=grad_q[chunk])
+            # the queries' column of ones makes the key gradient's last column each key's sum of dS
+            torch.matmul(ds.mT, terms.queries[chunk], out=grad_keys_window[chunk])
+            torch.matmul(unnormalised.to(out.dtype).mT, scaled_grad[chunk], out=grad_v[chunk])
+            if has_rows or has_keys:  # sums of dS left of the band, per query row and per key
+                grad_scores.mul_(terms.left_weight)
+                if has_rows:
+                    left_rows[chunk] = grad_scores.sum(-1)
+                if has_keys:
+                    left_keys[chunk] = grad_scores.sum(-2)
+        del unnormalised, grad_scores, ds
+        group_shape = (*out.shape[:-2], windows.count)
+        grad_band = windows.unblock(grad_band.view(*group_shape, windows.size, -1))
+        grad_q = windows.unblock(grad_q.view(*group_shape, windows.size, d)).to(acc).mul_(scale)
+        grad_keys_window = windows.fold(grad_keys_window.view(*group_shape, *terms.keys.shape[1:])).to(acc)
+        grad_k = grad_keys_window[..., :d].mul_(scale)
+        grad_v = windows.fold(grad_v.view(*group_shape, *terms.values.shape[1:])).to(acc)
+        ctx.kept = ctx.terms = terms = None  # the windows are done with: free them before the fused calls
+        if has_rows:
+            left_rows = windows.unblock(left_rows.view(*group_shape, windows.size))
+        if has_keys:
+            left_keys = windows.fold(left_keys.view(*group_shape, -1, 1))[..., 0]
+        grad_key = {side: torch.zeros(lse.shape, dtype=acc, device=lse.device) for side in SIDES} if has_keys else {}
+        grad_part, out_part, values = operands.widen(grad_out), operands.widen(out), operands.widen(v)
         # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
         kernel_lse = {side: (lse if rows[side] is None else lse - rows[side].to(acc)).contiguous() for side in SIDES}
         for block in range(windows.count):
@@ -278,22 +385,31 @@ class BandedRelativeAttention(torch.autograd.Function):
                 if part.start == part.stop:
                     continue
                 gq, gk, gv = flash_backward(
-                    grad_part[..., queries, :], augmented.q[..., queries, :], augmented.k[side][..., part, :],
-                    augmented.v[..., part, :], out_part[..., queries, :], kernel_lse[side][..., queries],
-                    0.0, False, attn_mask=_pad_mask(keep, part, q.dtype), scale=1.0)
-                grad_q[..., queries, :] += gq[..., :d].to(acc) * scale
-                grad_k[..., part, :] += gk[..., :d].to(acc)
-                grad_v[..., part, :] += gv[..., :d].to(acc)
-                if keys[side] is not None:
-                    grad_keys[side][..., part] += gk[..., d].to(acc)
-        if row_left is not None:
-            # the left fused parts add w_p (dO_i . O^p_i - D_i); the right side's sum is minus the band's and the left's
-            left_fused = torch.exp(left_lse - lse) * ((dout * left_out.to(acc)).sum(-1) - row_term)
-            grad_rows["left"] = grad_rows["left"] + left_fused
-            grad_rows["right"] = -(grad_band.sum(-1) + grad_rows["left"]) * (torch.arange(n, device=q.device) < n - reach - 1)
-        return (grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), grad_band.to(band.dtype),
-                grad_rows.get("left"), grad_rows.get("right"), grad_keys.get("left"), grad_keys.get("right"),
-                None, None)
+                    operands.side(grad_part, side)[..., queries, :], operands.side(operands.q, side)[..., queries, :],
+                    operands.side(operands.k, side)[..., part, :], operands.side(values, side)[..., part, :],
+                    operands.side(out_part, side)[..., queries, :], kernel_lse[side][..., queries], 0.0, False,
+                    attn_mask=operands.pad_mask(part), scale=scale)
+                grad_q[..., queries, :] += operands.main(gq, side)
+                grad_k[..., part, :] += operands.main(gk, side)
+                grad_v[..., part, :] += operands.main(gv, side)
+                if has_keys:
+                    grad_key[side][..., part] += operands.constant(gk, side) * d ** 0.5
+        grad_rows = {}
+        if has_rows:
+            # the left fused parts add w_p (dO_i . O^p_i - D_i); the right side's sum is minus the band's
+            # and the left's, since sum_j dS_ij = 0
+            left_fused = torch.exp(left_lse - lse) * ((grad_out.to(acc) * left_out.to(acc)).sum(-1) - row_term)
+            grad_rows["left"] = left_rows + left_fused
+            has_right = torch.arange(n, device=lse.device) < n - reach - 1
+            grad_rows["right"] = -(grad_band.sum(-1) + grad_rows["left"]) * has_right
+        if has_keys:
+            # in the windows key_right came with every entry, taken back on the band and left of it
+            grad_key["left"] += left_keys
+            grad_key["right"] += grad_keys_window[..., d] - _band_key_sums(grad_band, reach) - left_keys
+        dtype = out.dtype
+        return (grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype), grad_band.to(dtype),
+                *(grad_rows[side].to(dtype) if side in grad_rows else None for side in SIDES),
+                *(grad_key[side].to(dtype) if side in grad_key else None for side in SIDES), None, None)
 
 
 # Below this length the dense bias with SDPA's math kernel is faster on CPU (one attention layer, 2
