@@ -32,8 +32,8 @@ from convattn.attention.composite import CompositeSelfAttention
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
 
 
-def build(arm: str, n: int, batch: int):
-    config = ConvAttnConfig.from_preset(f"chang2021-small/{arm}", attention_probs_dropout_prob=0.0,
+def build(arm: str, n: int, batch: int, dropout: float = 0.0):
+    config = ConvAttnConfig.from_preset(f"chang2021-small/{arm}", attention_probs_dropout_prob=dropout,
                                         max_position_embeddings=max(n, 128))
     torch.manual_seed(0)
     layer = CompositeSelfAttention(config).train()
@@ -47,9 +47,9 @@ def build(arm: str, n: int, batch: int):
     return step
 
 
-def measure_memory(arm: str, n: int, batch: int) -> dict:
+def measure_memory(arm: str, n: int, batch: int, dropout: float) -> dict:
     """Run in a fresh process: peak resident memory of its first forward+backward."""
-    step = build(arm, n, batch)
+    step = build(arm, n, batch, dropout)
     before = status_bytes("VmRSS")
     start = time.perf_counter()
     step()
@@ -58,8 +58,8 @@ def measure_memory(arm: str, n: int, batch: int) -> dict:
     return {"arm": arm, "peak": peak, "growth": peak - before, "seconds": seconds}
 
 
-def time_arms(n: int, batch: int, reps: int) -> dict[str, list[float]]:
-    steps = {arm: build(arm, n, batch) for arm in ARMS}
+def time_arms(n: int, batch: int, reps: int, dropout: float) -> dict[str, list[float]]:
+    steps = {arm: build(arm, n, batch, dropout) for arm in ARMS}
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for rep in range(reps + 1):
         for arm, step in steps.items():
@@ -76,6 +76,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--banded-from", type=int, help="override banded.BANDED_MIN_LENGTH (tokens)")
+    parser.add_argument("--attention-dropout", type=float, default=0.0,
+                        help="dropout on the probabilities (relative terms then take the blockwise path)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_layer.md")
     args = parser.parse_args()
@@ -84,27 +86,28 @@ def main() -> int:
         banded.BANDED_MIN_LENGTH = args.banded_from
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.arm:
-        print(json.dumps(measure_memory(args.arm, *shapes[0])))
+        print(json.dumps(measure_memory(args.arm, *shapes[0], args.attention_dropout)))
         return 0
 
     lines = [
         "# One attention layer, forward+backward, vs the same layer with plain SDPA (issue 11)", "",
         f"Command: `python benchmarks/attention_layer.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {machine_line()} (a shared VM: ratios move by about 0.1 between runs). CompositeSelfAttention of chang2021-small "
-        "(H 256, 4 heads, d 64), attention dropout 0, 1/8 of one row padded. Time: median over reps "
+        f"Machine: {machine_line()} (a shared VM: ratios move by about 0.1 between runs). "
+        "CompositeSelfAttention of chang2021-small (H 256, 4 heads, d 64), "
+        f"attention dropout {args.attention_dropout}, 1/8 of one row padded. Time: median over reps "
         "[min, max] of all arms taking turns in one process, ratio to `none` (plain SDPA, no bias). "
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
         "after building layer and inputs), ratio of growth to `none`. Relative terms take the banded path "
-        f"from n = {banded.BANDED_MIN_LENGTH} on, the dense bias below.", "",
+        f"(blockwise with dropout) from n = {banded.BANDED_MIN_LENGTH} on, the dense bias below.", "",
         "| n | batch | arm | ms median [min, max] | time ratio | peak RSS MiB | step growth MiB | growth ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for n, batch in shapes:
-        times = time_arms(n, batch, args.reps) if args.reps else {}
+        times = time_arms(n, batch, args.reps, args.attention_dropout) if args.reps else {}
         memory = {}
         for arm in ARMS:
             command = [sys.executable, __file__, "--arm", arm, "--shapes", f"{n}x{batch}",
-                       "--threads", str(args.threads)]
+                       "--threads", str(args.threads), "--attention-dropout", str(args.attention_dropout)]
             if args.banded_from is not None:
                 command += ["--banded-from", str(args.banded_from)]
             out = subprocess.run(command, capture_output=True, text=True, check=True)

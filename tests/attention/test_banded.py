@@ -8,50 +8,19 @@ import warnings
 import pytest
 import torch
 from helpers.reference import composite_attention_loops
-from helpers.tiny import randomize_, tiny_config
+from helpers.relative import TERMS, batch, make_layer, output_and_grads
+from helpers.tiny import tiny_config
 
 from convattn import ConvAttnConfig, ConvAttnModel
 from convattn.attention import TokenMask, banded, composite, flex
 from convattn.attention.banded import banded_relative_attention
-from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.relative import RelativePositionBias
-
-TERMS = {
-    "fixed": ["fixed"],
-    "dynamic": ["dynamic_query"],
-    "key": ["dynamic_key"],
-    "composite": ["fixed", "dynamic_query"],
-    "composite+key": ["fixed", "dynamic_query", "dynamic_key"],
-}
 
 
 @pytest.fixture(autouse=True)
 def banded_at_any_length(monkeypatch):
     """The banded path starts at BANDED_MIN_LENGTH tokens (a speed choice); test it at every length."""
     monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 0)
-
-
-def make_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, hidden_size=32, **fields):
-    config = ConvAttnConfig(hidden_size=hidden_size, num_attention_heads=4, relative_terms=terms, relative_reach=reach,
-                            relative_out_of_window=out_of_window, attention_probs_dropout_prob=0.0, **fields)
-    layer = CompositeSelfAttention(config).to(dtype).train()
-    randomize_(layer)
-    return layer
-
-
-def batch(lengths, n, dtype, seed=0, width=32):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(len(lengths), n, width, generator=generator).to(dtype).requires_grad_()
-    keep = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
-    return x, keep
-
-
-def output_and_grads(layer, x, keep, forward):
-    out = forward(x, keep)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    loss = (out.double() * weights * keep[..., None]).sum()  # pad rows' outputs are unused downstream
-    grads = torch.autograd.grad(loss, [x, *layer.parameters()])
-    return out.double(), [g.double() for g in grads]
 
 
 # (n, queries per block, lengths, window chunk bytes): one block holding every key (no fused calls);
@@ -123,7 +92,7 @@ def test_default_blocks_match_the_dense_bias(out_of_window, monkeypatch):
 def test_never_builds_the_dense_bias(monkeypatch):
     layer = make_layer(TERMS["composite+key"])
 
-    def dense_bias(*args):
+    def dense_bias(*args, **kwargs):
         raise AssertionError("the n x n bias was built")
 
     monkeypatch.setattr(RelativePositionBias, "forward", dense_bias)
@@ -131,18 +100,17 @@ def test_never_builds_the_dense_bias(monkeypatch):
     layer(x, TokenMask(keep))[0].sum().backward()
 
 
-def test_dropout_attention_maps_and_short_sequences_keep_the_dense_path(monkeypatch):
+def test_attention_maps_and_short_sequences_keep_the_dense_path(monkeypatch):
+    # (attention dropout takes the blockwise path: test_blockwise.py)
     calls = []
     original = RelativePositionBias.forward
-    monkeypatch.setattr(RelativePositionBias, "forward", lambda self, q, k: calls.append(1) or original(self, q, k))
+    monkeypatch.setattr(RelativePositionBias, "forward",
+                        lambda self, q, k, first_row=0: calls.append(q.shape[-2]) or original(self, q, k, first_row))
     x, keep = batch((9, 5), 9, torch.float32)
-    dropping = make_layer(TERMS["composite"])
-    dropping.dropout_p = 0.1
-    dropping(x, TokenMask(keep))
     make_layer(TERMS["composite"]).eval()(x, TokenMask(keep), output_attentions=True)
     monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 10)
     make_layer(TERMS["composite"])(x, TokenMask(keep))
-    assert len(calls) == 3
+    assert calls == [9, 9]
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

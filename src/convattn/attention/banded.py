@@ -55,7 +55,7 @@ def block_size(n: int, reach: int) -> int:
     at 2 threads, issue 11); wider windows cost explicit work (S + 2r keys per query) and memory. One
     layer forward + backward, 2 threads: S = 256 beat 128 and 192 at n = 512 and 2048 (composite 1.32x
     plain SDPA's time against 1.50x at n = 512, 1.27x against 1.42x at 2048)."""
-    return max(2 * reach, 256)
+    return max(2 * reach, min(n, 256))
 
 
 class _Windows:
@@ -412,18 +412,18 @@ class BandedRelativeAttention(torch.autograd.Function):
                 *(grad_key[side].to(dtype) if side in grad_key else None for side in SIDES), None, None)
 
 
-# Below this length the dense bias with SDPA's math kernel is faster on CPU (one attention layer, 2
-# threads, forward+backward vs plain SDPA, composite / composite+key: n = 256 dense 1.56x / 1.72x,
-# banded 1.87x / 2.00x; n = 512 dense 2.05x / 2.37x, banded 1.61x / 1.88x; benchmarks/RESULTS.md,
-# issue 11): short sequences have few blocks, so the windows are most of the work.
-BANDED_MIN_LENGTH = 512
+# Below this length the dense bias with SDPA's math kernel is as fast on CPU (one attention layer, 2
+# threads, forward+backward vs plain SDPA, composite / composite+key, minimum of 7 steps: n = 64 dense
+# 1.14x / 1.18x, banded 1.11x / 1.20x; n = 128 dense 1.16x / 1.33x, banded 1.24x / 1.33x; n = 256 dense
+# 1.67x / 2.30x, banded 1.53x / 1.37x; issue 11) and the dense bias is small.
+BANDED_MIN_LENGTH = 256
 
 
 def takes_banded_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
     """The banded path serves "sdpa" on CPU from BANDED_MIN_LENGTH tokens on. It cannot drop
-    probabilities (the fused CPU kernel has no dropout it could replay in backward) nor return them;
-    those cases keep the dense bias, and so does a graph being traced by torch.export / ONNX (the length
-    test would pin the dynamic sequence axis to one side of BANDED_MIN_LENGTH)."""
+    probabilities (the fused CPU kernel has no dropout it could replay in backward: blockwise.py does) nor
+    return them (the dense bias does), and a graph being traced by torch.export / ONNX keeps the dense bias
+    (the length test would pin the dynamic sequence axis to one side of BANDED_MIN_LENGTH)."""
     if torch.compiler.is_exporting():
         return False
     return (backend == "sdpa" and q.device.type == "cpu" and dropout_p == 0.0 and not need_weights

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from convattn.attention.banded import banded_relative_attention, takes_banded_path
+from convattn.attention.blockwise import blockwise_relative_attention, takes_blockwise_path
 from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
 from convattn.attention.flex import flex_relative_attention, takes_flex_path
 from convattn.attention.relative import RelativePositionBias
@@ -92,6 +93,8 @@ class CompositeSelfAttention(nn.Module):
         elif self.relative is not None and takes_banded_path(q, self.backend, dropout_p, output_attentions):
             context, probs = banded_relative_attention(q, k, v, **self.relative.banded(q, k), keep=keep,
                                                        reach=self.relative.reach), None
+        elif self.relative is not None and takes_blockwise_path(q, self.backend, dropout_p, output_attentions):
+            context, probs = blockwise_relative_attention(q, k, v, self.relative, mask, dropout_p), None
         else:
             bias = self.relative(q, k) if self.relative is not None else None
             context, probs = attend(q, k, v, bias=bias, mask=mask, dropout_p=dropout_p, backend=self.backend,

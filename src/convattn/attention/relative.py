@@ -55,14 +55,15 @@ class RelativePositionBias(nn.Module):
             if kernel is not None:
                 init.kaiming_uniform_(kernel, a=math.sqrt(5))
 
-    def _gather(self, table: Tensor, n: int) -> Tensor:
-        """table (..., n, 2r + 1) -> bias (..., n, n) with bias[..., i, j] = table[..., i, c(j - i)]."""
+    def _gather(self, table: Tensor, n: int, rows: slice = slice(None), columns: slice = slice(None)) -> Tensor:
+        """table (..., m, 2r + 1) -> bias (..., m, m') with bias[..., i, j] = table[..., i, c(j - i)] for rows i
+        and columns j of the (n, n) offsets (the table holds the rows' entries)."""
         if not self.clip:
             table = torch.cat([table, table.new_zeros(*table.shape[:-1], 1)], dim=-1)
         # a traced graph has a symbolic n, which the cache cannot hash
-        columns = relative_columns.__wrapped__ if is_tracing() else relative_columns
-        index = columns(n, self.reach, self.clip, table.device)
-        return torch.gather(table, -1, index.expand(*table.shape[:-2], n, n))
+        offsets = relative_columns.__wrapped__ if is_tracing() else relative_columns
+        index = offsets(n, self.reach, self.clip, table.device)[rows, columns]
+        return torch.gather(table, -1, index.expand(*table.shape[:-2], *index.shape))
 
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """The row table (..., n, 2r + 1) at [i, c(j - i)] (fixed + dynamic_query) and the key table
@@ -102,13 +103,14 @@ class RelativePositionBias(nn.Module):
                 pieces["key_left"], pieces["key_right"] = key_table[..., 2 * reach], key_table[..., 0]
         return pieces
 
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        """q, k: (batch, heads, n, d) -> bias broadcastable to (batch, heads, n, n)."""
-        n = q.shape[-2]
+    def forward(self, q: Tensor, k: Tensor, first_row: int = 0) -> Tensor:
+        """q: (batch, heads, m, d), the queries of rows first_row .. first_row + m - 1; k: (batch, heads, n, d)
+        -> bias broadcastable to (batch, heads, m, n)."""
+        n, rows = k.shape[-2], slice(first_row, first_row + q.shape[-2])
         table, key_table = self.tables(q, k)
-        bias = None if table is None else self._gather(table, n)
+        bias = None if table is None else self._gather(table, n, rows)
         if key_table is not None:
             # [j, i] of the gathered key table is k_j . U[:, c(i - j)]: transpose to put it at [i, j]
-            key_bias = self._gather(key_table, n).transpose(-1, -2)
+            key_bias = self._gather(key_table, n, slice(None), rows).transpose(-1, -2)
             bias = key_bias if bias is None else bias + key_bias
         return bias

@@ -1,0 +1,49 @@
+"""Relative-position attention with dropout on the probabilities, a block of query rows at a time.
+
+The banded path (banded.py) cannot drop probabilities: the CPU flash kernel it leans on has no dropout.
+Here each block of S query rows gets its (S x n) slice of the dense bias and SDPA with dropout, under
+activation checkpointing: the block's bias, probabilities and dropout mask exist only while the block is
+computed, in forward and again in backward (with the same random numbers, restored by the checkpoint).
+Memory is O(S n) where the dense bias holds several (n x n) tensors per head; the price is the forward
+computed twice.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from convattn.attention import banded
+from convattn.attention.core import TokenMask
+from convattn.attention.relative import RelativePositionBias
+
+
+def takes_blockwise_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
+    """Dropout on CPU from banded.BANDED_MIN_LENGTH tokens on, where the banded path would serve without
+    it; not while torch.export / ONNX trace a graph (the length test would pin the sequence axis)."""
+    if torch.compiler.is_exporting():
+        return False
+    return (backend == "sdpa" and q.device.type == "cpu" and dropout_p > 0.0 and not need_weights
+            and q.shape[-2] >= banded.BANDED_MIN_LENGTH)
+
+
+def _attend_rows(q_rows: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, first_row: int,
+                 key_bias: Tensor | None, dropout_p: float) -> Tensor:
+    bias = relative(q_rows, k, first_row)
+    if key_bias is not None:
+        bias = bias + key_bias
+    return F.scaled_dot_product_attention(q_rows, k, v, attn_mask=bias, dropout_p=dropout_p)
+
+
+def blockwise_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, mask: TokenMask,
+                                 dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(d) + relative bias + padding mask) with dropout, times v; q, k, v (batch, heads, n, d)."""
+    n = q.shape[-2]
+    size = banded.block_size(n, relative.reach)
+    key_bias = mask.key_bias(q.dtype)
+    blocks = [checkpoint(_attend_rows, q[..., start:start + size, :], k, v, relative, start, key_bias, dropout_p,
+                         use_reentrant=False)
+              for start in range(0, n, size)]
+    return torch.cat(blocks, dim=-2)
