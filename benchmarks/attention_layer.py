@@ -26,7 +26,7 @@ import torch
 from common import machine_line, status_bytes, write_atomic
 
 from convattn import ConvAttnConfig
-from convattn.attention import TokenMask, banded
+from convattn.attention import TokenMask, banded, blockwise
 from convattn.attention.composite import CompositeSelfAttention
 
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
@@ -75,7 +75,8 @@ def main() -> int:
     parser.add_argument("--shapes", default="512x16,2048x4", help="n x batch, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--banded-from", type=int, help="override banded.BANDED_MIN_LENGTH (tokens)")
+    parser.add_argument("--banded-from", type=int,
+                        help="override banded.BANDED_MIN_LENGTH and blockwise.BLOCKWISE_MIN_LENGTH (tokens)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the probabilities (relative terms then take the blockwise path)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
@@ -83,7 +84,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.banded_from is not None:
-        banded.BANDED_MIN_LENGTH = args.banded_from
+        banded.BANDED_MIN_LENGTH = blockwise.BLOCKWISE_MIN_LENGTH = args.banded_from
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.arm:
         print(json.dumps(measure_memory(args.arm, *shapes[0], args.attention_dropout)))
@@ -98,7 +99,8 @@ def main() -> int:
         "[min, max] of all arms taking turns in one process, ratio to `none` (plain SDPA, no bias). "
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
         "after building layer and inputs), ratio of growth to `none`. Relative terms take the banded path "
-        f"(blockwise with dropout) from n = {banded.BANDED_MIN_LENGTH} on, the dense bias below.", "",
+        f"from n = {banded.BANDED_MIN_LENGTH} on (blockwise with dropout from {blockwise.BLOCKWISE_MIN_LENGTH}), "
+        "the dense bias below.", "",
         "| n | batch | arm | ms median [min, max] | time ratio | peak RSS MiB | step growth MiB | growth ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -8,7 +8,7 @@ import torch
 from helpers.reference import composite_attention_loops
 from helpers.relative import TERMS, batch, make_layer, output_and_grads
 
-from convattn.attention import TokenMask, banded, composite
+from convattn.attention import TokenMask, banded, blockwise, composite
 from convattn.attention.blockwise import _attend_rows, blockwise_relative_attention
 from convattn.attention.core import split_heads
 from convattn.attention.relative import RelativePositionBias
@@ -18,7 +18,7 @@ from convattn.attention.relative import RelativePositionBias
 def small_blocks(monkeypatch):
     """Blocks of 4 query rows (a partial last one at n = 13), from any length on."""
     monkeypatch.setattr(banded, "block_size", lambda n, reach: 4)
-    monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 0)
+    monkeypatch.setattr(blockwise, "BLOCKWISE_MIN_LENGTH", 0)
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

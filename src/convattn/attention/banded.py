@@ -80,6 +80,14 @@ class _Windows:
             return slice(0, max(start - self.reach, 0))
         return slice(min(start + self.size + self.reach, self.n), self.n)
 
+    def fused_calls(self):
+        """(side, queries, keys) of every fused call with keys."""
+        for block in range(self.count):
+            for side in SIDES:
+                keys = self.keys(block, side)
+                if keys.start < keys.stop:
+                    yield side, self.queries(block), keys
+
     def blocks(self, x: Tensor) -> Tensor:
         """(..., n, c) -> (..., blocks, S, c), rows past n zero."""
         if self.padded > self.n:
@@ -299,17 +307,12 @@ class BandedRelativeAttention(torch.autograd.Function):
         values = operands.widen(v)
         side_out = {side: q.new_zeros(q.shape) for side in SIDES}
         side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
-        for block in range(windows.count):
-            queries = windows.queries(block)
-            for side in SIDES:
-                part = windows.keys(block, side)
-                if part.start == part.stop:
-                    continue
-                out_p, lse_p = flash_forward(
-                    operands.side(operands.q, side)[..., queries, :], operands.side(operands.k, side)[..., part, :],
-                    operands.side(values, side)[..., part, :], attn_mask=operands.pad_mask(part), scale=scale)
-                side_out[side][..., queries, :] = operands.main(out_p, side)
-                side_lse[side][..., queries] = lse_p
+        for side, queries, part in windows.fused_calls():
+            out_p, lse_p = flash_forward(
+                operands.side(operands.q, side)[..., queries, :], operands.side(operands.k, side)[..., part, :],
+                operands.side(values, side)[..., part, :], attn_mask=operands.pad_mask(part), scale=scale)
+            side_out[side][..., queries, :] = operands.main(out_p, side)
+            side_lse[side][..., queries] = lse_p
         for side in SIDES:
             if rows[side] is not None:
                 side_lse[side] += rows[side].to(acc)
@@ -378,22 +381,17 @@ class BandedRelativeAttention(torch.autograd.Function):
         grad_part, out_part, values = operands.widen(grad_out), operands.widen(out), operands.widen(v)
         # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
         kernel_lse = {side: (lse if rows[side] is None else lse - rows[side].to(acc)).contiguous() for side in SIDES}
-        for block in range(windows.count):
-            queries = windows.queries(block)
-            for side in SIDES:
-                part = windows.keys(block, side)
-                if part.start == part.stop:
-                    continue
-                gq, gk, gv = flash_backward(
-                    operands.side(grad_part, side)[..., queries, :], operands.side(operands.q, side)[..., queries, :],
-                    operands.side(operands.k, side)[..., part, :], operands.side(values, side)[..., part, :],
-                    operands.side(out_part, side)[..., queries, :], kernel_lse[side][..., queries], 0.0, False,
-                    attn_mask=operands.pad_mask(part), scale=scale)
-                grad_q[..., queries, :] += operands.main(gq, side)
-                grad_k[..., part, :] += operands.main(gk, side)
-                grad_v[..., part, :] += operands.main(gv, side)
-                if has_keys:
-                    grad_key[side][..., part] += operands.constant(gk, side) * d ** 0.5
+        for side, queries, part in windows.fused_calls():
+            gq, gk, gv = flash_backward(
+                operands.side(grad_part, side)[..., queries, :], operands.side(operands.q, side)[..., queries, :],
+                operands.side(operands.k, side)[..., part, :], operands.side(values, side)[..., part, :],
+                operands.side(out_part, side)[..., queries, :], kernel_lse[side][..., queries], 0.0, False,
+                attn_mask=operands.pad_mask(part), scale=scale)
+            grad_q[..., queries, :] += operands.main(gq, side)
+            grad_k[..., part, :] += operands.main(gk, side)
+            grad_v[..., part, :] += operands.main(gv, side)
+            if has_keys:
+                grad_key[side][..., part] += operands.constant(gk, side) * d ** 0.5
         grad_rows = {}
         if has_rows:
             # the left fused parts add w_p (dO_i . O^p_i - D_i); the right side's sum is minus the band's
