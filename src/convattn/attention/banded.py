@@ -125,6 +125,14 @@ class _Windows:
         """(..., blocks, S, ...) -> (..., n, ...)."""
         return x.flatten(-3, -2)[..., :self.n, :] if x.dim() > 4 else x.flatten(-2)[..., :self.n]
 
+    def groups(self, x: Tensor) -> Tensor:
+        """(batch, heads, n, c) -> (groups, S, c), groups = (batch, head, block) flattened."""
+        return self.blocks(x).flatten(0, -3)
+
+    def ungroup(self, x: Tensor, heads_shape: torch.Size) -> Tensor:
+        """Inverse of `groups`: (groups, S, ...) -> (batch, heads, n, ...); heads_shape = (batch, heads)."""
+        return self.unblock(x.view(*heads_shape, self.count, *x.shape[1:]))
+
     def left_of_band(self, device, dtype) -> Tensor:
         """(S, S + 2r): 1 at the window entries left of the band, else 0."""
         a = torch.arange(self.size, device=device)[:, None]
@@ -140,10 +148,6 @@ class _Windows:
             if past_end >= self.size + 2 * self.reach:
                 break
             key_windows[..., block, past_end:, column] = lowest
-
-    def key_sums(self, x: Tensor) -> Tensor:
-        """(..., blocks, S, S + 2r) -> (..., n): sum over each key's queries, all windows."""
-        return self.fold(x.sum(-2)[..., None])[..., 0]
 
 
 def _band_keys(x: Tensor, reach: int) -> Tensor:
@@ -231,20 +235,20 @@ class _WindowTerms:
 
     def __init__(self, windows: _Windows, operands: _Operands, v: Tensor, band: Tensor, rows: dict, keys: dict):
         self.windows, self.d, self.acc = windows, operands.d, _acc(band)
-        groups = lambda x: x.flatten(0, -3)  # noqa: E731  (..., blocks, S, c) -> (g, S, c)
-        self.queries = groups(windows.blocks(operands.window_queries))
+        self.queries = windows.groups(operands.window_queries)
         key_windows = windows.windows(operands.window_keys)
         windows.hide_missing(key_windows, self.d)
-        self.keys, self.values = groups(key_windows), groups(windows.windows(v))
+        self.keys, self.values = key_windows.flatten(0, -3), windows.windows(v).flatten(0, -3)
         if keys["right"] is not None:
             band = band - _band_keys(keys["right"], windows.reach)  # the key column adds key_right to the band too
-        self.band = groups(windows.blocks(band.to(self.acc)))
+        self.band = windows.groups(band.to(self.acc))
         self.rows = None
         if rows["left"] is not None:
-            self.rows = [groups(windows.blocks(rows[side][..., None].to(self.acc))) for side in SIDES]
+            self.rows = [windows.groups(rows[side][..., None].to(self.acc)) for side in SIDES]
         self.key_shift = None
         if keys["left"] is not None:
-            self.key_shift = groups(windows.windows((keys["left"] - keys["right"])[..., None].to(self.acc))).mT
+            shift = (keys["left"] - keys["right"])[..., None].to(self.acc)
+            self.key_shift = windows.windows(shift).flatten(0, -3).mT
         self.left = windows.left_of_band(band.device, torch.bool)
         self.left_weight = self.left.to(self.acc)
         self.count, size = self.queries.shape[0], windows.size * (windows.size + 2 * windows.reach)
@@ -302,8 +306,8 @@ class BandedRelativeAttention(torch.autograd.Function):
             torch.matmul(unnormalised.to(v.dtype), terms.values[chunk], out=window_out[chunk])
             kept.append(unnormalised)
         del scores, unnormalised
-        group_shape = (*q.shape[:-2], windows.count, windows.size)
-        lse = windows.unblock(window_lse.view(group_shape))
+        heads_shape = q.shape[:-2]
+        lse = windows.ungroup(window_lse, heads_shape)
         values = operands.widen(v)
         side_out = {side: q.new_zeros(q.shape) for side in SIDES}
         side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
@@ -317,16 +321,16 @@ class BandedRelativeAttention(torch.autograd.Function):
             if rows[side] is not None:
                 side_lse[side] += rows[side].to(acc)
             lse = torch.logaddexp(lse, side_lse[side])
-        out = windows.unblock(window_out.view(*group_shape, d)).to(acc)
-        out *= torch.exp(windows.unblock(top.view(group_shape)) - lse)[..., None]
+        window_scale = torch.exp(top - windows.groups(lse[..., None])[..., 0])  # exp(max_row - lse): U -> P
+        out = windows.ungroup(window_out, heads_shape).to(acc)
+        out *= windows.ungroup(window_scale, heads_shape)[..., None]
         for side in SIDES:
             out.addcmul_(torch.exp(side_lse[side] - lse)[..., None], side_out[side].to(acc))
         out = out.to(q.dtype)
         # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
         left_out, left_lse = (side_out["left"], side_lse["left"]) if row_left is not None else (None, None)
         ctx.save_for_backward(v, row_left, row_right, out, lse, left_out, left_lse)
-        ctx.operands, ctx.terms, ctx.reach, ctx.kept = operands, terms, reach, kept
-        ctx.window_scale = torch.exp(top - windows.blocks(lse[..., None]).flatten(0, -3)[..., 0])
+        ctx.operands, ctx.terms, ctx.reach, ctx.kept, ctx.window_scale = operands, terms, reach, kept, window_scale
         return out
 
     @staticmethod
@@ -341,9 +345,8 @@ class BandedRelativeAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         row_term = (grad_out.to(acc) * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
         # the windows: dS = P (dO V^T - D) and dV = P^T dO with P = U f, f = exp(max_row - lse) moved onto dO and D
-        groups = lambda x: windows.blocks(x).flatten(0, -3)  # noqa: E731
-        scaled_grad = groups(grad_out) * ctx.window_scale[..., None].to(grad_out.dtype)
-        scaled_row_term = groups(row_term[..., None]) * ctx.window_scale[..., None]
+        scaled_grad = windows.groups(grad_out) * ctx.window_scale[..., None].to(grad_out.dtype)
+        scaled_row_term = windows.groups(row_term[..., None]) * ctx.window_scale[..., None]
         grad_band = torch.empty(terms.band.shape, dtype=acc, device=out.device)
         grad_q = out.new_empty(*terms.queries.shape[:-1], d)
         grad_keys_window = out.new_empty(terms.keys.shape)
@@ -366,17 +369,18 @@ class BandedRelativeAttention(torch.autograd.Function):
                 if has_keys:
                     left_keys[chunk] = grad_scores.sum(-2)
         del unnormalised, grad_scores, ds
-        group_shape = (*out.shape[:-2], windows.count)
-        grad_band = windows.unblock(grad_band.view(*group_shape, windows.size, -1))
-        grad_q = windows.unblock(grad_q.view(*group_shape, windows.size, d)).to(acc).mul_(scale)
-        grad_keys_window = windows.fold(grad_keys_window.view(*group_shape, *terms.keys.shape[1:])).to(acc)
+        heads_shape = out.shape[:-2]
+        window_shape = (*heads_shape, windows.count)  # (batch, heads, blocks): key windows fold, not ungroup
+        grad_band = windows.ungroup(grad_band, heads_shape)
+        grad_q = windows.ungroup(grad_q, heads_shape).to(acc).mul_(scale)
+        grad_keys_window = windows.fold(grad_keys_window.view(*window_shape, *terms.keys.shape[1:])).to(acc)
         grad_k = grad_keys_window[..., :d].mul_(scale)
-        grad_v = windows.fold(grad_v.view(*group_shape, *terms.values.shape[1:])).to(acc)
+        grad_v = windows.fold(grad_v.view(*window_shape, *terms.values.shape[1:])).to(acc)
         ctx.kept = ctx.terms = terms = None  # the windows are done with: free them before the fused calls
         if has_rows:
-            left_rows = windows.unblock(left_rows.view(*group_shape, windows.size))
+            left_rows = windows.ungroup(left_rows, heads_shape)
         if has_keys:
-            left_keys = windows.fold(left_keys.view(*group_shape, -1, 1))[..., 0]
+            left_keys = windows.fold(left_keys.view(*window_shape, -1, 1))[..., 0]
         grad_key = {side: torch.zeros(lse.shape, dtype=acc, device=lse.device) for side in SIDES} if has_keys else {}
         grad_part, out_part, values = operands.widen(grad_out), operands.widen(out), operands.widen(v)
         # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw

@@ -11,12 +11,11 @@ computed twice.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from convattn.attention import banded
-from convattn.attention.core import TokenMask
+from convattn.attention.core import TokenMask, attend
 from convattn.attention.relative import RelativePositionBias
 
 # From this length on the blockwise path serves attention dropout on CPU. One layer, 2 threads, attention
@@ -37,11 +36,9 @@ def takes_blockwise_path(q: Tensor, backend: str, dropout_p: float, need_weights
 
 
 def _attend_rows(q_rows: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, first_row: int,
-                 key_bias: Tensor | None, dropout_p: float) -> Tensor:
-    bias = relative(q_rows, k, first_row)
-    if key_bias is not None:
-        bias = bias + key_bias
-    return F.scaled_dot_product_attention(q_rows, k, v, attn_mask=bias, dropout_p=dropout_p)
+                 mask: TokenMask, dropout_p: float) -> Tensor:
+    return attend(q_rows, k, v, bias=relative(q_rows, k, first_row), mask=mask, dropout_p=dropout_p,
+                  backend="sdpa")[0]
 
 
 def blockwise_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, mask: TokenMask,
@@ -49,8 +46,7 @@ def blockwise_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: Rela
     """softmax(q k^T / sqrt(d) + relative bias + padding mask) with dropout, times v; q, k, v (batch, heads, n, d)."""
     n = q.shape[-2]
     size = banded.block_size(n, relative.reach)
-    key_bias = mask.key_bias(q.dtype)
-    blocks = [checkpoint(_attend_rows, q[..., start:start + size, :], k, v, relative, start, key_bias, dropout_p,
+    blocks = [checkpoint(_attend_rows, q[..., start:start + size, :], k, v, relative, start, mask, dropout_p,
                          use_reentrant=False)
               for start in range(0, n, size)]
     return torch.cat(blocks, dim=-2)
