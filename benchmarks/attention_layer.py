@@ -78,7 +78,8 @@ def main() -> int:
     parser.add_argument("--banded-from", type=int,
                         help="override banded.BANDED_MIN_LENGTH and blockwise.BLOCKWISE_MIN_LENGTH (tokens)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
-                        help="dropout on the probabilities (relative terms then take the blockwise path)")
+                        help="dropout on the probabilities (relative terms then run blockwise from "
+                             "blockwise.BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_layer.md")
     args = parser.parse_args()

@@ -100,17 +100,20 @@ def test_never_builds_the_dense_bias(monkeypatch):
     layer(x, TokenMask(keep))[0].sum().backward()
 
 
-def test_attention_maps_and_short_sequences_keep_the_dense_path(monkeypatch):
-    # (attention dropout takes the blockwise path: test_blockwise.py)
+def test_dropout_attention_maps_and_short_sequences_keep_the_dense_path(monkeypatch):
+    # (from blockwise.BLOCKWISE_MIN_LENGTH tokens on attention dropout runs blockwise: test_blockwise.py)
     calls = []
     original = RelativePositionBias.forward
     monkeypatch.setattr(RelativePositionBias, "forward",
                         lambda self, q, k, first_row=0: calls.append(q.shape[-2]) or original(self, q, k, first_row))
     x, keep = batch((9, 5), 9, torch.float32)
+    dropping = make_layer(TERMS["composite"])
+    dropping.dropout_p = 0.1
+    dropping(x, TokenMask(keep))
     make_layer(TERMS["composite"]).eval()(x, TokenMask(keep), output_attentions=True)
     monkeypatch.setattr(banded, "BANDED_MIN_LENGTH", 10)
     make_layer(TERMS["composite"])(x, TokenMask(keep))
-    assert calls == [9, 9]
+    assert calls == [9, 9, 9]  # each path built the whole (9 x 9) bias once
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

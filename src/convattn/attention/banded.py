@@ -52,9 +52,10 @@ def _acc(x: Tensor) -> torch.dtype:
 def block_size(n: int, reach: int) -> int:
     """Queries per block. The CPU flash kernel splits a call's queries into tiles of 32 below 192 queries
     and of 64 from there, and its cost per score falls by about a quarter between the two (measured
-    at 2 threads, issue 11); wider windows cost explicit work (S + 2r keys per query) and memory. One
-    layer forward + backward, 2 threads: S = 256 beat 128 and 192 at n = 512 and 2048 (composite 1.32x
-    plain SDPA's time against 1.50x at n = 512, 1.27x against 1.42x at 2048)."""
+    at 2 threads, issue 11); wider windows cost explicit work (S + 2r keys per query) and memory. The
+    attention alone, composite, forward + backward, 2 threads, against plain SDPA: S = 256 beat 192 at
+    n = 512 (1.51x against 1.67x) and 384 and 512 at n = 2048 (1.27x against 1.39x and 1.33x); in one layer
+    an earlier version took 1.32x with S = 256 against 1.50x with 128 at n = 512."""
     return max(2 * reach, min(n, 256))
 
 
