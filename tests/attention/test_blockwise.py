@@ -51,7 +51,8 @@ def test_backward_replays_the_forward_dropout_masks():
         return [out, *grads]
 
     def kept_whole():
-        return torch.cat([_attend_rows(q[..., s:s + 4, :], k, v, relative, s, mask, 0.4)
+        key_table = relative.key_table(k)
+        return torch.cat([_attend_rows(q[..., s:s + 4, :], k, v, key_table, relative, s, mask, 0.4)
                           for s in range(0, 13, 4)], dim=-2)
 
     ours = run(lambda: blockwise_relative_attention(q, k, v, relative, mask, 0.4))
@@ -64,9 +65,10 @@ def test_dropout_takes_it_and_never_builds_the_whole_bias(monkeypatch):
     layer = make_layer(TERMS["composite"])
     layer.dropout_p = 0.1
     rows = []
-    original = RelativePositionBias.forward
-    monkeypatch.setattr(RelativePositionBias, "forward",
-                        lambda self, q, k, first_row=0: rows.append(q.shape[-2]) or original(self, q, k, first_row))
+    original = RelativePositionBias.bias
+    monkeypatch.setattr(RelativePositionBias, "bias", lambda self, row_table, key_table, n, query_rows:
+                        rows.append(query_rows.stop - query_rows.start) or original(self, row_table, key_table, n,
+                                                                                   query_rows))
     x, keep = batch((13, 7), 13, torch.float32)
     layer(x, TokenMask(keep))[0].sum().backward()
     assert rows and max(rows) == 4  # forward and the backward's recompute, block by block

@@ -35,10 +35,11 @@ def takes_blockwise_path(q: Tensor, backend: str, dropout_p: float, need_weights
             and q.shape[-2] >= BLOCKWISE_MIN_LENGTH)
 
 
-def _attend_rows(q_rows: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, first_row: int,
-                 mask: TokenMask, dropout_p: float) -> Tensor:
-    return attend(q_rows, k, v, bias=relative(q_rows, k, first_row), mask=mask, dropout_p=dropout_p,
-                  backend="sdpa")[0]
+def _attend_rows(q_rows: Tensor, k: Tensor, v: Tensor, key_table: Tensor | None, relative: RelativePositionBias,
+                 first_row: int, mask: TokenMask, dropout_p: float) -> Tensor:
+    rows = slice(first_row, first_row + q_rows.shape[-2])
+    bias = relative.bias(relative.row_table(q_rows), key_table, k.shape[-2], rows)
+    return attend(q_rows, k, v, bias=bias, mask=mask, dropout_p=dropout_p, backend="sdpa")[0]
 
 
 def blockwise_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, mask: TokenMask,
@@ -46,7 +47,8 @@ def blockwise_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: Rela
     """softmax(q k^T / sqrt(d) + relative bias + padding mask) with dropout, times v; q, k, v (batch, heads, n, d)."""
     n = q.shape[-2]
     size = banded.block_size(n, relative.reach)
-    blocks = [checkpoint(_attend_rows, q[..., start:start + size, :], k, v, relative, start, mask, dropout_p,
-                         use_reentrant=False)
+    key_table = relative.key_table(k)  # every block reads all n keys' entries: computed once, not per block
+    blocks = [checkpoint(_attend_rows, q[..., start:start + size, :], k, v, key_table, relative, start, mask,
+                         dropout_p, use_reentrant=False)
               for start in range(0, n, size)]
     return torch.cat(blocks, dim=-2)

@@ -68,16 +68,23 @@ class RelativePositionBias(nn.Module):
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """The row table (..., n, 2r + 1) at [i, c(j - i)] (fixed + dynamic_query) and the key table
         (batch, heads, n, 2r + 1) at [j, c(i - j)] (dynamic_key); None for absent terms."""
-        n = q.shape[-2]
-        table = key_table = None
+        return self.row_table(q), self.key_table(k)
+
+    def row_table(self, q: Tensor) -> Tensor | None:
+        """(..., m, 2r + 1), the rows of q's queries: fixed + dynamic_query."""
+        table = None
         if self.fixed is not None:
-            table = self.fixed[None, :, None, :].to(q.dtype).expand(1, -1, n, -1)
+            table = self.fixed[None, :, None, :].to(q.dtype).expand(1, -1, q.shape[-2], -1)
         if self.query_kernel is not None:
             dynamic = torch.matmul(q, self.query_kernel.to(q.dtype)) / math.sqrt(self.head_dim)
             table = dynamic if table is None else dynamic + table
-        if self.key_kernel is not None:
-            key_table = torch.matmul(k, self.key_kernel.to(k.dtype)) / math.sqrt(self.head_dim)
-        return table, key_table
+        return table
+
+    def key_table(self, k: Tensor) -> Tensor | None:
+        """(batch, heads, n, 2r + 1): dynamic_key."""
+        if self.key_kernel is None:
+            return None
+        return torch.matmul(k, self.key_kernel.to(k.dtype)) / math.sqrt(self.head_dim)
 
     def banded(self, q: Tensor, k: Tensor) -> dict[str, Tensor | None]:
         """The same bias as `forward` in O(n (2r + 1)) pieces for banded.BandedRelativeAttention:
@@ -106,9 +113,12 @@ class RelativePositionBias(nn.Module):
     def forward(self, q: Tensor, k: Tensor, first_row: int = 0) -> Tensor:
         """q: (batch, heads, m, d), the queries of rows first_row .. first_row + m - 1; k: (batch, heads, n, d)
         -> bias broadcastable to (batch, heads, m, n)."""
-        n, rows = k.shape[-2], slice(first_row, first_row + q.shape[-2])
-        table, key_table = self.tables(q, k)
-        bias = None if table is None else self._gather(table, n, rows)
+        rows = slice(first_row, first_row + q.shape[-2])
+        return self.bias(self.row_table(q), self.key_table(k), k.shape[-2], rows)
+
+    def bias(self, row_table: Tensor | None, key_table: Tensor | None, n: int, rows: slice) -> Tensor:
+        """The bias of query `rows` against all n keys from their row table and the whole key table."""
+        bias = None if row_table is None else self._gather(row_table, n, rows)
         if key_table is not None:
             # [j, i] of the gathered key table is k_j . U[:, c(i - j)]: transpose to put it at [i, j]
             key_bias = self._gather(key_table, n, slice(None), rows).transpose(-1, -2)
