@@ -25,6 +25,7 @@ from pathlib import Path
 from statistics import mean
 
 from convattn.training.squad.metrics import squad_scores
+from convattn.training.squad.run import run_dir
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad" / "squad-v1.1-dev-sample.json"
 METRICS = ("exact_match", "f1")
@@ -34,13 +35,17 @@ def first_sentence(context: str) -> str:
     return re.split(r"(?<=[.!?])\s", context.strip(), maxsplit=1)[0]
 
 
+def paragraphs(data: dict):
+    """Every paragraph (context and its questions) of a SQuAD JSON document."""
+    return (paragraph for article in data["data"] for paragraph in article["paragraphs"])
+
+
 def baselines(dev: dict) -> dict[str, dict]:
     answers, first = {}, {}
-    for article in dev["data"]:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                answers[qa["id"]] = [a["text"] for a in qa["answers"]]
-                first[qa["id"]] = first_sentence(paragraph["context"])
+    for paragraph in paragraphs(dev):
+        for qa in paragraph["qas"]:
+            answers[qa["id"]] = [a["text"] for a in qa["answers"]]
+            first[qa["id"]] = first_sentence(paragraph["context"])
     return {"first sentence": squad_scores(answers, first, "1.1"),
             "empty answer": squad_scores(answers, dict.fromkeys(answers, ""), "1.1")}
 
@@ -50,16 +55,15 @@ def shared_answers(dev: dict, answer: dict[str, str]) -> float:
     gold answers' own rate for a model that reads the question, near 100 for one that answers each paragraph
     with one span whatever the question."""
     shared = total = 0
-    for article in dev["data"]:
-        for paragraph in article["paragraphs"]:
-            counts = Counter(answer[qa["id"]] for qa in paragraph["qas"])
-            shared += sum(n for n in counts.values() if n > 1)
-            total += len(paragraph["qas"])
+    for paragraph in paragraphs(dev):
+        counts = Counter(answer[qa["id"]] for qa in paragraph["qas"])
+        shared += sum(n for n in counts.values() if n > 1)
+        total += len(paragraph["qas"])
     return 100 * shared / total
 
 
 def questions(data: dict) -> int:
-    return sum(len(p["qas"]) for a in data["data"] for p in a["paragraphs"])
+    return sum(len(paragraph["qas"]) for paragraph in paragraphs(data))
 
 
 def run_fold(sample: dict, held_out: str, train_titles: list[str], args) -> dict:
@@ -77,12 +81,10 @@ def run_fold(sample: dict, held_out: str, train_titles: list[str], args) -> dict
                "--output-dir", str(out / "squad"), *args.squad_args]
     subprocess.run(command, check=True)
     results = json.loads((out / "squad" / "squad_results.json").read_text())
-    runs = out / "squad" / "runs" / "squad1.1"
-    seeds = [runs / f"seed{s}" for s in results["seeds"]]
+    seeds = [run_dir(out / "squad", "1.1", seed) for seed in results["seeds"]]
     shared = [shared_answers(dev, json.loads((seed / "predictions.json").read_text())) for seed in seeds]
     seconds = sum(json.loads((seed / "run.json").read_text())["seconds"] for seed in seeds)
-    gold = shared_answers(dev, {qa["id"]: qa["answers"][0]["text"] for a in dev["data"] for p in a["paragraphs"]
-                                for qa in p["qas"]})
+    gold = shared_answers(dev, {qa["id"]: qa["answers"][0]["text"] for p in paragraphs(dev) for qa in p["qas"]})
     return {"held_out": held_out, "train": train_titles, "train_questions": questions(train),
             "dev_questions": questions(dev), "seconds": seconds, "seeds": results["seeds"],
             "fine_tuned": results["scores"], "baselines": trivial,
