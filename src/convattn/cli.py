@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -62,11 +63,51 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"convattn {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # not bad input: one line here, the whole traceback in a file
-        message = (str(err).strip().splitlines() or [""])[0][:200]
-        print(f"convattn {args.command}: unexpected error: {type(err).__name__}: {message} (full traceback: "
-              f"{write_traceback(args.command)})", file=sys.stderr)
-        return 1
+    except Exception as err:
+        cause = known_cause(err)
+        if cause is None:
+            return unexpected(args.command)
+        print(f"convattn {args.command}: error: {cause}", file=sys.stderr)
+        return 2
+
+
+# failures of the machine, not of convattn: said in one line (exit 2) with what to do
+OS_ERRORS = {
+    errno.ENOSPC: "the disk is full; free some space (or point --output-dir / --cache-dir elsewhere)",
+    errno.EDQUOT: "the disk quota is used up; free some space (or point --output-dir / --cache-dir elsewhere)",
+    errno.EROFS: "the filesystem is read-only; choose a writable --output-dir / --cache-dir",
+    errno.EACCES: "permission denied; check the file's permissions or choose another path",
+    errno.EPERM: "operation not permitted; check the file's permissions or choose another path",
+    errno.ENAMETOOLONG: "a file name is too long for the filesystem; choose a shorter path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+    errno.EISDIR: "the path is a directory where a file is needed; choose another path",
+    errno.ELOOP: "the path has a symbolic-link loop; choose another path",
+}
+DISK_FULL_TEXTS = ("No space left on device", "StorageFull", "file write failed")  # torch / safetensors wordings
+
+
+def known_cause(err: BaseException) -> str | None:
+    """One line for an error whose cause is known (a full disk, no permission, ...), looking through the chain of
+    causes; None for the unknown."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in OS_ERRORS:
+            where = f" ({err.filename})" if err.filename else ""
+            return f"{err.strerror or os.strerror(err.errno)}{where}: {OS_ERRORS[err.errno]}"
+        if any(text in str(err) for text in DISK_FULL_TEXTS):
+            return f"writing a file failed ({str(err).strip().splitlines()[0][:120]}): {OS_ERRORS[errno.ENOSPC]}"
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def unexpected(command: str) -> int:
+    """Not bad input: one line here, the whole traceback in a file."""
+    err = sys.exc_info()[1]
+    message = (str(err).strip().splitlines() or [""])[0][:200]
+    print(f"convattn {command}: unexpected error: {type(err).__name__}: {message} (full traceback: "
+          f"{write_traceback(command)})", file=sys.stderr)
+    return 1
 
 
 def write_traceback(command: str) -> str:

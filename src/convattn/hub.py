@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from convattn.files import write_text_atomic
+
 CARD = "README.md"
 RUN_FILES = ("config.json", "model.safetensors")
 # what a run folder holds that is not for the Hub (resumable state, logs are kept: metrics.jsonl, *.png)
@@ -77,7 +79,6 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
 
 def write_model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> Path:
     """Write (or rewrite) the run's README.md, atomically."""
-    from convattn.training.run_folder import write_text_atomic
 
     path = Path(run_dir) / CARD
     write_text_atomic(path, model_card(run_dir, repo_id))

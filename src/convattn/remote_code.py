@@ -12,10 +12,10 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from convattn.files import write_text_atomic
 
 PACKAGE = "convattn"
 # Auto class -> (module, class) of every entry point, so one checkpoint loads with any head
@@ -142,6 +142,4 @@ def write_remote_code(save_directory: str | os.PathLike, config_module: str) -> 
         folder = Path(sys.modules[config_module].__file__).parent
         sources = {p.name: p.read_text(encoding="utf-8") for p in folder.glob(f"{PACKAGE}_*.py")}
     for name, text in sources.items():
-        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False, encoding="utf-8") as f:
-            f.write(text)
-        shutil.move(f.name, directory / name)
+        write_text_atomic(directory / name, text)

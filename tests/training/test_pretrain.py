@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from helpers.pretrain import TINY, WORDS, tiny_args, write_corpus
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForMaskedLM,
@@ -22,12 +23,6 @@ from convattn.cli import main
 from convattn.commands.pretrain import options_from_args
 from convattn.training.pretrain import complete_checkpoints, pretrain
 
-WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
-TINY = ["--preset", "chang2021-small/composite", "--layers", "2", "--hidden", "32", "--heads", "4",
-        "--intermediate", "64", "--embedding-size", "16", "--vocab-size", "150", "--seq-len", "32",
-        "--batch-size", "8", "--max-steps", "8", "--eval-every", "4", "--save-every", "2", "--log-every", "2",
-        "--warmup", "2", "--eval-samples", "24"]
-
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch, tmp_path_factory):
@@ -37,17 +32,7 @@ def offline(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    directory = tmp_path_factory.mktemp("corpus")
-    for name, n in (("train.txt", 600), ("valid.txt", 60)):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(n)]
-        (directory / name).write_text("\n".join(lines) + "\n")
-    return directory
-
-
-def tiny_args(corpus, out, *extra: str) -> list[str]:
-    return ["pretrain", *TINY, "--train-file", str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"),
-            "--output-dir", str(out), *extra]
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def weights(directory) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from convattn.commands.arguments import (
     prepare_training_process,
     recipe_overrides,
 )
+from convattn.errors import UsageError
 from convattn.training.recipes import apply_overrides
 from convattn.training.run_folder import read_json, say
 
@@ -68,9 +69,8 @@ def options_from_args(args: argparse.Namespace):
     from convattn.training.pretrain import OPTIONS_FILE, PretrainOptions
     from convattn.training.recipes import load_recipe, recipe_for_preset
 
-    saved = read_json(args.output_dir / OPTIONS_FILE) if args.resume and args.output_dir else None
-    if saved is not None:
-        return resumed_options(PretrainOptions.from_json(saved), args)
+    if args.resume and args.output_dir and (args.output_dir / OPTIONS_FILE).is_file():
+        return resumed_options(saved_options(args.output_dir / OPTIONS_FILE), args)
     recipe_name = args.recipe or recipe_for_preset(args.preset)
     recipe = load_recipe(recipe_name)
     if args.preset:
@@ -86,6 +86,17 @@ def options_from_args(args: argparse.Namespace):
         precision=args.precision, log_every=args.log_every, resume=args.resume, overwrite=args.overwrite,
         allow_schedule_change=args.allow_schedule_change,
     )
+
+
+def saved_options(path: Path):
+    """The options a run was started with, read back from its record."""
+    from convattn.training.pretrain import PretrainOptions
+
+    try:
+        return PretrainOptions.from_json(read_json(path))
+    except (ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"--resume: {path} is damaged or not written by convattn ({type(err).__name__}: "
+                         f"{str(err)[:80]}); start a new run in another --output-dir") from None
 
 
 def resumed_options(options, args: argparse.Namespace):
@@ -116,7 +127,5 @@ def run(args: argparse.Namespace) -> int:
     summary = pretrain(options)
     if int(os.environ.get("RANK", "0")) == 0:
         print("\n".join(summary.lines()), file=sys.stderr if summary.interrupted else sys.stdout)
-        if summary.interrupted:
-            print(f"continue with: convattn pretrain ... --output-dir {options.output_dir} --resume", file=sys.stderr)
     return 130 if summary.interrupted else 0
 

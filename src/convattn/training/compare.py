@@ -40,6 +40,7 @@ from convattn.training.pretrain import (
     complete_checkpoints,
     per_device_batch,
     pretrain,
+    sequence_length,
 )
 from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
 from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, read_json, seed_dir, write_json_atomic
@@ -183,7 +184,7 @@ def training_memory(recipe: Recipe, tokenizer) -> dict:
     """
     model = build_model(recipe, tokenizer).train()
     config = model.config
-    seq_len = recipe.seq_len or config.max_position_embeddings
+    seq_len = sequence_length(recipe, config)
     batch = per_device_batch(recipe)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(config.vocab_size, (batch, seq_len), generator=generator)
@@ -238,7 +239,7 @@ def validate(options: CompareOptions) -> int:
         for seed in range(options.seeds):
             pretrain_options = run_options(options, spec, seed)
             config = check_options(pretrain_options)
-            seq_len = max(seq_len, pretrain_options.recipe.seq_len or config.max_position_embeddings)
+            seq_len = max(seq_len, sequence_length(pretrain_options.recipe, config))
             check_same_settings(pretrain_options)
     if options.glue:
         from convattn.data.glue import get_task

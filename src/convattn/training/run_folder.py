@@ -14,15 +14,14 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from convattn.errors import UsageError
+from convattn.files import atomic_path, read_json, write_json_atomic, write_text_atomic  # noqa: F401 (re-exported)
 
 # options that say where and how verbosely a run is written, not what it computes: they may differ between a
 # run folder and the invocation that continues or reuses it
@@ -30,35 +29,14 @@ BOOKKEEPING_OPTIONS = ("output_dir", "resume", "overwrite", "log_every", "cache_
 
 
 # ---------------------------------------------------------------------------------- atomic writes
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as f:
-        f.write(text)
-    os.replace(f.name, path)
-
-
-def write_json_atomic(path: Path, data) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
 def save_figure(fig, path: Path, dpi: int = 130) -> Path:
     """Save a matplotlib `Figure` as PNG via a temporary file, so a crash never leaves half an image."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+    return Path(path)
 
 
 # ---------------------------------------------------------------------------------- the run record
-def read_json(path: Path) -> dict | None:
-    path = Path(path)
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> str:
     """'key: old -> new, ...' for the options (other than `allowed`) that differ; '' when none do."""
     changed = sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))

@@ -28,9 +28,11 @@ from convattn.training.pretrain.options import (
     complete_checkpoints,
     default_cache_dir,
     per_device_batch,
+    sequence_length,
 )
 from convattn.training.pretrain.run import PretrainSummary, pretrain
 from convattn.training.pretrain.trainer import build_model
 
 __all__ = ["METRICS_FILE", "OPTIONS_FILE", "PretrainOptions", "PretrainSummary", "build_model", "check_options",
-           "complete_checkpoints", "default_cache_dir", "per_device_batch", "pretrain"]
+           "complete_checkpoints", "default_cache_dir", "per_device_batch", "pretrain",
+           "sequence_length"]

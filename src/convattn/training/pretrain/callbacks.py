@@ -112,3 +112,9 @@ class PretrainProgress(ProgressCallback):
                 self.postfix["eval_ppl"] = f"{logs['eval_perplexity']:.1f}"
                 self.training_bar.write(f"step {state.global_step:,}: eval perplexity {logs['eval_perplexity']:,.1f}")
             self.training_bar.set_postfix(self.postfix, refresh=False)
+
+    def close(self) -> None:
+        """End the bar's line (a run stopped by an error: its message must start a line of its own)."""
+        if self.training_bar is not None:
+            self.training_bar.close()
+            self.training_bar = None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from convattn.config import ConvAttnConfig
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError
+from convattn.training.console import LOG_FILE
+from convattn.training.folder_lock import LOCK_FILE, holds_only_lock
 from convattn.training.recipes import Recipe, warmup_steps
 from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options, check_weights
 
@@ -19,6 +23,7 @@ OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 OPTIONS_FILE = "pretrain_options.json"
 METRICS_FILE = "metrics.jsonl"
+CARD_FILE = "README.md"
 # options that may change between a run and its --resume without changing what is computed
 RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
@@ -73,17 +78,14 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
                         ("--gradient-accumulation", recipe.gradient_accumulation), ("--log-every", options.log_every)):
         if value < 1:
             raise UsageError(f"{flag} {value} must be at least 1")
-    if not 0 < recipe.mlm_probability < 1:
-        raise UsageError(f"--mlm-probability {recipe.mlm_probability} must be between 0 and 1")
+    check_numbers(recipe)
     if warmup_steps(recipe) >= recipe.max_steps:
         raise UsageError(f"--warmup {recipe.warmup:g} is not below --max-steps {recipe.max_steps}: the learning rate "
                          "would never reach its peak; lower --warmup (or give a fraction of the run, e.g. 0.06)")
-    if recipe.learning_rate <= 0:
-        raise UsageError(f"--lr {recipe.learning_rate} must be positive")
     if options.tokenizer is None:
         check_vocab_size(recipe.vocab_size)
     config = ConvAttnConfig.from_preset(recipe.preset, **recipe.model)
-    seq_len = recipe.seq_len or config.max_position_embeddings
+    seq_len = sequence_length(recipe, config)
     if seq_len > config.max_position_embeddings:
         raise UsageError(
             f"--seq-len {seq_len} is above the model's maximum of {config.max_position_embeddings} positions "
@@ -92,6 +94,40 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
     if seq_len < 8:
         raise UsageError(f"--seq-len {seq_len} is too short; use at least 8 tokens (the papers use 128)")
     return config
+
+
+# recipe field -> (flag, lowest, highest, lowest allowed itself, highest allowed itself); every value must be finite
+NUMBER_RANGES = {
+    "learning_rate": ("--lr", 0, math.inf, False, False),
+    "weight_decay": ("--weight-decay", 0, math.inf, True, False),
+    "adam_epsilon": ("--adam-epsilon", 0, 1, False, False),
+    "adam_beta1": ("adam_beta1", 0, 1, True, False),
+    "adam_beta2": ("adam_beta2", 0, 1, True, False),
+    "warmup": ("--warmup", 0, math.inf, True, False),
+    "max_grad_norm": ("--max-grad-norm", 0, math.inf, True, False),  # 0: no clipping
+    "mlm_probability": ("--mlm-probability", 0, 1, False, False),
+}
+MAX_SEED = 2**32 - 1  # numpy's limit (transformers' set_seed seeds numpy too)
+
+
+def check_numbers(recipe: Recipe) -> None:
+    """Every real-valued recipe field finite and in its range; counts at least 1; one line naming the flag."""
+    for name, (flag, low, high, low_closed, high_closed) in NUMBER_RANGES.items():
+        value = getattr(recipe, name)
+        inside = (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
+        if not (isinstance(value, int | float) and math.isfinite(value) and inside):
+            interval = f"{'[' if low_closed else '('}{low:g}, {high:g}{']' if high_closed else ')'}"
+            raise UsageError(f"{flag} {value} must be a finite number in {interval}")
+    if recipe.eval_samples is not None and recipe.eval_samples < 1:
+        raise UsageError(f"--eval-samples {recipe.eval_samples} must be at least 1 (leave it out to use every eval "
+                         "example)")
+    if not 0 <= recipe.seed <= MAX_SEED:
+        raise UsageError(f"--seed {recipe.seed} must be in [0, {MAX_SEED}]")
+
+
+def sequence_length(recipe: Recipe, config: ConvAttnConfig) -> int:
+    """Tokens per example: the recipe's, else the model's maximum."""
+    return config.max_position_embeddings if recipe.seq_len is None else recipe.seq_len
 
 
 def world_size() -> int:
@@ -117,26 +153,108 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.removeprefix("checkpoint-")))
 
 
-def check_output_dir(options: PretrainOptions) -> Path | None:
-    """The checkpoint to resume from (None for a fresh run); raises if the directory is in the way."""
-    out = options.output_dir
-    if options.resume:
-        checkpoints = complete_checkpoints(out / "checkpoints")
-        if not checkpoints:
-            raise UsageError(f"--resume: {out} has no complete checkpoint to resume from; drop --resume to start")
-        allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
-        check_same_options(out / OPTIONS_FILE, options.to_json(), allowed,
-                           f"--resume: options differ from the run in {out} ({{details}}); drop those flags (the run's "
-                           "own options are read from it), or add --allow-schedule-change to change --max-steps")
-        check_weights(checkpoints[-1])
-        return checkpoints[-1]
+def checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("checkpoint-"))
+
+
+# what a pretraining run writes into its folder: all that --overwrite may remove
+RUN_ENTRIES = frozenset({
+    OPTIONS_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, "perplexity.png", "tensorboard", "checkpoints", "discriminator",
+    "config.json", "generation_config.json", "model.safetensors", "training_args.bin", ".final.tmp", LOCK_FILE,
+    # what `save_pretrained` of a tokenizer writes (ours, or any HF one given with --tokenizer)
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+})
+
+
+def written_by_run(entry: Path) -> bool:
+    """Whether a file or folder in a run folder is one a pretraining run writes (a user's notes are not)."""
+    name = entry.name
+    if name == CARD_FILE:
+        return is_model_card(entry)
+    if name in RUN_ENTRIES:
+        return True
+    # the modeling code, and the temporary files of atomic writes (a kill can leave one)
+    return (name.startswith("convattn_") and name.endswith(".py")) or \
+        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
+
+
+def is_model_card(path: Path) -> bool:
+    """The README.md convattn writes (Hub metadata naming convattn), not one the user wrote."""
+    if not path.is_file():
+        return False
+    text = path.read_text(errors="replace")
+    metadata = text.split("---", 2)[1] if text.startswith("---") and text.count("---") >= 2 else ""
+    return "- convattn" in metadata
+
+
+@dataclass
+class OutputPlan:
+    """What the run does with its output directory."""
+
+    resume_from: Path | None = None  # the checkpoint to continue from
+    finished: bool = False  # --resume of a run that already reached its last step
+    replace: bool = False  # remove the old run's files once the new run is ready to write
+
+
+def check_output_path(out: Path) -> None:
+    """--output-dir must be (or become) a directory."""
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--output-dir {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
+                         "it or choose another --output-dir")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {out} is a file; choose a directory")
-    if options.overwrite and out.is_dir():
-        check_removable(out, OPTIONS_FILE)
-    if out.is_dir() and any(out.iterdir()) and not options.overwrite:
-        raise UsageError(
-            f"--output-dir {out} is not empty; continue that run with --resume, replace it with --overwrite, "
-            "or choose another --output-dir"
-        )
-    return None
+
+
+def check_output_dir(options: PretrainOptions) -> OutputPlan:
+    """What to do with `options.output_dir`; raises (before anything is written) when it is in the way."""
+    out = options.output_dir
+    check_output_path(out)
+    if options.resume:
+        return resume_plan(options)
+    if not out.is_dir() or holds_only_lock(out):
+        return OutputPlan()
+    unstarted = (out / OPTIONS_FILE).is_file() and not complete_checkpoints(out / "checkpoints") and \
+        not (out / "model.safetensors").exists()
+    if not options.overwrite and not unstarted:
+        raise UsageError(f"--output-dir {out} is not empty; continue that run with --resume, replace it with "
+                         "--overwrite, or choose another --output-dir")
+    flag = "--overwrite" if options.overwrite else "--output-dir"
+    check_removable(out, OPTIONS_FILE, flag)
+    foreign = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in out.iterdir()
+                     if not written_by_run(entry))
+    if foreign:
+        raise UsageError(f"{flag}: {out} holds files convattn did not write ({', '.join(foreign[:5])}"
+                         f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another --output-dir")
+    return OutputPlan(replace=True)
+
+
+def resume_plan(options: PretrainOptions) -> OutputPlan:
+    out, recipe = options.output_dir, options.recipe
+    checkpoints = complete_checkpoints(out / "checkpoints")
+    if not checkpoints:
+        if out.is_dir() and (out / OPTIONS_FILE).is_file():
+            raise UsageError(f"--resume: the run in {out} stopped before its first checkpoint, so there is nothing to "
+                             "continue; run the same command without --resume to start it again")
+        raise UsageError(f"--resume: {out} holds no run to continue; drop --resume to start one")
+    allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
+    check_same_options(out / OPTIONS_FILE, options.to_json(), allowed,
+                       f"--resume: options differ from the run in {out} ({{details}}); drop those flags (the run's "
+                       "own options are read from it), or add --allow-schedule-change to change --max-steps")
+    reached = checkpoint_step(checkpoints[-1])
+    if reached > recipe.max_steps:
+        raise UsageError(f"--max-steps {recipe.max_steps} is below step {reached}, which the run in {out} has already "
+                         f"reached; give --max-steps {reached} or more")
+    check_weights(checkpoints[-1])
+    return OutputPlan(resume_from=checkpoints[-1], finished=reached == recipe.max_steps)
+
+
+def remove_run_files(out: Path) -> None:
+    """Remove what an earlier run wrote into `out` (`check_output_dir` made sure nothing else is there)."""
+    for entry in out.iterdir():
+        if entry.name == LOCK_FILE or not written_by_run(entry):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

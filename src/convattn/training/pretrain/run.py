@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import ProgressCallback, Trainer, TrainerCallback
+from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerState
 from transformers.integrations import TensorBoardCallback
 
 from convattn.hub import write_model_card
 from convattn.training.console import log_to
+from convattn.training.folder_lock import run_folder_lock
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
-from convattn.training.pretrain.options import OPTIONS_FILE, PretrainOptions, check_options, check_output_dir
+from convattn.training.pretrain.options import (
+    METRICS_FILE,
+    OPTIONS_FILE,
+    OutputPlan,
+    PretrainOptions,
+    check_options,
+    check_output_dir,
+    check_output_path,
+    checkpoint_step,
+    complete_checkpoints,
+    remove_run_files,
+    sequence_length,
+)
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
 from convattn.training.recipes import warmup_steps
 from convattn.training.run_folder import say, write_text_atomic
@@ -33,45 +47,66 @@ class PretrainSummary:
     seconds: float
     corpus: str
     interrupted: bool = False
+    already_finished: bool = False
+    checkpoint: Path | None = None  # the last complete checkpoint of an interrupted run
 
     def lines(self) -> list[str]:
+        if self.already_finished:
+            return [f"pretraining already finished: {self.steps:,} steps; nothing to do",
+                    f"  outputs         {self.output_dir}/ (model + tokenizer, metrics.jsonl, perplexity.png)"]
         ppl = (f"{self.first_perplexity:,.1f} -> {self.final_perplexity:,.1f}"
                if self.first_perplexity is not None and self.final_perplexity is not None else "n/a")
         state = "interrupted" if self.interrupted else "done"
-        return [
+        lines = [
             f"pretraining {state}: {self.steps:,} steps in {self.seconds / 60:.1f} min",
             f"  corpus          {self.corpus}",
             f"  parameters      {self.parameters:,}",
             f"  tokens seen     {self.tokens_seen:,}",
             f"  eval perplexity {ppl}",
-            f"  outputs         {self.output_dir}/ (model + tokenizer, metrics.jsonl, perplexity.png, tensorboard/)",
         ]
+        if not self.interrupted:
+            return [*lines, f"  outputs         {self.output_dir}/ (model + tokenizer, metrics.jsonl, perplexity.png, "
+                            "tensorboard/)"]
+        if self.checkpoint is None:
+            return [*lines, "  nothing saved   (stopped before the first checkpoint); run the same command again to "
+                            "start over"]
+        return [*lines, f"  last checkpoint {self.checkpoint} (continue with: convattn pretrain --output-dir "
+                        f"{self.output_dir} --resume)"]
 
 
 def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()) -> PretrainSummary:
-    """Run (or resume) pretraining; see the module docstring for what lands in `options.output_dir`."""
-    started = time.perf_counter()
-    recipe = options.recipe
+    """Run (or resume) pretraining; see the package docstring for what lands in `options.output_dir`."""
     config = check_options(options)
-    seq_len = recipe.seq_len or config.max_position_embeddings
-    resume_from = check_output_dir(options)
-    args = training_arguments(options, resuming=resume_from is not None)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    check_output_path(options.output_dir)  # before the lock creates it
+    with run_folder_lock(options.output_dir, enabled=main_process):
+        plan = check_output_dir(options)
+        if plan.finished and (options.output_dir / "model.safetensors").is_file():
+            return finished_summary(options)
+        return train(options, sequence_length(options.recipe, config), plan, callbacks)
+
+
+def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
+          callbacks: Sequence[TrainerCallback]) -> PretrainSummary:
+    started = time.perf_counter()
+    recipe, out = options.recipe, options.output_dir
+    args = training_arguments(options, resuming=plan.resume_from is not None)
     say("pretrain", f"schedule: {recipe.max_steps:,} steps of {recipe.batch_size} examples, linear warmup over "
                     f"{warmup_steps(recipe):,} steps to lr {recipe.learning_rate:g}, then linear decay")
     with args.main_process_first(desc="preparing data"):
-        data = prepare_data(options, seq_len, resume_from)
+        data = prepare_data(options, seq_len, plan.resume_from)
     model = build_model(recipe, data.tokenizer)
 
-    out = options.output_dir
+    # everything is checked and ready: only now does the old run (if any) make way
     if args.process_index == 0:
-        if options.overwrite and resume_from is None and out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
+        if plan.replace:
+            say("pretrain", f"replacing the run in {out}")
+            remove_run_files(out)
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
         log_to(out)
     metrics = MetricsWriter(out)
-    if resume_from is not None and args.process_index == 0:
-        metrics.keep_until(int(resume_from.name.removeprefix("checkpoint-")))
+    if plan.resume_from is not None and args.process_index == 0:
+        metrics.keep_until(checkpoint_step(plan.resume_from))
     throughput = ThroughputMeter()
     collator = (MaskingCollator(data.tokenizer, recipe.mlm_probability, recipe.seed) if recipe.objective == "mlm"
                 else padding_collator(data.tokenizer))
@@ -80,8 +115,11 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
         processing_class=data.tokenizer, objective=recipe.objective, throughput=throughput,
         callbacks=[throughput, metrics, *callbacks],
     )
+    trainer.divergence_hint = (f"start again with a lower --lr (now {recipe.learning_rate:g}) or --overwrite the run "
+                               "with other settings")
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(PretrainProgress())
+    progress = PretrainProgress()
+    trainer.add_callback(progress)
     if args.process_index == 0:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -89,17 +127,50 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
 
     interrupted = False
     try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if plan.finished:  # the last checkpoint is the end of the schedule: only the final save is missing
+            trainer._load_from_checkpoint(str(plan.resume_from))
+            trainer.state = TrainerState.load_from_json(str(plan.resume_from / "trainer_state.json"))
+        else:
+            trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
     except KeyboardInterrupt:
         interrupted = True
+        progress.close()
+    except BaseException:
+        progress.close()
+        if args.process_index == 0:
+            discard_if_unsaved(out)
+        raise
     if not interrupted:
         save_final(trainer, out)
+    checkpoints = complete_checkpoints(out / "checkpoints")
+    if interrupted and not checkpoints and args.process_index == 0:
+        discard_if_unsaved(out)
     rows = metrics.rows
     return PretrainSummary(
         output_dir=out, parameters=model.num_parameters(), tokens_seen=trainer.state.num_input_tokens_seen,
         steps=trainer.state.global_step, first_perplexity=rows[0]["perplexity"] if rows else None,
         final_perplexity=rows[-1]["perplexity"] if rows else None, seconds=time.perf_counter() - started,
-        corpus=data.corpus, interrupted=interrupted,
+        corpus=data.corpus, interrupted=interrupted, checkpoint=checkpoints[-1] if checkpoints else None,
+    )
+
+
+def discard_if_unsaved(out: Path) -> None:
+    """A run that stopped before its first checkpoint saved nothing worth keeping: remove what it wrote, so the
+    same command starts it again (nothing else is in the folder: `check_output_dir` made sure)."""
+    if not complete_checkpoints(out / "checkpoints") and not (out / "model.safetensors").exists():
+        remove_run_files(out)
+
+
+def finished_summary(options: PretrainOptions) -> PretrainSummary:
+    """--resume of a run that already reached --max-steps: nothing is touched."""
+    out = options.output_dir
+    rows = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()] \
+        if (out / METRICS_FILE).is_file() else []
+    steps = checkpoint_step(complete_checkpoints(out / "checkpoints")[-1])
+    return PretrainSummary(
+        output_dir=out, parameters=0, tokens_seen=rows[-1].get("tokens_seen", 0) if rows else 0, steps=steps,
+        first_perplexity=rows[0]["perplexity"] if rows else None,
+        final_perplexity=rows[-1]["perplexity"] if rows else None, seconds=0.0, corpus="", already_finished=True,
     )
 
 

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, se
 from convattn.config import ConvAttnConfig
 from convattn.errors import UsageError
 from convattn.model import masked_lm_loss
+from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch, world_size
 from convattn.training.recipes import Recipe
 
@@ -33,8 +34,9 @@ def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerBase):
 
     return ConvAttnForMaskedLM(config)
 
-class PretrainTrainer(Trainer):
-    """`Trainer` whose evaluation sums token losses over the whole eval set (exact perplexity)."""
+class PretrainTrainer(FiniteTraining, Trainer):
+    """`Trainer` whose evaluation sums token losses over the whole eval set (exact perplexity), and which stops at
+    the first non-finite loss."""
 
     def __init__(self, *args, objective: str, throughput, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,0 +1,55 @@
+"""Writing files so that a crash, a kill or a full disk never leaves half a file under the final name.
+
+Each write goes to a uniquely named temporary file beside the target, which is renamed over the target only
+once complete; on any failure the temporary file is removed. The result has the permissions an ordinary
+`open(path, "w")` would give (0666 less the umask), not the 0600 of a private temporary file, so a model card or
+the modeling code of a shared model stays readable by others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary path beside `path` to write to; renamed to `path` when the block ends without error,
+    removed otherwise. `suffix` keeps the extension tools key on (e.g. '.png' for matplotlib)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(descriptor)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike, data) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> dict | None:
+    """The JSON object in `path`, or None when there is no such file."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else None

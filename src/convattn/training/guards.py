@@ -1,0 +1,58 @@
+"""Training that stops at the first non-finite loss, and never saves non-finite weights.
+
+`FiniteTraining` is a `Trainer` mixin: every step's loss is checked (the Trainer already reads it on the host
+each step to filter it for logging, so this adds no device sync), and every save (checkpoints and the final
+model) first checks the weights. Either failure is a `NonFiniteTraining` error, which the command line reports
+as one line: a run never ends "done" with NaN weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from convattn.errors import UsageError
+
+
+class NonFiniteTraining(UsageError):
+    """The loss or the weights stopped being finite numbers."""
+
+
+def non_finite_parameters(model: nn.Module) -> list[str]:
+    """Names of the parameters holding a NaN or an infinity."""
+    return [name for name, param in model.named_parameters() if not torch.isfinite(param.detach()).all()]
+
+
+def check_finite_weights(model: nn.Module, what: str) -> None:
+    """Raise `NonFiniteTraining` naming the first bad parameters of `model` (`what`: 'the model in DIR', ...)."""
+    bad = non_finite_parameters(model)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise NonFiniteTraining(f"{what} has non-finite (NaN or infinite) weights: {shown}")
+
+
+class FiniteTraining:
+    """Mixin for `transformers.Trainer` (list it first among the bases). `divergence_hint` ends the error line:
+    what to change, in the caller's words (e.g. 'lower --lr (now 1e+30)')."""
+
+    divergence_hint = "lower the learning rate"
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        value = float(loss)
+        if not math.isfinite(value):
+            step = self.state.global_step + 1
+            cause = "at the first step" if self.state.global_step == 0 else "the training diverged"
+            raise NonFiniteTraining(f"training stopped at step {step}: the loss is {value} ({cause}); nothing "
+                                    f"from this step on was saved; {self.divergence_hint}")
+        return loss
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        model = self.accelerator.unwrap_model(self.model)
+        bad = non_finite_parameters(model)
+        if bad:
+            raise NonFiniteTraining(f"training stopped at step {self.state.global_step}: the weights are no longer "
+                                    f"finite ({', '.join(bad[:3])}); they were not saved; {self.divergence_hint}")
+        super().save_model(output_dir, _internal_call)

@@ -1,0 +1,221 @@
+"""`convattn pretrain` never loses a run or a user's file, owns its folder, and refuses impossible values."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers.pretrain import tiny_args, write_corpus
+from transformers import TrainerCallback
+
+from convattn.cli import main
+from convattn.training.folder_lock import LOCK_FILE, run_folder_lock
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "finished"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+        assert main(tiny_args(corpus, out, "--max-steps", "4", "--eval-every", "2")) == 0
+    return out
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `folder`: its content hash and modification time."""
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_error_line(capsys, *needles: str) -> str:
+    """The error: the last line on stderr, and the only one that says error."""
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("convattn pretrain: error:") and err.count("error") == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+IMPOSSIBLE_VALUES = [
+    (["--seq-len", "0"], "--seq-len 0"),
+    (["--lr", "inf"], "--lr inf must be a finite number"),
+    (["--lr", "1e309"], "--lr inf"),
+    (["--lr", "nan"], "--lr nan"),
+    (["--lr", "0"], "--lr 0"),
+    (["--weight-decay", "nan"], "--weight-decay nan"),
+    (["--weight-decay", "-1"], "--weight-decay -1"),
+    (["--adam-epsilon", "0"], "--adam-epsilon 0"),
+    (["--adam-epsilon", "nan"], "--adam-epsilon nan"),
+    (["--max-grad-norm", "nan"], "--max-grad-norm nan"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm -1"),
+    (["--warmup", "-3"], "--warmup -3"),
+    (["--mlm-probability", "nan"], "--mlm-probability nan"),
+    (["--eval-samples", "0"], "--eval-samples 0"),
+    (["--eval-samples", "-1"], "--eval-samples -1"),
+    (["--seed", "-1"], "--seed -1"),
+    (["--set", "layer_norm_eps=0"], "layer_norm_eps=0"),
+    (["--set", "attention_probs_dropout_prob=.nan"], "attention_probs_dropout_prob=nan"),
+    (["--set", "hidden_dropout_prob=1.5"], "hidden_dropout_prob=1.5"),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), IMPOSSIBLE_VALUES)
+def test_impossible_values_exit_2_and_write_nothing(corpus, tmp_path, capsys, extra, needle):
+    out = tmp_path / "out"
+    assert main(tiny_args(corpus, out, *extra)) == 2
+    one_error_line(capsys, needle)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra", [["--adam-epsilon", "nan"], ["--eval-samples", "-1"], ["--lr", "inf"]])
+def test_overwrite_with_a_bad_value_leaves_the_old_run_untouched(corpus, finished_run, tmp_path, capsys, extra):
+    before = snapshot(finished_run)
+    assert main(tiny_args(corpus, finished_run, "--overwrite", *extra)) == 2
+    one_error_line(capsys)
+    assert snapshot(finished_run) == before
+
+
+def test_overwrite_refuses_a_folder_holding_the_users_files(corpus, finished_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "my_analysis.md").write_text("my notes")
+    (run / "notebooks").mkdir()
+    (run / "notebooks" / "a.ipynb").write_text("{}")
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--overwrite")) == 2
+    one_error_line(capsys, "my_analysis.md", "notebooks/", "did not write")
+    assert snapshot(run) == before
+    # a README the user wrote is not the model card
+    (run / "my_analysis.md").unlink()
+    shutil.rmtree(run / "notebooks")
+    (run / "README.md").write_text("# my own notes about this run\n")
+    assert main(tiny_args(corpus, run, "--overwrite")) == 2
+    one_error_line(capsys, "README.md")
+
+
+def test_overwrite_refuses_a_users_folder_that_happens_to_hold_an_options_file(corpus, tmp_path, capsys):
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    (mine / "pretrain_options.json").write_text("{}")
+    assert main(tiny_args(corpus, mine, "--overwrite")) == 2
+    one_error_line(capsys, "thesis.tex")
+    assert (mine / "thesis.tex").read_text() == "years of work"
+
+
+def test_overwrite_replaces_a_finished_run(corpus, finished_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    assert main(tiny_args(corpus, run, "--overwrite", "--max-steps", "2", "--warmup", "1", "--eval-every", "2")) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
+    assert [line for line in (run / "metrics.jsonl").read_text().splitlines()][-1].startswith('{"step": 2')
+
+
+def test_a_busy_folder_is_refused(corpus, tmp_path, capsys):
+    out = tmp_path / "busy"
+    with run_folder_lock(out):  # another run holds it
+        assert main(tiny_args(corpus, out)) == 2
+        one_error_line(capsys, "in use by another convattn run", f"pid {os.getpid()}")
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+    assert not out.exists()  # the holder wrote nothing: no trace left
+
+
+def test_diverging_training_stops_with_one_line_and_saves_no_model(corpus, tmp_path, capsys):
+    out = tmp_path / "diverged"
+    assert main(tiny_args(corpus, out, "--lr", "1e30", "--warmup", "0")) == 2
+    err = one_error_line(capsys, "training stopped at step", "--lr")
+    assert "nan" in err or "inf" in err or "non-finite" in err
+    assert not (out / "model.safetensors").exists()
+
+
+class InterruptAt(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_before_the_first_checkpoint_leaves_nothing_in_the_way(corpus, tmp_path):
+    from convattn.cli import build_parser
+    from convattn.commands.pretrain import options_from_args
+    from convattn.training.pretrain import pretrain
+
+    out = tmp_path / "early"
+    options = options_from_args(build_parser().parse_args(tiny_args(corpus, out, "--save-every", "4")))
+    summary = pretrain(options, callbacks=[InterruptAt(1)])
+    text = "\n".join(summary.lines())
+    assert summary.interrupted and summary.checkpoint is None
+    assert "--resume" not in text and "outputs" not in text and "run the same command again" in text
+    assert not out.exists()
+    short = ["--max-steps", "2", "--warmup", "1", "--eval-every", "2", "--save-every", "2"]
+    assert main(tiny_args(corpus, out, *short)) == 0
+
+
+def test_an_unstarted_run_is_restarted_and_resume_says_why_not(corpus, tmp_path, capsys):
+    out = tmp_path / "unstarted"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    (out / "pretrain_options.json").write_text("{}")
+    assert main(tiny_args(corpus, out, "--resume")) == 2
+    one_error_line(capsys, "pretrain_options.json is damaged or not written by convattn")
+    from convattn.cli import build_parser
+    from convattn.commands.pretrain import options_from_args
+
+    options = options_from_args(build_parser().parse_args(tiny_args(corpus, out)))
+    (out / "pretrain_options.json").write_text(json.dumps(options.to_json()))
+    assert main(tiny_args(corpus, out, "--resume")) == 2
+    one_error_line(capsys, "stopped before its first checkpoint", "without --resume")
+    assert main(tiny_args(corpus, out, "--max-steps", "2", "--warmup", "1", "--eval-every", "2")) == 0
+    assert (out / "model.safetensors").is_file()
+
+
+def test_a_finished_run_resumed_changes_nothing(finished_run, capsys):
+    before = snapshot(finished_run)
+    assert main(["pretrain", "--output-dir", str(finished_run), "--resume"]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert snapshot(finished_run) == before
+    assert main(["pretrain", "--output-dir", str(finished_run), "--resume", "--max-steps", "3",
+                 "--allow-schedule-change"]) == 2
+    one_error_line(capsys, "--max-steps 3 is below step 4")
+    assert snapshot(finished_run) == before
+
+
+def test_a_dangling_symlink_as_output_dir_is_one_line(corpus, tmp_path, capsys):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    assert main(tiny_args(corpus, link)) == 2
+    one_error_line(capsys, "does not exist")
+
+
+def test_a_full_disk_is_one_line_not_an_unexpected_error(monkeypatch, corpus, tmp_path, capsys):
+    import convattn.commands.pretrain as command
+
+    def full_disk(args):
+        raise RuntimeError("failed to save") from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/x/model")
+
+    monkeypatch.setattr(command, "run", full_disk)
+    monkeypatch.setattr(command, "add_arguments", lambda parser: parser.set_defaults(func=full_disk))
+    assert main(["pretrain"]) == 2
+    one_error_line(capsys, "No space left on device", "/x/model", "free some space")
