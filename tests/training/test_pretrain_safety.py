@@ -219,3 +219,18 @@ def test_a_full_disk_is_one_line_not_an_unexpected_error(monkeypatch, corpus, tm
     monkeypatch.setattr(command, "add_arguments", lambda parser: parser.set_defaults(func=full_disk))
     assert main(["pretrain"]) == 2
     one_error_line(capsys, "No space left on device", "/x/model", "free some space")
+
+
+def test_files_are_readable_by_others_and_the_tokenizer_states_the_models_length(finished_run):
+    from transformers import AutoTokenizer
+
+    for name in ("README.md", "metrics.jsonl", "pretrain_options.json", "convattn_model.py", "perplexity.png"):
+        assert (finished_run / name).stat().st_mode & 0o777 == 0o666 & ~current_umask(), name
+    tokenizer = AutoTokenizer.from_pretrained(finished_run)  # relative positions: any length
+    assert tokenizer.model_max_length > 10**9
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerState
 from transformers.integrations import TensorBoardCallback
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from convattn.hub import write_model_card
 from convattn.training.console import log_to
@@ -96,6 +97,8 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, plan.resume_from)
     model = build_model(recipe, data.tokenizer)
+    # the tokenizer states the length the model takes: any length for relative positions (no overflow warnings)
+    data.tokenizer.model_max_length = model.config.max_input_length or VERY_LARGE_INTEGER
 
     # everything is checked and ready: only now does the old run (if any) make way
     if args.process_index == 0:
