@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
+
+from convattn.errors import UsageError
 
 
 class LogitsOnly(nn.Module):
@@ -23,14 +26,15 @@ class LogitsOnly(nn.Module):
 def load_saved(model_dir: str | os.PathLike, attn_implementation: str | None = None, **config_overrides) -> nn.Module:
     """The saved model with the head it was saved with (config.json's `architectures`), in eval mode."""
     import convattn
+    from convattn.checkpoint import load_checked
     from convattn.config import ConvAttnConfig
 
     config = ConvAttnConfig.from_pretrained(model_dir, **config_overrides)
     architecture = (config.architectures or ["ConvAttnModel"])[0]
     if not architecture.startswith("ConvAttn") or not hasattr(convattn, architecture):
         raise ValueError(f"{model_dir} holds a {architecture}, not a convattn model")
-    return getattr(convattn, architecture).from_pretrained(model_dir, config=config,
-                                                           attn_implementation=attn_implementation).eval()
+    return load_checked(getattr(convattn, architecture), str(model_dir), allow_new_head=False, config=config,
+                        attn_implementation=attn_implementation).eval()
 
 
 def example_inputs(config, batch: int = 2, n: int = 16) -> tuple[Tensor, Tensor]:
@@ -58,17 +62,59 @@ def export_program(model: nn.Module) -> ExportedProgram:
     return torch.export.export(wrapped, example_inputs(model.config), dynamic_shapes=dynamic_shapes(model.config))
 
 
+def supported_opsets() -> range:
+    """The ONNX opsets the installed exporter writes: torch's exporter builds opset 18 and converts the graph with
+    onnxscript's version converter, whose range this is."""
+    import onnx
+
+    try:
+        from onnxscript.version_converter import _version_converter as converter
+
+        low, high = converter.SUPPORTED_MIN_ONNX_OPSET, converter.SUPPORTED_MAX_ONNX_OPSET
+    except (ImportError, AttributeError):  # a private module: without it, trust onnx's range and check the result
+        low, high = 18, onnx.defs.onnx_opset_version()
+    return range(low, min(high, onnx.defs.onnx_opset_version()) + 1)
+
+
+def check_opset(opset: int) -> None:
+    opsets = supported_opsets()
+    if opset not in opsets:
+        raise UsageError(f"--opset {opset} is not one the installed ONNX exporter writes: give {opsets.start} to "
+                         f"{opsets.stop - 1}")
+
+
+def check_onnx_path(path: str | os.PathLike) -> None:
+    """The output is a file name whose folder exists or can be made."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--onnx {path} is a folder; give the file to write, e.g. {path / 'model.onnx'}")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UsageError(f"--onnx {path}: {blocking} is a file, so the folder cannot be made")
+
+
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> None:
-    """Write an ONNX graph (inputs input_ids, attention_mask; output logits) via the torch.export path.
+    """Write an ONNX graph (inputs input_ids, attention_mask; output logits) via the torch.export path. The file
+    appears complete or not at all (a temporary file beside it, removed on any failure).
 
     Give it a model built with attn_implementation="eager": the ONNX decompositions re-trace SDPA with other
     output strides than torch.export recorded, and the graph's reshape of it then fails."""
-    if model.config.attention_implementation != "eager":
+    from convattn.files import atomic_path
+
+    if (model.config._attn_implementation or "sdpa") != "eager":
         raise ValueError("export_onnx needs attn_implementation='eager' (see its docstring); "
                          "load the model with load_saved(model_dir, attn_implementation='eager')")
+    check_opset(opset)
+    check_onnx_path(path)
     program = export_program(model)
     onnx_program = torch.onnx.export(program, example_inputs(model.config), dynamo=True, opset_version=opset,
                                      input_names=["input_ids", "attention_mask"], output_names=["logits"])
-    tmp = f"{path}.tmp"
-    onnx_program.save(tmp)
-    os.replace(tmp, path)
+    written = onnx_program.model.opset_imports.get("", opset)
+    if written != opset:
+        raise UsageError(f"--opset {opset}: the exporter could not convert the graph to it (it stays at opset "
+                         f"{written}); give --opset {written}")
+    try:
+        with atomic_path(path, suffix=".onnx.tmp") as tmp:
+            onnx_program.save(tmp)
+    except OSError as err:
+        raise UsageError(f"could not write {path}: {err.strerror or err}") from None

@@ -278,7 +278,8 @@ def test_from_mnli_without_mnli_runs_is_refused(tiny_checkpoint, fake_glue_data,
     (["--task", "rte", "--data-dir", "/nonexistent/glue_data"], "is not a directory"),
     (["--task", "qqp", "--data-dir", "{data}"], "no qqp train data"),
     (["--task", "rte", "--data-dir", "{data}", "--task-lr", "rte:1e-4"], "--task-lr expects TASK=LR"),
-    (["--task", "rte", "--data-dir", "{data}", "--recipe", "convbert", "--warmup-ratio", "1.5"], "warmup ratio"),
+    (["--task", "rte", "--data-dir", "{data}", "--recipe", "convbert", "--warmup-ratio", "1.5"],
+     "--warmup-ratio 1.5 must be"),
 ])
 def test_usage_errors_exit_2(tiny_checkpoint, fake_glue_data, tmp_path, capsys, extra, message):
     extra = [arg.replace("{data}", str(fake_glue_data)) for arg in extra]

@@ -264,17 +264,30 @@ def add_fine_tune_arguments(parser: argparse.ArgumentParser):
 FINE_TUNE_FIELDS = {"lr": "learning_rate", "batch_size": "batch_size", "epochs": "epochs", "max_steps": "max_steps",
                     "warmup_ratio": "warmup_ratio", "weight_decay": "weight_decay", "layer_decay": "layer_decay",
                     "max_length": "max_length", "max_train_samples": "max_train_samples"}
-POSITIVE_FLAGS = ("epochs", "max_steps", "batch_size", "max_length", "max_train_samples")
+POSITIVE_FLAGS = ("max_steps", "batch_size", "max_train_samples")
+MAX_EPOCHS = 10_000
 
 
 def fine_tune_overrides(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict:
-    """The settings fields given on the command line (None: the recipe's); sizes must be positive. `extra`: more
-    flag names (dest) that map to the field of the same name."""
+    """The settings fields given on the command line (None: the recipe's), each checked against its range (one
+    UsageError naming the flag and the allowed values). `extra`: more positive integer flags (dest) that map to
+    the field of the same name. --max-length is checked against the model once it is loaded."""
+    import math
+
+    ranges = {  # dest -> (test, the allowed values in words)
+        "lr": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+        "weight_decay": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+        "layer_decay": (lambda v: 0 < v <= 1, "a number in (0, 1] (1: no decay)"),
+        "warmup_ratio": (lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
+        "epochs": (lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS:,}]"),
+        "max_length": (lambda v: v >= 1, "an integer >= 1 (tokens per input)"),
+        **{name: (lambda v: v >= 1, "an integer >= 1") for name in (*POSITIVE_FLAGS, *extra)},
+    }
+    for name, (allowed, words) in ranges.items():
+        value = getattr(args, name, None)
+        if value is not None and not allowed(value):  # NaN fails every comparison
+            raise UsageError(f"--{name.replace('_', '-')} {value} must be {words}")
     fields = {**FINE_TUNE_FIELDS, **{name: name for name in extra}}
-    for name in (*POSITIVE_FLAGS, *extra):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
     return {field: getattr(args, flag) for flag, field in fields.items()}
 
 

@@ -11,12 +11,15 @@ DESCRIPTION = (
     "Export a saved model (any head) to ONNX through torch.export: inputs input_ids and "
     "attention_mask, output the head's logits. Needs the [onnx] extra (onnx, onnxscript)."
 )
+DEFAULT_OPSET = 18
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", type=Path, help="a folder written by save_pretrained / convattn pretrain")
     parser.add_argument("--onnx", type=Path, required=True, metavar="OUT.onnx", help="the ONNX file to write")
-    parser.add_argument("--opset", type=int, default=18, help="ONNX opset version")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                        help="ONNX opset version: one the installed exporter writes (checked first; 18 to 25 with "
+                             "current onnxscript)")
     parser.set_defaults(func=run)
 
 
@@ -28,10 +31,14 @@ def run(args: argparse.Namespace) -> int:
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"ONNX export needs {' and '.join(missing)}: pip install 'convattn[onnx]'")
-    if not (args.model_dir / "config.json").exists():
-        raise FileNotFoundError(f"{args.model_dir} has no config.json: not a saved model")
-    from convattn.export import export_onnx, load_saved
+    from convattn.checkpoint import check_model_folder
+    from convattn.export import check_onnx_path, check_opset, export_onnx, load_saved
 
+    check_opset(args.opset)
+    check_onnx_path(args.onnx)
+    if not args.model_dir.is_dir():
+        raise UsageError(f"{args.model_dir} is not a folder: give the folder of a saved model")
+    check_model_folder(args.model_dir, flag="model_dir", need_convattn="convattn export writes convattn models only")
     export_onnx(load_saved(args.model_dir, attn_implementation="eager"), args.onnx, opset=args.opset)
     print(f"wrote {args.onnx}")
     return 0

@@ -70,13 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_task_lr(items: list[str]) -> dict[str, float]:
+    import math
+
     task_lr = {}
     for item in (part for entry in items for part in entry.split(",") if part.strip()):
         name, _, value = item.partition("=")
         try:
-            task_lr[name.strip().lower()] = float(value)
+            lr = float(value)
         except ValueError:
             raise UsageError(f"--task-lr expects TASK=LR, e.g. qnli=1e-4; got {item!r}") from None
+        if not 0 < lr < math.inf:
+            raise UsageError(f"--task-lr {item}: the learning rate must be a finite number > 0")
+        task_lr[name.strip().lower()] = lr
     return task_lr
 
 
@@ -86,11 +91,12 @@ def run_command(args: argparse.Namespace) -> int:
 
     tasks = parse_task_list(args.task)
     if args.seeds is not None and args.seeds <= 0:
-        raise UsageError(f"--seeds must be positive, got {args.seeds}")
+        raise UsageError(f"--seeds {args.seeds} must be an integer >= 1")
+    task_lr = parse_task_lr(args.task_lr)
     overrides = fine_tune_overrides(args)
     output_dir = args.output_dir or model_output_dir("glue", args.model)
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
-                       overrides=overrides, task_lr=parse_task_lr(args.task_lr), from_mnli=args.from_mnli)
+                       overrides=overrides, task_lr=task_lr, from_mnli=args.from_mnli)
     print((output_dir / "glue_results.md").read_text())
     glue = results["glue"]
     if "mean" in glue:

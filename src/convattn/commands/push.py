@@ -24,8 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from convattn.checkpoint import check_model_folder
+    from convattn.errors import UsageError
     from convattn.hub import push
 
+    if not args.run_dir.is_dir():
+        raise UsageError(f"{args.run_dir} is not a folder: give the folder of a saved model")
+    check_model_folder(args.run_dir, flag="run_dir", need_convattn="convattn push uploads convattn models")
     url = push(args.run_dir, args.repo, private=args.private, token=args.token)
     print(f"pushed {args.run_dir} to {args.repo}: {url}")
     return 0

@@ -16,6 +16,8 @@ from convattn.errors import UsageError
 from convattn.training.run_folder import say
 
 VERSIONS = ("1.1", "2.0")
+# the longest context read: 13x SQuAD's longest; its windows cost minutes (a 2 MB context: 135,000 windows)
+MAX_CONTEXT_CHARACTERS = 50_000
 HUB_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
 HUB_SPLITS = {"train": "train", "dev": "validation"}
 COLUMNS = ("id", "title", "context", "question", "answers")
@@ -63,19 +65,44 @@ def answer_end(context: str, start: int, text: str) -> int | None:
     return position if text.strip() and 0 <= start < len(context) else None
 
 
+def file_version(data: dict) -> str | None:
+    """The SQuAD version a file says it is ("version": "1.1" / "v2.0"); None when it does not say."""
+    version = data.get("version")
+    return str(version).lstrip("v") if isinstance(version, str | int | float) else None
+
+
+def check_file_version(data: dict, version: str, source: str) -> None:
+    """A v1.1 file read as --version 2.0 (or the reverse) is refused: its "version" field, or, without one, the
+    absence of any "is_impossible" field, tells."""
+    said = file_version(data)
+    if said in VERSIONS and said != version:
+        raise UsageError(f"{source} is a SQuAD {said} file (its \"version\" is {data['version']!r}); use "
+                         f"--version {said}")
+    if said is None and version == "2.0" and not any("is_impossible" in qa for _, _, qa in
+                                                     question_entries(data, source)):
+        raise UsageError(f"{source} has no \"is_impossible\" field in any question: a SQuAD 1.1 file; use "
+                         "--version 1.1 (or add the v2.0 fields)")
+
+
 def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bool) -> dict[str, list]:
-    impossible = bool(qa.get("is_impossible", False))
+    impossible = qa.get("is_impossible", False)
+    if not isinstance(impossible, bool):
+        raise UsageError(f"{where}: \"is_impossible\" must be true or false, got {impossible!r}")
     if impossible and version == "1.1":
         raise UsageError(f"{where}: is_impossible questions are SQuAD 2.0; use --version 2.0")
+    if not impossible and "answers" not in qa:
+        raise UsageError(f"{where}: no \"answers\" list (an unanswerable SQuAD 2.0 question has \"is_impossible\": "
+                         "true)")
     answers = [] if impossible else qa["answers"]
     if not isinstance(answers, list):
-        raise UsageError(f"{where}: \"answers\" must be a list")
+        raise UsageError(f"{where}: \"answers\" must be a list of {{\"text\", \"answer_start\"}} objects, got "
+                         f"{json.dumps(answers)[:40]}")
     if not answers and not impossible:
         raise UsageError(f"{where}: no answers (a SQuAD 2.0 unanswerable question needs \"is_impossible\": true)")
     texts, starts = [], []
     for answer in answers:
-        text, start = answer.get("text"), answer.get("answer_start")
-        if not isinstance(text, str) or not isinstance(start, int):
+        text, start = (answer.get("text"), answer.get("answer_start")) if isinstance(answer, dict) else (None, None)
+        if not isinstance(text, str) or not isinstance(start, int) or isinstance(start, bool):
             raise UsageError(f"{where}: every answer needs a string \"text\" and an integer \"answer_start\"")
         if check_offsets and answer_end(context, start, text) is None:
             raise UsageError(f"{where}: answer_start {start} does not point at the answer {shorten(text)} (the "
@@ -85,25 +112,44 @@ def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bo
     return {"text": texts, "answer_start": starts}
 
 
+def question_entries(data: dict, source: str):
+    """(title, context, question object) for every question of the file, each checked for the layout."""
+    for a, article in enumerate(data["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            raise UsageError(f"{source}: article {a} must be an object with a \"paragraphs\" list")
+        title = str(article.get("title", ""))
+        for p, paragraph in enumerate(article["paragraphs"]):
+            where = f"{source}: article {a}, paragraph {p}"
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str) or \
+                    not isinstance(paragraph.get("qas"), list):
+                raise UsageError(f"{where}: needs a \"context\" string and a \"qas\" list")
+            context = paragraph["context"]
+            if len(context) > MAX_CONTEXT_CHARACTERS:
+                raise UsageError(f"{where}: the context has {len(context):,} characters; convattn reads contexts of "
+                                 f"up to {MAX_CONTEXT_CHARACTERS:,} (SQuAD's longest has about 3,700): split it into "
+                                 "paragraphs")
+            for qa in paragraph["qas"]:
+                if not isinstance(qa, dict):
+                    raise UsageError(f"{where}: every entry of \"qas\" must be a question object, got "
+                                     f"{json.dumps(qa)[:40]}")
+                yield title, context, qa
+
+
 def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> dict[str, list]:
     """The official layout -> columns; every question is checked (UsageError naming the question). Answer offsets
     are checked where they become training labels (`check_offsets`); the evaluation reads only answer texts, and
     the official dev sets have a few answer_starts that miss their text."""
+    check_file_version(data, version, source)
     columns: dict[str, list] = {name: [] for name in COLUMNS}
-    for a, article in enumerate(data["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
-            context = paragraph.get("context")
-            if not isinstance(context, str) or not isinstance(paragraph.get("qas"), list):
-                raise UsageError(f"{source}: article {a}, paragraph {p}: needs a \"context\" string and a \"qas\" list")
-            for qa in paragraph["qas"]:
-                where = f"{source}: question {qa.get('id', '?')!r}"
-                if not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
-                    raise UsageError(f"{where}: every question needs a string \"id\" and \"question\"")
-                columns["answers"].append(_answers(qa, context, where, version, check_offsets))
-                columns["id"].append(qa["id"])
-                columns["title"].append(article.get("title", ""))
-                columns["context"].append(context)
-                columns["question"].append(qa["question"])
+    for title, context, qa in question_entries(data, source):
+        where = f"{source}: question {qa.get('id', '?')!r}"
+        if not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
+            raise UsageError(f"{where}: every question needs a string \"id\" and \"question\"")
+        columns["answers"].append(_answers(qa, context, where, version, check_offsets))
+        columns["id"].append(qa["id"])
+        columns["title"].append(title)
+        columns["context"].append(context)
+        columns["question"].append(qa["question"])
     if not columns["id"]:
         raise UsageError(f"{source}: no questions in the file")
     columns["id"], renamed = unique_ids(columns["id"])

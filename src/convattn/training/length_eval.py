@@ -79,7 +79,7 @@ def evaluate_at_lengths(model_dir: str | os.PathLike, texts: Iterable[str] | Seq
     if texts and all(isinstance(t, Path) or (isinstance(t, str) and os.path.isfile(t)) for t in texts):
         texts = [line for path in texts for line in Path(path).read_text(encoding="utf-8").splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = ConvAttnForMaskedLM.from_pretrained(model_dir).eval().to(device)
+    model = ConvAttnForMaskedLM.from_pretrained(model_dir, use_safetensors=True).eval().to(device)
     limit = model.config.max_input_length
     stream = token_stream(tokenizer, texts)
     results = []

@@ -88,6 +88,11 @@ def test_changed_settings_or_another_model_are_refused(checkpoint, tmp_path, cap
     ("[1, 2", "not JSON"),
     (json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "one two three", "qas": [
         {"id": "a", "question": "q?", "answers": [{"text": "two", "answer_start": 0}]}]}]}]}), "does not point at"),
+    (json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "one two", "qas": [
+        {"id": "a", "question": "q?"}]}]}]}), "no \"answers\" list"),
+    (json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "one two", "qas": [
+        {"id": "a", "question": "q?", "answers": None}]}]}]}), "\"answers\" must be a list"),
+    (json.dumps({"data": [{"title": "t", "paragraphs": "one two"}]}), "must be an object with a \"paragraphs\" list"),
 ])
 def test_malformed_training_files_exit_2_with_nothing_written(checkpoint, tmp_path, capsys, content, message):
     bad = tmp_path / "train.json"

@@ -4,6 +4,7 @@
     metrics.py    task metrics in points, the submission format
     optim.py      layer-wise learning-rate decay (`LayerDecayTrainer`)
     data.py       a task's splits, tokenized
+    checks.py     the model folder, input length and output folder checked before anything is written (GLUE, SQuAD)
     run.py        one task x seed: fine-tune, score the dev sets, predict the test sets -> run.json
     results.py    aggregation over seeds -> glue_results.json, glue_results.md, submission/
     protocol.py   `run_glue`: checks, every task and seed (finished runs skipped), aggregation

@@ -7,6 +7,8 @@ import re
 from torch import nn
 from transformers import Trainer
 
+from convattn.training.guards import FiniteTraining
+
 LAYER_INDEX = re.compile(r"(?:^|\.)layer\.(\d+)\.")
 EMBEDDINGS = re.compile(r"(?:^|\.)embeddings(?:_project)?\.")
 SHARED_ENCODER = re.compile(r"(?:^|\.)encoder\.shared\.")  # convattn modules used by every layer
@@ -44,12 +46,14 @@ def layerwise_param_groups(model: nn.Module, learning_rate: float, weight_decay:
     return list(groups.values())
 
 
-class LayerDecayTrainer(Trainer):
-    """Trainer whose AdamW has one parameter group per depth (layer-wise lr decay); linear warmup/decay as usual."""
+class LayerDecayTrainer(FiniteTraining, Trainer):
+    """Trainer whose AdamW has one parameter group per depth (layer-wise lr decay); linear warmup/decay as usual.
+    It stops at the first non-finite loss and never saves non-finite weights (`FiniteTraining`)."""
 
     def __init__(self, *args, layer_decay: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.layer_decay = layer_decay
+        self.divergence_hint = f"lower --lr (now {self.args.learning_rate:g})"
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:

@@ -6,16 +6,21 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
-
 from convattn.data.glue import get_task
 from convattn.errors import UsageError
 from convattn.training.console import log_to
+from convattn.training.glue.checks import (
+    PretrainedModel,
+    check_output_dir,
+    fitted_max_length,
+    load_pretrained,
+    owned_output_dir,
+)
 from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
-from convattn.training.glue.settings import BASE_HIDDEN_SIZE, FineTuneSettings, load_glue_recipe, resolve_settings
-from convattn.training.run_folder import check_weights, model_identity, read_json, write_json_atomic
+from convattn.training.glue.settings import FineTuneSettings, load_glue_recipe, resolve_settings
+from convattn.training.run_folder import model_identity, read_json, write_json_atomic
 
 MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 
@@ -55,17 +60,15 @@ def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str,
                          f"{output_dir / 'runs' / 'mnli'}; add mnli to --task")
 
 
-def load_pretrained_info(model: str) -> tuple[PreTrainedTokenizerBase, bool, bool]:
-    """The checkpoint's tokenizer, whether it is base-sized, whether it takes token type ids."""
-    check_weights(model)
-    try:
-        config = AutoConfig.from_pretrained(model)
-        tokenizer = AutoTokenizer.from_pretrained(model)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"could not load a model config and tokenizer from {model!r}: {err}") from err
-    base_size = getattr(config, "hidden_size", 0) >= BASE_HIDDEN_SIZE
-    token_types = getattr(config, "type_vocab_size", 0) > 1
-    return tokenizer, base_size, token_types
+def fitted_settings(settings: FineTuneSettings, max_length_given: bool,
+                    pretrained: PretrainedModel) -> FineTuneSettings:
+    """The settings with a max length the model and its tokenizer can take (see `fitted_max_length`)."""
+    shortest = pretrained.tokenizer.num_special_tokens_to_add(pair=True) + 2  # a token of each text
+    if settings.max_length < shortest:
+        raise UsageError(f"--max-length {settings.max_length} leaves no room for the text: give at least {shortest} "
+                         f"({shortest - 2} special tokens and a token of each sentence)")
+    max_length = fitted_max_length(settings.max_length, max_length_given, pretrained, "glue")
+    return dataclasses.replace(settings, max_length=max_length)
 
 
 def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | None = None, recipe: str = "chang2021",
@@ -78,31 +81,41 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     for name in task_lr:
         get_task(name)
     check_data([get_task(t) for t in tasks], data_dir)
-    tokenizer, base_size, token_types = load_pretrained_info(model)
+    check_output_dir(output_dir)
+    pretrained = load_pretrained(model, "glue", "fine-tuning it with its own transformers classification head")
+    overrides = overrides or {}
     # AX is only predicted, with the MNLI model: it takes MNLI's settings (max length)
-    settings = {t: resolve_settings(recipe_fields, "mnli" if t == "ax" else t, base_size, overrides or {}, task_lr,
-                                    from_mnli) for t in tasks}
-    check_same_model(output_dir, model)
-    log_to(output_dir)
-    check_finished_runs(output_dir, settings, seeds)
-    check_mnli_available(output_dir, tasks, settings, seeds)
+    settings = {t: fitted_settings(resolve_settings(recipe_fields, "mnli" if t == "ax" else t, pretrained.base_size,
+                                                    overrides, task_lr, from_mnli),
+                                   overrides.get("max_length") is not None, pretrained) for t in tasks}
+    with owned_output_dir(output_dir):
+        check_finished_runs(output_dir, settings, seeds)
+        check_mnli_available(output_dir, tasks, settings, seeds)
+        check_same_model(output_dir, model)  # the first write
+        log_to(output_dir)
+        for name in tasks:
+            run_task(name, output_dir, data_dir, settings, seeds, model, pretrained)
+        return aggregate(output_dir)
 
-    for name in tasks:
-        task = get_task(name)
-        pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, name, s)) is None]
-        if not pending:
-            print(f"[glue] {name}: all {seeds} seeds already finished, skipping")
-            continue
-        data = load_task_data(task, data_dir, tokenizer, settings[name], token_types)
-        for seed in pending:
-            path = run_dir(output_dir, name, seed)
-            if path.exists():
-                shutil.rmtree(path)  # an interrupted run: start it again
-            print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
-            if task.trains:
-                source = str(mnli_model_dir(output_dir, seed)) if settings[name].from_mnli else model
-                run = fine_tune(task, seed, settings[name], data, source, tokenizer, path, save_model=name == "mnli")
-                print(f"[glue] {name} seed {seed}: {run['scores']}")
-            else:
-                predict_ax(task, seed, data, output_dir, tokenizer, path)
-    return aggregate(output_dir)
+
+def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[str, FineTuneSettings], seeds: int,
+             model: str, pretrained: PretrainedModel) -> None:
+    """Every unfinished seed of one task (an interrupted seed starts again)."""
+    task = get_task(name)
+    pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, name, s)) is None]
+    if not pending:
+        print(f"[glue] {name}: all {seeds} seeds already finished, skipping")
+        return
+    tokenizer = pretrained.tokenizer
+    data = load_task_data(task, data_dir, tokenizer, settings[name], pretrained.token_types)
+    for seed in pending:
+        path = run_dir(output_dir, name, seed)
+        if path.exists():
+            shutil.rmtree(path)  # an interrupted run: start it again
+        print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
+        if task.trains:
+            source = str(mnli_model_dir(output_dir, seed)) if settings[name].from_mnli else model
+            run = fine_tune(task, seed, settings[name], data, source, tokenizer, path, save_model=name == "mnli")
+            print(f"[glue] {name} seed {seed}: {run['scores']}")
+        else:
+            predict_ax(task, seed, data, output_dir, tokenizer, path)

@@ -24,12 +24,14 @@ from transformers import (
     set_seed,
 )
 
+from convattn.checkpoint import load_checked
 from convattn.data.glue import GlueTask
 from convattn.training.console import quiet_trainer
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
 from convattn.training.glue.optim import LayerDecayTrainer
 from convattn.training.glue.settings import FineTuneSettings
+from convattn.training.guards import check_finite_weights
 from convattn.training.run_folder import read_json, seed_dir, write_json_atomic, write_text_atomic
 
 
@@ -67,6 +69,19 @@ def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> Tra
     )
 
 
+def train(trainer: Trainer):
+    """`trainer.train()` with the quiet progress bar; on any failure the bar is closed first, so the error line
+    that follows stands on its own line."""
+    try:
+        return quiet_trainer(trainer).train()
+    except BaseException:
+        for callback in trainer.callback_handler.callbacks:
+            if getattr(callback, "training_bar", None) is not None:
+                callback.training_bar.close()
+                callback.training_bar = None
+        raise
+
+
 def predict_test_sets(trainer: Trainer, task: GlueTask, data: TaskData, path: Path, label_task: GlueTask) -> list[str]:
     files = []
     for split, dataset in data.test.items():
@@ -82,8 +97,8 @@ def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskD
     """Fine-tune one seed on one task, score every dev set, predict the test sets; returns (and writes) run.json."""
     start = time.time()
     set_seed(seed)  # the new head's initialisation
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_source, num_labels=task.num_labels, ignore_mismatched_sizes=settings.from_mnli,
+    model = load_checked(
+        AutoModelForSequenceClassification, model_source, num_labels=task.num_labels,
         id2label=dict(enumerate(task.labels or ("score",))),
         label2id={label: i for i, label in enumerate(task.labels or ("score",))},
     )
@@ -92,7 +107,8 @@ def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskD
         data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
         layer_decay=settings.layer_decay,
     )
-    train_output = quiet_trainer(trainer).train()
+    train_output = train(trainer)
+    check_finite_weights(model, f"the {task.name} model of seed {seed} after fine-tuning")
     metrics = {}
     for split, dataset in data.dev.items():
         logits = trainer.predict(dataset).predictions
@@ -122,7 +138,8 @@ def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskD
 def predict_ax(task: GlueTask, seed: int, data: TaskData, output_dir: Path, tokenizer: PreTrainedTokenizerBase,
                path: Path) -> dict:
     """AX (the diagnostic set) is predicted with the same seed's MNLI model; it has no dev set."""
-    model = AutoModelForSequenceClassification.from_pretrained(str(mnli_model_dir(output_dir, seed)))
+    model = load_checked(AutoModelForSequenceClassification, str(mnli_model_dir(output_dir, seed)),
+                         allow_new_head=False)
     args = TrainingArguments(output_dir=str(path), per_device_eval_batch_size=128, report_to="none",
                              dataloader_pin_memory=torch.cuda.is_available())
     trainer = quiet_trainer(Trainer(model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer),

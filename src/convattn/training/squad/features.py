@@ -9,11 +9,34 @@ by several windows belongs, for answer starts, to the window where it has the mo
 
 from __future__ import annotations
 
+import time
+
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from convattn.data.squad import answer_end
+from convattn.training.run_folder import say
 from convattn.training.squad.settings import SquadSettings
+
+
+class Progress:
+    """One 'convattn squad: <what>: k of n <unit>' line every `period` seconds of a long phase; a short phase
+    prints nothing."""
+
+    period = 10.0
+
+    def __init__(self, what: str, total: int, unit: str):
+        self.what, self.total, self.unit = what, total, unit
+        self.done = 0
+        self.started = self.shown = time.monotonic()
+
+    def advance(self, count: int, note: str = "") -> None:
+        self.done += count
+        now = time.monotonic()
+        if now - self.shown >= self.period:
+            self.shown = now
+            say("squad", f"{self.what}: {self.done:,} of {self.total:,} {self.unit}{note} "
+                         f"({now - self.started:.0f} s)")
 
 
 def truncated_question(question: str, tokenizer: PreTrainedTokenizerBase, max_query_length: int) -> str:
@@ -87,8 +110,11 @@ def encode_split(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, settings:
     context offsets and the max-context flags that post-processing needs. For the joint head, every row also
     has ELECTRA's answer mask (context tokens and [CLS]) and training rows `is_impossible`."""
     joint = settings.head == "joint"
+    progress = Progress(f"windows of the {'training' if training else 'dev'} questions", len(dataset), "questions")
+    windows_made = 0
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
+        nonlocal windows_made
         rows: dict[str, list] = {}
         for i, question in enumerate(batch["question"]):
             features = encode_question(question, batch["context"][i], tokenizer, settings, token_types)
@@ -108,6 +134,8 @@ def encode_split(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, settings:
                 features["max_context"] = max_context_flags(windows)
             for key, values in features.items():
                 rows.setdefault(key, []).extend(values)
+        windows_made += len(rows.get("input_ids", ()))
+        progress.advance(len(batch["question"]), f", {windows_made:,} windows so far")
         return rows
 
     return dataset.map(encode, batched=True, batch_size=256, remove_columns=dataset.column_names)

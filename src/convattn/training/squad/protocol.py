@@ -6,17 +6,22 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from transformers import AutoConfig
-
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
 from convattn.training.console import log_to
-from convattn.training.glue.protocol import check_same_model, load_pretrained_info
+from convattn.training.glue.checks import (
+    PretrainedModel,
+    check_output_dir,
+    fitted_max_length,
+    load_pretrained,
+    owned_output_dir,
+)
+from convattn.training.glue.protocol import check_same_model
 from convattn.training.run_folder import say
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
 from convattn.training.squad.run import SquadData, fine_tune, finished_run, run_dir
-from convattn.training.squad.settings import SquadSettings, load_squad_recipe, resolve_settings
+from convattn.training.squad.settings import SquadSettings, fitted_windows, load_squad_recipe, resolve_settings
 
 MODEL_FILE = "squad_model.json"  # the model every seed of the folder fine-tuned
 
@@ -40,6 +45,17 @@ def load_data(version: str, train_file: Path | None, dev_file: Path | None, toke
                      dev_windows=encode_split(dev, tokenizer, settings, token_types, training=False))
 
 
+def fitted_settings(settings: SquadSettings, overrides: dict, pretrained: PretrainedModel) -> SquadSettings:
+    """The settings checked against the model: a max length its positions allow, windows that agree, the span
+    head for models other than convattn (ELECTRA's joint head is convattn's). What `overrides` sets (the command
+    line) is refused when it does not fit; the recipe's values are lowered to fit."""
+    max_length_given, doc_stride_given = (overrides.get(k) is not None for k in ("max_length", "doc_stride"))
+    max_length = fitted_max_length(settings.max_length, max_length_given, pretrained, "squad")
+    head = settings.head if pretrained.folder.is_convattn else "span"
+    settings = dataclasses.replace(settings, max_length=max_length, head=head)
+    return fitted_windows(settings, pretrained.tokenizer.num_special_tokens_to_add(pair=True), doc_stride_given)
+
+
 def run_squad(model: str, version: str, output_dir: Path, train_file: Path | None = None,
               dev_file: Path | None = None, recipe: str = "convbert", seeds: int | None = None,
               overrides: dict | None = None) -> dict:
@@ -47,31 +63,38 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
     check_version(version)
     recipe_fields = load_squad_recipe(recipe)
     seeds = seeds or recipe_fields["seeds"]
-    tokenizer, base_size, token_types = load_pretrained_info(model)
-    if not tokenizer.is_fast:
+    overrides = overrides or {}
+    check_output_dir(output_dir)
+    pretrained = load_pretrained(model, "squad", "fine-tuning it with its own transformers span head (head=span, "
+                                                 "not ELECTRA's joint head)")
+    if not pretrained.tokenizer.is_fast:
         raise UsageError(f"{model}: SQuAD needs a fast tokenizer (character offsets); this one is "
-                         f"{type(tokenizer).__name__}")
-    settings = resolve_settings(recipe_fields, base_size, overrides or {})
-    if settings.head == "joint" and AutoConfig.from_pretrained(model).model_type != "convattn":
-        say("squad", f"{model} is not a convattn model: its own span head is fine-tuned (head=span), not ELECTRA's")
-        settings = dataclasses.replace(settings, head="span")
-    check_finished_runs(output_dir, version, settings, seeds)
-    pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
-    data = load_data(version, train_file, dev_file, tokenizer, settings, token_types) if pending else None
-    check_same_model(output_dir, model, MODEL_FILE)  # after the data's checks: bad input leaves nothing behind
-    log_to(output_dir)
-    if data:
-        say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
-                     f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
-    for seed in pending:
-        path = run_dir(output_dir, version, seed)
-        if path.exists():
-            shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
-        say("squad", f"v{version} seed {seed}: fine-tuning")
-        run = fine_tune(version, seed, settings, data, model, tokenizer, path)
-        headline = run["scores"].get("best_f1", run["scores"]["f1"])
-        em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
-        say("squad", f"v{version} seed {seed}: EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)")
-    if not pending:
-        say("squad", f"v{version}: all {seeds} seeds already finished")
-    return aggregate(output_dir, version)
+                         f"{type(pretrained.tokenizer).__name__}")
+    settings = fitted_settings(resolve_settings(recipe_fields, pretrained.base_size, overrides), overrides, pretrained)
+    with owned_output_dir(output_dir):  # a failure before the first write leaves nothing behind
+        check_finished_runs(output_dir, version, settings, seeds)
+        pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
+        data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,
+                         pretrained.token_types) if pending else None
+        check_same_model(output_dir, model, MODEL_FILE)  # the first write
+        log_to(output_dir)
+        if data:
+            say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
+                         f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
+        for seed in pending:
+            run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir)
+        if not pending:
+            say("squad", f"v{version}: all {seeds} seeds already finished")
+        return aggregate(output_dir, version)
+
+
+def run_seed(version: str, seed: int, settings: SquadSettings, data: SquadData, model: str, tokenizer,
+             output_dir: Path) -> None:
+    path = run_dir(output_dir, version, seed)
+    if path.exists():
+        shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
+    say("squad", f"v{version} seed {seed}: fine-tuning")
+    run = fine_tune(version, seed, settings, data, model, tokenizer, path)
+    headline = run["scores"].get("best_f1", run["scores"]["f1"])
+    em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
+    say("squad", f"v{version} seed {seed}: EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)")

@@ -20,11 +20,13 @@ from datasets import Dataset
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase, set_seed
 
+from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
-from convattn.training.console import quiet_trainer
 from convattn.training.glue.optim import LayerDecayTrainer
-from convattn.training.glue.run import training_arguments
+from convattn.training.glue.run import train, training_arguments
+from convattn.training.guards import check_finite_weights
 from convattn.training.run_folder import read_json, seed_dir, write_json_atomic
+from convattn.training.squad.features import Progress
 from convattn.training.squad.metrics import squad_scores
 from convattn.training.squad.postprocess import best_answers
 from convattn.training.squad.settings import SquadSettings
@@ -67,6 +69,7 @@ def predict_windows(model, windows: Dataset, collator: SquadCollator) -> dict[st
     length are padding)."""
     inputs = windows.select_columns([c for c in MODEL_INPUTS if c in windows.column_names])
     outputs: dict[str, list[np.ndarray]] = {}
+    progress = Progress("answering the dev questions", len(inputs), "windows")
     model.eval()
     with torch.no_grad():
         for batch in DataLoader(inputs, batch_size=PREDICT_BATCH, collate_fn=collator):
@@ -74,6 +77,7 @@ def predict_windows(model, windows: Dataset, collator: SquadCollator) -> dict[st
             for name, value in result.items():
                 if isinstance(value, torch.Tensor):
                     outputs.setdefault(name, []).extend(value.float().cpu().numpy())
+            progress.advance(len(batch["input_ids"]))
     return outputs
 
 
@@ -83,7 +87,7 @@ def load_qa_model(model_source: str, head: str):
 
     config = AutoConfig.from_pretrained(model_source)
     extra = {"qa_head": head} if config.model_type == "convattn" else {}
-    return AutoModelForQuestionAnswering.from_pretrained(model_source, **extra)
+    return load_checked(AutoModelForQuestionAnswering, model_source, **extra)
 
 
 def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData, model_source: str,
@@ -97,7 +101,8 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
         model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
         data_collator=collator, processing_class=tokenizer, layer_decay=settings.layer_decay,
     )
-    train_output = quiet_trainer(trainer).train()
+    train_output = train(trainer)
+    check_finite_weights(model, f"the SQuAD model of seed {seed} after fine-tuning")
     outputs = predict_windows(model, data.dev_windows, collator)
     answers = best_answers(data.dev, data.dev_windows, outputs, settings.n_best, settings.max_answer_length,
                            version)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 
@@ -9,6 +10,7 @@ import yaml
 
 from convattn.errors import UsageError
 from convattn.training.recipes import squad_recipe_names
+from convattn.training.run_folder import say
 
 BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
 
@@ -32,8 +34,6 @@ class SquadSettings:
     max_train_samples: int = 0     # 0 = every training question
 
 
-
-
 def load_squad_recipe(name: str) -> dict:
     if name not in squad_recipe_names():
         raise UsageError(f"unknown --recipe {name!r}; SQuAD recipes are {', '.join(squad_recipe_names())}")
@@ -48,8 +48,26 @@ def resolve_settings(recipe: dict, base_size: bool, overrides: dict) -> SquadSet
     fields.update({k: v for k, v in overrides.items() if v is not None})
     settings = SquadSettings(**fields)
     if not 0 <= settings.warmup_ratio < 1:
-        raise UsageError(f"--warmup-ratio must be in [0, 1), got {settings.warmup_ratio}")
-    if settings.max_query_length + 4 > settings.max_length:
-        raise UsageError(f"--max-length {settings.max_length} leaves no room for a context after "
-                         f"--max-query-length {settings.max_query_length}")
+        raise UsageError(f"--warmup-ratio {settings.warmup_ratio} must be a fraction in [0, 1)")
     return settings
+
+
+def fitted_windows(settings: SquadSettings, special_tokens: int, doc_stride_given: bool) -> SquadSettings:
+    """The settings with window lengths that agree: a window (--max-length less the question and the special
+    tokens) holds some context, and each window starts within the previous one (--doc-stride at most the context a
+    window holds). A --doc-stride given on the command line that does not fit is refused; the recipe's is lowered
+    (and said)."""
+    context = settings.max_length - settings.max_query_length - special_tokens
+    if context < 1:
+        raise UsageError(f"--max-length {settings.max_length} leaves no room for a context after --max-query-length "
+                         f"{settings.max_query_length} and {special_tokens} special tokens; give --max-length "
+                         f"{settings.max_query_length + special_tokens + 1} or more")
+    if settings.doc_stride <= context:
+        return settings
+    holds = (f"the {context} context tokens a window holds (--max-length {settings.max_length} less "
+             f"--max-query-length {settings.max_query_length} and {special_tokens} special tokens)")
+    if doc_stride_given:
+        raise UsageError(f"--doc-stride {settings.doc_stride} must be at most {context}: each window starts within "
+                         f"the previous one, and {holds}")
+    say("squad", f"the recipe's doc stride {settings.doc_stride} exceeds {holds}; using {context}")
+    return dataclasses.replace(settings, doc_stride=context)

@@ -1,0 +1,102 @@
+"""What GLUE and SQuAD fine-tuning check before they write anything: the model folder and its tokenizer, the
+input length against the model's positions, the output folder; and the lock that makes a run own its folder."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from convattn.checkpoint import ModelFolder, check_model_folder
+from convattn.errors import UsageError
+from convattn.training.folder_lock import run_folder_lock
+from convattn.training.glue.settings import BASE_HIDDEN_SIZE
+from convattn.training.run_folder import say
+
+# transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable
+OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
+                          "data2vec-text", "ibert", "mpnet", "longformer")
+
+
+@dataclass(frozen=True)
+class PretrainedModel:
+    folder: ModelFolder
+    tokenizer: PreTrainedTokenizerBase
+    base_size: bool           # wide enough for the recipe's base-size settings
+    token_types: bool         # takes token type ids
+    input_limit: int | None   # the longest input its positions allow; None: any length
+
+    @property
+    def source(self) -> str:
+        return self.folder.source
+
+
+def input_limit(config) -> int | None:
+    """The longest input the model takes: convattn says it (None for relative-only models); other transformers
+    models are bounded by max_position_embeddings when they have it."""
+    if config.model_type == "convattn":
+        return config.max_input_length
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    if config.model_type in OFFSET_POSITION_MODELS and getattr(config, "pad_token_id", None) is not None:
+        positions -= config.pad_token_id + 1
+    return positions
+
+
+def load_pretrained(model: str, command: str, foreign_use: str) -> PretrainedModel:
+    """The checked model folder (or hub model) and its tokenizer. A model that is not convattn's is said in one
+    line (`foreign_use`: what is done with it)."""
+    folder = check_model_folder(model)
+    if not folder.is_convattn:
+        say(command, folder.foreign_note(foreign_use))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError, TypeError) as err:
+        message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise UsageError(f"could not load a tokenizer from {model!r} ({message}); save the tokenizer with the "
+                         "model (tokenizer.save_pretrained)") from None
+    config = folder.config
+    return PretrainedModel(folder, tokenizer, base_size=getattr(config, "hidden_size", 0) >= BASE_HIDDEN_SIZE,
+                           token_types=getattr(config, "type_vocab_size", 0) > 1, input_limit=input_limit(config))
+
+
+def fitted_max_length(max_length: int, given: bool, pretrained: PretrainedModel, command: str) -> int:
+    """`max_length` within the model's positions: refused when given on the command line, lowered (and said)
+    when it is the recipe's."""
+    limit = pretrained.input_limit
+    if limit is None or max_length <= limit:
+        return max_length
+    if given:
+        raise UsageError(f"--max-length {max_length} exceeds the {limit} positions of {pretrained.source}; give "
+                         f"--max-length {limit} or less")
+    say(command, f"the recipe's max length {max_length} exceeds the {limit} positions of {pretrained.source}; "
+                 f"using {limit}")
+    return limit
+
+
+def check_output_dir(path: Path, flag: str = "--output-dir") -> None:
+    """The folder exists or can be made: not a file, no file on its way."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{flag} {path} is a symbolic link to nothing ({os.readlink(path)}); remove it or give "
+                         "another folder")
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; give a folder (it is created if needed)")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UsageError(f"{flag} {path}: {blocking} is a file, so the folder cannot be made")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
+
+
+def main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def owned_output_dir(path: Path):
+    """Hold the output folder for this run: a second run on it is refused (see `run_folder_lock`)."""
+    return run_folder_lock(Path(path), flag="--output-dir", enabled=main_process())

@@ -1,0 +1,75 @@
+"""SQuAD files that are not what --version says, or not in the official layout, are one UsageError naming the
+place; contexts past the stated limit are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from convattn.data.squad import MAX_CONTEXT_CHARACTERS, load_squad_file
+from convattn.errors import UsageError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "squad"
+SHARED_SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "squad" / \
+    "squad-v1.1-dev-sample.json"
+
+
+def squad_file(tmp_path: Path, qa: dict | None = None, *, version: str | None = "1.1", paragraphs=None,
+               context: str = "one two three") -> Path:
+    question = {"id": "q1", "question": "which?", "answers": [{"text": "two", "answer_start": 4}]}
+    if qa is not None:
+        question = qa
+    if paragraphs is None:
+        paragraphs = [{"context": context, "qas": [question]}]
+    data = {"data": [{"title": "t", "paragraphs": paragraphs}]}
+    if version is not None:
+        data["version"] = version
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda d: squad_file(d, {"id": "q1", "question": "which?"}), "no \"answers\" list"),
+    (lambda d: squad_file(d, {"id": "q1", "question": "which?", "answers": None}), "\"answers\" must be a list"),
+    (lambda d: squad_file(d, {"id": "q1", "question": "which?", "answers": ["two"]}),
+     "every answer needs a string \"text\""),
+    (lambda d: squad_file(d, {"id": "q1", "question": "which?", "answers": [{"text": "two", "answer_start": True}]}),
+     "integer \"answer_start\""),
+    (lambda d: squad_file(d, {"id": "q1", "question": "which?", "is_impossible": "no", "answers": []}),
+     "\"is_impossible\" must be true or false"),
+    (lambda d: squad_file(d, paragraphs="a string, not a list"), "article 0 must be an object with a \"paragraphs\""),
+    (lambda d: squad_file(d, paragraphs=["a string"]), "article 0, paragraph 0: needs a \"context\" string"),
+    (lambda d: squad_file(d, paragraphs=[{"context": "c", "qas": ["q"]}]), "must be a question object"),
+    (lambda d: squad_file(d, version="v2.0"), "is a SQuAD 2.0 file (its \"version\" is 'v2.0'); use --version 2.0"),
+    (lambda d: squad_file(d, context="x " * (MAX_CONTEXT_CHARACTERS // 2 + 1)),
+     f"convattn reads contexts of up to {MAX_CONTEXT_CHARACTERS:,}"),
+])
+def test_malformed_files_are_one_usage_error(tmp_path, build, message):
+    with pytest.raises(UsageError) as caught:
+        load_squad_file(build(tmp_path), "1.1")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_v11_file_is_refused_as_v20(tmp_path):
+    with pytest.raises(UsageError, match=r"is a SQuAD 1\.1 file .* use --version 1\.1"):
+        load_squad_file(FIXTURES / "train-v1.1.json", "2.0")
+    unversioned = squad_file(tmp_path, version=None)  # no "version" field, no is_impossible: the v1.1 layout
+    with pytest.raises(UsageError, match="no \"is_impossible\" field in any question"):
+        load_squad_file(unversioned, "2.0")
+    assert len(load_squad_file(unversioned, "1.1")) == 1
+
+
+def test_the_fixtures_read_as_their_versions():
+    for version in ("1.1", "2.0"):
+        for split in ("train", "dev"):
+            assert len(load_squad_file(FIXTURES / f"{split}-v{version}.json", version, split)) > 0
+
+
+@pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason=f"shared SQuAD sample not found at {SHARED_SAMPLE}")
+def test_the_official_sample_is_v11_only():
+    assert len(load_squad_file(SHARED_SAMPLE, "1.1", "dev")) == 396
+    with pytest.raises(UsageError, match=r"use --version 1\.1"):
+        load_squad_file(SHARED_SAMPLE, "2.0", "dev")

@@ -1,0 +1,151 @@
+"""`convattn.checkpoint`: a model folder is checked before use, and loaded with every encoder weight accounted for."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny import tiny_config
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
+
+from convattn import ConvAttnForMaskedLM
+from convattn.checkpoint import check_model_folder, load_checked
+from convattn.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """A tiny convattn MLM folder; each test works on its own copy."""
+    path = tmp_path_factory.mktemp("checkpoint") / "model"
+    torch.manual_seed(0)
+    ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def folder(saved, tmp_path) -> Path:
+    return Path(shutil.copytree(saved, tmp_path / "model"))
+
+
+def edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_a_saved_convattn_model_passes(folder):
+    checked = check_model_folder(folder)
+    assert checked.is_convattn and checked.local and checked.config.num_hidden_layers == 2
+    model = load_checked(AutoModelForSequenceClassification, checked, num_labels=3)  # only the head is new
+    assert model.config.num_labels == 3
+
+
+def replace_config_text(folder: Path, text: str) -> None:
+    (folder / "config.json").write_text(text)
+
+
+def add_pickle_only(folder: Path) -> None:
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def poison_weight(folder: Path) -> None:
+    weights = load_file(folder / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name][0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def truncate_weights(folder: Path) -> None:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+BAD_FOLDERS = [
+    (lambda f: replace_config_text(f, "{not json"), "is not JSON"),
+    (lambda f: replace_config_text(f, "[1, 2]"), "not a model config"),
+    (lambda f: (f / "config.json").write_bytes(b"\xff\xfe\x00"), "is not a text file"),
+    (lambda f: edit_config(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite number"),
+    (lambda f: edit_config(f, layer_norm_eps=float("inf")), "layer_norm_eps must be a finite number"),
+    (lambda f: edit_config(f, my_field=1, other=2), "fields convattn does not know: my_field, other"),
+    (lambda f: edit_config(f, model_type="no-such-type"), "model_type 'no-such-type' is neither"),
+    (lambda f: edit_config(f, model_type=None), "has no \"model_type\""),
+    (lambda f: edit_config(f, hidden_size=30), "hidden_size=30 must be divisible"),
+    (lambda f: (f / "config.json").unlink(), "has no config.json"),
+    (add_pickle_only, "holds only pickled weights (pytorch_model.bin)"),
+    (lambda f: (f / "model.safetensors").unlink(), "has no model weights"),
+    (truncate_weights, "truncated or corrupt"),
+    (lambda f: (f / "model.safetensors").write_bytes(b""), "truncated or corrupt"),
+    (lambda f: (f / "model.safetensors").write_bytes(b"\x00garbage" * 50), "truncated or corrupt"),
+    (poison_weight, "holds non-finite (NaN or infinite) weights"),
+    (lambda f: (f / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00002-of-00002.safetensors"}})), "lacks the weight shards"),
+]
+
+
+@pytest.mark.parametrize(("damage", "message"), BAD_FOLDERS)
+def test_bad_folders_are_one_usage_error(folder, damage, message):
+    damage(folder)
+    with pytest.raises(UsageError) as caught:
+        check_model_folder(folder)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_pickle_line_says_how_to_convert(folder):
+    add_pickle_only(folder)
+    with pytest.raises(UsageError, match="safetensors only") as caught:
+        check_model_folder(folder)
+    assert "weights_only=True" in str(caught.value) and "save_file" in str(caught.value)
+
+
+def test_a_file_or_a_missing_local_path_is_refused(folder, tmp_path):
+    with pytest.raises(UsageError, match="is a file"):
+        check_model_folder(folder / "config.json")
+    with pytest.raises(UsageError, match="no such folder"):
+        check_model_folder(tmp_path / "does" / "not" / "exist")
+
+
+@pytest.fixture
+def bert_folder(tmp_path) -> Path:
+    config = BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    BertForMaskedLM(config).save_pretrained(tmp_path / "bert")
+    return tmp_path / "bert"
+
+
+def test_a_transformers_model_is_named_and_refused_where_convattn_is_needed(bert_folder):
+    checked = check_model_folder(bert_folder)
+    assert not checked.is_convattn and "transformers bert model, not a convattn model" in checked.foreign_note("x")
+    with pytest.raises(UsageError, match="is a transformers bert model, not a convattn model; plots need it"):
+        check_model_folder(bert_folder, need_convattn="plots need it")
+
+
+def test_a_bert_config_over_convattn_weights_is_refused_when_loading(folder, bert_folder):
+    shutil.copy(bert_folder / "config.json", folder / "config.json")
+    checked = check_model_folder(folder)  # a valid BERT config, valid weights: only loading tells
+    with pytest.raises(UsageError, match="weights are missing from the file"):
+        load_checked(AutoModelForSequenceClassification, checked, num_labels=2)
+
+
+def test_a_weight_of_another_shape_is_one_line(folder):
+    edit_config(folder, intermediate_size=48)
+    with pytest.raises(UsageError) as caught:
+        load_checked(AutoModelForSequenceClassification, str(folder), num_labels=2)
+    message = str(caught.value)
+    assert "has shape [64] in the file but the config asks for [48]" in message
+    assert "ignore_mismatched_sizes" not in message
+
+
+def test_extra_encoder_layers_in_the_file_are_refused(folder):
+    edit_config(folder, num_hidden_layers=1)
+    with pytest.raises(UsageError, match="fit no part of this model"):
+        load_checked(AutoModel, str(folder))
+
+
+def test_a_missing_head_is_refused_when_the_saved_head_is_wanted(folder):
+    with pytest.raises(UsageError, match="missing from the file"):
+        load_checked(AutoModelForSequenceClassification, str(folder), allow_new_head=False, num_labels=2)

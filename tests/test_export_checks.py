@@ -1,0 +1,119 @@
+"""`convattn export` refuses what it cannot write well, in one line and exit 2, and never leaves a partial file."""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny import tiny_config
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertForMaskedLM
+
+from convattn import ConvAttnForMaskedLM
+from convattn.cli import main
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxscript") is None or
+                                importlib.util.find_spec("onnx") is None, reason="needs the [onnx] extra")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("export") / "model"
+    torch.manual_seed(0)
+    ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def model(saved, tmp_path) -> Path:
+    return Path(shutil.copytree(saved, tmp_path / "model"))
+
+
+def export(model: Path, onnx: Path, *extra: str) -> int:
+    return main(["export", str(model), "--onnx", str(onnx), *extra])
+
+
+def assert_refused(code: int, err: str, fragment: str) -> None:
+    assert code == 2, err
+    assert err.strip().startswith("convattn export: error: ") and len(err.strip().splitlines()) == 1, err
+    assert fragment in err
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != "model")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--opset", "0"], "--opset 0 is not one the installed ONNX exporter writes: give 18 to"),
+    (["--opset", "999"], "--opset 999 is not one"),
+    (["--opset", "-5"], "--opset -5 is not one"),
+])
+def test_an_opset_outside_the_exporters_range_is_refused(model, tmp_path, capsys, extra, message):
+    assert_refused(export(model, tmp_path / "m.onnx", *extra), capsys.readouterr().err, message)
+    assert leftovers(tmp_path) == []
+
+
+def test_an_onnx_path_that_is_a_folder_or_under_a_file_is_refused(model, tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    assert_refused(export(model, tmp_path / "out"), capsys.readouterr().err, "is a folder")
+    (tmp_path / "file").write_text("mine")
+    assert_refused(export(model, tmp_path / "file" / "m.onnx"), capsys.readouterr().err, "is a file")
+    assert leftovers(tmp_path) == ["file", "out"] and not any((tmp_path / "out").iterdir())
+
+
+def nan_weights(folder: Path) -> None:
+    weights = load_file(folder / "model.safetensors")
+    next(iter(weights.values())).fill_(float("nan"))
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def config_with(folder: Path, **fields) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def pickle_only(folder: Path) -> None:
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def bert(folder: Path) -> None:
+    shutil.rmtree(folder)
+    BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(folder)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (nan_weights, "non-finite (NaN or infinite) weights"),
+    (lambda f: config_with(f, not_a_field=1), "fields convattn does not know: not_a_field"),
+    (lambda f: config_with(f, attention_probs_dropout_prob=float("nan")), "must be a finite number"),
+    (lambda f: (f / "config.json").write_text("not json"), "is not JSON"),
+    (pickle_only, "safetensors only"),
+    (lambda f: (f / "model.safetensors").write_bytes(b""), "truncated or corrupt"),
+    (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:500]),
+     "truncated or corrupt"),
+    (lambda f: (f / "model.safetensors").write_bytes(b"garbage" * 100), "truncated or corrupt"),
+    (lambda f: config_with(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
+    (bert, "is a transformers bert model, not a convattn model"),
+])
+def test_bad_model_folders_are_refused(model, tmp_path, capsys, damage, message):
+    damage(model)
+    assert_refused(export(model, tmp_path / "m.onnx"), capsys.readouterr().err, message)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failed_write_leaves_no_temporary_file(model, tmp_path, capsys, monkeypatch):
+    from torch.onnx import ONNXProgram
+
+    def disk_full(self, destination, *args, **kwargs):
+        Path(destination).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ONNXProgram, "save", disk_full)
+    assert_refused(export(model, tmp_path / "m.onnx"), capsys.readouterr().err, "No space left on device")
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,231 @@
+"""`convattn glue` and `convattn squad` refuse what they cannot do well, in one line and exit 2 with nothing written:
+impossible values, model folders that are not what they claim, busy or impossible output folders; and training
+that diverges stops at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny import save_tiny_checkpoint, tiny_wordpiece_tokenizer
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertForMaskedLM
+
+from convattn.cli import main
+from convattn.training.folder_lock import run_folder_lock
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GLUE_DATA = FIXTURES / "glue_data"
+SQUAD = FIXTURES / "squad"
+SENTENCES = ["a dog runs in the park .", "the cat sat on the mat .", "where does the river elm rise ?",
+             "the bridge at harlow has nine arches ."] * 40
+GLUE_QUICK = ["--task", "sst2", "--data-dir", str(GLUE_DATA), "--seeds", "1", "--max-steps", "2", "--batch-size", "8"]
+SQUAD_QUICK = ["--version", "1.1", "--train-file", str(SQUAD / "train-v1.1.json"), "--dev-file",
+               str(SQUAD / "dev-v1.1.json"), "--seeds", "1", "--max-steps", "2", "--batch-size", "4",
+               "--max-length", "48", "--doc-stride", "16", "--max-query-length", "12"]
+
+
+@pytest.fixture(autouse=True)
+def offline_single_thread(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny relative-position (composite) checkpoint: no limit on the input length."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("relative"), SENTENCES)
+
+
+@pytest.fixture(scope="module")
+def absolute_checkpoint(tmp_path_factory) -> Path:
+    """A tiny checkpoint with absolute position embeddings (128 positions)."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("absolute"), SENTENCES, preset="chang2021-small/absolute")
+
+
+def run(command: str, model: Path, out: Path, *extra: str) -> int:
+    quick = GLUE_QUICK if command == "glue" else SQUAD_QUICK
+    return main([command, "--model", str(model), "--output-dir", str(out), *quick, *extra])
+
+
+def assert_one_line_exit_2(code: int, err: str, command: str, *fragments: str) -> None:
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    assert code == 2, err
+    assert last.startswith(f"convattn {command}: error: "), err
+    assert "Traceback" not in err and "unexpected error" not in err
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+
+
+BAD_VALUES = {
+    "glue": [
+        (["--layer-decay", "nan"], "--layer-decay nan must be a number in (0, 1]"),
+        (["--layer-decay", "-1"], "--layer-decay -1.0 must be a number in (0, 1]"),
+        (["--layer-decay", "1.5"], "--layer-decay 1.5 must be"),
+        (["--weight-decay", "nan"], "--weight-decay nan must be a finite number >= 0"),
+        (["--weight-decay", "-1"], "--weight-decay -1.0 must be"),
+        (["--lr", "inf"], "--lr inf must be a finite number > 0"),
+        (["--lr", "1e400"], "--lr inf must be"),
+        (["--lr", "0"], "--lr 0.0 must be"),
+        (["--warmup-ratio", "nan"], "--warmup-ratio nan must be a fraction in [0, 1)"),
+        (["--max-train-samples", "0"], "--max-train-samples 0 must be an integer >= 1"),
+        (["--batch-size", "0"], "--batch-size 0 must be"),
+        (["--max-steps", "-3"], "--max-steps -3 must be"),
+        (["--max-length", "1"], "--max-length 1 leaves no room for the text: give at least"),
+        (["--max-length", "0"], "--max-length 0 must be"),
+        (["--task-lr", "sst2=nan"], "--task-lr sst2=nan"),
+        (["--seeds", "0"], "--seeds 0 must be"),
+    ],
+    "squad": [
+        (["--layer-decay", "nan"], "--layer-decay nan must be"),
+        (["--weight-decay", "inf"], "--weight-decay inf must be"),
+        (["--doc-stride", "1000"], "--doc-stride 1000 must be at most 33"),
+        (["--doc-stride", "0"], "--doc-stride 0 must be"),
+        (["--max-length", "8"], "--max-length 8 leaves no room for a context"),
+        (["--max-query-length", "0"], "--max-query-length 0 must be"),
+        (["--n-best", "0"], "--n-best 0 must be"),
+        (["--max-answer-length", "-1"], "--max-answer-length -1 must be"),
+        (["--version", "2.0", "--train-file", str(SQUAD / "train-v1.1.json"), "--dev-file",
+          str(SQUAD / "dev-v1.1.json")], "is a SQuAD 1.1 file"),
+    ],
+}
+
+
+@pytest.mark.parametrize(("command", "extra", "message"),
+                         [(command, extra, message) for command, cases in BAD_VALUES.items()
+                          for extra, message in cases])
+def test_bad_values_are_one_line_with_nothing_written(checkpoint, tmp_path, capsys, command, extra, message):
+    out = tmp_path / "out"
+    code = run(command, checkpoint, out, *extra)
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_max_length_past_absolute_positions(absolute_checkpoint, checkpoint, tmp_path, capsys, command):
+    code = run(command, absolute_checkpoint, tmp_path / "out", "--max-length", "100000")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "--max-length 100000 exceeds the 128 positions")
+    assert not (tmp_path / "out").exists()
+    if command == "squad":  # a relative-only model takes any length
+        assert run(command, checkpoint, tmp_path / "relative", "--max-length", "100000") == 0
+
+
+def test_the_recipes_max_length_is_lowered_to_the_models_positions(absolute_checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["squad", "--model", str(absolute_checkpoint), "--output-dir", str(out),
+                 *[a for a in SQUAD_QUICK if a not in ("--max-length", "48")]]) == 0
+    assert "the recipe's max length 512 exceeds the 128 positions" in capsys.readouterr().err
+    run_file = json.loads((out / "runs" / "squad1.1" / "seed0" / "run.json").read_text())
+    assert run_file["settings"]["max_length"] == 128
+
+
+def test_the_recipes_doc_stride_is_lowered_to_fit_a_short_window(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["squad", "--model", str(checkpoint), "--output-dir", str(out),
+                 *[a for a in SQUAD_QUICK if a not in ("--doc-stride", "16")]]) == 0
+    assert "the recipe's doc stride 128 exceeds the 33 context tokens a window holds" in capsys.readouterr().err
+    assert json.loads((out / "runs" / "squad1.1" / "seed0" / "run.json").read_text())["settings"]["doc_stride"] == 33
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_divergence_stops_at_the_first_non_finite_loss(checkpoint, tmp_path, capsys, command):
+    code = run(command, checkpoint, tmp_path / "out", "--lr", "1e30", "--max-steps", "4")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "training stopped at step", "lower --lr")
+    assert not list((tmp_path / "out").glob("**/run.json"))
+
+
+def copy_of(checkpoint: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(checkpoint, tmp_path / "model"))
+
+
+def with_nan_weights(folder: Path) -> None:
+    weights = load_file(folder / "model.safetensors")
+    for tensor in weights.values():
+        tensor.fill_(float("nan"))
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def with_config_field(folder: Path, **fields) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def pickle_only(folder: Path) -> None:
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def bert_config_over_convattn_weights(folder: Path) -> None:
+    BertConfig(vocab_size=len(tiny_wordpiece_tokenizer(SENTENCES)), hidden_size=32, num_hidden_layers=2,
+               num_attention_heads=2, intermediate_size=64).save_pretrained(folder)
+
+
+BAD_FOLDERS = [
+    (with_nan_weights, "non-finite (NaN or infinite) weights"),
+    (lambda f: with_config_field(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite"),
+    (lambda f: with_config_field(f, typo_field=3), "fields convattn does not know: typo_field"),
+    (lambda f: (f / "config.json").write_text("{oops"), "is not JSON"),
+    (pickle_only, "safetensors only"),
+    (lambda f: (f / "model.safetensors").write_bytes(b""), "truncated or corrupt"),
+    (lambda f: with_config_field(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
+    (bert_config_over_convattn_weights, "weights are missing from the file"),
+]
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+@pytest.mark.parametrize(("damage", "message"), BAD_FOLDERS)
+def test_bad_model_folders_are_refused(checkpoint, tmp_path, capsys, command, damage, message):
+    folder = copy_of(checkpoint, tmp_path)
+    damage(folder)
+    code = run(command, folder, tmp_path / "out", "--max-steps", "1")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, message)
+    assert not list((tmp_path / "out").glob("**/run.json"))
+
+
+@pytest.fixture(scope="module")
+def bert_checkpoint(tmp_path_factory) -> Path:
+    """A plain transformers BERT with a tokenizer: not convattn's, still fine-tunable."""
+    path = tmp_path_factory.mktemp("bert")
+    tokenizer = tiny_wordpiece_tokenizer(SENTENCES)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_another_architecture_fine_tunes_and_says_so(bert_checkpoint, tmp_path, capsys, command):
+    assert main([command, "--model", str(bert_checkpoint), "--output-dir", str(tmp_path / "out"),
+                 *(GLUE_QUICK if command == "glue" else SQUAD_QUICK)]) == 0
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "not a convattn model" in line]
+    assert len(notes) == 1 and "is a transformers bert model" in notes[0]
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_a_busy_output_dir_is_refused(checkpoint, tmp_path, capsys, command):
+    out = tmp_path / "out"
+    with run_folder_lock(out):  # another run holds it
+        code = run(command, checkpoint, out)
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "is in use by another convattn run")
+    assert not out.exists()  # the holder wrote nothing, so its lock left no trace
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_an_output_dir_that_is_a_file_is_refused(checkpoint, tmp_path, capsys, command):
+    (tmp_path / "file").write_text("mine")
+    code = run(command, checkpoint, tmp_path / "file")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "is a file")
+    code = run(command, checkpoint, tmp_path / "file" / "sub")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "is a file")
+    assert (tmp_path / "file").read_text() == "mine"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    code = run(command, checkpoint, tmp_path / "dangling")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "is a symbolic link to nothing")
