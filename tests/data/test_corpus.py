@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import datasets
 import pytest
 
-from convattn.data.corpus import embedded_corpus, load_corpus, resolve_text_files
+from convattn.data import corpus
+from convattn.data.corpus import bounded_pieces, embedded_corpus, load_corpus, resolve_text_files
 from convattn.errors import UsageError
 
 
@@ -74,3 +79,81 @@ def test_embedded_default_is_big_deduplicated_and_cached(tmp_path):
     assert len(set(train)) == len(train) and not set(train) & set(evaluation)
     again = embedded_corpus(tmp_path)  # read back from the cache, same text
     assert again.identity == corpus.identity and again.train["text"][:100] == train[:100]
+
+
+def test_a_binary_file_is_refused_by_name(tmp_path):
+    path = tmp_path / "zeros.txt"
+    path.write_bytes(b"some text\n" + b"\0" * 3000)
+    with pytest.raises(UsageError, match=r"zeros.txt: a binary file, not text \(a NUL byte at offset 10\)"):
+        resolve_text_files([str(path)])
+
+
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    path = write(tmp_path / "secret.txt", "text\n")
+
+    def refuse(file, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr(corpus, "open", refuse, raising=False)  # the tests may run as root, which reads anything
+    with pytest.raises(UsageError, match=r"secret.txt: cannot read it \(Permission denied\)"):
+        resolve_text_files([str(path)])
+
+
+def test_an_unreadable_directory_is_named(tmp_path, monkeypatch):
+    write(tmp_path / "d" / "sub" / "a.txt", "text\n")
+    real_walk = os.walk
+
+    def walk(top, onerror=None, **kwargs):
+        onerror(PermissionError(13, "Permission denied", str(Path(top) / "sub")))
+        return real_walk(top, **kwargs)
+
+    monkeypatch.setattr(corpus.os, "walk", walk)
+    with pytest.raises(UsageError, match=r"sub: cannot read the directory \(Permission denied\)"):
+        resolve_text_files([str(tmp_path / "d")])
+
+
+def test_cache_dir_that_is_a_file_is_one_line(tmp_path):
+    write(tmp_path / "t.txt", "line\n" * 10)
+    write(tmp_path / "cache", "not a directory")
+    with pytest.raises(UsageError, match=r"^--cache-dir .*cache is a file; point --cache-dir"):
+        load_corpus(None, None, [str(tmp_path / "t.txt")], [], tmp_path / "cache")
+
+
+@pytest.mark.parametrize("limit", [1, 5, 12, 1000])
+def test_long_text_is_cut_at_whitespace_into_bounded_pieces(limit):
+    text = "alpha beta  gamma\tdelta " + "x" * 30 + " epsilon"
+    pieces = list(bounded_pieces(text, limit))
+    assert all(len(piece) <= limit for piece in pieces)
+    assert " ".join(pieces).split() == text.split() or limit < 30  # a word longer than the limit is cut
+    assert "".join("".join(pieces).split()) == "".join(text.split())
+
+
+def test_an_over_long_line_is_read_in_bounded_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "MAX_ROW_CHARS", 1000)
+    words = [f"word{i}" for i in range(60_000)]  # one line of about 500,000 characters
+    write(tmp_path / "t.txt", "short first line\n" + " ".join(words) + "\n" + "z" * 2500 + "\nlast line")
+    data = load_corpus(None, None, [str(tmp_path / "t.txt")], [str(tmp_path / "t.txt")], tmp_path / "cache")
+    rows = data.train["text"]
+    assert rows[0] == "short first line" and rows[-1] == "last line" and rows[-4:-1] == ["z" * 1000] * 2 + ["z" * 500]
+    assert max(map(len, rows)) <= 1000 and " ".join(rows[1:-4]).split() == words
+
+
+def test_rows_match_the_datasets_text_loader(tmp_path):
+    text = "first\r\nsecond\rthird\n\n  \nfourth\u2028fifth\x0csixth\u0085seventh\n last \n\nno newline at end"
+    write(tmp_path / "a.txt", text)
+    write(tmp_path / "b.txt", "another file\n")
+    files = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    ours = load_corpus(None, None, files, files, tmp_path / "cache").train["text"]
+    theirs = datasets.load_dataset("text", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))["text"]
+    assert ours == [row for row in theirs if row.strip()]
+
+
+WIKITEXT_VALID = Path("/work/shared/data/wikitext-103-raw/wiki.valid.raw")
+
+
+@pytest.mark.skipif(not WIKITEXT_VALID.is_file(), reason=f"real data not present: {WIKITEXT_VALID}")
+def test_wikitext_rows_match_the_datasets_text_loader(tmp_path):
+    ours = load_corpus(None, None, [str(WIKITEXT_VALID)], [str(WIKITEXT_VALID)], tmp_path / "cache").train["text"]
+    theirs = datasets.load_dataset("text", data_files=[str(WIKITEXT_VALID)], split="train",
+                                   cache_dir=str(tmp_path / "hf"))["text"]
+    assert list(ours) == [row for row in theirs if row.strip()] and len(ours) > 2000

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import datasets
 import pytest
 
+from convattn.data.cache import entry_problem
 from convattn.data.formatting import cached_format, format_dataset
 from convattn.data.tokenizer import train_tokenizer
 from convattn.errors import UsageError
@@ -71,3 +74,23 @@ def test_pairs_of_an_odd_batch_keep_the_last_line_alone(tokenizer, texts):
     out = format_dataset(lines(*texts), tokenizer, "pairs", 32)
     assert len(out) == (len(texts) + 1) // 2
     assert out[-1]["input_ids"] == tokenizer(texts[-1])["input_ids"]
+
+
+def test_a_corrupted_cached_arrow_file_is_detected_and_rebuilt(tokenizer, tmp_path, caplog):
+    texts = lines(*[" ".join(WORDS)] * 50)
+    first = list(cached_format(texts, tokenizer, "packed", 16, tmp_path / "key")["input_ids"])
+    (arrow,) = (tmp_path / "key").rglob("*.arrow")
+    with open(arrow, "r+b") as f:  # random bytes in the middle of the file, its size unchanged
+        f.seek(arrow.stat().st_size // 2)
+        f.write(random.Random(0).randbytes(64))
+    again = cached_format(texts, tokenizer, "packed", 16, tmp_path / "key")
+    assert list(again["input_ids"]) == first and "rebuilding the cached packed data" in caplog.text
+    assert entry_problem(tmp_path / "key") is None
+
+
+def test_formatting_leaves_no_copy_in_the_datasets_cache(tokenizer, tmp_path):
+    source = tmp_path / "source"
+    lines(*[" ".join(WORDS)] * 50).save_to_disk(str(source))
+    texts = datasets.load_from_disk(str(source))
+    cached_format(texts, tokenizer, "pairs", 16, tmp_path / "key")
+    assert sorted(p.name for p in source.iterdir() if p.name.startswith("cache-")) == []

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
 import datasets
 import pytest
 from transformers import AutoTokenizer
 
-from convattn.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_tokenizer, trained_tokenizer
+from convattn.data.cache import entry_problem
+from convattn.data.tokenizer import (
+    SPECIAL_TOKENS,
+    load_tokenizer,
+    tokenizer_fingerprint,
+    train_tokenizer,
+    trained_tokenizer,
+)
 from convattn.errors import UsageError
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bumpkins".split()  # noqa: SIM905
@@ -51,4 +64,79 @@ def test_training_is_cached_per_corpus_and_size(tmp_path, monkeypatch):
     monkeypatch.setattr("convattn.data.tokenizer.train_tokenizer", lambda *a: pytest.fail("trained again"))
     second = trained_tokenizer(texts(), "corpus-a", 100, 64, tmp_path)
     assert second.get_vocab() == first.get_vocab()
-    assert len(list((tmp_path / "tokenizers").iterdir())) == 1
+    assert len([p for p in (tmp_path / "tokenizers").iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_fingerprint_ignores_the_truncation_left_by_a_call():
+    tokenizer = train_tokenizer(texts(), vocab_size=100, max_length=64)
+    before = tokenizer_fingerprint(tokenizer)
+    tokenizer(["quick fox"], truncation=True, max_length=8)
+    assert tokenizer_fingerprint(tokenizer) == before
+
+
+def test_a_damaged_cached_tokenizer_is_trained_again(tmp_path):
+    trained_tokenizer(texts(), "corpus-a", 100, 64, tmp_path)
+    (entry,) = (p for p in (tmp_path / "tokenizers").iterdir() if not p.name.startswith("."))
+    (entry / "tokenizer.json").write_text("{}")
+    again = trained_tokenizer(texts(), "corpus-a", 100, 64, tmp_path)
+    assert again("quick fox")["input_ids"][0] == again.cls_token_id and entry_problem(entry) is None
+
+
+def many_characters(n: int) -> datasets.Dataset:
+    characters = [chr(0x4E00 + i) for i in range(n)]
+    return datasets.Dataset.from_dict({"text": ["".join(characters[(i * 7 + j) % n] for j in range(40)) + " abc"
+                                                for i in range(300)]})
+
+
+@pytest.mark.parametrize("vocab_size", [100, 155])  # 155: the trainer accepts it, then overshoots the size
+def test_a_vocabulary_smaller_than_the_alphabet_says_which_size_works(vocab_size):
+    corpus = many_characters(150)  # 150 characters, plus "a", "b", "c" and the word boundary
+    with pytest.raises(UsageError) as err:
+        train_tokenizer(corpus, vocab_size=vocab_size, max_length=64)
+    message = str(err.value)
+    assert f"--vocab-size {vocab_size} is too small" in message and "154 distinct characters" in message
+    assert "use --vocab-size 160 or more" in message and "\n" not in message
+    assert len(train_tokenizer(corpus, vocab_size=160, max_length=64)) == 160
+
+
+# trains a tokenizer on 30 MB of text (seconds) in a process of its own; prints "fitting" once the trainer runs
+INTERRUPTED = textwrap.dedent("""
+    import random, signal, subprocess, sys
+    from pathlib import Path
+    import datasets
+    from convattn.data.tokenizer import trained_tokenizer
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # as the command line does
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(20000)]
+    texts = datasets.Dataset.from_dict({"text": [" ".join(rng.choices(words, k=30)) for _ in range(200000)]})
+    start = subprocess.Popen
+
+    def announced(*args, **kwargs):
+        process = start(*args, **kwargs)
+        print("fitting", flush=True)
+        return process
+
+    subprocess.Popen = announced
+    trained_tokenizer(texts, "big", 8000, 128, Path(sys.argv[1]))
+    print("finished", flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_during_training_stops_at_once_and_leaves_no_entry(tmp_path, signal_number):
+    run = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tmp_path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert run.stdout.readline().strip() == "fitting", run.communicate()[1]
+    time.sleep(0.5)
+    run.send_signal(signal_number)
+    sent = time.monotonic()
+    stdout, stderr = run.communicate(timeout=60)
+    assert time.monotonic() - sent < 5
+    assert "finished" not in stdout and stderr.rstrip().endswith("KeyboardInterrupt")
+    assert "Exception ignored" not in stderr
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir() if not p.name.startswith(".")] == []

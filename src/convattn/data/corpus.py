@@ -2,8 +2,10 @@
 
 Every source becomes a `Corpus`: a train and an eval `datasets.Dataset` with one `text` column
 (one line or paragraph per row) and an `identity` string that changes whenever the text can change,
-so later stages can cache their work under it. Local files are checked up front (missing, empty,
-not UTF-8) so bad input fails before anything is computed or written.
+so later stages can cache their work under it. Local files are checked up front (missing, unreadable,
+empty, binary, not UTF-8) so bad input fails before anything is computed or written, then read as streams.
+Rows are bounded: a line (or hub row) longer than `MAX_ROW_CHARS` is split at whitespace into pieces of at
+most that many characters, so the tokenizer's trainer and the formatting never hold one huge row.
 
 The embedded default needs no network and ships no third-party text: it is extracted at run time
 from the documentation that the installed Python and packages carry (the `pydoc` topics and the
@@ -16,6 +18,7 @@ import ast
 import codecs
 import glob
 import importlib.util
+import os
 import re
 import sys
 import sysconfig
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import datasets
 
+from convattn.data.cache import cache_entry, check_cache_dir
 from convattn.errors import UsageError
 
 EMBEDDED = "embedded"
@@ -35,6 +39,7 @@ EMBEDDED_PACKAGES = ("numpy", "sklearn")
 EMBEDDED_EVAL_EVERY = 20  # about 1 source file in 20 is held out for evaluation
 HOLDOUT_FRACTION = 0.01  # of a local or hub corpus without its own eval split
 HOLDOUT_MAX_ROWS = 5000
+MAX_ROW_CHARS = 100_000  # longer lines are split at whitespace into pieces of at most this many characters
 
 
 @dataclass
@@ -52,7 +57,7 @@ def resolve_text_files(patterns: list[str], flag: str = "--train-file") -> list[
     for pattern in patterns:
         path = Path(pattern).expanduser()
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
+            found = _files_under(path, flag)
             if not found:
                 raise UsageError(f"{flag} {pattern}: the directory has no files; point at text files")
             files.extend(found)
@@ -70,16 +75,42 @@ def resolve_text_files(patterns: list[str], flag: str = "--train-file") -> list[
     return files
 
 
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
+def _files_under(directory: Path, flag: str) -> list[Path]:
+    """The files under `directory` (hidden files and directories skipped), sorted; unreadable ones are named."""
+
+    def unreadable(err: OSError) -> None:
+        raise UsageError(f"{flag} {err.filename}: cannot read the directory ({err.strerror}); "
+                         "fix its permissions or leave it out")
+
+    if not os.access(directory, os.R_OK | os.X_OK):
+        unreadable(PermissionError(13, os.strerror(13), str(directory)))
+    found = []
+    for root, subdirectories, names in os.walk(directory, onerror=unreadable):
+        subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
+        found.extend(Path(root, n) for n in names if not n.startswith(".") and Path(root, n).is_file())
+    return sorted(found)
 
 
 def check_text_file(path: Path, flag: str) -> None:
-    """Raise `UsageError` naming the file if it is empty, blank or not UTF-8 text."""
+    """Raise `UsageError` naming the file if it is unreadable, empty, blank, binary or not UTF-8 text."""
+    try:
+        has_text = _scan_text(path, flag)
+    except OSError as err:
+        raise UsageError(f"{flag} {path}: cannot read it ({err.strerror}); fix its permissions or leave it out") \
+            from None
+    if not has_text:
+        raise UsageError(f"{flag} {path}: the file is empty; give a file with text in it")
+
+
+def _scan_text(path: Path, flag: str) -> bool:
+    """Whether the file holds any non-blank text; `UsageError` for binary or non-UTF-8 content."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, has_text = 0, False
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
+            if (nul := chunk.find(b"\0")) >= 0:
+                raise UsageError(f"{flag} {path}: a binary file, not text (a NUL byte at offset {offset + nul}); "
+                                 "leave it out")
             try:
                 text = decoder.decode(chunk)
             except UnicodeDecodeError as err:
@@ -93,18 +124,68 @@ def check_text_file(path: Path, flag: str) -> None:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             raise UsageError(f"{flag} {path}: ends in the middle of a UTF-8 character; fix or leave it out") from None
-    if not has_text:
-        raise UsageError(f"{flag} {path}: the file is empty; give a file with text in it")
+    return has_text
 
 
 def _files_identity(files: list[Path]) -> str:
     return ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
 
 
+# ---------------------------------------------------------------------------------- bounded rows
+_LAST_WHITESPACE = re.compile(r"\s(?=\S*\Z)")
+
+
+def _cut(window: str) -> tuple[str, str]:
+    """`window` (a full-length piece of a longer line) as (piece, rest): cut at its last whitespace, which is
+    dropped; without any, the whole window is a piece."""
+    found = _LAST_WHITESPACE.search(window)
+    if found is None or found.start() == 0:
+        return window, ""
+    return window[:found.start()], window[found.end():]
+
+
+def bounded_pieces(text: str, limit: int) -> Iterator[str]:
+    """`text` split at whitespace into pieces of at most `limit` characters."""
+    start = 0
+    while len(text) - start > limit:
+        piece, rest = _cut(text[start:start + limit])
+        yield piece
+        start += limit - len(rest)
+    yield text[start:]
+
+
+def _bounded_lines(f, limit: int) -> Iterator[str]:
+    """The lines of text file `f`, read at most `limit` characters at a time, longer ones cut into pieces."""
+    rest = ""
+    while chunk := f.readline(limit - len(rest)):
+        text, rest = rest + chunk, ""
+        if text.endswith("\n") or len(text) < limit:  # a whole line (or the last piece of the file)
+            yield text.removesuffix("\n")
+        else:
+            text, rest = _cut(text)
+            yield text
+    if rest:
+        yield rest
+
+
+def _text_rows(files: list[str], identity: str, limit: int) -> Iterator[dict]:
+    """The non-blank lines of `files` ("\\n", "\\r\\n" and "\\r" end a line), cut into bounded rows;
+    `identity` only keys the datasets cache."""
+    for file in files:
+        with open(file, encoding="utf-8") as f:
+            yield from ({"text": row} for row in _bounded_lines(f, limit) if row.strip())
+
+
+def _bounded_rows(rows: dict, limit: int) -> dict:
+    return {"text": [piece for text in rows["text"] for piece in bounded_pieces(text, limit) if piece.strip()]}
+
+
 def _load_text_files(files: list[Path], cache_dir: Path) -> datasets.Dataset:
-    data = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train",
-                                 cache_dir=str(cache_dir / "hf-datasets"))
-    return data.filter(lambda rows: [bool(t.strip()) for t in rows["text"]], batched=True)
+    return datasets.Dataset.from_generator(
+        _text_rows, features=datasets.Features({"text": datasets.Value("string")}),
+        gen_kwargs={"files": [str(f) for f in files], "identity": _files_identity(files), "limit": MAX_ROW_CHARS},
+        cache_dir=str(cache_dir / "hf-datasets"),
+    )
 
 
 def _holdout(data: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -123,7 +204,7 @@ def local_corpus(train_patterns: list[str], eval_patterns: list[str], cache_dir:
         evaluation = _load_text_files(eval_files, cache_dir)
     else:
         train, evaluation = _holdout(train)
-    identity = f"files[{_files_identity(train_files)}]eval[{_files_identity(eval_files)}]"
+    identity = f"files[{_files_identity(train_files)}]eval[{_files_identity(eval_files)}]rows[{MAX_ROW_CHARS}]"
     described = f"{len(train_files)} file(s) from {', '.join(train_patterns)}"
     return Corpus(train, evaluation, identity, described)
 
@@ -144,13 +225,14 @@ def hub_corpus(name: str, config: str | None, eval_patterns: list[str], cache_di
         raise UsageError(f"dataset {name!r} has no 'train' split (it has {', '.join(splits)})")
     if "text" not in splits["train"].column_names:
         raise UsageError(f"dataset {name!r} has no 'text' column (it has {', '.join(splits['train'].column_names)})")
-    keep = lambda rows: [bool(t.strip()) for t in rows["text"]]  # noqa: E731
-    train = splits["train"].select_columns(["text"]).filter(keep, batched=True)
+    bounded = dict(batched=True, fn_kwargs={"limit": MAX_ROW_CHARS}, remove_columns=["text"],
+                   desc="splitting long rows")
+    train = splits["train"].select_columns(["text"]).map(_bounded_rows, **bounded)
     eval_split = next((s for s in ("validation", "valid", "test") if s in splits), None)
     if eval_files:
         evaluation = _load_text_files(eval_files, cache_dir)
     elif eval_split:
-        evaluation = splits[eval_split].select_columns(["text"]).filter(keep, batched=True)
+        evaluation = splits[eval_split].select_columns(["text"]).map(_bounded_rows, **bounded)
     else:
         train, evaluation = _holdout(train)
     identity = f"hub[{name}:{config}:{train._fingerprint}]eval[{_files_identity(eval_files)}:{eval_split}]"
@@ -200,10 +282,9 @@ def _documentation_sources() -> Iterator[tuple[str, Iterator[str]]]:
 
 def build_embedded_text(directory: Path) -> tuple[Path, Path]:
     """Write the embedded corpus to `directory`/{train,eval}.txt (one paragraph per line)."""
-    directory.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
-    tmp_train, tmp_eval = directory / "train.txt.tmp", directory / "eval.txt.tmp"
-    with open(tmp_train, "w", encoding="utf-8") as train, open(tmp_eval, "w", encoding="utf-8") as evaluation:
+    train_file, eval_file = directory / "train.txt", directory / "eval.txt"
+    with open(train_file, "w", encoding="utf-8") as train, open(eval_file, "w", encoding="utf-8") as evaluation:
         for source, paragraphs in _documentation_sources():
             out = evaluation if zlib.crc32(source.encode()) % EMBEDDED_EVAL_EVERY == 0 else train
             for paragraph in paragraphs:
@@ -211,19 +292,15 @@ def build_embedded_text(directory: Path) -> tuple[Path, Path]:
                 if key not in seen:
                     seen.add(key)
                     out.write(paragraph + "\n")
-    tmp_train.replace(directory / "train.txt")
-    tmp_eval.replace(directory / "eval.txt")
-    return directory / "train.txt", directory / "eval.txt"
+    return train_file, eval_file
 
 
 def embedded_corpus(cache_dir: Path) -> Corpus:
     version = f"v{EMBEDDED_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
     packages = [f"{p}-{_version(p)}" for p in EMBEDDED_PACKAGES]
     key = zlib.crc32("|".join([version, sysconfig.get_paths()["stdlib"], *packages]).encode())
-    directory = cache_dir / "embedded" / f"{version}-{key:08x}"
+    directory = cache_entry(cache_dir / "embedded" / f"{version}-{key:08x}", build_embedded_text, "embedded corpus")
     train_file, eval_file = directory / "train.txt", directory / "eval.txt"
-    if not (train_file.exists() and eval_file.exists()):
-        build_embedded_text(directory)
     corpus = local_corpus([str(train_file)], [str(eval_file)], cache_dir)
     size = train_file.stat().st_size / 1e6
     corpus.description = f"embedded default (installed documentation: Python {sys.version.split()[0]}, " \
@@ -245,10 +322,11 @@ def load_corpus(dataset: str | None, dataset_config: str | None, train_files: li
     """The corpus the flags name: --dataset, --train-file, or (neither) the embedded default."""
     if dataset and train_files:
         raise UsageError("give either --dataset or --train-file, not both")
+    if eval_files and not (dataset or train_files):
+        raise UsageError("--eval-file needs --train-file or --dataset (the embedded default has its own eval split)")
+    cache_dir = check_cache_dir(cache_dir)
     if dataset:
         return hub_corpus(dataset, dataset_config, eval_files, cache_dir)
     if train_files:
         return local_corpus(train_files, eval_files, cache_dir)
-    if eval_files:
-        raise UsageError("--eval-file needs --train-file or --dataset (the embedded default has its own eval split)")
     return embedded_corpus(cache_dir)

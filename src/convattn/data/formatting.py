@@ -13,27 +13,46 @@ Rows carry `input_ids`, `token_type_ids`, `special_tokens_mask`; the collator pa
 from __future__ import annotations
 
 import hashlib
+import itertools
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from convattn.data.cache import cache_entry
 from convattn.errors import UsageError
 
 FORMATS = ("pairs", "packed")
 FORMAT_VERSION = 1
 COLUMNS = ["input_ids", "token_type_ids", "special_tokens_mask"]
+TOKENIZER_CHARS = 1_000_000  # text given to the fast tokenizer at once (it holds offsets and strings per token)
+
+
+def _chunks(lengths: list[int], budget: int) -> Iterator[slice]:
+    """Consecutive slices of items whose lengths add up to at most `budget` (or one item longer than that)."""
+    start = total = 0
+    for i, length in enumerate(lengths):
+        if i > start and total + length > budget:
+            yield slice(start, i)
+            start, total = i, 0
+        total += length
+    if start < len(lengths):
+        yield slice(start, len(lengths))
 
 
 def _pair_lines(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> dict:
     lines = batch["text"]
-    n_pairs = len(lines) // 2
+    firsts, seconds = lines[0:len(lines) - 1:2], lines[1::2]
     options = dict(max_length=seq_len, return_token_type_ids=True, return_special_tokens_mask=True)
     rows: dict[str, list] = {column: [] for column in COLUMNS}
-    if n_pairs:  # a batch of one line has no pair (the tokenizer fails on empty lists)
-        encoded = tokenizer(lines[0:2 * n_pairs:2], lines[1:2 * n_pairs:2], truncation="longest_first", **options)
-        rows = {column: list(encoded[column]) for column in COLUMNS}
+    # a pair is encoded whole before truncation: a bounded slice of text at a time bounds the tokenizer's memory
+    for part in _chunks([len(a) + len(b) for a, b in zip(firsts, seconds, strict=True)], TOKENIZER_CHARS):
+        encoded = tokenizer(firsts[part], seconds[part], truncation="longest_first", **options)
+        for column in COLUMNS:
+            rows[column].extend(encoded[column])
     if len(lines) % 2:  # the odd line out at the end of the batch stands alone
         single = tokenizer(lines[-1], truncation=True, **options)
         for column in COLUMNS:
@@ -41,20 +60,34 @@ def _pair_lines(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -
     return rows
 
 
+def _token_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
+    """The tokens of `texts`, concatenated (no special tokens), tokenized a bounded slice of text at a time."""
+    parts = [np.fromiter(itertools.chain.from_iterable(
+                 tokenizer(texts[part], add_special_tokens=False, return_attention_mask=False,
+                           return_token_type_ids=False)["input_ids"]), dtype=np.int32)
+             for part in _chunks(list(map(len, texts)), TOKENIZER_CHARS)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
 def _pack_blocks(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> dict:
-    ids = [token for row in tokenizer(batch["text"], add_special_tokens=False)["input_ids"] for token in row]
+    ids = _token_stream(batch["text"], tokenizer)
     width = seq_len - 2
-    blocks = [[tokenizer.cls_token_id, *ids[i:i + width], tokenizer.sep_token_id]
-              for i in range(0, len(ids) - width + 1, width)]
+    n_blocks = len(ids) // width
+    if n_blocks == 0:
+        return {column: [] for column in COLUMNS}
+    body = ids[:n_blocks * width].reshape(n_blocks, width)
+    blocks = np.concatenate([np.full((n_blocks, 1), tokenizer.cls_token_id, dtype=np.int32), body,
+                             np.full((n_blocks, 1), tokenizer.sep_token_id, dtype=np.int32)], axis=1)
+    # the types that datasets stores these columns in anyway
     return {
         "input_ids": blocks,
-        "token_type_ids": [[0] * seq_len for _ in blocks],
-        "special_tokens_mask": [[1] + [0] * width + [1] for _ in blocks],
+        "token_type_ids": np.zeros(blocks.shape, dtype=np.int8),
+        "special_tokens_mask": np.tile(np.array([1] + [0] * width + [1], dtype=np.int8), (n_blocks, 1)),
     }
 
 
 def format_dataset(texts: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, layout: str, seq_len: int,
-                   num_proc: int | None = None) -> datasets.Dataset:
+                   num_proc: int | None = None, cache_file_name: str | None = None) -> datasets.Dataset:
     if layout not in FORMATS:
         raise UsageError(f"--format {layout!r} is not known; choose one of {', '.join(FORMATS)}")
     if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
@@ -63,7 +96,8 @@ def format_dataset(texts: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, 
     # packed blocks span lines, so a bigger batch wastes less at its end
     return texts.map(function, batched=True, batch_size=2000 if layout == "pairs" else 20000,
                      fn_kwargs={"tokenizer": tokenizer, "seq_len": seq_len}, remove_columns=texts.column_names,
-                     num_proc=num_proc, desc=f"formatting ({layout}, {seq_len} tokens)")
+                     num_proc=num_proc, cache_file_name=cache_file_name,
+                     desc=f"formatting ({layout}, {seq_len} tokens)")
 
 
 def cache_key(*parts: object) -> str:
@@ -72,16 +106,20 @@ def cache_key(*parts: object) -> str:
 
 def cached_format(texts: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, layout: str, seq_len: int,
                   directory: Path, num_proc: int | None = None) -> datasets.Dataset:
-    """`format_dataset`, saved under `directory` (written once, atomically) and memory-mapped from there."""
-    if not (directory / "dataset_info.json").exists():
-        formatted = format_dataset(texts, tokenizer, layout, seq_len, num_proc)
+    """`format_dataset`, saved under `directory` (a cache entry: written once, complete, checked on load) and
+    memory-mapped from there."""
+
+    def build(tmp: Path) -> None:
+        # mapped into a scratch file of the entry (not the datasets cache), so the only copy is the checked one
+        scratch = tmp / "scratch"
+        scratch.mkdir()
+        formatted = format_dataset(texts, tokenizer, layout, seq_len, num_proc, str(scratch / "mapped.arrow"))
         if len(formatted) == 0:
             raise UsageError(
                 f"the corpus gives no {seq_len}-token {layout} examples; give more text or a smaller --seq-len"
             )
-        tmp = directory.with_name(directory.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        formatted.save_to_disk(str(tmp))
-        shutil.rmtree(directory, ignore_errors=True)
-        tmp.replace(directory)
-    return datasets.load_from_disk(str(directory))
+        formatted.save_to_disk(str(tmp / "data"))
+        del formatted
+        shutil.rmtree(scratch)
+
+    return datasets.load_from_disk(str(cache_entry(directory, build, f"{layout} data") / "data"))

@@ -7,13 +7,18 @@ with `AutoTokenizer`) and adds the BERT special tokens: `[CLS] a [SEP]` and `[CL
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from convattn.data.cache import cache_entry
 from convattn.errors import UsageError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -38,8 +43,61 @@ def _training_text(texts: datasets.Dataset) -> Iterator[list[str]]:
             return
 
 
-def train_tokenizer(texts: datasets.Dataset, vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
-    """Fit a lowercasing unigram tokenizer with `vocab_size` pieces (special tokens included)."""
+def _fit_in_worker(tokenizer: Tokenizer, trainer_arguments: dict, texts: datasets.Dataset,
+                   scratch_dir: Path | None) -> Tokenizer:
+    """`tokenizer` trained by `unigram_worker.py` in a process of its own. In this process the Rust trainer
+    would swallow a Ctrl-C that lands while it pulls text, and hold one back until it ends while it fits (for
+    minutes); waiting for a child instead, Ctrl-C (or SIGTERM, made a KeyboardInterrupt by the command line)
+    stops the run at once, and the child with it."""
+    with tempfile.TemporaryDirectory(prefix="convattn-unigram-", dir=scratch_dir) as scratch:
+        directory = Path(scratch)
+        tokenizer.save(str(directory / "untrained.json"))
+        (directory / "trainer.json").write_text(json.dumps(trainer_arguments), encoding="utf-8")
+        with open(directory / "text.jsonl", "w", encoding="utf-8") as f:
+            for batch in _training_text(texts):
+                f.writelines(json.dumps(row) + "\n" for row in batch)
+        with open(directory / "stderr.txt", "w+", encoding="utf-8") as stderr:
+            worker = subprocess.Popen([sys.executable, "-P", str(Path(__file__).with_name("unigram_worker.py")),
+                                       str(directory)], stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+            try:
+                worker.wait()
+            except BaseException:
+                worker.kill()
+                worker.wait()
+                raise
+            stderr.seek(0)
+            said = stderr.read().strip().splitlines()
+        if worker.returncode < 0:
+            raise RuntimeError(f"tokenizer training was killed by signal {-worker.returncode} (out of memory?)")
+        if worker.returncode != 0:
+            raise RuntimeError(f"tokenizer training failed: {said[-1] if said else worker.returncode}")
+        return Tokenizer.from_file(str(directory / "trained.json"))
+
+
+def _normalized_alphabet(tokenizer: Tokenizer, texts: datasets.Dataset) -> set[str]:
+    """The characters the trainer needs a piece for: those of the normalized, pre-tokenized training text."""
+    alphabet: set[str] = set()
+    for batch in _training_text(texts):
+        for words in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(" ".join(batch))):
+            alphabet.update(words[0])
+    return alphabet
+
+
+def _too_small_vocabulary(tokenizer: Tokenizer, texts: datasets.Dataset, vocab_size: int) -> UsageError:
+    characters = len(_normalized_alphabet(tokenizer, texts))
+    reserved = len(SPECIAL_TOKENS) + 1  # the trainer keeps one unknown piece of its own
+    needed = characters + reserved
+    return UsageError(
+        f"--vocab-size {vocab_size} is too small for this corpus: its text has {characters:,} distinct characters "
+        f"after normalisation, each needs a piece, and {reserved} more are reserved; use --vocab-size {needed} or "
+        f"more (e.g. {-(-(needed + 1) // 1000) * 1000})"
+    )
+
+
+def train_tokenizer(texts: datasets.Dataset, vocab_size: int, max_length: int,
+                    scratch_dir: Path | None = None) -> PreTrainedTokenizerFast:
+    """Fit a lowercasing unigram tokenizer with `vocab_size` pieces (special tokens included); the training
+    text is copied to a temporary directory (under `scratch_dir` if given) for the trainer's process."""
     check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.normalizer = normalizers.Sequence(
@@ -47,9 +105,15 @@ def train_tokenizer(texts: datasets.Dataset, vocab_size: int, max_length: int) -
     )
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="[UNK]",
-                                      show_progress=False)
-    tokenizer.train_from_iterator(_training_text(texts), trainer=trainer)
+    trainer = dict(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="[UNK]", show_progress=False)
+    try:
+        tokenizer = _fit_in_worker(tokenizer, trainer, texts, scratch_dir)
+    except RuntimeError as err:
+        if "not large enough to contain all chars" in str(err):
+            raise _too_small_vocabulary(tokenizer, texts, vocab_size) from None
+        raise
+    if tokenizer.get_vocab_size() > vocab_size:  # the trainer overshoots a size just above the character count
+        raise _too_small_vocabulary(tokenizer, texts, vocab_size)
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -78,23 +142,27 @@ def load_tokenizer(directory: str | Path, flag: str = "--tokenizer") -> PreTrain
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Changes whenever the tokenizer would split text differently."""
-    state = tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else repr(sorted(tokenizer.get_vocab().items()))
-    return hashlib.sha256(state.encode()).hexdigest()[:16]
+    """Changes whenever the tokenizer would split text differently (not with the truncation and padding that
+    its last call left set)."""
+    if tokenizer.is_fast:
+        state = json.loads(tokenizer.backend_tokenizer.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        text = json.dumps(state, sort_keys=True)
+    else:
+        text = repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def trained_tokenizer(texts: datasets.Dataset, corpus_identity: str, vocab_size: int, max_length: int,
                       cache_dir: Path) -> PreTrainedTokenizerFast:
-    """`train_tokenizer`, cached under `cache_dir` by corpus and vocabulary size."""
+    """`train_tokenizer`, cached under `cache_dir` by corpus and vocabulary size (every run, the one that
+    trained it included, loads it from the cache, so all get the same tokenizer)."""
     check_vocab_size(vocab_size)
     key = hashlib.sha256(f"{corpus_identity}|{vocab_size}|v{TOKENIZER_VERSION}".encode()).hexdigest()[:16]
     directory = cache_dir / "tokenizers" / f"unigram-{vocab_size}-{key}"
-    if (directory / "tokenizer.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        tokenizer.model_max_length = max_length
-        return tokenizer
-    tokenizer = train_tokenizer(texts, vocab_size, max_length)
-    tmp = directory.with_name(directory.name + ".tmp")
-    tokenizer.save_pretrained(str(tmp))
-    tmp.replace(directory)
+    cache_entry(directory, lambda tmp: train_tokenizer(texts, vocab_size, max_length, tmp).save_pretrained(str(tmp)),
+                "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer.model_max_length = max_length
     return tokenizer
