@@ -1,23 +1,24 @@
-"""Composite attention on a CUDA GPU: FlexAttention against the dense-bias kernel and plain SDPA.
+"""Relative attention on a CUDA GPU: the decomposition (the default) against plain SDPA with the same dropout.
 
-For each width and shape: one CompositeSelfAttention layer, forward+backward in bfloat16, for
-  none               plain SDPA (the flash kernel), the baseline of every ratio,
-  <preset> flex      the relative terms as a FlexAttention score_mod (the default on CUDA),
-  <preset> dense     the same terms as an (n x n) bias to SDPA (its memory-efficient kernel), which is
-                     what runs when attention dropout is on,
-and the whole encoder of the chang2021-small/composite preset against `transformers`' BertModel with
-SDPA of the same shape. Time: CUDA events, median of --reps steps after warm-up (compilation
-included in the warm-up). Memory: the allocator's peak during one step minus what was allocated
-before it (weights, inputs), which on CUDA is an exact count, not an estimate.
+For each attention dropout (0 and 0.1), width and shape, bfloat16, forward+backward, in training mode:
+  layer none             CompositeSelfAttention without relative terms: plain SDPA, the baseline of the layers,
+  layer <preset>         the relative terms through the decomposition (attention/relative/decomposition.py:
+                         the band explicit, each far side one shifted causal call of the fused kernel),
+  layer <preset> flex    the same terms as a FlexAttention score_mod (attn_implementation="flex_attention";
+                         no dropout, so only at dropout 0),
+  encoder bert-sdpa      `transformers`' BertModel with SDPA, the baseline of the encoders,
+  encoder composite      the whole chang2021-small/composite encoder of the same width.
+Every arm pads 1/8 of one row. Time: CUDA events, median [min, max] of --reps steps after warm-up (compilation
+included in the warm-up). Memory: the allocator's peak during one step minus what was allocated before it
+(weights, inputs), an exact count on CUDA. Results go to benchmarks/results/attention_gpu.md.
 
-    python benchmarks/attention_gpu.py                       # widths small (H 256) and base (H 768)
-    python benchmarks/attention_gpu.py --shapes 8192x1 --width base --reps 5
+    python benchmarks/attention_gpu.py                                   # everything (about 10 minutes on an H100)
+    python benchmarks/attention_gpu.py --shapes 8192x2 --no-encoder --dropout 0.1
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -28,60 +29,49 @@ from transformers import BertConfig, BertModel
 
 import convattn  # noqa: F401  (registers the model type)
 from convattn import ConvAttnConfig, ConvAttnModel
-from convattn.attention import TokenMask, composite
+from convattn.attention import TokenMask
 from convattn.attention.composite import CompositeSelfAttention
+from convattn.attention.relative import paths
 
-ARMS = ["composite", "composite+key", "composite+depthwise", "conv-qkv"]
+PRESETS = ["composite", "composite+key"]
 WIDTHS = {"small": {}, "base": dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)}
 
 
-@contextlib.contextmanager
-def dense_bias():
-    """Route the relative terms through the (n x n) bias instead of FlexAttention."""
-    original = composite.takes_flex_path
-    composite.takes_flex_path = lambda *args: False
-    try:
-        yield
-    finally:
-        composite.takes_flex_path = original
+def padded_keep(batch: int, n: int, dtype=torch.bool):
+    keep = torch.ones(batch, n, dtype=dtype, device="cuda")
+    keep[0, n - n // 8:] = 0
+    return keep
 
 
-def inputs(batch: int, n: int, width: int):
-    torch.manual_seed(0)
-    hidden = torch.randn(batch, n, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    keep = torch.ones(batch, n, dtype=torch.bool, device="cuda")
-    keep[0, n - n // 8:] = False
-    return hidden, keep
-
-
-def layer_step(preset: str, width: str, n: int, batch: int):
-    config = ConvAttnConfig.from_preset(f"chang2021-small/{preset}", attention_probs_dropout_prob=0.0,
-                                        max_position_embeddings=max(n, 128), **WIDTHS[width])
+def layer_step(preset: str, width: str, n: int, batch: int, dropout: float, implementation: str = "sdpa"):
+    config = ConvAttnConfig.from_preset(f"chang2021-small/{preset}", attention_probs_dropout_prob=dropout,
+                                        max_position_embeddings=max(n, 128), attn_implementation=implementation,
+                                        **WIDTHS[width])
     layer = CompositeSelfAttention(config).cuda().to(torch.bfloat16).train()
-    hidden, keep = inputs(batch, n, config.hidden_size)
-    mask = TokenMask(keep)
+    torch.manual_seed(0)
+    hidden = torch.randn(batch, n, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mask = TokenMask(padded_keep(batch, n))
 
     def step():
         layer(hidden, mask)[0].float().pow(2).mean().backward()
     return step, [hidden, *layer.parameters()]
 
 
-def encoder_step(name: str, width: str, n: int, batch: int):
-    config = ConvAttnConfig.from_preset("chang2021-small/composite", attention_probs_dropout_prob=0.0,
+def encoder_step(name: str, width: str, n: int, batch: int, dropout: float):
+    config = ConvAttnConfig.from_preset("chang2021-small/composite", attention_probs_dropout_prob=dropout,
                                         max_position_embeddings=max(n, 512), **WIDTHS[width])
     if name == "bert-sdpa":
         model = BertModel(BertConfig(
             vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
             num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
-            max_position_embeddings=max(n, 512), attention_probs_dropout_prob=0.0, attn_implementation="sdpa",
+            max_position_embeddings=max(n, 512), attention_probs_dropout_prob=dropout, attn_implementation="sdpa",
         ), add_pooling_layer=False)
     else:
         model = ConvAttnModel(config)
     model = model.cuda().to(torch.bfloat16).train()
     torch.manual_seed(0)
     ids = torch.randint(5, config.vocab_size, (batch, n), device="cuda")
-    keep = torch.ones(batch, n, dtype=torch.long, device="cuda")
-    keep[0, n - n // 8:] = 0
+    keep = padded_keep(batch, n, torch.long)
 
     def step():
         model(input_ids=ids, attention_mask=keep).last_hidden_state.float().pow(2).mean().backward()
@@ -128,44 +118,53 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="512x32,2048x8,8192x2", help="n x batch, comma-separated")
     parser.add_argument("--width", default="small,base", help="comma-separated: " + ", ".join(WIDTHS))
+    parser.add_argument("--dropout", default="0,0.1", help="attention dropout values, comma-separated")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--no-encoder", action="store_true", help="layers only")
+    parser.add_argument("--no-flex", action="store_true", help="without the FlexAttention arms")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_gpu.md")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    probe = torch.empty(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
+    path = paths.relative_path(probe, "sdpa", 0.1, False)
     lines = [
-        "# Composite attention on a CUDA GPU: FlexAttention vs the dense bias vs plain SDPA (issue 11)", "",
+        "# Relative attention on a CUDA GPU: the decomposition vs plain SDPA with the same dropout", "",
         f"Command: `python benchmarks/attention_gpu.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, attention dropout 0, "
-        "1/8 of one row padded. Time: CUDA events, median [min, max] of the steps after warm-up; ratio to plain "
-        "SDPA of the same width and shape (`none` for layers, `transformers` BertModel-SDPA for encoders). "
-        "Memory: allocator peak during one step above what was allocated before it.", "",
-        "| width | n | batch | arm | ms median [min, max] | time ratio | step peak MiB | memory ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, training mode, 1/8 of one "
+        f"row padded; relative terms with attn_implementation='sdpa' take the `{path}` path. Time: CUDA events, "
+        "median [min, max] of the steps after warm-up; ratio to the baseline of the same dropout, width and shape "
+        "(`layer none`, plain SDPA, for layers; `transformers` BertModel-SDPA for encoders). Memory: allocator "
+        "peak during one step above what was allocated before it.", "",
+        "| dropout | width | n | batch | arm | ms median [min, max] | time ratio | step peak MiB | memory ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for width in args.width.split(","):
-        for n, batch in shapes:
-            results = {"none": measure_or_none(args.reps, layer_step, "none", width, n, batch)}
-            for preset in ARMS:
-                results[f"{preset} flex"] = measure_or_none(args.reps, layer_step, preset, width, n, batch)
-                with dense_bias():
-                    results[f"{preset} dense"] = measure_or_none(args.reps, layer_step, preset, width, n, batch)
-            if not args.no_encoder:
-                for name in ("bert-sdpa", "composite"):
-                    results[f"encoder {name}"] = measure_or_none(args.reps, encoder_step, name, width, n, batch)
-            for arm, r in results.items():
-                base = results["encoder bert-sdpa" if arm.startswith("encoder") else "none"]
-                if r is None or base is None:
-                    row = f"| {width} | {n} | {batch} | {arm} | out of memory | - | - | - |"
-                else:
-                    row = (f"| {width} | {n} | {batch} | {arm} | {r['ms']:.2f} [{r['min']:.2f}, {r['max']:.2f}] | "
-                           f"{r['ms'] / base['ms']:.2f} | {r['peak'] / 2**20:.0f} | {r['peak'] / base['peak']:.2f} |")
-                lines.append(row)
-                print(row, flush=True)
-            torch.cuda.empty_cache()
-            write_atomic(args.output, "\n".join(lines) + "\n")  # what is measured survives a later failure
+    for dropout in (float(p) for p in args.dropout.split(",")):
+        for width in args.width.split(","):
+            for n, batch in shapes:
+                results = {"layer none": measure_or_none(args.reps, layer_step, "none", width, n, batch, dropout)}
+                for preset in PRESETS:
+                    results[f"layer {preset}"] = measure_or_none(args.reps, layer_step, preset, width, n, batch,
+                                                                 dropout)
+                    if not args.no_flex and dropout == 0:
+                        results[f"layer {preset} flex"] = measure_or_none(
+                            args.reps, layer_step, preset, width, n, batch, dropout, "flex_attention")
+                if not args.no_encoder:
+                    for name in ("bert-sdpa", "composite"):
+                        results[f"encoder {name}"] = measure_or_none(args.reps, encoder_step, name, width, n, batch,
+                                                                     dropout)
+                for arm, r in results.items():
+                    base = results["encoder bert-sdpa" if arm.startswith("encoder") else "layer none"]
+                    cells = f"| {dropout:g} | {width} | {n} | {batch} | {arm} |"
+                    if r is None or base is None:
+                        row = f"{cells} out of memory | - | - | - |"
+                    else:
+                        row = (f"{cells} {r['ms']:.2f} [{r['min']:.2f}, {r['max']:.2f}] | {r['ms'] / base['ms']:.2f} | "
+                               f"{r['peak'] / 2**20:.0f} | {r['peak'] / base['peak']:.2f} |")
+                    lines.append(row)
+                    print(row, flush=True)
+                write_atomic(args.output, "\n".join(lines) + "\n")  # what is measured survives a later failure
     print(f"wrote {args.output}")
     return 0
 

@@ -9,7 +9,7 @@ row padded. Results go to benchmarks/results/attention_layer.md.
 
     python benchmarks/attention_layer.py                          # n = 512 (batch 16), 2048 (batch 4)
     python benchmarks/attention_layer.py --shapes 8192x1 --reps 1  # does a batch of 1 at n = 8192 train
-    python benchmarks/attention_layer.py --shapes 512x16 --banded-from 100000  # the dense bias instead of banded
+    python benchmarks/attention_layer.py --shapes 512x16 --decomposed-from 100000  # the dense bias instead
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import torch
 from common import machine_line, status_bytes, write_atomic
 
 from convattn import ConvAttnConfig
-from convattn.attention import TokenMask, banded, blockwise
+from convattn.attention import TokenMask
 from convattn.attention.composite import CompositeSelfAttention
+from convattn.attention.relative import paths
 
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
 
@@ -75,33 +76,33 @@ def main() -> int:
     parser.add_argument("--shapes", default="512x16,2048x4", help="n x batch, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--banded-from", type=int,
-                        help="override banded.BANDED_MIN_LENGTH and blockwise.BLOCKWISE_MIN_LENGTH (tokens)")
+    parser.add_argument("--decomposed-from", type=int,
+                        help="override paths.CPU_DECOMPOSED_MIN_LENGTH and paths.CPU_BLOCKWISE_MIN_LENGTH (tokens)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the probabilities (relative terms then run blockwise from "
-                             "blockwise.BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
+                             "paths.CPU_BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_layer.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.banded_from is not None:
-        banded.BANDED_MIN_LENGTH = blockwise.BLOCKWISE_MIN_LENGTH = args.banded_from
+    if args.decomposed_from is not None:
+        paths.CPU_DECOMPOSED_MIN_LENGTH = paths.CPU_BLOCKWISE_MIN_LENGTH = args.decomposed_from
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.arm:
         print(json.dumps(measure_memory(args.arm, *shapes[0], args.attention_dropout)))
         return 0
 
     lines = [
-        "# One attention layer, forward+backward, vs the same layer with plain SDPA (issue 11)", "",
+        "# One attention layer, forward+backward, vs the same layer with plain SDPA", "",
         f"Command: `python benchmarks/attention_layer.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
         f"Machine: {machine_line()} (a shared VM: ratios move by about 0.1 between runs). "
         "CompositeSelfAttention of chang2021-small (H 256, 4 heads, d 64), "
         f"attention dropout {args.attention_dropout}, 1/8 of one row padded. Time: median over reps "
         "[min, max] of all arms taking turns in one process, ratio to `none` (plain SDPA, no bias). "
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
-        "after building layer and inputs), ratio of growth to `none`. Relative terms take the banded path "
-        f"from n = {banded.BANDED_MIN_LENGTH} on (blockwise with dropout from {blockwise.BLOCKWISE_MIN_LENGTH}), "
-        "the dense bias below.", "",
+        "after building layer and inputs), ratio of growth to `none`. Relative terms take the decomposed path "
+        f"from n = {paths.CPU_DECOMPOSED_MIN_LENGTH} on (blockwise with dropout from "
+        f"{paths.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below.", "",
         "| n | batch | arm | ms median [min, max] | time ratio | peak RSS MiB | step growth MiB | growth ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -111,8 +112,8 @@ def main() -> int:
         for arm in ARMS:
             command = [sys.executable, __file__, "--arm", arm, "--shapes", f"{n}x{batch}",
                        "--threads", str(args.threads), "--attention-dropout", str(args.attention_dropout)]
-            if args.banded_from is not None:
-                command += ["--banded-from", str(args.banded_from)]
+            if args.decomposed_from is not None:
+                command += ["--decomposed-from", str(args.decomposed_from)]
             out = subprocess.run(command, capture_output=True, text=True, check=True)
             memory[arm] = json.loads(out.stdout.strip().splitlines()[-1])
         for arm in ARMS:

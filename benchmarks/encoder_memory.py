@@ -1,11 +1,11 @@
 """The whole chang2021-small encoder (12 layers, H 256), forward+backward, against `transformers`' BERT with
 SDPA attention of the same shape: time in one process (arms taking turns) and peak memory in a fresh process
-per arm (issue 11's encoder-level bar).
+per arm.
 
 Peak memory is the process's peak resident set (VmHWM) and its growth during one training step (peak minus the
 resident memory after building the model and inputs). 1/8 of one row is padded. Attention dropout is a flag:
 with dropout > 0, CPU SDPA runs its math kernel for every arm (BERT included); with 0, BERT gets the fused
-flash kernel and convattn its dense-bias or banded path. Results go to benchmarks/results/encoder_memory.md.
+flash kernel and convattn its dense-bias or decomposed path. Results go to benchmarks/results/encoder_memory.md.
 
     python benchmarks/encoder_memory.py                                  # n = 512 (batch 4), 2048 (batch 1)
     python benchmarks/encoder_memory.py --attention-dropout 0.1 --output benchmarks/results/encoder_memory_dropout.md
@@ -90,7 +90,7 @@ def main() -> int:
         return 0
 
     lines = [
-        "# The chang2021-small encoder (12 layers), forward+backward, vs transformers' BERT-SDPA (issue 11)", "",
+        "# The chang2021-small encoder (12 layers), forward+backward, vs transformers' BERT-SDPA", "",
         f"Command: `python benchmarks/encoder_memory.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
         f"Machine: {machine_line()}. Attention dropout {args.attention_dropout:g}, 1/8 of one row padded. Time: "
         "median over reps [min, max], all arms taking turns in one process, ratio to `bert-sdpa`. Memory: a fresh "

@@ -166,7 +166,14 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
     base_model_prefix = "convattn"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
-    _supports_flex_attn = True  # issue 11: relative terms as a FlexAttention score_mod
+    _supports_flex_attn = True  # relative terms as a FlexAttention score_mod
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """Every attention module reads `config._attn_implementation` at each forward, so
+        `set_attn_implementation` switches a built model (transformers' own test looks for its
+        AttentionInterface in this file's source)."""
+        return True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

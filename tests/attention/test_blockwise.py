@@ -1,4 +1,4 @@
-"""The blockwise path for relative terms with attention dropout (issue 11): exact against the float64 loop
+"""The blockwise path for relative terms with attention dropout on CPU: exact against the float64 loop
 reference without dropout, the same dropout masks in backward as in forward, and never the whole n x n bias."""
 
 from __future__ import annotations
@@ -8,24 +8,23 @@ import torch
 from helpers.reference import composite_attention_loops
 from helpers.relative import TERMS, batch, make_layer, output_and_grads
 
-from convattn.attention import TokenMask, banded, blockwise, composite
-from convattn.attention.blockwise import _attend_rows, blockwise_relative_attention
+from convattn.attention import TokenMask
 from convattn.attention.core import split_heads
-from convattn.attention.relative import RelativePositionBias
+from convattn.attention.relative import RelativePositionBias, blockwise, paths
+from convattn.attention.relative.blockwise import _attend_rows, blockwise_relative_attention
 
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     """Blocks of 4 query rows (a partial last one at n = 13), from any length on."""
-    monkeypatch.setattr(banded, "block_size", lambda n, reach: 4)
-    monkeypatch.setattr(blockwise, "BLOCKWISE_MIN_LENGTH", 0)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 4)
+    monkeypatch.setattr(paths, "CPU_BLOCKWISE_MIN_LENGTH", 0)
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
 def test_without_dropout_matches_loop_reference(terms, out_of_window, monkeypatch):
-    monkeypatch.setattr(composite, "takes_banded_path", lambda *args: False)
-    monkeypatch.setattr(composite, "takes_blockwise_path", lambda *args: True)
+    monkeypatch.setattr(paths, "relative_path", lambda *args: "blockwise")
     layer = make_layer(TERMS[terms], out_of_window)
     x, keep = batch((13, 7, 1), 13, torch.float32)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -73,6 +72,6 @@ def test_dropout_takes_it_and_never_builds_the_whole_bias(monkeypatch):
     layer(x, TokenMask(keep))[0].sum().backward()
     assert rows and max(rows) == 4  # forward and the backward's recompute, block by block
     q = split_heads(layer.query(x), 4)
-    assert composite.takes_blockwise_path(q, "sdpa", 0.1, False)
-    assert not composite.takes_blockwise_path(q, "sdpa", 0.1, True)  # attention maps: the dense path
-    assert not composite.takes_blockwise_path(q, "eager", 0.1, False)
+    assert paths.relative_path(q, "sdpa", 0.1, False) == "blockwise"
+    assert paths.relative_path(q, "sdpa", 0.1, True) == "dense"  # attention maps
+    assert paths.relative_path(q, "eager", 0.1, False) == "dense"

@@ -1,4 +1,4 @@
-"""Composite-attention family against the float64 loop reference (SPEC section 2)."""
+"""Composite-attention family against the float64 loop reference."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ TERMS = {
 }
 
 
-def make_attention(backend="sdpa", **fields) -> CompositeSelfAttention:
-    config = ConvAttnConfig(hidden_size=32, num_attention_heads=4, attention_backend=backend, **fields)
+def make_attention(attn_implementation="sdpa", **fields) -> CompositeSelfAttention:
+    config = ConvAttnConfig(hidden_size=32, num_attention_heads=4, attn_implementation=attn_implementation, **fields)
     module = CompositeSelfAttention(config).double().eval()
     randomize_(module)
     return module
@@ -46,10 +46,10 @@ def assert_matches_reference(module, lengths=(13, 7, 1), n=13):
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
-def test_relative_terms_match_loop_reference(terms, out_of_window, backend):
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_relative_terms_match_loop_reference(terms, out_of_window, attn_implementation):
     # reach 3 with n = 13 puts most pairs outside the window, so clip and zero really differ
-    module = make_attention(backend, relative_terms=TERMS[terms], relative_reach=3,
+    module = make_attention(attn_implementation, relative_terms=TERMS[terms], relative_reach=3,
                             relative_out_of_window=out_of_window)
     assert_matches_reference(module)
 
@@ -114,7 +114,7 @@ def test_sdpa_and_eager_agree_with_dropout_off_in_float32():
                             value_depthwise_conv=True)
     sdpa = CompositeSelfAttention(config).eval()
     randomize_(sdpa)
-    eager = CompositeSelfAttention(ConvAttnConfig(**{**config.to_dict(), "attention_backend": "eager"})).eval()
+    eager = CompositeSelfAttention(ConvAttnConfig(**{**config.to_dict(), "attn_implementation": "eager"})).eval()
     eager.load_state_dict(sdpa.state_dict())
     x, keep = padded_batch([11, 4], 11)
     x = x.float()

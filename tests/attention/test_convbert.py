@@ -1,12 +1,10 @@
-"""ConvBERT mixed attention against a float64 loop reference, padding behaviour, presets (SPEC section 3)."""
+"""ConvBERT mixed attention against a float64 loop reference, padding behaviour, presets."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from helpers.reference import depthwise_conv_loops, linear, relative_term
+from helpers.reference import mixed_attention_loops
 from helpers.tiny import randomize_
 from transformers import ConvBertConfig
 from transformers.models.convbert.modeling_convbert import ConvBertSelfAttention
@@ -33,67 +31,10 @@ def padded_batch(lengths, n, seed=0):
     return x, keep
 
 
-def self_attention_loops(module, x, keep):
-    """The self-attention heads, one score at a time (relative terms as in SPEC section 2)."""
-    batch, n, _ = x.shape
-    heads, d = module.num_heads, module.head_size
-    q = linear(x, module.query).view(batch, n, heads, d)
-    k = linear(x, module.key).view(batch, n, heads, d)
-    v = linear(x, module.value).view(batch, n, heads, d)
-    rel = module.relative
-    out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(n):
-                scores = []
-                for j in range(n):
-                    s = q[b, i, h] @ k[b, j, h] / math.sqrt(d)
-                    if rel is not None:
-                        if rel.fixed is not None:
-                            s = s + relative_term(rel.fixed[h].double(), j - i, rel.reach, rel.clip)
-                        if rel.query_kernel is not None:
-                            s = s + q[b, i, h] @ relative_term(rel.query_kernel.double(), j - i, rel.reach,
-                                                               rel.clip) / math.sqrt(d)
-                        if rel.key_kernel is not None:
-                            s = s + k[b, j, h] @ relative_term(rel.key_kernel.double(), i - j, rel.reach,
-                                                               rel.clip) / math.sqrt(d)
-                    scores.append(s if keep[b, j] else torch.tensor(-math.inf, dtype=torch.float64))
-                probs = torch.softmax(torch.stack(scores), dim=0)
-                for j in range(n):
-                    out[b, i, h] += probs[j] * v[b, j, h]
-    return out.reshape(batch, n, heads * d)
-
-
-def conv_heads_loops(module, x, keep, masked: bool):
-    """Span-based dynamic convolution (SPEC section 3), one position and tap at a time."""
-    batch, n, _ = x.shape
-    heads, d, taps = module.num_heads, module.head_size, module.kernel_size
-    real = keep[..., None].double() if masked else torch.ones(batch, n, 1, dtype=torch.float64)
-    sep = module.key_conv_attn_layer
-    spans = depthwise_conv_loops(x * real, sep.depthwise.weight, None)
-    key_span = spans @ sep.pointwise.weight[:, :, 0].double().T + sep.bias[:, 0].double()
-    logits = linear(key_span * linear(x, module.query), module.conv_kernel_layer).view(batch, n, heads, taps)
-    value = (linear(x, module.conv_out_layer) * real).view(batch, n, heads, d)
-    out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
-    for b in range(batch):
-        for i in range(n):
-            for g in range(heads):
-                kernel = torch.softmax(logits[b, i, g], dim=0)
-                for t in range(taps):
-                    s = i + t - taps // 2
-                    if 0 <= s < n:
-                        out[b, i, g] += kernel[t] * value[b, s, g]
-    return out.reshape(batch, n, heads * d)
-
-
-def mixed_attention_loops(module, x, keep, masked: bool):
-    return torch.cat([self_attention_loops(module, x, keep), conv_heads_loops(module, x, keep, masked)], dim=-1)
-
-
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("padding", ["masked", "reference"])
-def test_matches_loop_reference(padding, backend):
-    module = make_attention(convbert_padding=padding, attention_backend=backend)
+def test_matches_loop_reference(padding, attn_implementation):
+    module = make_attention(convbert_padding=padding, attn_implementation=attn_implementation)
     x, keep = padded_batch([11, 6, 2, 1], 11)
     ours, _ = module(x, TokenMask(keep))
     assert ours.shape == (4, 11, HIDDEN)
@@ -167,7 +108,7 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_attention_maps_cover_the_self_attention_heads_only():
-    module = make_attention(attention_backend="eager")
+    module = make_attention(attn_implementation="eager")
     x, keep = padded_batch([8, 5], 8)
     _, probs = module(x, TokenMask(keep), output_attentions=True)
     assert probs.shape == (2, 2, 8, 8)
@@ -196,7 +137,7 @@ def test_layers_use_mixed_attention_and_reference_init():
     assert attention.conv_kernel_layer.weight.shape == (2 * 9, 128)
 
 
-# SPEC section 3: encoder-only counts (ConvAttnModel), and Chang et al.'s row with the MLM head
+# ConvBERT paper sizes: encoder-only counts (ConvAttnModel), and Chang et al.'s row with the MLM head
 @pytest.mark.parametrize(("name", "cls", "expected"), [
     ("convbert/small", ConvAttnModel, 13_143_768),
     ("convbert/medium-small", ConvAttnModel, 17_475_888),

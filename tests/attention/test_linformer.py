@@ -1,4 +1,4 @@
-"""Linformer and Conv-Linformer (SPEC section 4) against a float64 reference with explicit E/F
+"""Linformer and Conv-Linformer against a float64 reference with explicit E/F
 matrices and an explicit strided sum, plus padding, lengths, sharing, presets and save/load."""
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def small_model(preset: str, cls=ConvAttnModel, seed: int = 0, **overrides):
     return model.eval()
 
 
-def attention_module(kind: str, sharing: str = "headwise", conv: str = "dense", backend: str = "sdpa",
+def attention_module(kind: str, sharing: str = "headwise", conv: str = "dense", attn_implementation: str = "sdpa",
                      n_max: int = 24, k: int = 6) -> LinformerSelfAttention:
     config = ConvAttnConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, max_position_embeddings=n_max,
                             linformer_k=k, sequence_projection=kind, linformer_sharing=sharing, linformer_conv=conv,
-                            attention_backend=backend)
+                            attn_implementation=attn_implementation)
     shared = nn.ModuleDict()  # the encoder owns it (and converts it) in a real model
     module = LinformerSelfAttention(config, 0, shared).double().eval()
     shared.double()
@@ -54,7 +54,7 @@ def attention_module(kind: str, sharing: str = "headwise", conv: str = "dense", 
 
 # ---------------------------------------------------------------------------- float64 reference
 def project_reference(x: torch.Tensor, projection: nn.Module, n_max: int) -> torch.Tensor:
-    """(batch, n, C) -> (batch, k, C) from the SPEC's definition: zero-pad to n_max, then either the
+    """(batch, n, C) -> (batch, k, C) by the definition: zero-pad to n_max, then either the
     explicit k x n_max matrix E, or out[j] = sum_t W[:, :, t] x[j * s + t] with stride s = n_max // k."""
     batch, n, channels = x.shape
     x = torch.cat([x.double(), torch.zeros(batch, n_max - n, channels, dtype=torch.float64)], dim=1)
@@ -104,10 +104,10 @@ def assert_matches_reference(module, lengths, n, n_max):
     torch.testing.assert_close(ours[keep], expected[keep], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("sharing", SHARING)
-def test_linear_projection_matches_explicit_matrices(sharing, backend):
-    module = attention_module("linear", sharing, backend=backend)
+def test_linear_projection_matches_explicit_matrices(sharing, attn_implementation):
+    module = attention_module("linear", sharing, attn_implementation=attn_implementation)
     key_projection, value_projection = module.projections
     assert (key_projection is value_projection) == (sharing != "headwise")
     assert_matches_reference(module, lengths=(24, 17, 1), n=24, n_max=24)  # full length
@@ -127,7 +127,7 @@ def test_conv_projection_matches_explicit_strided_sum(sharing, conv):
 
 
 def test_attention_probabilities_are_over_the_k_projected_positions():
-    module = attention_module("linear", backend="eager")
+    module = attention_module("linear", attn_implementation="eager")
     x, keep = padded_batch((10, 4), 10)
     context, probs = module(x, TokenMask(keep), output_attentions=True)
     assert probs.shape == (2, 4, 10, 6)

@@ -1,7 +1,7 @@
 """Slow, obviously-correct float64 references written with explicit loops over positions.
 
 They read the weights out of our modules but share no code with them: every score, tap and
-offset is computed one at a time from the SPEC's formulas.
+offset is computed one at a time from the papers' formulas.
 """
 
 from __future__ import annotations
@@ -47,6 +47,25 @@ def relative_term(table: Tensor, offset: int, reach: int, clip: bool) -> Tensor 
     return table[..., max(-reach, min(reach, offset)) + reach]
 
 
+def score_with_relative_terms(rel, q_i: Tensor, k_j: Tensor, i: int, j: int, head: int) -> Tensor:
+    """s_ij = q_i . k_j / sqrt(d) + beta[head, c(j - i)] + q_i . W[:, c(j - i)] / sqrt(d)
+    + k_j . U[:, c(i - j)] / sqrt(d), for the terms `rel` (a RelativePositionBias or None) has."""
+    d = q_i.shape[-1]
+    s = (q_i @ k_j) / math.sqrt(d)
+    if rel is None:
+        return s
+    r, clip = rel.reach, rel.clip
+    if rel.fixed is not None:
+        s = s + relative_term(rel.fixed[head].double(), j - i, r, clip)
+    if rel.query_kernel is not None:
+        w = relative_term(rel.query_kernel.double(), j - i, r, clip)
+        s = s + (q_i @ w if torch.is_tensor(w) else 0.0) / math.sqrt(d)
+    if rel.key_kernel is not None:
+        u = relative_term(rel.key_kernel.double(), i - j, r, clip)
+        s = s + (k_j @ u if torch.is_tensor(u) else 0.0) / math.sqrt(d)
+    return s
+
+
 def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
     """Reference for `CompositeSelfAttention` in eval mode: returns the (batch, n, H) context."""
     x = x.double()
@@ -66,17 +85,7 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
             for i in range(n):
                 scores = []
                 for j in range(n):
-                    s = (q[b, i, h] @ k[b, j, h]) / math.sqrt(d)
-                    if rel is not None:
-                        r, clip = rel.reach, rel.clip
-                        if rel.fixed is not None:
-                            s = s + relative_term(rel.fixed[h].double(), j - i, r, clip)
-                        if rel.query_kernel is not None:
-                            w = relative_term(rel.query_kernel.double(), j - i, r, clip)
-                            s = s + (q[b, i, h] @ w if torch.is_tensor(w) else 0.0) / math.sqrt(d)
-                        if rel.key_kernel is not None:
-                            u = relative_term(rel.key_kernel.double(), i - j, r, clip)
-                            s = s + (k[b, j, h] @ u if torch.is_tensor(u) else 0.0) / math.sqrt(d)
+                    s = score_with_relative_terms(rel, q[b, i, h], k[b, j, h], i, j, h)
                     scores.append(s if keep[b, j] else torch.tensor(-math.inf, dtype=torch.float64))
                 probs = torch.softmax(torch.stack(scores), dim=0)
                 for j in range(n):
@@ -86,3 +95,55 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
         zeroed = values * keep[..., None].double()
         context = context + depthwise_conv_loops(zeroed, module.value_conv.weight, module.value_conv.bias)
     return context
+
+
+def convbert_self_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
+    """The self-attention heads of `ConvBertMixedAttention` in eval mode, one score at a time, with its relative
+    terms: the (batch, n, H / 2) half of its context."""
+    batch, n, _ = x.shape
+    heads, d = module.num_heads, module.head_size
+    q = linear(x, module.query).view(batch, n, heads, d)
+    k = linear(x, module.key).view(batch, n, heads, d)
+    v = linear(x, module.value).view(batch, n, heads, d)
+    rel = module.relative
+    out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(n):
+                scores = []
+                for j in range(n):
+                    s = score_with_relative_terms(rel, q[b, i, h], k[b, j, h], i, j, h)
+                    scores.append(s if keep[b, j] else torch.tensor(-math.inf, dtype=torch.float64))
+                probs = torch.softmax(torch.stack(scores), dim=0)
+                for j in range(n):
+                    out[b, i, h] += probs[j] * v[b, j, h]
+    return out.reshape(batch, n, heads * d)
+
+
+def conv_heads_loops(module, x, keep, masked: bool):
+    """The span-based dynamic convolution heads of `ConvBertMixedAttention`, one position and tap at a time."""
+    batch, n, _ = x.shape
+    heads, d, taps = module.num_heads, module.head_size, module.kernel_size
+    real = keep[..., None].double() if masked else torch.ones(batch, n, 1, dtype=torch.float64)
+    sep = module.key_conv_attn_layer
+    spans = depthwise_conv_loops(x * real, sep.depthwise.weight, None)
+    key_span = spans @ sep.pointwise.weight[:, :, 0].double().T + sep.bias[:, 0].double()
+    logits = linear(key_span * linear(x, module.query), module.conv_kernel_layer).view(batch, n, heads, taps)
+    value = (linear(x, module.conv_out_layer) * real).view(batch, n, heads, d)
+    out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
+    for b in range(batch):
+        for i in range(n):
+            for g in range(heads):
+                kernel = torch.softmax(logits[b, i, g], dim=0)
+                for t in range(taps):
+                    s = i + t - taps // 2
+                    if 0 <= s < n:
+                        out[b, i, g] += kernel[t] * value[b, s, g]
+    return out.reshape(batch, n, heads * d)
+
+
+def mixed_attention_loops(module, x, keep, masked: bool):
+    """Reference for `ConvBertMixedAttention` in eval mode: its (batch, n, H) output; `masked`: pads zeroed for the
+    convolutions (convbert_padding="masked")."""
+    self_attention = convbert_self_attention_loops(module, x, keep)
+    return torch.cat([self_attention, conv_heads_loops(module, x, keep, masked)], dim=-1)

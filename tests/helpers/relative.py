@@ -1,12 +1,15 @@
-"""Shared by the relative-attention path tests: the term combinations, a randomised layer, a padded batch,
-and a layer's outputs with the gradients of a fixed random projection of them."""
+"""Shared by the relative-attention path tests: the term combinations, randomised composite and ConvBERT layers,
+a padded batch, a layer's outputs with the gradients of a fixed random projection of them, and an explicit
+stand-in for the fused kernels with dropout."""
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from convattn import ConvAttnConfig
 from convattn.attention.composite import CompositeSelfAttention
+from convattn.attention.convbert import ConvBertMixedAttention
 from helpers.tiny import randomize_
 
 TERMS = {
@@ -26,6 +29,16 @@ def make_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, hidden
     return layer
 
 
+def make_convbert_layer(terms, out_of_window="clip", reach=3, dtype=torch.float32, hidden_size=32, **fields):
+    """ConvBERT mixed attention with 2 self-attention heads of hidden_size / 4 channels carrying the terms."""
+    config = ConvAttnConfig(hidden_size=hidden_size, num_attention_heads=4, head_ratio=2, conv_kernel_size=5,
+                            relative_terms=terms, relative_reach=reach, relative_out_of_window=out_of_window,
+                            attention_probs_dropout_prob=0.0, **fields)
+    layer = ConvBertMixedAttention(config).to(dtype).train()
+    randomize_(layer)
+    return layer
+
+
 def batch(lengths, n, dtype, seed=0, width=32):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(len(lengths), n, width, generator=generator).to(dtype).requires_grad_()
@@ -39,3 +52,49 @@ def output_and_grads(layer, x, keep, forward):
     loss = (out.double() * weights * keep[..., None]).sum()  # pad rows' outputs are unused downstream
     grads = torch.autograd.grad(loss, [x, *layer.parameters()])
     return out.double(), [g.double() for g in grads]
+
+
+class MathKernel:
+    """The interface of attention/relative/kernels.py computed explicitly, with dropout: as the CUDA kernels,
+    no key mask (pads ride on the key column), "causal" tiling, and dropout masks drawn from a seed that
+    forward takes from torch's global generator and backward replays (the CUDA kernels' Philox state)."""
+
+    takes_key_mask = False
+
+    def __init__(self, tiling: str = "causal"):
+        self.tiling = tiling
+
+    @staticmethod
+    def _scores(q: Tensor, k: Tensor, key_mask, causal: bool, scale: float) -> Tensor:
+        """Scores in float32 for half-precision inputs (as the fused kernels accumulate), else their dtype."""
+        assert key_mask is None
+        acc = torch.promote_types(q.dtype, torch.float32)
+        scores = q.to(acc) @ k.to(acc).mT * scale
+        if causal:
+            hidden = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(hidden, float("-inf"))
+        return scores
+
+    @staticmethod
+    def _keep(shape, seed: int, dropout_p: float, dtype) -> Tensor:
+        if not dropout_p:
+            return torch.ones(shape, dtype=dtype)
+        uniform = torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return (uniform >= dropout_p).to(dtype) / (1 - dropout_p)
+
+    def forward(self, q, k, v, *, key_mask, causal, dropout_p, scale):
+        scores = self._scores(q, k, key_mask, causal, scale)
+        lse = scores.logsumexp(-1)
+        seed = int(torch.randint(2**62, ()))
+        probs = torch.exp(scores - lse[..., None]) * self._keep(scores.shape, seed, dropout_p, scores.dtype)
+        return (probs @ v.to(probs.dtype)).to(q.dtype), lse, seed
+
+    def backward(self, grad_out, q, k, v, out, lse, seed, *, key_mask, causal, dropout_p, scale):
+        scores = self._scores(q, k, key_mask, causal, scale)
+        acc, dtype = scores.dtype, q.dtype
+        probs = torch.exp(scores - lse[..., None])  # the log-sum-exp it is given, not its own
+        keep = self._keep(scores.shape, seed, dropout_p, acc)
+        grad_out, q, k, v, out = (t.to(acc) for t in (grad_out, q, k, v, out))
+        grad_scores = probs * ((grad_out @ v.mT) * keep - (grad_out * out).sum(-1, keepdim=True))
+        grads = grad_scores @ k * scale, grad_scores.mT @ q * scale, (probs * keep).mT @ grad_out
+        return tuple(g.to(dtype) for g in grads)

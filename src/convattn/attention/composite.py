@@ -12,11 +12,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from convattn.attention.banded import banded_relative_attention, takes_banded_path
-from convattn.attention.blockwise import blockwise_relative_attention, takes_blockwise_path
-from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
-from convattn.attention.flex import flex_relative_attention, takes_flex_path
-from convattn.attention.relative import RelativePositionBias
+from convattn.attention.core import TokenMask, attn_implementation, merge_heads, split_heads
+from convattn.attention.relative import RelativePositionBias, relative_attention
 
 
 class DepthwiseConv1d(nn.Conv1d):
@@ -62,7 +59,7 @@ class CompositeSelfAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend = config.attention_implementation
+        self.config = config
         self.conv_projection_input = bool(config.conv_projections)
 
         def projection(name: str) -> nn.Module:
@@ -87,18 +84,9 @@ class CompositeSelfAttention(nn.Module):
         k = split_heads(self.key(hidden_states), self.num_heads)
         v = split_heads(values, self.num_heads)
         dropout_p = self.dropout_p if self.training else 0.0
-        keep = mask.keep if mask.has_padding else None
-        if self.relative is not None and takes_flex_path(q, self.backend, dropout_p, output_attentions):
-            context, probs = flex_relative_attention(q, k, v, self.relative, keep), None
-        elif self.relative is not None and takes_banded_path(q, self.backend, dropout_p, output_attentions):
-            context, probs = banded_relative_attention(q, k, v, **self.relative.banded(q, k), keep=keep,
-                                                       reach=self.relative.reach), None
-        elif self.relative is not None and takes_blockwise_path(q, self.backend, dropout_p, output_attentions):
-            context, probs = blockwise_relative_attention(q, k, v, self.relative, mask, dropout_p), None
-        else:
-            bias = self.relative(q, k) if self.relative is not None else None
-            context, probs = attend(q, k, v, bias=bias, mask=mask, dropout_p=dropout_p, backend=self.backend,
-                                    need_weights=output_attentions)
+        context, probs = relative_attention(q, k, v, self.relative, mask, dropout_p=dropout_p,
+                                            attn_implementation=attn_implementation(self.config),
+                                            need_weights=output_attentions)
         context = merge_heads(context)
         if self.value_conv is not None:
             # Eq. 7: a depthwise convolution of the values, added after softmax, dropout and x V

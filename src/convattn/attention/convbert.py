@@ -1,4 +1,4 @@
-"""ConvBERT's mixed attention (Jiang et al. 2020; SPEC section 3).
+"""ConvBERT's mixed attention (Jiang et al. 2020).
 
 The h configured heads are split in two: N = h // head_ratio self-attention heads and N span-based
 dynamic-convolution heads, each working on a bottleneck of width A = H / 2 (heads of size A / N; for
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import initialization as init
 
-from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
-from convattn.attention.relative import RelativePositionBias
+from convattn.attention.core import TokenMask, attn_implementation, merge_heads, split_heads
+from convattn.attention.relative import RelativePositionBias, relative_attention
 
 
 def shifted_taps(x: Tensor, kernel_size: int) -> list[Tensor]:
@@ -91,7 +91,7 @@ class ConvBertMixedAttention(nn.Module):
         self.kernel_size = config.conv_kernel_size
         self.mask_padding = config.convbert_padding == "masked"
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend = config.attention_implementation
+        self.config = config
 
         self.query = nn.Linear(hidden, bottleneck)
         self.key = nn.Linear(hidden, bottleneck)
@@ -128,9 +128,8 @@ class ConvBertMixedAttention(nn.Module):
         q = split_heads(query, self.num_heads)
         k = split_heads(self.key(hidden_states), self.num_heads)
         v = split_heads(self.value(hidden_states), self.num_heads)
-        bias = self.relative(q, k) if self.relative is not None else None
-        context, probs = attend(
-            q, k, v, bias=bias, mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
-            backend=self.backend, need_weights=output_attentions,
-        )
+        dropout_p = self.dropout_p if self.training else 0.0
+        context, probs = relative_attention(q, k, v, self.relative, mask, dropout_p=dropout_p,
+                                            attn_implementation=attn_implementation(self.config),
+                                            need_weights=output_attentions)
         return torch.cat([merge_heads(context), self.conv_heads(hidden_states, query, mask)], dim=-1), probs

@@ -43,6 +43,12 @@ class TokenMask:
         return bias.masked_fill(~self.keep, torch.finfo(dtype).min)[:, None, None, :]
 
 
+def attn_implementation(config) -> str:
+    """transformers' attention implementation of a config ("sdpa" until a model or the user sets one), read at
+    every forward so that `model.set_attn_implementation(...)` switches a built model."""
+    return config._attn_implementation or "sdpa"
+
+
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """(batch, n, heads * d) -> (batch, heads, n, d)."""
     batch, n, width = x.shape
@@ -63,21 +69,20 @@ def attend(
     bias: Tensor | None,
     mask: TokenMask | None,
     dropout_p: float,
-    backend: str,
+    attn_implementation: str,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(d) + bias + padding mask) v with dropout on the probabilities.
 
     q: (batch, heads, n, d); k, v: (batch, heads, m, d); bias broadcastable to (batch, heads, n, m);
     `mask` masks the m keys (None when keys are not token positions, e.g. Linformer's projections).
-    The "sdpa" backend (and "flex_attention", which has no score_mod to add here) hands everything
-    to the fused kernel; "eager" computes the same function explicitly and can return the attention
-    probabilities.
+    "sdpa" (and "flex_attention", which has no score_mod to add here) hands everything to the fused
+    kernel; "eager" computes the same function explicitly and can return the attention probabilities.
     """
     key_bias = mask.key_bias(q.dtype) if mask is not None else None
     if key_bias is not None:
         bias = key_bias if bias is None else bias + key_bias
-    if backend in ("sdpa", "flex_attention") and not need_weights:  # no score_mod here: the same kernel
+    if attn_implementation in ("sdpa", "flex_attention") and not need_weights:  # no score_mod here: the same kernel
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         return out, None
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -1,4 +1,4 @@
-"""Linformer (Wang et al. 2020) and Conv-Linformer (Malard) self-attention (SPEC section 4).
+"""Linformer (Wang et al. 2020) and Conv-Linformer (Malard) self-attention.
 
 Keys and values (after their linear maps, full width, before the head split) are shortened along the
 sequence from n to k positions, so attention costs O(n k) instead of O(n^2):
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import initialization as init
 
-from convattn.attention.core import TokenMask, attend, merge_heads, split_heads
+from convattn.attention.core import TokenMask, attend, attn_implementation, merge_heads, split_heads
 
 
 def check_length(n: int, max_length: int) -> None:
@@ -64,7 +64,7 @@ class ConvSequenceProjection(nn.Conv1d):
         n, stride = x.shape[1], self.stride[0]
         check_length(n, self.max_length)
         # zero-pad to whole windows, convolve, then append the windows that would only see the
-        # zero padding up to n_max: without a bias they are exactly zero (SPEC: pad to n_max)
+        # zero padding up to n_max: without a bias they are exactly zero
         windows = -(-n // stride)
         x = F.pad(x, (0, 0, 0, windows * stride - n))
         out = super().forward(x.transpose(1, 2)).transpose(1, 2)
@@ -90,7 +90,7 @@ class LinformerSelfAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.dropout_p = config.attention_probs_dropout_prob
-        self.backend = config.attention_implementation
+        self.config = config
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
@@ -125,6 +125,6 @@ class LinformerSelfAttention(nn.Module):
         k, v = split_heads(keys, self.num_heads), split_heads(values, self.num_heads)
         context, probs = attend(
             q, k, v, bias=None, mask=None, dropout_p=self.dropout_p if self.training else 0.0,
-            backend=self.backend, need_weights=output_attentions,
+            attn_implementation=attn_implementation(self.config), need_weights=output_attentions,
         )
         return merge_heads(context), probs

@@ -9,8 +9,8 @@ table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
 
 Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
 ("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); `forward` builds
-the (n x n) bias (never an n x n x d tensor), `banded` the O(n x (2r + 1)) pieces that banded.py and
-flex.py use without any n x n tensor.
+the (n x n) bias (never an n x n x d tensor), `pieces` the O(n x (2r + 1)) pieces that decomposition.py
+uses without any n x n tensor, and flex.py reads the tables themselves.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class RelativePositionBias(nn.Module):
             return None
         return torch.matmul(k, self.key_kernel.to(k.dtype)) / math.sqrt(self.head_dim)
 
-    def banded(self, q: Tensor, k: Tensor) -> dict[str, Tensor | None]:
-        """The same bias as `forward` in O(n (2r + 1)) pieces for banded.BandedRelativeAttention:
+    def pieces(self, q: Tensor, k: Tensor) -> dict[str, Tensor | None]:
+        """The same bias as `forward` in O(n (2r + 1)) pieces for decomposition.py:
         band (batch, heads, n, 2r + 1), bias of key i + t - r at [i, t]; and, in clip mode, the
         off-band constants (batch, heads, n) per query row and per key, left and right of the band."""
         batch, heads, n, _ = q.shape

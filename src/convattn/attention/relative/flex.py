@@ -1,4 +1,4 @@
-"""Relative-position attention with FlexAttention (the CUDA path of issue 11).
+"""Relative-position attention with FlexAttention, for attn_implementation="flex_attention".
 
 A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as relative.py and
 masks pad keys. (A BlockMask could skip whole blocks of pad keys, but building one per batch,
@@ -15,20 +15,12 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 
-from convattn.attention.relative import RelativePositionBias
+from convattn.attention.relative.tables import RelativePositionBias
 
 
 @cache
 def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
-
-
-def takes_flex_path(q: Tensor, backend: str, dropout_p: float, need_weights: bool) -> bool:
-    """attn_implementation="flex_attention", or "sdpa" on CUDA (chosen automatically there). FlexAttention
-    has no dropout on the probabilities nor returns them, and its kernel needs heads of at least 16
-    channels; those cases keep the dense bias."""
-    chosen = backend == "flex_attention" or (backend == "sdpa" and q.is_cuda)
-    return chosen and dropout_p == 0.0 and not need_weights and q.shape[-1] >= 16
 
 
 def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias,

@@ -1,0 +1,67 @@
+"""The one place that chooses how attention with relative terms is computed: every mechanism with relative
+terms (composite attention, ConvBERT's self-attention heads) calls `relative_attention`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from convattn.attention.core import TokenMask, attend
+from convattn.attention.relative.blockwise import blockwise_relative_attention
+from convattn.attention.relative.decomposition import decomposed_relative_attention
+from convattn.attention.relative.flex import flex_relative_attention
+from convattn.attention.relative.kernels import fused_kernel
+from convattn.attention.relative.tables import RelativePositionBias
+
+# Below this length the dense bias with SDPA's math kernel is as fast on CPU (one attention layer, 2
+# threads, forward+backward vs plain SDPA, composite / composite+key, minimum of 7 steps: n = 64 dense
+# 1.14x / 1.18x, decomposed 1.11x / 1.20x; n = 128 dense 1.16x / 1.33x, decomposed 1.24x / 1.33x; n = 256
+# dense 1.67x / 2.30x, decomposed 1.53x / 1.37x) and the dense bias is small.
+CPU_DECOMPOSED_MIN_LENGTH = 256
+# From this length on the blockwise path serves attention dropout on CPU, whose fused kernel has no dropout.
+# One layer, 2 threads, attention dropout 0.1, against plain SDPA with dropout (its math kernel), peak RSS of
+# a fresh process: at n = 512 blockwise took 1.90x the time and 0.93x the memory, the dense bias 1.14x and
+# 1.11x; at n = 2048 blockwise 2.02x the time and 0.51x the memory (771 MiB against 1,520). The forward
+# computed twice is worth paying where the dense bias's memory grows as n^2.
+CPU_BLOCKWISE_MIN_LENGTH = 2048
+
+
+def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
+    """"decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels), "blockwise" (CPU with
+    dropout, blockwise.py), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels
+    or more) or "dense" (the (n x n) bias: attention maps, "eager", short sequences on CPU, float64 on CUDA,
+    and graphs traced by torch.export / ONNX, where a length test would pin the dynamic sequence axis)."""
+    if need_weights or attn_implementation == "eager" or torch.compiler.is_exporting():
+        return "dense"
+    if attn_implementation == "flex_attention":
+        return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
+    kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
+    if kernel is None:
+        return "dense"
+    if q.device.type != "cpu":
+        return "decomposed"
+    if dropout_p == 0.0:
+        return "decomposed" if n >= CPU_DECOMPOSED_MIN_LENGTH else "dense"
+    return "blockwise" if n >= CPU_BLOCKWISE_MIN_LENGTH else "dense"
+
+
+def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask, *,
+                       dropout_p: float, attn_implementation: str,
+                       need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(d) + relative terms + padding mask) with dropout, times v: q, k, v (batch, heads,
+    n, d) -> (batch, heads, n, d), and the probabilities when `need_weights`; plain attention without terms."""
+    if relative is None:
+        return attend(q, k, v, bias=None, mask=mask, dropout_p=dropout_p, attn_implementation=attn_implementation,
+                      need_weights=need_weights)
+    path = relative_path(q, attn_implementation, dropout_p, need_weights)
+    keep = mask.keep if mask.has_padding else None
+    if path == "decomposed":
+        kernel = fused_kernel(q.device, q.dtype)
+        return decomposed_relative_attention(q, k, v, relative.pieces(q, k), keep, relative.reach, dropout_p,
+                                             kernel), None
+    if path == "blockwise":
+        return blockwise_relative_attention(q, k, v, relative, mask, dropout_p), None
+    if path == "flex":
+        return flex_relative_attention(q, k, v, relative, keep), None
+    return attend(q, k, v, bias=relative(q, k), mask=mask, dropout_p=dropout_p,
+                  attn_implementation=attn_implementation, need_weights=need_weights)

@@ -1,0 +1,357 @@
+"""The exact decomposition of relative attention (attention/relative/decomposition.py): outputs and every gradient
+against the float64 loop references, for composite attention and ConvBERT's heads, through both tilings and
+three kernels: the CPU flash kernel cut in blocks (what CPU runs), the CPU flash kernel with the CUDA tiling (one
+causal call per far side), and an explicit kernel shaped as the CUDA ones (pads on the key column, dropout from
+a replayable seed). On a CUDA machine the same tests also run the CUDA kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.reference import composite_attention_loops, mixed_attention_loops
+from helpers.relative import TERMS, MathKernel, batch, make_convbert_layer, make_layer, output_and_grads
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from convattn.attention import TokenMask
+from convattn.attention.relative import RelativePositionBias, decomposition, kernels, paths
+from convattn.attention.relative.decomposition import decomposed_relative_attention
+from convattn.attention.relative.kernels import CPU_FLASH, CUDA_FLASH, CpuFlashKernel
+
+
+def cpu_flash_causal() -> CpuFlashKernel:
+    kernel = CpuFlashKernel()
+    kernel.tiling = "causal"
+    return kernel
+
+
+KERNELS = {"cpu flash, blocks": CPU_FLASH, "cpu flash, causal": cpu_flash_causal(), "math, causal": MathKernel(),
+           "math, blocks": MathKernel("blocks")}
+
+
+@pytest.fixture
+def use_kernel(monkeypatch):
+    """Route every relative-attention call of the layers through the decomposition with the given kernel."""
+    def use(kernel):
+        monkeypatch.setattr(paths, "relative_path", lambda *args: "decomposed")
+        monkeypatch.setattr(paths, "fused_kernel", lambda device, dtype: kernel)
+    return use
+
+
+def assert_matches(ours, our_grads, expected, ref_grads, keep, names, tolerance, label):
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=tolerance, atol=tolerance,
+                               msg=lambda m: f"{label}: {m}")
+    # relative to the gradients' scale (entries reach ~25 in float32 here, and key.bias's true gradient is 0)
+    scale = max(want.abs().max().item() for want in ref_grads)
+    for name, got, want in zip(names, our_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance * scale,
+                                   msg=lambda m, name=name: f"{label}, {name}: {m}")
+
+
+# (n, queries per block, lengths, window chunk bytes): one block holding every key (blocks tiling: no fused
+# calls); blocks of 2r, the narrowest, and of 8, with a partial last block, fused calls on both sides and whole
+# fused parts of pads; the near part computed one (batch, head, block) group per chunk
+SHAPES = {
+    "one block": (13, None, (13, 7, 1), None),
+    "blocks of 2r": (37, 6, (37, 20, 1), None),
+    "blocks of 8": (29, 8, (29, 11, 2), None),
+    "one group per chunk": (29, 8, (29, 11, 2), 1),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_composite_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window, shape, monkeypatch,
+                                                                           use_kernel):
+    # reach 3: most pairs lie outside the band; a short row makes whole parts pad
+    n, size, lengths, chunk_bytes = SHAPES[shape]
+    if size is not None:
+        monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: size)
+    if chunk_bytes is not None:
+        monkeypatch.setattr(decomposition, "WINDOW_CHUNK_BYTES", chunk_bytes)
+    layer = make_layer(TERMS[terms], out_of_window, value_depthwise_conv=True)
+    x, keep = batch(lengths, n, torch.float32)
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    for label, kernel in KERNELS.items():
+        use_kernel(kernel)
+        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-5, label)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 14])
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_sequences_shorter_than_the_band_match_reference(n, out_of_window, monkeypatch, use_kernel):
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 2 * reach)
+    layer = make_layer(TERMS["composite+key"], out_of_window, reach=3, dtype=torch.float64)
+    x, keep = batch((n, max(1, n // 2)), n, torch.float64)
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    for label, kernel in KERNELS.items():
+        use_kernel(kernel)
+        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-9, label)
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_convbert_heads_outputs_and_all_gradients_match_loop_reference(terms, out_of_window, monkeypatch, use_kernel):
+    """ConvBERT's self-attention heads run the same engine: float64, odd n, padding, batch 3, blocks of 2r."""
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 2 * reach)
+    layer = make_convbert_layer(TERMS[terms], out_of_window, dtype=torch.float64)
+    x, keep = batch((15, 8, 1), 15, torch.float64)
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: mixed_attention_loops(layer, x, keep, True))
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    assert any(name.startswith("relative.") for name in names)
+    for label, kernel in KERNELS.items():
+        use_kernel(kernel)
+        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-9, label)
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_default_blocks_match_the_dense_bias(out_of_window):
+    # the shipped block size over several blocks, a partial last one and whole pad blocks, against the
+    # dense-bias path (itself checked against the loop reference), whose cost grows as n^2 only
+    n, reach = 601, 8
+    assert decomposition.block_size(n, reach, "blocks") < n // 2
+    layer = make_layer(TERMS["composite+key"], out_of_window, reach=reach, dtype=torch.float64)
+    x, keep = batch((n, 260, 3), n, torch.float64)
+    assert paths.relative_path(layer.query(x).view(3, n, 4, 8).transpose(1, 2), "sdpa", 0.0, False) == "decomposed"
+    ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    layer.config._attn_implementation = "eager"
+    expected, dense_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-10, atol=1e-10)
+    for got, want in zip(our_grads, dense_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------- dropout
+
+
+def directional_derivatives(layer, x, keep, dropout_p, seed=7, eps=1e-6):
+    """(d/dh f(params + h u), its central difference) for f = <out, w> under a fixed seed, u random: equal only
+    if backward replays the forward's dropout masks."""
+    layer.dropout_p = dropout_p
+    params = [x, *layer.parameters()]
+    generator = torch.Generator().manual_seed(3)
+    directions = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
+    width = layer(x, TokenMask(keep))[0].shape[-1]
+    weights = torch.randn(*x.shape[:2], width, generator=generator, dtype=x.dtype).to(x.device) * keep[..., None]
+
+    def f():
+        torch.manual_seed(seed)
+        return (layer(x, TokenMask(keep))[0] * weights).sum()
+
+    grads = torch.autograd.grad(f(), params)
+    analytic = sum((g * u).sum() for g, u in zip(grads, directions, strict=True)).item()
+    values = []
+    with torch.no_grad():
+        for sign in (1, -1):
+            for p, u in zip(params, directions, strict=True):
+                p += sign * eps * u
+            values.append(f().item())
+            for p, u in zip(params, directions, strict=True):
+                p -= sign * eps * u
+    return analytic, (values[0] - values[1]) / (2 * eps), f().item()
+
+
+@pytest.mark.parametrize("layer_kind", ["composite", "convbert"])
+@pytest.mark.parametrize("kernel", ["math, causal", "math, blocks"])
+def test_backward_replays_the_forward_dropout_masks(kernel, layer_kind, monkeypatch, use_kernel):
+    """Dropout in the near part (its mask kept) and in the kernels (their seeds replayed), float64."""
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    use_kernel(KERNELS[kernel])
+    make = make_layer if layer_kind == "composite" else make_convbert_layer
+    layer = make(TERMS["composite+key"], "clip", dtype=torch.float64)
+    x, keep = batch((21, 12), 21, torch.float64)
+    analytic, numeric, dropped = directional_derivatives(layer, x, keep, 0.3)
+    assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+    _, _, undropped = directional_derivatives(layer, x, keep, 0.0)
+    assert dropped != pytest.approx(undropped, rel=1e-3)  # the masks did drop probabilities
+
+
+# ---------------------------------------------------------------- never the n x n bias
+
+
+class LargestShapes(TorchDispatchMode):
+    """Records the shape of every tensor an operator returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("make", [make_layer, make_convbert_layer])
+def test_relative_heads_never_build_an_n_by_n_tensor_on_cpu(make, monkeypatch):
+    """From 256 tokens on, without attention dropout, in training mode, with the shipped thresholds."""
+    def dense(*args, **kwargs):
+        raise AssertionError("the n x n bias was built")
+
+    for builder in ("forward", "bias"):
+        monkeypatch.setattr(RelativePositionBias, builder, dense)
+    monkeypatch.setattr(paths, "attend", dense)
+    layer = make(TERMS["composite+key"], reach=8)
+    for n in (paths.CPU_DECOMPOSED_MIN_LENGTH, 600):
+        x, keep = batch((n, n // 3), n, torch.float32)
+        with LargestShapes() as recorded:
+            layer(x, TokenMask(keep))[0].sum().backward()
+        if n > 2 * decomposition.block_size(n, 8, "blocks"):  # windows are S x (S + 2r), S = 256
+            assert not [shape for shape in recorded.shapes if sum(size >= n for size in shape) >= 2]
+
+
+# ---------------------------------------------------------------- reduced precision
+
+
+@pytest.mark.parametrize("tiling", ["blocks", "causal"])
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_bfloat16_follows_float32(out_of_window, tiling, monkeypatch):
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)  # fused calls on both sides
+    torch.manual_seed(0)
+    relative = RelativePositionBias(TERMS["composite+key"], 4, 16, 3, out_of_window)
+    q, k, v = (torch.randn(2, 4, 37, 16) for _ in range(3))
+    keep = torch.arange(37)[None] < torch.tensor([37, 20])[:, None]
+
+    def run(dtype):
+        tensors = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = decomposed_relative_attention(*tensors, relative.to(dtype).pieces(*tensors[:2]), keep, 3, 0.0,
+                                            CPU_FLASH, tiling)
+        out.float().pow(2).sum().backward()
+        return [out.float(), *(t.grad.float() for t in tensors)]
+
+    for got, want in zip(run(torch.bfloat16), run(torch.float32), strict=True):
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+class EmulatedCudaOps:
+    """torch's CUDA attention ops as kernels.CudaFlashKernel calls them, computed by MathKernel on CPU: the
+    same signatures and output layouts (the memory-efficient kernel's log-sum-exp padded to 32 rows, random
+    state as tensors), checking the operands they get (heads padded to a multiple of 8, contiguous)."""
+
+    math = MathKernel()
+
+    @staticmethod
+    def _check(*tensors):
+        for t in tensors:
+            assert t.shape[-1] % 8 == 0 and t.is_contiguous()
+
+    def _scaled_dot_product_flash_attention(self, q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
+        self._check(q, k, v)
+        out, lse, seed = self.math.forward(q, k, v, key_mask=None, causal=is_causal, dropout_p=dropout_p, scale=scale)
+        return out, lse, None, None, q.shape[-2], k.shape[-2], torch.tensor(seed), torch.tensor(0), None
+
+    def _scaled_dot_product_flash_attention_backward(self, grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k,
+                                                     dropout_p, is_causal, seed, offset, *, scale):
+        self._check(grad_out, q, k, v, out)
+        assert (max_q, max_k) == (q.shape[-2], k.shape[-2]) and lse.shape == q.shape[:-1]
+        return self.math.backward(grad_out, q, k, v, out, lse, int(seed), key_mask=None, causal=is_causal,
+                                  dropout_p=dropout_p, scale=scale)
+
+    def _scaled_dot_product_efficient_attention(self, q, k, v, bias, compute_log_sumexp, dropout_p, is_causal, *,
+                                                scale):
+        self._check(q, k, v)
+        assert bias is None and compute_log_sumexp
+        out, lse, seed = self.math.forward(q, k, v, key_mask=None, causal=is_causal, dropout_p=dropout_p, scale=scale)
+        padded = torch.nn.functional.pad(lse, (0, -lse.shape[-1] % 32), value=float("inf"))
+        return out, padded, torch.tensor(seed), torch.tensor(0)
+
+    def _scaled_dot_product_efficient_attention_backward(self, grad_out, q, k, v, bias, out, lse, seed, offset,
+                                                         dropout_p, grad_input_mask, is_causal, *, scale):
+        self._check(grad_out, q, k, v, out)
+        assert lse.shape[-1] % 32 == 0 and grad_input_mask == [True, True, True, False]
+        grads = self.math.backward(grad_out, q, k, v, out, lse[..., :q.shape[-2]], int(seed), key_mask=None,
+                                   causal=is_causal, dropout_p=dropout_p, scale=scale)
+        return *grads, None
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_cuda_kernel_calls_on_emulated_ops(dtype, monkeypatch, use_kernel):
+    """kernels.CudaFlashKernel on CPU with its torch ops emulated: the memory-efficient kernel's calls (float32 and
+    float64) against the loop reference, and the flash kernel's (half precision) against them."""
+    monkeypatch.setattr(kernels, "aten", EmulatedCudaOps())
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 2 * reach)
+    use_kernel(CUDA_FLASH)
+    layer = make_layer(TERMS["composite+key"], "clip", dtype=torch.float64)
+    x, keep = batch((21, 12, 1), 21, torch.float64)
+    if dtype == torch.float64:
+        expected, ref_grads = output_and_grads(layer, x, keep,
+                                               lambda x, keep: composite_attention_loops(layer, x, keep))
+        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+        names = ["input", *(name for name, _ in layer.named_parameters())]
+        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-9, "emulated efficient kernel")
+        analytic, numeric, _ = directional_derivatives(layer, x, keep, 0.3)
+        assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+        return
+    wide, wide_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    layer.to(dtype)
+    half, half_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x.to(dtype), TokenMask(keep))[0])
+    real = keep[..., None].expand_as(wide)
+    torch.testing.assert_close(half[real], wide[real], rtol=0.05, atol=0.05)
+    scale = max(want.abs().max().item() for want in wide_grads)  # key.bias's true gradient is 0: rounding alone
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    for name, got, want in zip(names, half_grads, wide_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.02 * scale, msg=lambda m, name=name: f"{name}: {m}")
+
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_cuda_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window):
+    """What "sdpa" runs on CUDA: the decomposition with the memory-efficient kernel (float32)."""
+    layer = make_layer(TERMS[terms], out_of_window, hidden_size=64, value_depthwise_conv=True)
+    x, keep = batch((37, 20, 1), 37, torch.float32, width=64)
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    layer.cuda()
+    q = torch.zeros(1, 4, 37, 16, device="cuda")
+    assert paths.relative_path(q, "sdpa", 0.1, False) == "decomposed"
+    assert paths.fused_kernel(q.device, q.dtype) is CUDA_FLASH
+    ours, our_grads = output_and_grads(layer, x, keep,
+                                       lambda x, keep: layer(x.cuda(), TokenMask(keep.cuda()))[0].cpu())
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    assert_matches(ours, [g.cpu() for g in our_grads], expected, ref_grads, keep, names, 1e-5, "cuda")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_half_precision_follows_float32(dtype):
+    """The flash kernel (half precision) against the memory-efficient one (float32), heads of 64 plus the column."""
+    torch.manual_seed(0)
+    relative = RelativePositionBias(TERMS["composite+key"], 4, 64, 8, "clip").cuda()
+    q, k, v = (torch.randn(2, 4, 301, 64, device="cuda") for _ in range(3))
+    keep = (torch.arange(301)[None] < torch.tensor([301, 150])[:, None]).cuda()
+
+    def run(dtype):
+        tensors = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = decomposed_relative_attention(*tensors, relative.to(dtype).pieces(*tensors[:2]), keep, 8, 0.0,
+                                            CUDA_FLASH)
+        (out.float().pow(2) * keep[:, None, :, None]).sum().backward()
+        return [out.float() * keep[:, None, :, None], *(t.grad.float() for t in tensors)]
+
+    for got, want in zip(run(dtype), run(torch.float32), strict=True):
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
+
+@cuda
+def test_cuda_backward_replays_the_forward_dropout_masks():
+    """float32 (the memory-efficient kernel's Philox state), so the central difference is coarse."""
+    layer = make_layer(TERMS["composite+key"], "clip", hidden_size=64).cuda()
+    x, keep = batch((45, 20), 45, torch.float32, width=64)
+    x, keep = x.detach().cuda().requires_grad_(), keep.cuda()
+    analytic, numeric, _ = directional_derivatives(layer, x, keep, 0.3, eps=1e-2)
+    assert analytic == pytest.approx(numeric, rel=1e-2)

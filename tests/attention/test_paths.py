@@ -1,0 +1,72 @@
+"""Which computation attention with relative terms takes (attention/relative/paths.py), and FlexAttention's."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from helpers.reference import composite_attention_loops
+from helpers.relative import TERMS, batch, make_layer, output_and_grads
+
+from convattn.attention import TokenMask
+from convattn.attention.relative import flex, paths
+
+SHORT, LONG, LONGEST = paths.CPU_DECOMPOSED_MIN_LENGTH - 1, paths.CPU_DECOMPOSED_MIN_LENGTH, \
+    paths.CPU_BLOCKWISE_MIN_LENGTH
+
+
+@pytest.mark.parametrize("n, d, dtype, implementation, dropout_p, need_weights, path", [
+    (LONG, 64, torch.float32, "sdpa", 0.0, False, "decomposed"),
+    (LONG, 64, torch.bfloat16, "sdpa", 0.0, False, "decomposed"),
+    (LONG, 64, torch.float64, "sdpa", 0.0, False, "decomposed"),
+    (SHORT, 64, torch.float32, "sdpa", 0.0, False, "dense"),  # as fast, and small
+    (LONG, 64, torch.float32, "sdpa", 0.0, True, "dense"),  # attention maps
+    (LONG, 64, torch.float32, "eager", 0.0, False, "dense"),
+    (LONG, 64, torch.float32, "sdpa", 0.1, False, "dense"),  # dropout: the CPU kernel has none
+    (LONGEST, 64, torch.float32, "sdpa", 0.1, False, "blockwise"),
+    (LONG, 16, torch.float32, "flex_attention", 0.0, False, "flex"),
+    (LONG, 8, torch.float32, "flex_attention", 0.0, False, "dense"),  # its kernel needs 16 channels
+    (LONG, 16, torch.float32, "flex_attention", 0.1, False, "dense"),  # it has no dropout
+])
+def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
+    q = torch.empty(1, 1, n, d, dtype=dtype)
+    assert paths.relative_path(q, implementation, dropout_p, need_weights) == path
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window, monkeypatch):
+    """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly, without grad."""
+    layer = make_layer(TERMS[terms], out_of_window, hidden_size=64, attn_implementation="flex_attention").eval()
+    x, keep = batch((13, 7, 1), 13, torch.float32, width=64)
+    calls = []
+    monkeypatch.setattr(paths, "flex_relative_attention",
+                        lambda *args: calls.append(1) or flex.flex_relative_attention(*args))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice
+        ours = layer(x, TokenMask(keep))[0].double()
+    assert calls, "the flex path was not taken"
+    expected = composite_attention_loops(layer, x.detach(), keep)
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's compiled kernel and backward need CUDA")
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_flex_on_cuda_outputs_and_all_gradients_match_loop_reference(terms, out_of_window):
+    """The compiled FlexAttention kernel with heads of 16, its smallest."""
+    layer = make_layer(TERMS[terms], out_of_window, hidden_size=64, value_depthwise_conv=True,
+                       attn_implementation="flex_attention")
+    x, keep = batch((13, 7, 1), 13, torch.float32, width=64)
+    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
+    layer.cuda()
+    ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x.cuda(), TokenMask(keep.cuda()))[0].cpu())
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    scale = max(want.abs().max().item() for want in ref_grads)
+    for name, got, want in zip(names, our_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * scale,
+                                   msg=lambda m, name=name: f"{name}: {m}")
