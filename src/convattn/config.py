@@ -13,10 +13,12 @@ Invalid values and combinations raise `ValueError` naming the field and the allo
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
 from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
 
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
@@ -52,6 +54,15 @@ def _positive(field: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{field}={value!r} must be an integer >= {minimum}")
 
 
+def _in_range(field: str, value, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
+    """A finite real number in the interval; NaN and infinities never pass."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and \
+        (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{field}={value!r} must be a finite number in {interval}")
+
+
 class ConvAttnConfig(PretrainedConfig):
     model_type = "convattn"
 
@@ -72,8 +83,6 @@ class ConvAttnConfig(PretrainedConfig):
     mask_token_id: int | None = None
     classifier_dropout: float | None = None
     tie_word_embeddings: bool = True
-    # legacy name of `attn_implementation` (configs saved before it): read into it when loading, then cleared
-    attention_backend: str | None = None
     # composite-attention family
     position_embedding_type: str = "absolute"
     relative_terms: list[str] | tuple[str, ...] = ()
@@ -103,13 +112,14 @@ class ConvAttnConfig(PretrainedConfig):
     preset: str | None = None
 
     def __post_init__(self, **kwargs):
+        # --- attn_implementation: transformers' own field; `attention_backend`, its name in configs saved by
+        # earlier versions, only fills it in
+        legacy = kwargs.pop("attention_backend", None)
         super().__post_init__(**kwargs)
-        # --- attn_implementation (issue 11): HF's own field decides; the legacy field only fills it in
-        if self.attention_backend is not None:
-            _choice("attention_backend", self.attention_backend, ATTN_IMPLEMENTATIONS)
+        if legacy is not None:
+            _choice("attention_backend", legacy, ATTN_IMPLEMENTATIONS)
             if self._attn_implementation is None:
-                self._attn_implementation = self.attention_backend
-            self.attention_backend = None
+                self._attn_implementation = legacy
         if self._attn_implementation is not None:
             _choice("attn_implementation", self._attn_implementation, ATTN_IMPLEMENTATIONS)
         # --- end attn_implementation
@@ -123,14 +133,6 @@ class ConvAttnConfig(PretrainedConfig):
         self.validate_convattn()
 
     # ------------------------------------------------------------------ derived sizes
-    @property
-    def attention_implementation(self) -> str:
-        """How attention is computed, the same function either way: "sdpa" (fused kernels, default;
-        relative terms take the banded path on CPU and FlexAttention on CUDA), "flex_attention"
-        (relative terms through FlexAttention; other mechanisms use SDPA) or "eager" (explicit
-        softmax, can return attention maps)."""
-        return self._attn_implementation or "sdpa"
-
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
@@ -180,10 +182,15 @@ class ConvAttnConfig(PretrainedConfig):
         _positive("relative_reach", self.relative_reach)
         _positive("head_ratio", self.head_ratio)
         _positive("num_groups", self.num_groups)
-        if not 0 < self.generator_size <= 1:
-            raise ValueError(f"generator_size={self.generator_size!r} must be in (0, 1] (a fraction of hidden_size)")
-        if not self.discriminator_weight >= 0:
-            raise ValueError(f"discriminator_weight={self.discriminator_weight!r} must be >= 0")
+        if isinstance(self.hidden_act, str):
+            _choice("hidden_act", self.hidden_act, sorted(ACT2FN))
+        for field in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            if getattr(self, field) is not None:
+                _in_range(field, getattr(self, field), 0, 1, high_open=True)
+        _in_range("layer_norm_eps", self.layer_norm_eps, 0, 1, low_open=True)
+        _in_range("initializer_range", self.initializer_range, 0, math.inf, low_open=True, high_open=True)
+        _in_range("generator_size", self.generator_size, 0, 1, low_open=True)  # a fraction of hidden_size
+        _in_range("discriminator_weight", self.discriminator_weight, 0, math.inf, high_open=True)
         _positive("linformer_k", self.linformer_k, minimum=0)
         for field in ("conv_projection_kernel", "conv_kernel_size"):
             value = getattr(self, field)

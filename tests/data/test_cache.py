@@ -61,14 +61,14 @@ def test_a_failed_build_leaves_nothing(tmp_path):
         lambda entry: (entry / MANIFEST).write_text("{not json"),
     ],
 )
-def test_a_damaged_entry_is_detected_and_rebuilt(tmp_path, damage, caplog):
+def test_a_damaged_entry_is_detected_and_rebuilt(tmp_path, damage, cache_log):
     entry = tmp_path / "entry"
     cache_entry(entry, write_files({"a.txt": "alpha"}), "test data")
     damage(entry)
     assert entry_problem(entry) is not None
     cache_entry(entry, write_files({"a.txt": "alpha"}), "test data")
     assert entry_problem(entry) is None and visible(entry) == ["a.txt"]
-    assert "rebuilding the cached test data" in caplog.text
+    assert "rebuilding the cached test data" in cache_log.text
 
 
 def test_leftovers_of_killed_writers_are_removed(tmp_path):

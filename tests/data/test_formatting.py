@@ -76,7 +76,7 @@ def test_pairs_of_an_odd_batch_keep_the_last_line_alone(tokenizer, texts):
     assert out[-1]["input_ids"] == tokenizer(texts[-1])["input_ids"]
 
 
-def test_a_corrupted_cached_arrow_file_is_detected_and_rebuilt(tokenizer, tmp_path, caplog):
+def test_a_corrupted_cached_arrow_file_is_detected_and_rebuilt(tokenizer, tmp_path, cache_log):
     texts = lines(*[" ".join(WORDS)] * 50)
     first = list(cached_format(texts, tokenizer, "packed", 16, tmp_path / "key")["input_ids"])
     (arrow,) = (tmp_path / "key").rglob("*.arrow")
@@ -84,7 +84,7 @@ def test_a_corrupted_cached_arrow_file_is_detected_and_rebuilt(tokenizer, tmp_pa
         f.seek(arrow.stat().st_size // 2)
         f.write(random.Random(0).randbytes(64))
     again = cached_format(texts, tokenizer, "packed", 16, tmp_path / "key")
-    assert list(again["input_ids"]) == first and "rebuilding the cached packed data" in caplog.text
+    assert list(again["input_ids"]) == first and "rebuilding the cached packed data" in cache_log.text
     assert entry_problem(tmp_path / "key") is None
 
 

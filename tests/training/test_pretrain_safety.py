@@ -72,6 +72,9 @@ IMPOSSIBLE_VALUES = [
     (["--set", "layer_norm_eps=0"], "layer_norm_eps=0"),
     (["--set", "attention_probs_dropout_prob=.nan"], "attention_probs_dropout_prob=nan"),
     (["--set", "hidden_dropout_prob=1.5"], "hidden_dropout_prob=1.5"),
+    (["--set", "hidden_act=foo"], "hidden_act='foo' is not allowed"),
+    (["--vocab-size", "1000000000"], "--vocab-size 1,000,000,000 is above 1,000,000"),
+    (["--dataset-config", "x"], "--dataset-config x needs --dataset"),
 ]
 
 

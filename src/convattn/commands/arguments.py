@@ -178,6 +178,9 @@ def data_options(args: argparse.Namespace) -> dict:
     from convattn.training.pretrain import default_cache_dir
 
     dataset_config = args.dataset_config
+    if dataset_config is not None and not args.dataset:
+        raise UsageError(f"--dataset-config {dataset_config} needs --dataset (a hub dataset); leave it out with "
+                         "--train-file or the embedded default")
     if args.dataset == HUB_DEFAULT[0] and dataset_config is None:
         dataset_config = HUB_DEFAULT[1]
     return dict(dataset=args.dataset, dataset_config=dataset_config, train_files=args.train_file,

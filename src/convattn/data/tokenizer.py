@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from convattn.data.cache import cache_entry
 from convattn.errors import UsageError
 
+MAX_VOCAB_SIZE = 1_000_000  # far above any published encoder; a typo beyond it would exhaust memory
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRAINING_CHARS = 30_000_000  # the unigram model is fitted on (at most) this much text from the start of the corpus
 TOKENIZER_VERSION = 1
@@ -32,6 +33,9 @@ def check_vocab_size(vocab_size: int) -> None:
             f"--vocab-size {vocab_size} leaves no room for text pieces after the {len(SPECIAL_TOKENS)} special "
             f"tokens ({' '.join(SPECIAL_TOKENS)}); use a vocabulary of a few thousand (e.g. 8000 or 30000)"
         )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise UsageError(f"--vocab-size {vocab_size:,} is above {MAX_VOCAB_SIZE:,} pieces (the papers use 30,000; "
+                         "multilingual models about 250,000)")
 
 
 def _training_text(texts: datasets.Dataset) -> Iterator[list[str]]:
