@@ -22,6 +22,11 @@ def _umask() -> int:
     return mask
 
 
+def follow_umask(path: str | os.PathLike) -> None:
+    """Give a file the permissions `open(path, "w")` would have (for files another library wrote privately)."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path beside `path` to write to; renamed to `path` when the block ends without error,
@@ -33,7 +38,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
     tmp = Path(name)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
+        follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -7,6 +7,8 @@ Weight names follow HuggingFace BERT/ConvBERT (`embeddings.*`, `embeddings_proje
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -25,6 +27,7 @@ from transformers.utils.generic import can_return_tuple
 
 from convattn.attention import TokenMask, build_attention
 from convattn.config import ConvAttnConfig
+from convattn.files import follow_umask
 from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, default_answer_mask
 
 
@@ -174,6 +177,11 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
         `set_attn_implementation` switches a built model (transformers' own test looks for its
         AttentionInterface in this file's source)."""
         return True
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        super().save_pretrained(save_directory, *args, **kwargs)
+        for weights in Path(save_directory).glob("*.safetensors"):
+            follow_umask(weights)  # safetensors writes its files readable by their owner alone
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

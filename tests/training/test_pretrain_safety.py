@@ -227,7 +227,8 @@ def test_a_full_disk_is_one_line_not_an_unexpected_error(monkeypatch, corpus, tm
 def test_files_are_readable_by_others_and_the_tokenizer_states_the_models_length(finished_run):
     from transformers import AutoTokenizer
 
-    for name in ("README.md", "metrics.jsonl", "pretrain_options.json", "convattn_model.py", "perplexity.png"):
+    for name in ("README.md", "metrics.jsonl", "pretrain_options.json", "convattn_model.py", "perplexity.png",
+                 "model.safetensors"):
         assert (finished_run / name).stat().st_mode & 0o777 == 0o666 & ~current_umask(), name
     tokenizer = AutoTokenizer.from_pretrained(finished_run)  # relative positions: any length
     assert tokenizer.model_max_length > 10**9
