@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.damage import config_with, pickle_only
 from helpers.tiny import tiny_config
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
@@ -31,10 +32,6 @@ def folder(saved, tmp_path) -> Path:
     return Path(shutil.copytree(saved, tmp_path / "model"))
 
 
-def edit_config(folder: Path, **changes) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    config.update(changes)
-    (folder / "config.json").write_text(json.dumps(config))
 
 
 def test_a_saved_convattn_model_passes(folder):
@@ -48,9 +45,6 @@ def replace_config_text(folder: Path, text: str) -> None:
     (folder / "config.json").write_text(text)
 
 
-def add_pickle_only(folder: Path) -> None:
-    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
-    (folder / "model.safetensors").unlink()
 
 
 def poison_weight(folder: Path) -> None:
@@ -69,14 +63,14 @@ BAD_FOLDERS = [
     (lambda f: replace_config_text(f, "{not json"), "is not JSON"),
     (lambda f: replace_config_text(f, "[1, 2]"), "not a model config"),
     (lambda f: (f / "config.json").write_bytes(b"\xff\xfe\x00"), "is not a text file"),
-    (lambda f: edit_config(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite number"),
-    (lambda f: edit_config(f, layer_norm_eps=float("inf")), "layer_norm_eps must be a finite number"),
-    (lambda f: edit_config(f, my_field=1, other=2), "fields convattn does not know: my_field, other"),
-    (lambda f: edit_config(f, model_type="no-such-type"), "model_type 'no-such-type' is neither"),
-    (lambda f: edit_config(f, model_type=None), "has no \"model_type\""),
-    (lambda f: edit_config(f, hidden_size=30), "hidden_size=30 must be divisible"),
+    (lambda f: config_with(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite number"),
+    (lambda f: config_with(f, layer_norm_eps=float("inf")), "layer_norm_eps must be a finite number"),
+    (lambda f: config_with(f, my_field=1, other=2), "fields convattn does not know: my_field, other"),
+    (lambda f: config_with(f, model_type="no-such-type"), "model_type 'no-such-type' is neither"),
+    (lambda f: config_with(f, model_type=None), "has no \"model_type\""),
+    (lambda f: config_with(f, hidden_size=30), "hidden_size=30 must be divisible"),
     (lambda f: (f / "config.json").unlink(), "has no config.json"),
-    (add_pickle_only, "holds only pickled weights (pytorch_model.bin)"),
+    (pickle_only, "holds only pickled weights (pytorch_model.bin)"),
     (lambda f: (f / "model.safetensors").unlink(), "has no model weights"),
     (truncate_weights, "truncated or corrupt"),
     (lambda f: (f / "model.safetensors").write_bytes(b""), "truncated or corrupt"),
@@ -96,7 +90,7 @@ def test_bad_folders_are_one_usage_error(folder, damage, message):
 
 
 def test_the_pickle_line_says_how_to_convert(folder):
-    add_pickle_only(folder)
+    pickle_only(folder)
     with pytest.raises(UsageError, match="safetensors only") as caught:
         check_model_folder(folder)
     assert "weights_only=True" in str(caught.value) and "save_file" in str(caught.value)
@@ -132,7 +126,7 @@ def test_a_bert_config_over_convattn_weights_is_refused_when_loading(folder, ber
 
 
 def test_a_weight_of_another_shape_is_one_line(folder):
-    edit_config(folder, intermediate_size=48)
+    config_with(folder, intermediate_size=48)
     with pytest.raises(UsageError) as caught:
         load_checked(AutoModelForSequenceClassification, str(folder), num_labels=2)
     message = str(caught.value)
@@ -141,7 +135,7 @@ def test_a_weight_of_another_shape_is_one_line(folder):
 
 
 def test_extra_encoder_layers_in_the_file_are_refused(folder):
-    edit_config(folder, num_hidden_layers=1)
+    config_with(folder, num_hidden_layers=1)
     with pytest.raises(UsageError, match="fit no part of this model"):
         load_checked(AutoModel, str(folder))
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.damage import config_with, foreign_bert, nan_weights, pickle_only
 from helpers.tiny import tiny_config
-from safetensors.torch import load_file, save_file
-from transformers import BertConfig, BertForMaskedLM
 
 from convattn import ConvAttnForMaskedLM
 from convattn.cli import main
@@ -66,26 +64,12 @@ def test_an_onnx_path_that_is_a_folder_or_under_a_file_is_refused(model, tmp_pat
     assert leftovers(tmp_path) == ["file", "out"] and not any((tmp_path / "out").iterdir())
 
 
-def nan_weights(folder: Path) -> None:
-    weights = load_file(folder / "model.safetensors")
-    next(iter(weights.values())).fill_(float("nan"))
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
 
 
-def config_with(folder: Path, **fields) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, **fields}))
 
 
-def pickle_only(folder: Path) -> None:
-    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
-    (folder / "model.safetensors").unlink()
 
 
-def bert(folder: Path) -> None:
-    shutil.rmtree(folder)
-    BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=32)).save_pretrained(folder)
 
 
 @pytest.mark.parametrize(("damage", "message"), [
@@ -99,7 +83,7 @@ def bert(folder: Path) -> None:
      "truncated or corrupt"),
     (lambda f: (f / "model.safetensors").write_bytes(b"garbage" * 100), "truncated or corrupt"),
     (lambda f: config_with(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
-    (bert, "is a transformers bert model, not a convattn model"),
+    (foreign_bert, "is a transformers bert model, not a convattn model"),
 ])
 def test_bad_model_folders_are_refused(model, tmp_path, capsys, damage, message):
     damage(model)

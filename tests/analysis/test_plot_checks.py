@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.damage import config_with, foreign_bert, nan_weights, pickle_only
 from helpers.tiny import tiny_config
-from safetensors.torch import load_file, save_file
-from transformers import BertConfig, BertForMaskedLM
 
 from convattn import ConvAttnForMaskedLM
 from convattn.cli import main
@@ -29,27 +27,12 @@ def checkpoint(saved, tmp_path) -> Path:
     return Path(shutil.copytree(saved, tmp_path / "model"))
 
 
-def nan_weights(folder: Path) -> None:
-    weights = load_file(folder / "model.safetensors")
-    for tensor in weights.values():
-        tensor.fill_(float("nan"))
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
 
 
-def config_with(folder: Path, **fields) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, **fields}))
 
 
-def pickle_only(folder: Path) -> None:
-    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
-    (folder / "model.safetensors").unlink()
 
 
-def bert(folder: Path) -> None:
-    shutil.rmtree(folder)
-    BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=32)).save_pretrained(folder)
 
 
 @pytest.mark.parametrize("kind", ["kernels", "attention"])
@@ -60,7 +43,7 @@ def bert(folder: Path) -> None:
     (lambda f: (f / "config.json").write_text("{"), "is not JSON"),
     (pickle_only, "safetensors only"),
     (lambda f: config_with(f, num_hidden_layers=1), "fit no part of this model"),
-    (bert, "is a transformers bert model, not a convattn model; these plots read convattn's mechanisms"),
+    (foreign_bert, "is a transformers bert model, not a convattn model; these plots read convattn's mechanisms"),
 ])
 def test_bad_checkpoints_are_one_line_and_no_figure(checkpoint, capsys, kind, damage, message):
     damage(checkpoint)

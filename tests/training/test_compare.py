@@ -4,38 +4,26 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 import statistics
 from pathlib import Path
 
 import pytest
+from helpers.pretrain import WORDS, write_corpus
 
 from convattn.cli import main
 from convattn.presets import preset_names
 from convattn.training import compare
 from convattn.training.grids import grid_names, load_grid
 
-WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
 PRESETS = ["chang2021-small/absolute", "chang2021-small/composite"]
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--intermediate", "64", "--embedding-size", "16",
         "--vocab-size", "150", "--seq-len", "32", "--batch-size", "8", "--max-steps", "4", "--eval-every", "2",
         "--save-every", "2", "--log-every", "1", "--warmup", "1", "--eval-samples", "16"]
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    directory = tmp_path_factory.mktemp("corpus")
-    for name, n in (("train.txt", 400), ("valid.txt", 40)):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(n)]
-        (directory / name).write_text("\n".join(lines) + "\n")
-    return directory
+    return write_corpus(tmp_path_factory.mktemp("corpus"), train_lines=400, eval_lines=40)
 
 
 def compare_args(corpus, out, *extra: str, presets: str = ",".join(PRESETS)) -> list[str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.damage import config_with, nan_weights, pickle_only
 from helpers.tiny import save_tiny_checkpoint, tiny_wordpiece_tokenizer
-from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertForMaskedLM
 
 from convattn.cli import main
@@ -144,21 +144,10 @@ def copy_of(checkpoint: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(checkpoint, tmp_path / "model"))
 
 
-def with_nan_weights(folder: Path) -> None:
-    weights = load_file(folder / "model.safetensors")
-    for tensor in weights.values():
-        tensor.fill_(float("nan"))
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
 
 
-def with_config_field(folder: Path, **fields) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, **fields}))
 
 
-def pickle_only(folder: Path) -> None:
-    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
-    (folder / "model.safetensors").unlink()
 
 
 def bert_config_over_convattn_weights(folder: Path) -> None:
@@ -167,13 +156,13 @@ def bert_config_over_convattn_weights(folder: Path) -> None:
 
 
 BAD_FOLDERS = [
-    (with_nan_weights, "non-finite (NaN or infinite) weights"),
-    (lambda f: with_config_field(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite"),
-    (lambda f: with_config_field(f, typo_field=3), "fields convattn does not know: typo_field"),
+    (nan_weights, "non-finite (NaN or infinite) weights"),
+    (lambda f: config_with(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite"),
+    (lambda f: config_with(f, typo_field=3), "fields convattn does not know: typo_field"),
     (lambda f: (f / "config.json").write_text("{oops"), "is not JSON"),
     (pickle_only, "safetensors only"),
     (lambda f: (f / "model.safetensors").write_bytes(b""), "truncated or corrupt"),
-    (lambda f: with_config_field(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
+    (lambda f: config_with(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
     (bert_config_over_convattn_weights, "weights are missing from the file"),
 ]
 

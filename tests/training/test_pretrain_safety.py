@@ -16,12 +16,6 @@ from convattn.cli import main
 from convattn.training.folder_lock import LOCK_FILE, run_folder_lock
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))

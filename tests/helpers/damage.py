@@ -1,0 +1,37 @@
+"""Ways a model folder goes bad, for the tests of what refuses one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertForMaskedLM
+
+
+def nan_weights(folder: Path, every: bool = True) -> None:
+    """NaN in every weight (or in the first one only)."""
+    weights = load_file(folder / "model.safetensors")
+    for tensor in weights.values() if every else [weights[sorted(weights)[0]]]:
+        tensor.fill_(float("nan"))
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def config_with(folder: Path, **fields) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def pickle_only(folder: Path) -> None:
+    """The weights as a pickle (pytorch_model.bin) and no safetensors."""
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def foreign_bert(folder: Path) -> None:
+    """A tiny `transformers` BERT in place of the folder."""
+    shutil.rmtree(folder, ignore_errors=True)
+    BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(folder)
