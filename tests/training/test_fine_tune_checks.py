@@ -28,13 +28,7 @@ SQUAD_QUICK = ["--version", "1.1", "--train-file", str(SQUAD / "train-v1.1.json"
                "--max-length", "48", "--doc-stride", "16", "--max-query-length", "12"]
 
 
-@pytest.fixture(autouse=True)
-def offline_single_thread(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

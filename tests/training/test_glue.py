@@ -32,14 +32,7 @@ needs_glue_data = pytest.mark.skipif(not GLUE_DATA.is_dir(), reason=f"shared GLU
 QUICK = ["--seeds", "1", "--max-steps", "3", "--batch-size", "8"]
 
 
-@pytest.fixture(autouse=True)
-def offline_single_thread(monkeypatch):
-    # 2 shared cores: one intra-op thread avoids OpenMP spin-waiting against other processes (~50x faster here)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def training_sentences() -> list[str]:

@@ -18,13 +18,7 @@ QUICK = ["--seeds", "1", "--max-steps", "4", "--batch-size", "4", "--max-length"
          "--max-query-length", "12"]
 
 
-@pytest.fixture(autouse=True)
-def offline_single_thread(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

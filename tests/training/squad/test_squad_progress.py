@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.tiny import save_tiny_checkpoint
 
 from convattn.cli import main
@@ -14,13 +13,7 @@ from convattn.training.squad.features import Progress
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "squad"
 
 
-@pytest.fixture(autouse=True)
-def offline_single_thread(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_progress_lines_name_questions_and_windows(tmp_path, capsys, monkeypatch):
