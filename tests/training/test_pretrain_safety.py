@@ -206,16 +206,25 @@ def test_a_dangling_symlink_as_output_dir_is_one_line(corpus, tmp_path, capsys):
     one_error_line(capsys, "does not exist")
 
 
-def test_a_full_disk_is_one_line_not_an_unexpected_error(monkeypatch, corpus, tmp_path, capsys):
+@pytest.mark.parametrize(("code", "needles"), [
+    (errno.ENOSPC, ("No space left on device", "/x/model", "free some space")),
+    (errno.EROFS, ("Read-only file system", "choose a writable")),
+    (errno.EACCES, ("Permission denied", "permissions")),
+])
+def test_a_failing_machine_is_one_line_not_an_unexpected_error(monkeypatch, capsys, code, needles):
     import convattn.commands.pretrain as command
 
-    def full_disk(args):
-        raise RuntimeError("failed to save") from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/x/model")
+    def fails(args):
+        raise RuntimeError("failed to save") from OSError(code, os.strerror(code), "/x/model")
 
-    monkeypatch.setattr(command, "run", full_disk)
-    monkeypatch.setattr(command, "add_arguments", lambda parser: parser.set_defaults(func=full_disk))
+    monkeypatch.setattr(command, "add_arguments", lambda parser: parser.set_defaults(func=fails))
     assert main(["pretrain"]) == 2
-    one_error_line(capsys, "No space left on device", "/x/model", "free some space")
+    one_error_line(capsys, *needles)
+
+
+def test_a_path_component_too_long_for_the_filesystem_is_one_line(corpus, tmp_path, capsys):
+    assert main(tiny_args(corpus, tmp_path / ("a" * 300))) == 2
+    one_error_line(capsys, "File name too long", "choose a shorter path")
 
 
 def test_files_are_readable_by_others_and_the_tokenizer_states_the_models_length(finished_run):
