@@ -23,6 +23,10 @@ BAD = [
     (dict(linformer_k=64), "linformer_k=64 has no effect"),
     (dict(linformer_sharing="layerwise"), "linformer_sharing='layerwise' has no effect"),
     (dict(linformer_conv="depthwise"), "linformer_conv='depthwise' has no effect"),
+    (dict(linformer_bias="before_projection"), "linformer_bias='before_projection' has no effect"),
+    (dict(sequence_projection="linear", linformer_k=32, linformer_bias="first"), r"linformer_bias='first'.*'after_pro"),
+    (dict(head_ratio=2, convbert_kernel_from="value"), r"convbert_kernel_from='value'.*'query', 'key'"),
+    (dict(convbert_kernel_from="key"), "convbert_kernel_from='key' has no effect without ConvBERT"),
     (dict(sequence_projection="banded"), "sequence_projection='banded'"),
     (dict(sequence_projection=["linear"] * 3, linformer_k=32), "sequence_projection lists 3 layers"),
     (dict(sequence_projection="linear", linformer_k=256), "linformer_k=256 must not exceed"),
@@ -43,7 +47,44 @@ def test_config_round_trips_through_dict():
     assert again.relative_terms == config.relative_terms and again.conv_projections == ["query", "value"]
 
 
-def test_layouts_expand_per_layer():
-    config = ConvAttnConfig(num_hidden_layers=8, max_position_embeddings=512, linformer_k=128,
+@pytest.mark.parametrize(("layers", "expected"), [
+    (8, ["linear"] * 4 + ["conv"] * 4), (3, ["linear", "conv", "conv"]), (5, ["linear"] * 2 + ["conv"] * 3),
+    (1, ["conv"]),
+])
+def test_layouts_expand_per_layer_as_malard_splits_them(layers, expected):
+    """Malard's Conv-Linformer: linear projections in the first L // 2 layers, convolutions in the rest."""
+    config = ConvAttnConfig(num_hidden_layers=layers, max_position_embeddings=512, linformer_k=128,
                             sequence_projection="linear+conv")
-    assert config.layer_projections == ["linear"] * 4 + ["conv"] * 4
+    assert config.layer_projections == expected
+
+
+def saved_dict(**fields) -> dict:
+    """config.json as a convattn without `linformer_bias` wrote it."""
+    saved = ConvAttnConfig(**fields).to_dict()
+    del saved["linformer_bias"]
+    return saved
+
+
+@pytest.mark.parametrize(("layers", "old_split"), [
+    (3, ["linear", "linear", "conv"]), (4, ["linear"] * 2 + ["conv"] * 2),
+])
+def test_configs_saved_before_the_bias_order_keep_their_function(layers, old_split):
+    config = ConvAttnConfig.from_dict(saved_dict(num_hidden_layers=layers, max_position_embeddings=64,
+                                                 linformer_k=16, sequence_projection="linear+conv"))
+    assert config.layer_projections == old_split and config.linformer_bias == "before_projection"
+    again = ConvAttnConfig.from_dict(config.to_dict())
+    assert again.layer_projections == old_split and again.linformer_bias == "before_projection"
+
+
+def test_configs_saved_before_the_bias_order_without_linear_layers_are_unchanged():
+    plain = ConvAttnConfig.from_dict(saved_dict())
+    assert plain.linformer_bias == "after_projection" and plain.layer_projections == ["none"] * 12
+    conv = ConvAttnConfig.from_dict(saved_dict(max_position_embeddings=64, linformer_k=16, sequence_projection="conv"))
+    assert conv.sequence_projection == "conv" and conv.linformer_bias == "after_projection"
+
+
+def test_new_configs_get_the_fairseq_bias_order_and_malard_split():
+    fields = dict(num_hidden_layers=3, max_position_embeddings=64, linformer_k=16, sequence_projection="linear+conv")
+    for config in (ConvAttnConfig(**fields), ConvAttnConfig.from_dict(dict(fields))):
+        assert config.linformer_bias == "after_projection"
+        assert config.layer_projections == ["linear", "conv", "conv"]

@@ -4,9 +4,10 @@ The mechanism is described by composable fields, not one opaque string:
 
 * composite family (Chang et al. 2021): `position_embedding_type`, `relative_terms`,
   `relative_reach`, `relative_out_of_window`, `value_depthwise_conv`, `conv_projections`;
-* ConvBERT (Jiang et al. 2020): `head_ratio`, `conv_kernel_size`, `num_groups`, `convbert_padding`;
+* ConvBERT (Jiang et al. 2020): `head_ratio`, `conv_kernel_size`, `num_groups`, `convbert_padding`,
+  `convbert_kernel_from` (Chang et al.'s variant of the convolution heads);
 * Linformer / Conv-Linformer (Wang et al. 2020; Malard): `linformer_k`, `sequence_projection`,
-  `linformer_sharing`, `linformer_conv`.
+  `linformer_sharing`, `linformer_conv`, `linformer_bias`.
 
 Invalid values and combinations raise `ValueError` naming the field and the allowed values.
 """
@@ -25,8 +26,16 @@ CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 QA_HEADS = ("span", "joint")
-# Conv-Linformer's layout: the first L//2 layers project with E/F, the last L//2 with a strided conv
+# Conv-Linformer's layout (Malard's conv_linformer.py): the first L//2 layers project with E/F, the rest
+# (L - L//2) with a strided conv
 SEQUENCE_PROJECTION_LAYOUTS = {"linear+conv": ("linear", "conv")}
+# where a linear sequence projection puts the key / value biases: "after_projection" (fairseq's Linformer:
+# E X is projected first, then k_proj / v_proj add their bias once per projected key) or "before_projection"
+# (E (X W + b): each projected key gets E's row sum over the real tokens times the bias, as convattn did first)
+LINFORMER_BIASES = ("after_projection", "before_projection")
+# which token predicts the weight of a ConvBERT convolution-head tap: "query" (Jiang et al. 2020) or "key"
+# (Chang et al. 2021's code, see convbert.py)
+CONVBERT_KERNELS_FROM = ("query", "key")
 
 
 def _choice(field: str, value, allowed: Sequence) -> None:
@@ -96,6 +105,7 @@ class ConvAttnConfig(PretrainedConfig):
     conv_kernel_size: int = 9
     num_groups: int = 1
     convbert_padding: str = "masked"
+    convbert_kernel_from: str = "query"
     # ELECTRA replaced-token detection (ConvAttnForPreTraining): generator hidden size as a fraction of
     # the discriminator's, and the weight of the discriminator's loss
     generator_size: float = 0.25
@@ -108,6 +118,7 @@ class ConvAttnConfig(PretrainedConfig):
     sequence_projection: str | list[str] = "none"
     linformer_sharing: str = "headwise"
     linformer_conv: str = "dense"
+    linformer_bias: str = "after_projection"
     # the preset this config was built from, if any (informational)
     preset: str | None = None
 
@@ -156,7 +167,7 @@ class ConvAttnConfig(PretrainedConfig):
         spec, layers = self.sequence_projection, self.num_hidden_layers
         if isinstance(spec, str) and spec in SEQUENCE_PROJECTION_LAYOUTS:
             first, second = SEQUENCE_PROJECTION_LAYOUTS[spec]
-            return [first] * (layers - layers // 2) + [second] * (layers // 2)
+            return [first] * (layers // 2) + [second] * (layers - layers // 2)
         if isinstance(spec, str):
             return [spec] * layers
         return list(spec)
@@ -178,6 +189,8 @@ class ConvAttnConfig(PretrainedConfig):
         _choice("convbert_padding", self.convbert_padding, ("masked", "reference"))
         _choice("linformer_sharing", self.linformer_sharing, ("headwise", "key_value", "layerwise"))
         _choice("linformer_conv", self.linformer_conv, ("dense", "depthwise"))
+        _choice("linformer_bias", self.linformer_bias, LINFORMER_BIASES)
+        _choice("convbert_kernel_from", self.convbert_kernel_from, CONVBERT_KERNELS_FROM)
         _choice("qa_head", self.qa_head, QA_HEADS)
         _positive("relative_reach", self.relative_reach)
         _positive("head_ratio", self.head_ratio)
@@ -215,6 +228,11 @@ class ConvAttnConfig(PretrainedConfig):
             )
         if self.conv_projections and self.uses_convbert:
             raise ValueError("conv_projections cannot be combined with ConvBERT (head_ratio > 1): choose one")
+        if self.convbert_kernel_from != "query" and not self.uses_convbert:
+            raise ValueError(
+                f"convbert_kernel_from={self.convbert_kernel_from!r} has no effect without ConvBERT's convolution "
+                "heads; set head_ratio > 1 or convbert_kernel_from='query'"
+            )
         if self.value_depthwise_conv and self.uses_convbert:
             raise ValueError("value_depthwise_conv cannot be combined with ConvBERT (head_ratio > 1): choose one")
         if isinstance(self.sequence_projection, str):
@@ -233,7 +251,8 @@ class ConvAttnConfig(PretrainedConfig):
             self._validate_linformer()
         else:
             unused = {"linformer_k": (self.linformer_k, 0), "linformer_sharing": (self.linformer_sharing, "headwise"),
-                      "linformer_conv": (self.linformer_conv, "dense")}
+                      "linformer_conv": (self.linformer_conv, "dense"),
+                      "linformer_bias": (self.linformer_bias, LINFORMER_BIASES[0])}
             for field, (value, default) in unused.items():
                 if value != default:
                     raise ValueError(
@@ -269,7 +288,11 @@ class ConvAttnConfig(PretrainedConfig):
                 "linformer_sharing='layerwise' needs the same sequence_projection in every projected layer"
             )
 
-    # ------------------------------------------------------------------ saving
+    # ------------------------------------------------------------------ loading and saving
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        return super().from_dict(keep_saved_function(config_dict), **kwargs)
+
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """Also writes the modeling code and `auto_map` (every model saves its config through here), so
         `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where convattn is not installed."""
@@ -289,3 +312,20 @@ class ConvAttnConfig(PretrainedConfig):
         fields = preset_fields(name)
         fields.update(overrides)
         return cls(**fields, preset=name)
+
+
+def keep_saved_function(config_dict: dict) -> dict:
+    """A saved config (it has `transformers_version`) written before `linformer_bias` existed, rewritten to
+    compute what it computed then: the "linear+conv" layout at odd depth as its old explicit split (linear in
+    the first L - L//2 layers, one more than Malard's) and the biases before the linear projection."""
+    if "transformers_version" not in config_dict or "linformer_bias" in config_dict:
+        return config_dict
+    upgraded = dict(config_dict)
+    layers = upgraded.get("num_hidden_layers", ConvAttnConfig.num_hidden_layers)
+    projection = upgraded.get("sequence_projection", ConvAttnConfig.sequence_projection)
+    old_split = ["linear"] * (layers - layers // 2) + ["conv"] * (layers // 2)
+    if projection == "linear+conv" and layers % 2:
+        upgraded["sequence_projection"] = old_split
+    if projection in ("linear", "linear+conv") or (not isinstance(projection, str) and "linear" in projection):
+        upgraded["linformer_bias"] = "before_projection"
+    return upgraded

@@ -43,6 +43,43 @@ def test_matches_loop_reference(padding, attn_implementation):
     torch.testing.assert_close(ours[real], expected[real], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("padding", ["masked", "reference"])
+def test_chang_key_token_kernels_match_loop_reference(padding, attn_implementation):
+    module = make_attention(convbert_kernel_from="key", convbert_padding=padding,
+                            attn_implementation=attn_implementation)
+    assert module.key_conv_attn_layer.depthwise.bias.abs().min() > 0  # randomised, so the bias is tested
+    x, keep = padded_batch([11, 6, 2, 1], 11)
+    ours, _ = module(x, TokenMask(keep))
+    expected = mixed_attention_loops(module, x, keep, masked=padding == "masked", kernel_from="key")
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-10, atol=1e-10)
+
+
+def test_chang_kernels_weigh_only_real_keys_in_the_window():
+    module = make_attention(convbert_kernel_from="key")
+    x, keep = padded_batch([7, 3], 7)
+    query = module.query(x)
+    kernel = module.conv_kernels(x, query, TokenMask(keep))  # (batch, n, N, K)
+    torch.testing.assert_close(kernel.sum(-1), torch.ones(2, 7, 2, dtype=torch.float64))
+    for b, length in enumerate((7, 3)):
+        for i in range(length):
+            for t in range(5):
+                if not 0 <= i + t - 2 < length:
+                    assert (kernel[b, i, :, t] == 0).all()
+
+
+@pytest.mark.parametrize("kernel_from", ["query", "key"])
+def test_attention_dropout_reaches_the_conv_heads_only_in_chang_variant(kernel_from):
+    module = make_attention(convbert_kernel_from=kernel_from, attention_probs_dropout_prob=0.5).train()
+    x, keep = padded_batch([9, 5], 9)
+    conv_halves = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        conv_halves.append(module(x, TokenMask(keep))[0][..., HIDDEN // 2:])
+    assert torch.equal(*conv_halves) == (kernel_from == "query")
+
+
 @pytest.mark.parametrize("terms", [["fixed"], ["dynamic_query"], ["fixed", "dynamic_query", "dynamic_key"]])
 def test_relative_terms_apply_to_the_self_attention_heads(terms):
     module = make_attention(relative_terms=terms, relative_reach=3)
@@ -60,9 +97,10 @@ def test_relative_terms_apply_to_the_self_attention_heads(terms):
     torch.testing.assert_close(ours[..., HIDDEN // 2:], plain(x, TokenMask(keep))[0][..., HIDDEN // 2:])
 
 
+@pytest.mark.parametrize("kernel_from", ["query", "key"])
 @pytest.mark.parametrize("kernel_size", [3, 9])
-def test_masked_outputs_at_real_positions_do_not_depend_on_padding(kernel_size):
-    module = make_attention(conv_kernel_size=kernel_size)
+def test_masked_outputs_at_real_positions_do_not_depend_on_padding(kernel_size, kernel_from):
+    module = make_attention(conv_kernel_size=kernel_size, convbert_kernel_from=kernel_from)
     lengths = [13, 7, 4, 1]  # odd lengths, and lengths below the kernel size
     x, keep = padded_batch(lengths, 13)
     batched, _ = module(x, TokenMask(keep))
@@ -137,12 +175,13 @@ def test_layers_use_mixed_attention_and_reference_init():
     assert attention.conv_kernel_layer.weight.shape == (2 * 9, 128)
 
 
-# ConvBERT paper sizes: encoder-only counts (ConvAttnModel), and Chang et al.'s row with the MLM head
+# ConvBERT paper sizes: encoder-only counts (ConvAttnModel), and Chang et al.'s row with the MLM head (their code's
+# count: a depthwise key-convolution bias of 256 in each of the 12 layers more than Jiang et al.'s)
 @pytest.mark.parametrize(("name", "cls", "expected"), [
     ("convbert/small", ConvAttnModel, 13_143_768),
     ("convbert/medium-small", ConvAttnModel, 17_475_888),
     ("convbert/base", ConvAttnModel, 105_680_520),
-    ("chang2021-small/convbert", ConvAttnForMaskedLM, 13_091_468),
+    ("chang2021-small/convbert", ConvAttnForMaskedLM, 13_094_540),
 ])
 def test_preset_parameter_counts_match_spec(name, cls, expected):
     with torch.device("meta"):

@@ -3,6 +3,7 @@ matrices and an explicit strided sum, plus padding, lengths, sharing, presets an
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -40,10 +41,10 @@ def small_model(preset: str, cls=ConvAttnModel, seed: int = 0, **overrides):
 
 
 def attention_module(kind: str, sharing: str = "headwise", conv: str = "dense", attn_implementation: str = "sdpa",
-                     n_max: int = 24, k: int = 6) -> LinformerSelfAttention:
+                     n_max: int = 24, k: int = 6, bias: str = "after_projection") -> LinformerSelfAttention:
     config = ConvAttnConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, max_position_embeddings=n_max,
                             linformer_k=k, sequence_projection=kind, linformer_sharing=sharing, linformer_conv=conv,
-                            attn_implementation=attn_implementation)
+                            linformer_bias=bias, attn_implementation=attn_implementation)
     shared = nn.ModuleDict()  # the encoder owns it (and converts it) in a real model
     module = LinformerSelfAttention(config, 0, shared).double().eval()
     shared.double()
@@ -71,8 +72,16 @@ def project_reference(x: torch.Tensor, projection: nn.Module, n_max: int) -> tor
     return out
 
 
+def projected_reference(x, real, layer: nn.Linear, projection: nn.Module, bias: str, n_max: int):
+    """Linear sequence projection with bias "after_projection" (fairseq): W (E x) + b, E over the real rows
+    of x; otherwise (conv, or "before_projection"): E (W x + b) over the real rows of W x + b."""
+    if isinstance(projection, LinearSequenceProjection) and bias == "after_projection":
+        return linear(project_reference(x * real, projection, n_max), layer)
+    return project_reference(linear(x, layer) * real, projection, n_max)
+
+
 def linformer_reference(module: LinformerSelfAttention, x: torch.Tensor, keep: torch.Tensor, n_max: int):
-    """softmax(Q (P_K K)^T / sqrt(d)) (P_V V), pad rows of K and V zeroed, one head at a time."""
+    """softmax(Q (P_K K)^T / sqrt(d)) (P_V V), pad rows never projected, one head at a time."""
     x = x.double()
     batch, n, hidden = x.shape
     heads = module.num_heads
@@ -80,8 +89,9 @@ def linformer_reference(module: LinformerSelfAttention, x: torch.Tensor, keep: t
     real = keep[..., None].double()
     q = linear(x, module.query)
     key_projection, value_projection = module.projections
-    keys = project_reference(linear(x, module.key) * real, key_projection, n_max)
-    values = project_reference(linear(x, module.value) * real, value_projection, n_max)
+    bias = module.config.linformer_bias
+    keys = projected_reference(x, real, module.key, key_projection, bias, n_max)
+    values = projected_reference(x, real, module.value, value_projection, bias, n_max)
     out = torch.zeros(batch, n, hidden, dtype=torch.float64)
     for h in range(heads):
         cols = slice(h * d, (h + 1) * d)
@@ -104,10 +114,11 @@ def assert_matches_reference(module, lengths, n, n_max):
     torch.testing.assert_close(ours[keep], expected[keep], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("bias", ["after_projection", "before_projection"])
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("sharing", SHARING)
-def test_linear_projection_matches_explicit_matrices(sharing, attn_implementation):
-    module = attention_module("linear", sharing, attn_implementation=attn_implementation)
+def test_linear_projection_matches_explicit_matrices(sharing, attn_implementation, bias):
+    module = attention_module("linear", sharing, attn_implementation=attn_implementation, bias=bias)
     key_projection, value_projection = module.projections
     assert (key_projection is value_projection) == (sharing != "headwise")
     assert_matches_reference(module, lengths=(24, 17, 1), n=24, n_max=24)  # full length
@@ -124,6 +135,24 @@ def test_conv_projection_matches_explicit_strided_sum(sharing, conv):
     assert_matches_reference(module, lengths=(24, 17, 1), n=24, n_max=24)
     # 13 tokens: the last window is partly zero padding, two windows see only padding
     assert_matches_reference(module, lengths=(13, 7, 2), n=13, n_max=24)
+
+
+def test_fairseq_order_adds_each_bias_once_to_each_projected_key():
+    """The bias orders differ by exactly the bias term: fairseq's adds b once, the other E_real 1 b^T."""
+    after, before = attention_module("linear"), attention_module("linear", bias="before_projection")
+    before.load_state_dict(after.state_dict())
+    x, keep = padded_batch((13, 6, 1), 13)
+    mask = TokenMask(keep)
+    keys_after, values_after = after.projected_keys_values(x, mask)
+    keys_before, values_before = before.projected_keys_values(x, mask)
+
+    def real_row_sums(projection):  # (batch, k, 1): E's row sums over each sequence's real tokens
+        return (projection.weight[:, :13].double() @ keep.double().T).T[..., None]
+
+    torch.testing.assert_close(keys_before - keys_after, (real_row_sums(after.key_projection) - 1) * after.key.bias,
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(values_before - values_after,
+                               (real_row_sums(after.value_projection) - 1) * after.value.bias, rtol=1e-12, atol=1e-12)
 
 
 def test_attention_probabilities_are_over_the_k_projected_positions():
@@ -267,6 +296,27 @@ def test_save_and_load_round_trip(tmp_path, preset, sharing):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids, attention_mask=keep).logits,
                                    model(input_ids=ids, attention_mask=keep).logits)
+
+
+def test_models_saved_before_the_bias_order_load_with_their_old_function(tmp_path):
+    """A 3-layer Conv-Linformer saved with the old layer split (linear, linear, conv) and the biases projected
+    with the keys: its config.json has no linformer_bias and says "linear+conv"; it loads computing the same."""
+    old = small_model("malard/conv-linformer-n128-k32", cls=ConvAttnForMaskedLM, num_hidden_layers=3,
+                      sequence_projection=["linear", "linear", "conv"], linformer_bias="before_projection")
+    old.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["linformer_bias"]
+    saved["sequence_projection"] = "linear+conv"
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded, info = AutoModelForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert loaded.config.layer_projections == ["linear", "linear", "conv"]
+    ids = torch.randint(5, 101, (2, 31))
+    keep = torch.ones_like(ids)
+    keep[1, 17:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(input_ids=ids, attention_mask=keep).logits,
+                                   old(input_ids=ids, attention_mask=keep).logits)
 
 
 def test_projections_are_initialised_normal_002():

@@ -120,13 +120,17 @@ def convbert_self_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
     return out.reshape(batch, n, heads * d)
 
 
-def conv_heads_loops(module, x, keep, masked: bool):
-    """The span-based dynamic convolution heads of `ConvBertMixedAttention`, one position and tap at a time."""
+def conv_heads_loops(module, x, keep, masked: bool, kernel_from: str = "query"):
+    """The span-based dynamic convolution heads of `ConvBertMixedAttention`, one position and tap at a time.
+
+    kernel_from="query" (Jiang et al.): query i's K logits, softmaxed over all taps, taps outside weigh zeros.
+    kernel_from="key" (Chang et al.'s code): tap t of query i scores logits[j, t] of its key j = i + t - K//2,
+    and only the taps whose key is a real token enter the softmax."""
     batch, n, _ = x.shape
     heads, d, taps = module.num_heads, module.head_size, module.kernel_size
     real = keep[..., None].double() if masked else torch.ones(batch, n, 1, dtype=torch.float64)
     sep = module.key_conv_attn_layer
-    spans = depthwise_conv_loops(x * real, sep.depthwise.weight, None)
+    spans = depthwise_conv_loops(x * real, sep.depthwise.weight, sep.depthwise.bias)
     key_span = spans @ sep.pointwise.weight[:, :, 0].double().T + sep.bias[:, 0].double()
     logits = linear(key_span * linear(x, module.query), module.conv_kernel_layer).view(batch, n, heads, taps)
     value = (linear(x, module.conv_out_layer) * real).view(batch, n, heads, d)
@@ -134,16 +138,22 @@ def conv_heads_loops(module, x, keep, masked: bool):
     for b in range(batch):
         for i in range(n):
             for g in range(heads):
-                kernel = torch.softmax(logits[b, i, g], dim=0)
-                for t in range(taps):
-                    s = i + t - taps // 2
-                    if 0 <= s < n:
-                        out[b, i, g] += kernel[t] * value[b, s, g]
+                if kernel_from == "query":
+                    kernel = torch.softmax(logits[b, i, g], dim=0)
+                    for t in range(taps):
+                        s = i + t - taps // 2
+                        if 0 <= s < n:
+                            out[b, i, g] += kernel[t] * value[b, s, g]
+                elif keep[b, i]:  # a pad query may have no real key in its window; its output is not compared
+                    used = [t for t in range(taps) if 0 <= i + t - taps // 2 < n and keep[b, i + t - taps // 2]]
+                    scores = torch.stack([logits[b, i + t - taps // 2, g, t] for t in used])
+                    for weight, t in zip(torch.softmax(scores, dim=0), used, strict=True):
+                        out[b, i, g] += weight * value[b, i + t - taps // 2, g]
     return out.reshape(batch, n, heads * d)
 
 
-def mixed_attention_loops(module, x, keep, masked: bool):
+def mixed_attention_loops(module, x, keep, masked: bool, kernel_from: str = "query"):
     """Reference for `ConvBertMixedAttention` in eval mode: its (batch, n, H) output; `masked`: pads zeroed for the
     convolutions (convbert_padding="masked")."""
     self_attention = convbert_self_attention_loops(module, x, keep)
-    return torch.cat([self_attention, conv_heads_loops(module, x, keep, masked)], dim=-1)
+    return torch.cat([self_attention, conv_heads_loops(module, x, keep, masked, kernel_from)], dim=-1)

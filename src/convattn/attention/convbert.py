@@ -10,6 +10,12 @@ head_ratio 2 that is d = H / h). For token i and conv head g:
 
 and the layer's output is concat(self-attention heads, conv heads) -> dense -> add & norm.
 
+Chang et al. 2021 (`convbert_kernel_from="key"`, their code's "convbert" attention) run a variant: the
+weight of query i's tap on key j = i + t - K//2 is the logit predicted at the KEY token,
+conv_kernel_layer(Ks * Q)[j, g, t]; taps outside the sequence or on padding are left out of the softmax
+over the K taps, attention dropout applies to these probabilities, and the depthwise key convolution
+has a bias.
+
 Padding: with convbert_padding="masked" pad rows are zeroed in the input of the separable
 convolution and in the conv value V', so a real token sees exactly the zeros it would see at the end
 of an unpadded sequence and its output does not depend on padding. "reference" skips the zeroing,
@@ -53,13 +59,14 @@ def dynamic_conv(value: Tensor, kernel: Tensor) -> Tensor:
 class SeparableConv1D(nn.Module):
     """Depthwise Conv1d(H, H, K, groups=H) then pointwise Conv1d(H, A, 1), both without bias, then + bias (A, 1).
 
-    Parameter names and shapes are those of the reference (HF `key_conv_attn_layer`).
+    Parameter names and shapes are those of the reference (HF `key_conv_attn_layer`); `depthwise_bias` adds
+    the depthwise convolution's bias (H) that Chang et al.'s code has.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, depthwise_bias: bool = False):
         super().__init__()
         self.depthwise = nn.Conv1d(in_channels, in_channels, kernel_size, groups=in_channels,
-                                   padding=kernel_size // 2, bias=False)
+                                   padding=kernel_size // 2, bias=depthwise_bias)
         self.pointwise = nn.Conv1d(in_channels, out_channels, 1, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_channels, 1))
 
@@ -67,6 +74,8 @@ class SeparableConv1D(nn.Module):
         init.normal_(self.depthwise.weight, mean=0.0, std=std)
         init.normal_(self.pointwise.weight, mean=0.0, std=std)
         init.zeros_(self.bias)
+        if self.depthwise.bias is not None:
+            init.zeros_(self.depthwise.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """(batch, n, H) -> (batch, n, A)."""
@@ -90,13 +99,15 @@ class ConvBertMixedAttention(nn.Module):
         self.head_size = bottleneck // self.num_heads
         self.kernel_size = config.conv_kernel_size
         self.mask_padding = config.convbert_padding == "masked"
+        self.kernel_from_key = config.convbert_kernel_from == "key"
         self.dropout_p = config.attention_probs_dropout_prob
         self.config = config
 
         self.query = nn.Linear(hidden, bottleneck)
         self.key = nn.Linear(hidden, bottleneck)
         self.value = nn.Linear(hidden, bottleneck)
-        self.key_conv_attn_layer = SeparableConv1D(hidden, bottleneck, self.kernel_size)
+        self.key_conv_attn_layer = SeparableConv1D(hidden, bottleneck, self.kernel_size,
+                                                   depthwise_bias=self.kernel_from_key)
         self.conv_kernel_layer = nn.Linear(bottleneck, self.num_heads * self.kernel_size)
         self.conv_out_layer = nn.Linear(hidden, bottleneck)
         self.relative = (
@@ -112,11 +123,23 @@ class ConvBertMixedAttention(nn.Module):
         conv_input = mask.zero_pads(hidden_states) if self.mask_padding else hidden_states
         key_span = self.key_conv_attn_layer(conv_input)
         logits = self.conv_kernel_layer(key_span * query).unflatten(-1, (self.num_heads, self.kernel_size))
+        if self.kernel_from_key:
+            return self.key_token_kernels(logits, mask)
         return logits.softmax(dim=-1)
+
+    def key_token_kernels(self, logits: Tensor, mask: TokenMask) -> Tensor:
+        """Chang et al.'s taps: query i's tap t is logits[j, :, t] of its key j = i + t - K//2, softmaxed over the
+        taps whose key is a real token (the others get -10000 before the softmax, as in their code)."""
+        taps = shifted_taps(logits, self.kernel_size)
+        scores = torch.stack([tap[..., t] for t, tap in enumerate(taps)], dim=-1)  # (batch, n, N, K)
+        real_keys = torch.stack(shifted_taps(mask.keep.to(logits.dtype), self.kernel_size), dim=-1) > 0
+        return scores.masked_fill(~real_keys[:, :, None, :], -10000.0).softmax(dim=-1)
 
     def conv_heads(self, hidden_states: Tensor, query: Tensor, mask: TokenMask) -> Tensor:
         """The span-based dynamic convolution: (batch, n, H), (batch, n, A) -> (batch, n, A)."""
         kernel = self.conv_kernels(hidden_states, query, mask)
+        if self.kernel_from_key:
+            kernel = F.dropout(kernel, self.dropout_p, training=self.training)
         value = self.conv_out_layer(hidden_states)
         if self.mask_padding:
             value = mask.zero_pads(value)

@@ -6,10 +6,14 @@ sequence from n to k positions, so attention costs O(n k) instead of O(n^2):
     softmax(Q (P_K K)^T / sqrt(d)) (P_V V)
 
 P is either Linformer's learned matrix E / F of shape (k, n_max) ("linear") or a strided Conv1d with
-kernel = stride = n_max // k ("conv", Conv-Linformer). Pad rows of K and V are zeroed first, so
-outputs at real positions do not depend on padding. An input of n < n_max tokens behaves exactly as
-if zero-padded to n_max: the linear projection uses the first n columns of E, the convolution treats
-the missing windows as zeros. The k projected keys are not token positions, so no key mask applies.
+kernel = stride = n_max // k ("conv", Conv-Linformer). E is applied the way the Linformer authors' fairseq
+code does: to the input, before the key / value maps, so each projected key gets its bias once,
+K = (E X) W_K + b_K (`linformer_bias="after_projection"`); "before_projection" keeps the order
+E (X W_K + b_K). The convolution runs after the maps, as in Malard's code. Pad rows of the input (or of
+K and V) are zeroed before the projection, so outputs at real positions do not depend on padding. An
+input of n < n_max tokens behaves exactly as if zero-padded to n_max: the linear projection uses the
+first n columns of E, the convolution treats the missing windows as zeros. The k projected keys are not
+token positions, so no key mask applies.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class LinformerSelfAttention(nn.Module):
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
         kind = config.layer_projections[layer_idx]
+        self.bias_after_projection = kind == "linear" and config.linformer_bias == "after_projection"
         if config.linformer_sharing == "headwise":
             self.key_projection = sequence_projection(config, kind)
             self.value_projection = sequence_projection(config, kind)
@@ -116,12 +121,22 @@ class LinformerSelfAttention(nn.Module):
             return self.key_value_projection, self.key_value_projection
         return self.layerwise_projection * 2
 
-    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+    def projected_keys_values(self, hidden_states: Tensor, mask: TokenMask) -> tuple[Tensor, Tensor]:
+        """The k projected keys and values, (batch, k, H) each; pad rows never reach the projection."""
         key_projection, value_projection = self.projections
-        q = split_heads(self.query(hidden_states), self.num_heads)
-        # pad rows (which carry the key/value biases) must not leak into the projected positions
+        if self.bias_after_projection:
+            real = mask.zero_pads(hidden_states)
+            projected = key_projection(real)
+            projected_for_values = projected if value_projection is key_projection else value_projection(real)
+            return self.key(projected), self.value(projected_for_values)
+        # the pad rows carry the key / value biases here, so they are zeroed after the maps
         keys = key_projection(mask.zero_pads(self.key(hidden_states)))
         values = value_projection(mask.zero_pads(self.value(hidden_states)))
+        return keys, values
+
+    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+        q = split_heads(self.query(hidden_states), self.num_heads)
+        keys, values = self.projected_keys_values(hidden_states, mask)
         k, v = split_heads(keys, self.num_heads), split_heads(values, self.num_heads)
         context, probs = attend(
             q, k, v, bias=None, mask=None, dropout_p=self.dropout_p if self.training else 0.0,
