@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def describe(fields: dict) -> str:
     shown = {k: v for k, v in fields.items()
              if k in ("position_embedding_type", "relative_terms", "value_depthwise_conv", "conv_projections",
-                      "head_ratio", "num_groups", "sequence_projection", "linformer_k", "max_position_embeddings")}
+                      "head_ratio", "num_groups", "convbert_kernel_from", "sequence_projection", "linformer_k",
+                      "max_position_embeddings")}
     return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
