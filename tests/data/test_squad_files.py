@@ -73,3 +73,28 @@ def test_the_official_sample_is_v11_only():
     assert len(load_squad_file(SHARED_SAMPLE, "1.1", "dev")) == 396
     with pytest.raises(UsageError, match=r"use --version 1\.1"):
         load_squad_file(SHARED_SAMPLE, "2.0", "dev")
+
+
+def test_a_few_answers_that_miss_their_start_are_skipped_and_counted(tmp_path, capsys):
+    good = [{"id": f"q{k}", "question": "which?", "answers": [{"text": "two", "answer_start": 4}]} for k in range(30)]
+    off_by_one = {"id": "bad", "question": "which?", "answers": [{"text": "two.", "answer_start": 4}]}
+    path = squad_file(tmp_path, paragraphs=[{"context": "one two three", "qas": [*good, off_by_one]}])
+    rows = load_squad_file(path, "1.1", "train")
+    assert len(rows) == 30 and "bad" not in rows["id"]
+    err = capsys.readouterr().err
+    assert "1 answer(s) whose answer_start misses their text left out; 1 question(s)" in err
+    assert "answer 'two.', context 'two three'" in err  # where the two part ways, not two identical truncations
+    assert len(load_squad_file(path, "1.1", "dev")) == 31  # scoring reads only the answer texts
+
+
+def test_a_file_whose_answers_mostly_miss_is_refused(tmp_path):
+    bad = {"id": "q1", "question": "which?", "answers": [{"text": "two", "answer_start": 0}]}
+    with pytest.raises(UsageError, match="1 of 1 questions have no answer that their answer_start points at"):
+        load_squad_file(squad_file(tmp_path, bad), "1.1", "train")
+
+
+@pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason="needs ../shared/data/squad (the shared SQuAD sample)")
+def test_the_shared_sample_trains_with_its_misaligned_questions_skipped(capsys):
+    rows = load_squad_file(SHARED_SAMPLE, "1.1", "train")
+    assert len(rows) == 393  # 396 questions, 3 of whose answers all miss their answer_start
+    assert "3 question(s) without another answer skipped" in capsys.readouterr().err

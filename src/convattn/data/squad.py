@@ -18,6 +18,8 @@ from convattn.training.run_folder import say
 VERSIONS = ("1.1", "2.0")
 # the longest context read: 13x SQuAD's longest; its windows cost minutes (a 2 MB context: 135,000 windows)
 MAX_CONTEXT_CHARACTERS = 50_000
+# training questions whose answers all miss their answer_start are skipped, up to this share of the file
+MAX_SKIPPED_FRACTION = 0.05
 HUB_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
 HUB_SPLITS = {"train": "train", "dev": "validation"}
 COLUMNS = ("id", "title", "context", "question", "answers")
@@ -84,7 +86,19 @@ def check_file_version(data: dict, version: str, source: str) -> None:
                          "--version 1.1 (or add the v2.0 fields)")
 
 
-def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bool) -> dict[str, list]:
+def mismatch(context: str, start: int, text: str) -> str:
+    """Where an answer and the context at its answer_start part ways, shown from a few characters before."""
+    offset = next((k for k, char in enumerate(text) if start + k >= len(context) or context[start + k] != char),
+                  len(text))
+    begin = max(0, offset - 10)
+    return (f"{shorten(text)}: they differ from its character {offset} on (answer {text[begin:offset + 10]!r}, "
+            f"context {context[max(0, start) + begin:max(0, start) + offset + 10]!r})")
+
+
+def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bool,
+             misses: list[str]) -> dict[str, list]:
+    """The question's answers; with `check_offsets`, those whose answer_start misses their text are left out and
+    described in `misses`."""
     impossible = qa.get("is_impossible", False)
     if not isinstance(impossible, bool):
         raise UsageError(f"{where}: \"is_impossible\" must be true or false, got {impossible!r}")
@@ -105,8 +119,9 @@ def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bo
         if not isinstance(text, str) or not isinstance(start, int) or isinstance(start, bool):
             raise UsageError(f"{where}: every answer needs a string \"text\" and an integer \"answer_start\"")
         if check_offsets and answer_end(context, start, text) is None:
-            raise UsageError(f"{where}: answer_start {start} does not point at the answer {shorten(text)} (the "
-                             f"context has {shorten(context[start:start + len(text)])} there)")
+            misses.append(f"{where}: answer_start {start} does not point at the answer "
+                          f"{mismatch(context, start, text)}")
+            continue
         texts.append(text)
         starts.append(start)
     return {"text": texts, "answer_start": starts}
@@ -141,15 +156,28 @@ def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> di
     the official dev sets have a few answer_starts that miss their text."""
     check_file_version(data, version, source)
     columns: dict[str, list] = {name: [] for name in COLUMNS}
+    misses: list[str] = []
+    skipped = 0
     for title, context, qa in question_entries(data, source):
         where = f"{source}: question {qa.get('id', '?')!r}"
         if not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
             raise UsageError(f"{where}: every question needs a string \"id\" and \"question\"")
-        columns["answers"].append(_answers(qa, context, where, version, check_offsets))
+        missed = len(misses)
+        answers = _answers(qa, context, where, version, check_offsets, misses)
+        if len(misses) > missed and not answers["text"]:
+            skipped += 1  # no answer left to train on: skipped, as BERT's and ELECTRA's SQuAD code do
+            continue
+        columns["answers"].append(answers)
         columns["id"].append(qa["id"])
         columns["title"].append(title)
         columns["context"].append(context)
         columns["question"].append(qa["question"])
+    if skipped > MAX_SKIPPED_FRACTION * (len(columns["id"]) + skipped):
+        raise UsageError(f"{misses[0]}; {skipped} of {len(columns['id']) + skipped} questions have no answer "
+                         f"that their answer_start points at (at most {MAX_SKIPPED_FRACTION:.0%} are skipped)")
+    if misses:
+        say("squad", f"{source}: {len(misses)} answer(s) whose answer_start misses their text left out; {skipped} "
+                     f"question(s) without another answer skipped (first: {misses[0]})")
     if not columns["id"]:
         raise UsageError(f"{source}: no questions in the file")
     columns["id"], renamed = unique_ids(columns["id"])

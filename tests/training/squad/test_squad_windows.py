@@ -217,12 +217,11 @@ def test_unanswerable_questions_need_version_2(tmp_path):
 
 
 @pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason=f"shared SQuAD sample not found at {SHARED_SAMPLE}")
-def test_the_shared_sample_reads_as_a_dev_set_but_not_as_training_labels():
+def test_the_shared_sample_reads_as_a_dev_set_and_as_training_labels_without_its_misaligned_questions():
     dev = load_squad_file(SHARED_SAMPLE, "1.1", "dev")
     assert len(dev) == len(set(dev["id"])) == 396
     assert set(dev["title"]) == {"United_Methodist_Church", "Technical_components", "Force"}
-    with pytest.raises(UsageError, match="does not point at"):  # a few official answer_starts miss their text
-        load_squad_file(SHARED_SAMPLE, "1.1", "train")
+    assert len(load_squad_file(SHARED_SAMPLE, "1.1", "train")) == 393  # 3 questions' answer_starts miss
 
 
 @pytest.mark.parametrize("max_answer_length", [30, 2])
