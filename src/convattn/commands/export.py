@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
-        raise UsageError(f"ONNX export needs {' and '.join(missing)}: pip install 'convattn[onnx]'")
+        raise UsageError(f"ONNX export needs {' and '.join(missing)}: pip install onnx onnxscript onnxruntime "
+                         "(from a clone of convattn: pip install -e '.[onnx]')")
     from convattn.checkpoint import check_model_folder
     from convattn.export import check_onnx_path, check_opset, export_onnx, load_saved
 

@@ -116,6 +116,7 @@ def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[
         if task.trains:
             source = str(mnli_model_dir(output_dir, seed)) if settings[name].from_mnli else model
             run = fine_tune(task, seed, settings[name], data, source, tokenizer, path, save_model=name == "mnli")
-            print(f"[glue] {name} seed {seed}: {run['scores']}")
+            scores = ", ".join(f"{column} {score:.1f}" for column, score in run["scores"].items())
+            print(f"[glue] {name} seed {seed}: {scores}")
         else:
             predict_ax(task, seed, data, output_dir, tokenizer, path)

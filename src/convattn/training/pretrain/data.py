@@ -31,7 +31,7 @@ def say(message: str) -> None:
 def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | None) -> PretrainData:
     recipe, cache = options.recipe, options.cache_dir
     say("reading the corpus" + ("" if options.dataset or options.train_files else
-                                " (first run: extracting the embedded default from installed documentation)"))
+                                " (the embedded default: installed documentation, extracted once and cached)"))
     corpus = load_corpus(options.dataset, options.dataset_config, options.train_files, options.eval_files, cache)
     say(f"corpus: {corpus.description}; {len(corpus.train):,} train / {len(corpus.eval):,} eval lines")
     if options.tokenizer:
