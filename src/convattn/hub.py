@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from convattn.errors import UsageError
 from convattn.files import write_text_atomic
 
 CARD = "README.md"
@@ -95,9 +96,32 @@ def push(run_dir: str | os.PathLike, repo_id: str, *, private: bool = False, tok
         raise FileNotFoundError(f"{run} is not a saved model: missing {', '.join(missing)}")
     if not any(run.glob("convattn_*.py")):
         raise FileNotFoundError(f"{run} has no modeling code (convattn_*.py): save it again with this convattn")
-    write_model_card(run, repo_id)
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    commit = api.upload_folder(folder_path=str(run), repo_id=repo_id, repo_type="model",
-                               ignore_patterns=NOT_UPLOADED, commit_message="Upload convattn model")
+    card = run / CARD
+    local_card = card.read_text() if card.is_file() else None
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        write_model_card(run, repo_id)  # the card names the repository it is uploaded to
+        commit = api.upload_folder(folder_path=str(run), repo_id=repo_id, repo_type="model",
+                                   ignore_patterns=NOT_UPLOADED, commit_message="Upload convattn model")
+    except Exception as err:
+        if local_card is not None:  # nothing changes locally unless the upload happened
+            write_text_atomic(card, local_card)
+        if is_network_error(err):
+            raise UsageError(f"cannot reach the Hugging Face Hub to push {repo_id} ({type(err).__name__}); "
+                                  "check the network and `hf auth login`, then push again") from None
+        raise
     return str(getattr(commit, "commit_url", commit))
+
+
+def is_network_error(err: BaseException) -> bool:
+    """No connection, offline mode or an HTTP error from the Hub (not a bug of ours)."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    seen = err
+    while seen is not None:
+        if isinstance(seen, HfHubHTTPError | OfflineModeIsEnabled | ConnectionError | TimeoutError) or \
+                type(seen).__module__.startswith(("requests", "urllib3", "httpx", "httpcore")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -241,3 +241,19 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_push_without_network_is_one_line_and_leaves_the_card_alone(finished_run, monkeypatch, capsys):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    def offline(self, *args, **kwargs):
+        raise OfflineModeIsEnabled("offline")
+
+    before = snapshot(finished_run)
+    monkeypatch.setattr(HfApi, "upload_folder", offline)
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, *args, **kwargs: None)
+    assert main(["push", str(finished_run), "--repo", "someone/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("convattn push: error: cannot reach the Hugging Face Hub") and len(err.splitlines()) == 1
+    assert {k: v[0] for k, v in snapshot(finished_run).items()} == {k: v[0] for k, v in before.items()}
