@@ -1,4 +1,4 @@
-"""ELECTRA replaced-token detection (Clark et al. 2020), ConvBERT's pretraining objective (SPEC section 3).
+"""ELECTRA replaced-token detection (Clark et al. 2020), ConvBERT's pretraining objective.
 
 A small generator (the same architecture at `generator_size` x the hidden size, heads and FFN width)
 fills in masked tokens; the discriminator (the encoder we keep) learns which tokens were replaced.
