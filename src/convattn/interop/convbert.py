@@ -1,4 +1,5 @@
-"""Convert between `transformers`' ConvBERT models and convattn ConvBERT models (Jiang et al. 2020; the published YituTech/conv-bert-* checkpoints).
+"""Convert between `transformers`' ConvBERT models (Jiang et al. 2020; the published YituTech checkpoints)
+and convattn ConvBERT models.
 
 Weights map 1:1 (renames only): the encoder's names are HF's, `convbert.` becomes `convattn.`, and
 HF's masked-LM head `generator_predictions.{dense,LayerNorm}` + `generator_lm_head.{weight,bias}`
