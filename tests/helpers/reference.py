@@ -78,7 +78,16 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
     k = composite_projection(x, module.key).view(batch, n, heads, d)
     values = composite_projection(x, module.value)
     v = values.view(batch, n, heads, d)
-    rel = module.relative
+    context = relative_attention_loops(module.relative, q, k, v, keep).reshape(batch, n, hidden)
+    if module.value_conv is not None:
+        zeroed = values * keep[..., None].double()
+        context = context + depthwise_conv_loops(zeroed, module.value_conv.weight, module.value_conv.bias)
+    return context
+
+
+def relative_attention_loops(rel, q: Tensor, k: Tensor, v: Tensor, keep: Tensor) -> Tensor:
+    """Softmax attention with relative terms, one score at a time; q, k, v are (batch, n, heads, d)."""
+    batch, n, heads, d = q.shape
     out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
     for b in range(batch):
         for h in range(heads):
@@ -90,11 +99,7 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
                 probs = torch.softmax(torch.stack(scores), dim=0)
                 for j in range(n):
                     out[b, i, h] += probs[j] * v[b, j, h]
-    context = out.reshape(batch, n, hidden)
-    if module.value_conv is not None:
-        zeroed = values * keep[..., None].double()
-        context = context + depthwise_conv_loops(zeroed, module.value_conv.weight, module.value_conv.bias)
-    return context
+    return out
 
 
 def convbert_self_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
@@ -105,19 +110,7 @@ def convbert_self_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
     q = linear(x, module.query).view(batch, n, heads, d)
     k = linear(x, module.key).view(batch, n, heads, d)
     v = linear(x, module.value).view(batch, n, heads, d)
-    rel = module.relative
-    out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(n):
-                scores = []
-                for j in range(n):
-                    s = score_with_relative_terms(rel, q[b, i, h], k[b, j, h], i, j, h)
-                    scores.append(s if keep[b, j] else torch.tensor(-math.inf, dtype=torch.float64))
-                probs = torch.softmax(torch.stack(scores), dim=0)
-                for j in range(n):
-                    out[b, i, h] += probs[j] * v[b, j, h]
-    return out.reshape(batch, n, heads * d)
+    return relative_attention_loops(module.relative, q, k, v, keep).reshape(batch, n, heads * d)
 
 
 def conv_heads_loops(module, x, keep, masked: bool, kernel_from: str = "query"):
