@@ -17,15 +17,15 @@ WORDS = "the quick brown fox jumps over lazy dog and which had been asleep did n
 KERNEL = 5
 
 
-@pytest.fixture
-def checkpoint(tmp_path):
+@pytest.fixture(params=["query", "key"])
+def checkpoint(tmp_path, request):
     vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS.split()])}
     core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
                                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     model = ConvAttnForMaskedLM(tiny_config("chang2021-small/convbert", vocab_size=len(vocab),
-                                            conv_kernel_size=KERNEL))
+                                            conv_kernel_size=KERNEL, convbert_kernel_from=request.param))
     randomize_(model)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -33,18 +33,25 @@ def checkpoint(tmp_path):
 
 
 def reference_kernel_matrix(attention, x: torch.Tensor) -> torch.Tensor:
-    """(n, n): row i holds softmax(conv_kernel_layer(Ks * Q)) of token i at columns i - K//2 .. i + K//2,
-    averaged over conv heads, computed one tap at a time (SPEC section 3)."""
+    """(n, n): row i holds the softmax over the taps of conv_kernel_layer(Ks * Q) at columns i - K//2 .. i + K//2,
+    averaged over conv heads, one tap at a time. Jiang et al.: every tap from token i's own kernel; Chang et al.
+    (kernels from the key): tap t from the kernel of its key j = i + t - K//2, taps outside the text left out."""
     n, heads, taps = x.shape[1], attention.num_heads, attention.kernel_size
     sep = attention.key_conv_attn_layer
-    spans = depthwise_conv_loops(x, sep.depthwise.weight, None)
+    spans = depthwise_conv_loops(x, sep.depthwise.weight, sep.depthwise.bias)
     key_span = spans @ sep.pointwise.weight[:, :, 0].double().T + sep.bias[:, 0].double()
     logits = linear(key_span * linear(x, attention.query), attention.conv_kernel_layer).view(n, heads, taps)
     matrix = torch.zeros(n, n, dtype=torch.float64)
+    from_key = attention.config.convbert_kernel_from == "key"
     for i in range(n):
-        kernel = torch.stack([torch.softmax(logits[i, g], dim=0) for g in range(heads)]).mean(dim=0)
-        for t in range(taps):
-            j = i + t - taps // 2
+        keys = [i + t - taps // 2 for t in range(taps)]
+        if from_key:
+            scores = [torch.tensor([logits[j, g, t] if 0 <= j < n else -10000.0 for t, j in enumerate(keys)],
+                                   dtype=torch.float64) for g in range(heads)]
+        else:
+            scores = [logits[i, g] for g in range(heads)]
+        kernel = torch.stack([torch.softmax(score, dim=0) for score in scores]).mean(dim=0)
+        for t, j in enumerate(keys):
             if 0 <= j < n:
                 matrix[i, j] = kernel[t]
     return matrix
