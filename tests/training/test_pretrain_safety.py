@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -69,6 +70,7 @@ IMPOSSIBLE_VALUES = [
     (["--set", "hidden_act=foo"], "hidden_act='foo' is not allowed"),
     (["--vocab-size", "1000000000"], "--vocab-size 1,000,000,000 is above 1,000,000"),
     (["--dataset-config", "x"], "--dataset-config x needs --dataset"),
+    (["--precision", "fp16"], "--precision fp16 needs a GPU here"),
 ]
 
 
@@ -257,3 +259,10 @@ def test_push_without_network_is_one_line_and_leaves_the_card_alone(finished_run
     err = capsys.readouterr().err.strip()
     assert err.startswith("convattn push: error: cannot reach the Hugging Face Hub") and len(err.splitlines()) == 1
     assert {k: v[0] for k, v in snapshot(finished_run).items()} == {k: v[0] for k, v in before.items()}
+
+
+def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
+    out = tmp_path / "bf16"
+    assert main(tiny_args(corpus, out, "--precision", "bf16", "--max-steps", "4", "--eval-every", "2")) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(row["perplexity"]) for row in rows) and rows[-1]["perplexity"] < rows[0]["perplexity"]

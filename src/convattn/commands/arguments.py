@@ -126,7 +126,7 @@ def add_training_arguments(group, recipe_help: str, seed: bool = True, recipe_de
     group.add_argument("--mlm-probability", type=float, metavar="X",
                        help="fraction of tokens masked" + shown("mlm_probability"))
     group.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                       help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU")
+                       help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU; bf16 also runs on CPU (autocast)")
     if seed:
         group.add_argument("--seed", type=int, metavar="N",
                            help="seed for initialisation, data order and masking" + shown("seed"))

@@ -107,14 +107,15 @@ def precision_flags(precision: str) -> dict:
     if precision == "auto":
         gpu = torch.cuda.is_available()
         precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if gpu else "fp32"
-    if precision != "fp32" and not torch.cuda.is_available():
-        raise UsageError(f"--precision {precision} needs a GPU here; use --precision fp32 (or auto) on CPU")
+    if precision == "fp16" and not torch.cuda.is_available():  # CPU autocast has bf16, not fp16 with loss scaling
+        raise UsageError("--precision fp16 needs a GPU here; use --precision bf16 or fp32 (or auto) on CPU")
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
 def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
     recipe = options.recipe
     warmup = recipe.warmup if recipe.warmup < 1 else int(recipe.warmup)
+    flags = precision_flags(options.precision)
     return TrainingArguments(
         output_dir=str(options.output_dir / "checkpoints"),
         max_steps=recipe.max_steps,
@@ -147,6 +148,7 @@ def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArgu
         report_to="none",
         disable_tqdm=False,
         # several processes without GPUs: CPU data parallel over gloo (accelerate decides only when told)
-        use_cpu=world_size() > 1 and not torch.cuda.is_available(),
-        **precision_flags(options.precision),
+        # (bf16 autocast without a GPU: the Trainer only allows it when told to stay on the CPU)
+        use_cpu=not torch.cuda.is_available() and (world_size() > 1 or flags["bf16"]),
+        **flags,
     )
