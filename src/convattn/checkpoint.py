@@ -164,6 +164,11 @@ def check_shards_present(folder: Path) -> None:
         raise UsageError(f"{folder} lacks the weight shards {', '.join(missing)} listed in {index.name}")
 
 
+def listed(names: list[str]) -> str:
+    """The first three names, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def check_weight_file(file: Path) -> None:
     """The file opens as safetensors and its floating-point tensors are finite (one UsageError naming them)."""
     import torch
@@ -179,8 +184,7 @@ def check_weight_file(file: Path) -> None:
         detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         raise UsageError(f"{file} is truncated or corrupt ({detail}); save or copy the model again") from None
     if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise UsageError(f"{file} holds non-finite (NaN or infinite) weights: {shown}; this model cannot be used "
+        raise UsageError(f"{file} holds non-finite (NaN or infinite) weights: {listed(bad)}; this model cannot be used "
                          "(a diverged training run?)")
 
 

@@ -18,8 +18,9 @@ from convattn.commands.arguments import (
     recipe_overrides,
 )
 from convattn.errors import UsageError
+from convattn.files import read_json
 from convattn.training.recipes import apply_overrides
-from convattn.training.run_folder import read_json, say
+from convattn.training.run_folder import say
 
 EXAMPLES = """\
 examples:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from convattn.errors import UsageError
+from convattn.files import read_json, write_json_atomic
 from convattn.training.console import log_to
 from convattn.training.grids import Grid, RunSpec, check_runs
 from convattn.training.memory import saved_activation_bytes
@@ -43,7 +44,7 @@ from convattn.training.pretrain import (
     sequence_length,
 )
 from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
-from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, read_json, seed_dir, write_json_atomic
+from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
 from convattn.training.run_folder import say as say_as
 
 MEMORY_FILE = "memory.json"

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from convattn.files import write_text_atomic
 from convattn.training.compare import CompareOptions, run_dir, run_options
 from convattn.training.compare_results import (
     MIB,
@@ -21,7 +22,7 @@ from convattn.training.compare_results import (
     write_summary_csv,
 )
 from convattn.training.pretrain import OPTIONS_FILE
-from convattn.training.run_folder import format_mean_sem, write_text_atomic
+from convattn.training.run_folder import format_mean_sem
 
 
 # ---------------------------------------------------------------------------------- report

@@ -21,11 +21,32 @@ from convattn.errors import UsageError
 LOCK_FILE = ".convattn.lock"
 
 
+def main_process() -> bool:
+    """Rank 0 of a multi-process run (or the only process): the one that writes the run folder."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def check_output_folder(path: Path, flag: str = "--output-dir") -> None:
+    """The folder exists or can be made: not a file, not a dangling link, no file on its way, writable."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{flag} {path} is a symbolic link to nothing ({os.readlink(path)}, which does not exist); "
+                         "remove it or give another folder")
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; give a folder (it is created if needed)")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UsageError(f"{flag} {path}: {blocking} is a file, so the folder cannot be made")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
+
+
 @contextmanager
-def run_folder_lock(folder: Path, flag: str = "--output-dir", enabled: bool = True) -> Iterator[None]:
-    """Hold `folder` (created if needed) for this process; `enabled=False` (other ranks of a multi-process run,
-    whose main process holds it) does nothing."""
-    if not enabled:
+def run_folder_lock(folder: Path, flag: str = "--output-dir", enabled: bool | None = None) -> Iterator[None]:
+    """Hold `folder` (created if needed) for this process. Only the main process holds it (`enabled` None):
+    the other ranks of a multi-process run write nothing there."""
+    if not (main_process() if enabled is None else enabled):
         yield
         return
     folder = Path(folder)

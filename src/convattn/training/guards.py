@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from convattn.checkpoint import listed
 from convattn.errors import UsageError
 
 
@@ -29,8 +30,8 @@ def check_finite_weights(model: nn.Module, what: str) -> None:
     """Raise `NonFiniteTraining` naming the first bad parameters of `model` (`what`: 'the model in DIR', ...)."""
     bad = non_finite_parameters(model)
     if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise NonFiniteTraining(f"{what} has non-finite (NaN or infinite) weights: {shown}")
+        raise NonFiniteTraining(f"{what} has non-finite (NaN or infinite) weights: {listed(bad)}")
+
 
 
 class FiniteTraining:
@@ -54,5 +55,5 @@ class FiniteTraining:
         bad = non_finite_parameters(model)
         if bad:
             raise NonFiniteTraining(f"training stopped at step {self.state.global_step}: the weights are no longer "
-                                    f"finite ({', '.join(bad[:3])}); they were not saved; {self.divergence_hint}")
+                                    f"finite ({listed(bad)}); they were not saved; {self.divergence_hint}")
         super().save_model(output_dir, _internal_call)

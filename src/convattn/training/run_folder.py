@@ -1,8 +1,7 @@
 """What every command that writes a run folder shares (pretrain, glue, compare, squad).
 
-* atomic writes: `write_text_atomic`, `write_json_atomic`, `save_figure` (temporary file + rename, so a crash
-  never leaves half a file);
-* the run record: `read_json`, `changed_options` (what differs from the options a folder was made with,
+* figures: `save_figure` (written atomically, as every file is: see `convattn.files`);
+* the run record: `changed_options` (what differs from the options a folder was made with,
   leaving out `BOOKKEEPING_OPTIONS`);
 * statistics over seeds: `mean_sem` and its table cell `format_mean_sem`;
 * console output: `say` (one progress line on stderr, from the main process only);
@@ -21,14 +20,14 @@ import sys
 from pathlib import Path
 
 from convattn.errors import UsageError
-from convattn.files import atomic_path, read_json, write_json_atomic, write_text_atomic  # noqa: F401 (re-exported)
+from convattn.files import atomic_path, read_json
 
 # options that say where and how verbosely a run is written, not what it computes: they may differ between a
 # run folder and the invocation that continues or reuses it
 BOOKKEEPING_OPTIONS = ("output_dir", "resume", "overwrite", "log_every", "cache_dir")
 
 
-# ---------------------------------------------------------------------------------- atomic writes
+# ---------------------------------------------------------------------------------- figures
 def save_figure(fig, path: Path, dpi: int = 130) -> Path:
     """Save a matplotlib `Figure` as PNG via a temporary file, so a crash never leaves half an image."""
     with atomic_path(path, suffix=".png") as tmp:
@@ -113,17 +112,3 @@ def model_identity(model: str | Path) -> str:
                 while chunk := f.read(1 << 20):
                     digest.update(chunk)
     return digest.hexdigest()[:16]
-
-
-def check_weights(directory: str | Path) -> None:
-    """Every *.safetensors file of a saved model must open (header and data lengths agree): a truncated or
-    corrupt file is one UsageError naming it, before anything loads it. A hub id (no local directory) passes."""
-    from safetensors import safe_open
-
-    for file in sorted(Path(directory).glob("*.safetensors")) if Path(directory).is_dir() else ():
-        try:
-            with safe_open(str(file), framework="pt") as weights:
-                weights.keys()
-        except Exception as err:  # safetensors raises its own error type for every kind of damage
-            raise UsageError(f"{file} is truncated or corrupt ({str(err).splitlines()[0][:120]}); "
-                             "save or copy the model again") from None

@@ -3,15 +3,12 @@ input length against the model's positions, the output folder; and the lock that
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from convattn.checkpoint import ModelFolder, check_model_folder
 from convattn.errors import UsageError
-from convattn.training.folder_lock import run_folder_lock
 from convattn.training.glue.settings import BASE_HIDDEN_SIZE
 from convattn.training.run_folder import say
 
@@ -75,28 +72,3 @@ def fitted_max_length(max_length: int, given: bool, pretrained: PretrainedModel,
     say(command, f"the recipe's max length {max_length} exceeds the {limit} positions of {pretrained.source}; "
                  f"using {limit}")
     return limit
-
-
-def check_output_dir(path: Path, flag: str = "--output-dir") -> None:
-    """The folder exists or can be made: not a file, no file on its way."""
-    path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise UsageError(f"{flag} {path} is a symbolic link to nothing ({os.readlink(path)}); remove it or give "
-                         "another folder")
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{flag} {path} is a file; give a folder (it is created if needed)")
-    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise UsageError(f"{flag} {path}: {blocking} is a file, so the folder cannot be made")
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {existing} is not writable")
-
-
-def main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def owned_output_dir(path: Path):
-    """Hold the output folder for this run: a second run on it is refused (see `run_folder_lock`)."""
-    return run_folder_lock(Path(path), flag="--output-dir", enabled=main_process())

@@ -8,19 +8,19 @@ from pathlib import Path
 
 from convattn.data.glue import get_task
 from convattn.errors import UsageError
+from convattn.files import read_json, write_json_atomic
 from convattn.training.console import log_to
+from convattn.training.folder_lock import check_output_folder, run_folder_lock
 from convattn.training.glue.checks import (
     PretrainedModel,
-    check_output_dir,
     fitted_max_length,
     load_pretrained,
-    owned_output_dir,
 )
 from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
 from convattn.training.glue.settings import FineTuneSettings, load_glue_recipe, resolve_settings
-from convattn.training.run_folder import model_identity, read_json, write_json_atomic
+from convattn.training.run_folder import model_identity
 
 MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 
@@ -81,14 +81,14 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     for name in task_lr:
         get_task(name)
     check_data([get_task(t) for t in tasks], data_dir)
-    check_output_dir(output_dir)
+    check_output_folder(output_dir)
     pretrained = load_pretrained(model, "glue", "fine-tuning it with its own transformers classification head")
     overrides = overrides or {}
     # AX is only predicted, with the MNLI model: it takes MNLI's settings (max length)
     settings = {t: fitted_settings(resolve_settings(recipe_fields, "mnli" if t == "ax" else t, pretrained.base_size,
                                                     overrides, task_lr, from_mnli),
                                    overrides.get("max_length") is not None, pretrained) for t in tasks}
-    with owned_output_dir(output_dir):
+    with run_folder_lock(output_dir):
         check_finished_runs(output_dir, settings, seeds)
         check_mnli_available(output_dir, tasks, settings, seeds)
         check_same_model(output_dir, model)  # the first write

@@ -26,13 +26,14 @@ from transformers import (
 
 from convattn.checkpoint import load_checked
 from convattn.data.glue import GlueTask
+from convattn.files import read_json, write_json_atomic, write_text_atomic
 from convattn.training.console import quiet_trainer
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
 from convattn.training.glue.optim import LayerDecayTrainer
 from convattn.training.glue.settings import FineTuneSettings
 from convattn.training.guards import check_finite_weights
-from convattn.training.run_folder import read_json, seed_dir, write_json_atomic, write_text_atomic
+from convattn.training.run_folder import seed_dir
 
 
 def run_dir(output_dir: Path, task: str, seed: int) -> Path:

@@ -10,6 +10,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convattn.checkpoint import check_weight_file, weight_files
 from convattn.config import ConvAttnConfig
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
@@ -17,7 +18,7 @@ from convattn.errors import UsageError
 from convattn.training.console import LOG_FILE
 from convattn.training.folder_lock import LOCK_FILE, holds_only_lock
 from convattn.training.recipes import Recipe, warmup_steps
-from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options, check_weights
+from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
 
 OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -197,19 +198,10 @@ class OutputPlan:
     replace: bool = False  # remove the old run's files once the new run is ready to write
 
 
-def check_output_path(out: Path) -> None:
-    """--output-dir must be (or become) a directory."""
-    if out.is_symlink() and not out.exists():
-        raise UsageError(f"--output-dir {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
-                         "it or choose another --output-dir")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--output-dir {out} is a file; choose a directory")
-
-
 def check_output_dir(options: PretrainOptions) -> OutputPlan:
-    """What to do with `options.output_dir`; raises (before anything is written) when it is in the way."""
+    """What to do with `options.output_dir` (a folder: `check_output_folder`); raises, before anything is written,
+    when it is in the way."""
     out = options.output_dir
-    check_output_path(out)
     if options.resume:
         return resume_plan(options)
     if not out.is_dir() or holds_only_lock(out):
@@ -245,7 +237,8 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
     if reached > recipe.max_steps:
         raise UsageError(f"--max-steps {recipe.max_steps} is below step {reached}, which the run in {out} has already "
                          f"reached; give --max-steps {reached} or more")
-    check_weights(checkpoints[-1])
+    for file in weight_files(checkpoints[-1]):
+        check_weight_file(file)
     return OutputPlan(resume_from=checkpoints[-1], finished=reached == recipe.max_steps)
 
 

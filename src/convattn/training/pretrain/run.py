@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -14,19 +13,18 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerStat
 from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
+from convattn.files import write_text_atomic
 from convattn.hub import write_model_card
 from convattn.training.console import log_to
-from convattn.training.folder_lock import run_folder_lock
+from convattn.training.folder_lock import check_output_folder, run_folder_lock
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
-    METRICS_FILE,
     OPTIONS_FILE,
     OutputPlan,
     PretrainOptions,
     check_options,
     check_output_dir,
-    check_output_path,
     checkpoint_step,
     complete_checkpoints,
     remove_run_files,
@@ -34,7 +32,7 @@ from convattn.training.pretrain.options import (
 )
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
 from convattn.training.recipes import warmup_steps
-from convattn.training.run_folder import say, write_text_atomic
+from convattn.training.run_folder import say
 
 
 @dataclass
@@ -78,9 +76,8 @@ class PretrainSummary:
 def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()) -> PretrainSummary:
     """Run (or resume) pretraining; see the package docstring for what lands in `options.output_dir`."""
     config = check_options(options)
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    check_output_path(options.output_dir)  # before the lock creates it
-    with run_folder_lock(options.output_dir, enabled=main_process):
+    check_output_folder(options.output_dir)  # before the lock creates it
+    with run_folder_lock(options.output_dir):
         plan = check_output_dir(options)
         if plan.finished and (options.output_dir / "model.safetensors").is_file():
             return finished_summary(options)
@@ -135,19 +132,16 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
             trainer.state = TrainerState.load_from_json(str(plan.resume_from / "trainer_state.json"))
         else:
             trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
-    except KeyboardInterrupt:
-        interrupted = True
-        progress.close()
-    except BaseException:
+    except BaseException as stop:  # Ctrl-C / SIGTERM ends the run with a summary; anything else is raised on
         progress.close()
         if args.process_index == 0:
             discard_if_unsaved(out)
-        raise
+        if not isinstance(stop, KeyboardInterrupt):
+            raise
+        interrupted = True
     if not interrupted:
         save_final(trainer, out)
     checkpoints = complete_checkpoints(out / "checkpoints")
-    if interrupted and not checkpoints and args.process_index == 0:
-        discard_if_unsaved(out)
     rows = metrics.rows
     return PretrainSummary(
         output_dir=out, parameters=model.num_parameters(), tokens_seen=trainer.state.num_input_tokens_seen,
@@ -167,8 +161,7 @@ def discard_if_unsaved(out: Path) -> None:
 def finished_summary(options: PretrainOptions) -> PretrainSummary:
     """--resume of a run that already reached --max-steps: nothing is touched."""
     out = options.output_dir
-    rows = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()] \
-        if (out / METRICS_FILE).is_file() else []
+    rows = MetricsWriter(out).rows
     steps = checkpoint_step(complete_checkpoints(out / "checkpoints")[-1])
     return PretrainSummary(
         output_dir=out, parameters=0, tokens_seen=rows[-1].get("tokens_seen", 0) if rows else 0, steps=steps,

@@ -9,12 +9,11 @@ from pathlib import Path
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
 from convattn.training.console import log_to
+from convattn.training.folder_lock import check_output_folder, run_folder_lock
 from convattn.training.glue.checks import (
     PretrainedModel,
-    check_output_dir,
     fitted_max_length,
     load_pretrained,
-    owned_output_dir,
 )
 from convattn.training.glue.protocol import check_same_model
 from convattn.training.run_folder import say
@@ -64,14 +63,14 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
     recipe_fields = load_squad_recipe(recipe)
     seeds = seeds or recipe_fields["seeds"]
     overrides = overrides or {}
-    check_output_dir(output_dir)
+    check_output_folder(output_dir)
     pretrained = load_pretrained(model, "squad", "fine-tuning it with its own transformers span head (head=span, "
                                                  "not ELECTRA's joint head)")
     if not pretrained.tokenizer.is_fast:
         raise UsageError(f"{model}: SQuAD needs a fast tokenizer (character offsets); this one is "
                          f"{type(pretrained.tokenizer).__name__}")
     settings = fitted_settings(resolve_settings(recipe_fields, pretrained.base_size, overrides), overrides, pretrained)
-    with owned_output_dir(output_dir):  # a failure before the first write leaves nothing behind
+    with run_folder_lock(output_dir):  # a failure before the first write leaves nothing behind
         check_finished_runs(output_dir, version, settings, seeds)
         pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
         data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,

@@ -22,10 +22,11 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding,
 
 from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
+from convattn.files import read_json, write_json_atomic
 from convattn.training.glue.optim import LayerDecayTrainer
 from convattn.training.glue.run import train, training_arguments
 from convattn.training.guards import check_finite_weights
-from convattn.training.run_folder import read_json, seed_dir, write_json_atomic
+from convattn.training.run_folder import seed_dir
 from convattn.training.squad.features import Progress
 from convattn.training.squad.metrics import squad_scores
 from convattn.training.squad.postprocess import best_answers
