@@ -7,13 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.damage import config_with, pickle_only
-from helpers.tiny import tiny_config
+from helpers.tiny import save_tiny_mlm
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
 
-from convattn import ConvAttnForMaskedLM
 from convattn.checkpoint import check_model_folder, load_checked
 from convattn.errors import UsageError
 
@@ -21,10 +19,7 @@ from convattn.errors import UsageError
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     """A tiny convattn MLM folder; each test works on its own copy."""
-    path = tmp_path_factory.mktemp("checkpoint") / "model"
-    torch.manual_seed(0)
-    ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).save_pretrained(path)
-    return path
+    return save_tiny_mlm(tmp_path_factory.mktemp("checkpoint") / "model")
 
 
 @pytest.fixture

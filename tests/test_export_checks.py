@@ -8,11 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.damage import config_with, foreign_bert, nan_weights, pickle_only
-from helpers.tiny import tiny_config
+from helpers.tiny import save_tiny_mlm
 
-from convattn import ConvAttnForMaskedLM
 from convattn.cli import main
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxscript") is None or
@@ -21,10 +19,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxscript") is None o
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("export") / "model"
-    torch.manual_seed(0)
-    ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).save_pretrained(path)
-    return path
+    return save_tiny_mlm(tmp_path_factory.mktemp("export") / "model")
 
 
 @pytest.fixture

@@ -6,20 +6,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.damage import config_with, foreign_bert, nan_weights, pickle_only
-from helpers.tiny import tiny_config
+from helpers.tiny import save_tiny_mlm
 
-from convattn import ConvAttnForMaskedLM
 from convattn.cli import main
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plot") / "model"
-    torch.manual_seed(0)
-    ConvAttnForMaskedLM(tiny_config("chang2021-small/composite+depthwise")).save_pretrained(path)
-    return path
+    return save_tiny_mlm(tmp_path_factory.mktemp("plot") / "model", "chang2021-small/composite+depthwise")
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ a replayable seed). On a CUDA machine the same tests also run the CUDA kernels."
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from helpers.reference import composite_attention_loops, mixed_attention_loops
@@ -35,6 +37,16 @@ def use_kernel(monkeypatch):
         monkeypatch.setattr(paths, "relative_path", lambda *args: "decomposed")
         monkeypatch.setattr(paths, "fused_kernel", lambda device, dtype: kernel)
     return use
+
+
+def assert_every_kernel_matches(layer, x, keep, reference, tolerance, use_kernel):
+    """The layer through the decomposition with each kernel of KERNELS: output and every gradient as `reference`."""
+    expected, ref_grads = output_and_grads(layer, x, keep, reference)
+    names = ["input", *(name for name, _ in layer.named_parameters())]
+    for label, kernel in KERNELS.items():
+        use_kernel(kernel)
+        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+        assert_matches(ours, our_grads, expected, ref_grads, keep, names, tolerance, label)
 
 
 def assert_matches(ours, our_grads, expected, ref_grads, keep, names, tolerance, label):
@@ -72,12 +84,7 @@ def test_composite_float32_outputs_and_all_gradients_match_loop_reference(terms,
         monkeypatch.setattr(decomposition, "WINDOW_CHUNK_BYTES", chunk_bytes)
     layer = make_layer(TERMS[terms], out_of_window, value_depthwise_conv=True)
     x, keep = batch(lengths, n, torch.float32)
-    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
-    names = ["input", *(name for name, _ in layer.named_parameters())]
-    for label, kernel in KERNELS.items():
-        use_kernel(kernel)
-        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
-        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-5, label)
+    assert_every_kernel_matches(layer, x, keep, partial(composite_attention_loops, layer), 1e-5, use_kernel)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 14])
@@ -86,12 +93,7 @@ def test_sequences_shorter_than_the_band_match_reference(n, out_of_window, monke
     monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 2 * reach)
     layer = make_layer(TERMS["composite+key"], out_of_window, reach=3, dtype=torch.float64)
     x, keep = batch((n, max(1, n // 2)), n, torch.float64)
-    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
-    names = ["input", *(name for name, _ in layer.named_parameters())]
-    for label, kernel in KERNELS.items():
-        use_kernel(kernel)
-        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
-        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-9, label)
+    assert_every_kernel_matches(layer, x, keep, partial(composite_attention_loops, layer), 1e-9, use_kernel)
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
@@ -101,13 +103,8 @@ def test_convbert_heads_outputs_and_all_gradients_match_loop_reference(terms, ou
     monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 2 * reach)
     layer = make_convbert_layer(TERMS[terms], out_of_window, dtype=torch.float64)
     x, keep = batch((15, 8, 1), 15, torch.float64)
-    expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: mixed_attention_loops(layer, x, keep, True))
-    names = ["input", *(name for name, _ in layer.named_parameters())]
-    assert any(name.startswith("relative.") for name in names)
-    for label, kernel in KERNELS.items():
-        use_kernel(kernel)
-        ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
-        assert_matches(ours, our_grads, expected, ref_grads, keep, names, 1e-9, label)
+    assert any(name.startswith("relative.") for name, _ in layer.named_parameters())
+    assert_every_kernel_matches(layer, x, keep, partial(mixed_attention_loops, layer, masked=True), 1e-9, use_kernel)
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

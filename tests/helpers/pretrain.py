@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
 TINY = ["--preset", "chang2021-small/composite", "--layers", "2", "--hidden", "32", "--heads", "4",
         "--intermediate", "64", "--embedding-size", "16", "--vocab-size", "150", "--seq-len", "32",
@@ -24,3 +26,14 @@ def write_corpus(directory: Path, train_lines: int = 600, eval_lines: int = 60) 
 def tiny_args(corpus: Path, out: Path, *extra: str) -> list[str]:
     return ["pretrain", *TINY, "--train-file", str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"),
             "--output-dir", str(out), *extra]
+
+
+class InterruptAt(TrainerCallback):
+    """Ctrl-C at the end of optimizer step `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt

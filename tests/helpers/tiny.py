@@ -56,3 +56,10 @@ def save_tiny_checkpoint(path: Path, sentences: list[str], preset: str = "chang2
     ConvAttnForMaskedLM(config).save_pretrained(path)
     fast.save_pretrained(path)
     return path
+
+
+def save_tiny_mlm(path: Path, preset: str = "chang2021-small/composite") -> Path:
+    """A tiny `preset` masked LM (seeded initialisation) saved to `path`, without a tokenizer."""
+    torch.manual_seed(0)
+    ConvAttnForMaskedLM(tiny_config(preset)).save_pretrained(path)
+    return path

@@ -9,14 +9,13 @@ import shutil
 
 import pytest
 import torch
-from helpers.pretrain import TINY, WORDS, tiny_args, write_corpus
+from helpers.pretrain import TINY, WORDS, InterruptAt, tiny_args, write_corpus
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     Trainer,
-    TrainerCallback,
 )
 
 from convattn.cli import main
@@ -64,15 +63,6 @@ def test_metrics_rows_have_exact_perplexity(finished_run):
     for row in rows[1:]:
         assert row["train_loss"] > 0 and row["tokens_per_second"] > 0 and row["learning_rate"] >= 0
     assert rows[-1]["perplexity"] < rows[0]["perplexity"]
-
-
-class InterruptAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run, tmp_path):

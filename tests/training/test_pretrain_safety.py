@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.pretrain import tiny_args, write_corpus
-from transformers import TrainerCallback
+from helpers.pretrain import InterruptAt, tiny_args, write_corpus
 
 from convattn.cli import main
 from convattn.training.folder_lock import LOCK_FILE, run_folder_lock
@@ -145,15 +144,6 @@ def test_diverging_training_stops_with_one_line_and_saves_no_model(corpus, tmp_p
     err = one_error_line(capsys, "training stopped at step", "--lr")
     assert "nan" in err or "inf" in err or "non-finite" in err
     assert not (out / "model.safetensors").exists()
-
-
-class InterruptAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 def test_interrupted_before_the_first_checkpoint_leaves_nothing_in_the_way(corpus, tmp_path):
