@@ -26,7 +26,7 @@ OPTIONS_FILE = "pretrain_options.json"
 METRICS_FILE = "metrics.jsonl"
 CARD_FILE = "README.md"
 # options that may change between a run and its --resume without changing what is computed
-RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change")
+RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
 SCHEDULE_CHANGES = ("max_steps",)
 
@@ -46,6 +46,7 @@ class PretrainOptions:
     tokenizer: str | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
     precision: str = "auto"
+    compile: bool = False  # torch.compile the model (through the Trainer); computes the same, faster where it can
     log_every: int = 10
     resume: bool = False
     overwrite: bool = False

@@ -147,6 +147,7 @@ def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArgu
         dataloader_pin_memory=torch.cuda.is_available(),
         report_to="none",
         disable_tqdm=False,
+        torch_compile=options.compile,
         # several processes without GPUs: CPU data parallel over gloo (accelerate decides only when told)
         # (bf16 autocast without a GPU: the Trainer only allows it when told to stay on the CPU)
         use_cpu=not torch.cuda.is_available() and (world_size() > 1 or flags["bf16"]),
