@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.loads_models:
             import convattn
-            from convattn.training import console
+            from convattn import console
 
             convattn.register_auto_classes()  # the command line starts without it (see convattn/__init__.py)
             console.configure(verbose=getattr(args, "verbose", False))

@@ -4,11 +4,15 @@ Each write goes to a uniquely named temporary file beside the target, which is r
 once complete; on any failure the temporary file is removed. The result has the permissions an ordinary
 `open(path, "w")` would give (0666 less the umask), not the 0600 of a private temporary file, so a model card or
 the modeling code of a shared model stays readable by others.
+
+Also here, as they are about files: figures (`save_figure`) and the fingerprint of a saved model
+(`model_identity`), which results are keyed on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -58,3 +62,26 @@ def read_json(path: str | os.PathLike) -> dict | None:
     """The JSON object in `path`, or None when there is no such file."""
     path = Path(path)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_figure(fig, path: Path, dpi: int = 130) -> Path:
+    """Save a matplotlib `Figure` as PNG via a temporary file, so a crash never leaves half an image."""
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+    return Path(path)
+
+
+def model_identity(model: str | Path) -> str:
+    """A fingerprint of a saved model: sha256 over its config.json and *.safetensors files (16 hex digits). A hub
+    id, which is not a local directory, stands for itself."""
+    path = Path(model)
+    if not path.is_dir():
+        return str(model)
+    digest = hashlib.sha256()
+    for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
+        if file.is_file():
+            digest.update(file.name.encode())
+            with file.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]

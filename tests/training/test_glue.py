@@ -24,7 +24,7 @@ from convattn.training.glue import (
     score_predictions,
     submission_text,
 )
-from convattn.training.run_folder import mean_sem
+from convattn.training.seeds import mean_sem
 
 GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
 FIXTURE_GLUE_DATA = Path(__file__).resolve().parents[1] / "fixtures" / "glue_data"  # tiny, ships with the tests

@@ -8,7 +8,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from convattn.training.run_folder import save_figure
+from convattn.files import save_figure
 
 
 @torch.no_grad()

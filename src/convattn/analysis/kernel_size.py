@@ -8,7 +8,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from convattn.training.run_folder import save_figure
+from convattn.files import save_figure
 
 
 def _plot_against_size(ax, sizes: list[int], per_size: list[list[float]], ylabel: str, color: str) -> None:

@@ -14,7 +14,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from convattn.training.run_folder import save_figure
+from convattn.files import save_figure
 
 
 def relative_modules(model) -> list:

@@ -297,7 +297,7 @@ def fine_tune_overrides(args: argparse.Namespace, extra: tuple[str, ...] = ()) -
 def model_output_dir(command: str, model: str) -> Path:
     """<command>/<model folder name>-<fingerprint> for a saved model (two models with one folder name never share
     results), <command>/<name> for a hub id."""
-    from convattn.training.run_folder import model_identity
+    from convattn.files import model_identity
 
     if not Path(model).is_dir():
         return Path(command) / Path(model).name

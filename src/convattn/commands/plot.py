@@ -99,7 +99,7 @@ def _output_dir(args) -> Path:
 
 
 def _log_to_output_dir(args) -> None:
-    from convattn.training.console import log_to
+    from convattn.console import log_to
 
     log_to(_output_dir(args))
 

@@ -17,10 +17,10 @@ from convattn.commands.arguments import (
     prepare_training_process,
     recipe_overrides,
 )
+from convattn.console import say
 from convattn.errors import UsageError
 from convattn.files import read_json
 from convattn.training.recipes import apply_overrides
-from convattn.training.run_folder import say
 
 EXAMPLES = """\
 examples:

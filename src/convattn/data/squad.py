@@ -12,8 +12,8 @@ from pathlib import Path
 
 from datasets import Dataset
 
+from convattn.console import say
 from convattn.errors import UsageError
-from convattn.training.run_folder import say
 
 VERSIONS = ("1.1", "2.0")
 # the longest context read: 13x SQuAD's longest; its windows cost minutes (a 2 MB context: 135,000 windows)

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
+from convattn.console import log_to
+from convattn.console import say as say_as
 from convattn.errors import UsageError
 from convattn.files import read_json, write_json_atomic
-from convattn.training.console import log_to
 from convattn.training.grids import Grid, RunSpec, check_runs
 from convattn.training.memory import saved_activation_bytes
 from convattn.training.pretrain import (
@@ -45,7 +46,6 @@ from convattn.training.pretrain import (
 )
 from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
 from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
-from convattn.training.run_folder import say as say_as
 
 MEMORY_FILE = "memory.json"
 TOKENIZER_RECORD = "compare_tokenizer.json"  # beside the shared tokenizer: what it was trained for

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from convattn.errors import UsageError
-from convattn.files import read_json, write_json_atomic, write_text_atomic
+from convattn.files import read_json, save_figure, write_json_atomic, write_text_atomic
 from convattn.training.compare import CompareOptions, is_finished, run_dir, say
-from convattn.training.run_folder import format_mean_sem, mean_sem, save_figure
+from convattn.training.seeds import format_mean_sem, mean_sem
 
 LENGTHS_FILE = "length_eval.json"
 

@@ -22,7 +22,7 @@ from convattn.training.compare_results import (
     write_summary_csv,
 )
 from convattn.training.pretrain import OPTIONS_FILE
-from convattn.training.run_folder import format_mean_sem
+from convattn.training.seeds import format_mean_sem
 
 
 # ---------------------------------------------------------------------------------- report

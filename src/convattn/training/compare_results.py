@@ -13,11 +13,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from convattn.files import write_text_atomic
+from convattn.files import save_figure, write_text_atomic
 from convattn.training.compare import MEMORY_FILE, CompareOptions, is_finished, run_dir
 from convattn.training.grids import RunSpec
 from convattn.training.pretrain import METRICS_FILE
-from convattn.training.run_folder import mean_sem, save_figure
+from convattn.training.seeds import mean_sem
 
 MIB = 2**20
 

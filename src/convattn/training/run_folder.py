@@ -1,81 +1,99 @@
-"""What every command that writes a run folder shares (pretrain, glue, compare, squad).
+"""A run folder: who may write it, what it records, how it is laid out.
 
-* figures: `save_figure` (written atomically, as every file is: see `convattn.files`);
-* the run record: `changed_options` (what differs from the options a folder was made with,
-  leaving out `BOOKKEEPING_OPTIONS`);
-* statistics over seeds: `mean_sem` and its table cell `format_mean_sem`;
-* console output: `say` (one progress line on stderr, from the main process only);
-* layout: `seed_dir` (`<folder>/runs/<name>/seed<k>`);
-* identity: `model_identity` (what results are keyed on: the saved weights and config, not a folder name);
-* safety: `check_removable` (only a folder holding convattn's run record may be replaced).
+* one writer: `run_folder_lock`, `fcntl.flock` on `<folder>/.convattn.lock`, so the operating system releases it
+  when the process ends, however it ends (a kill -9 leaves no stale lock, only a lock file that the next run takes
+  over). A second process asking for a busy folder gets one `UsageError` naming the holder. The lock file is
+  removed when the run ends, and a folder the run created but wrote nothing into is removed with it;
+* checks before anything is written: `check_output_folder` (a folder can be made there), `check_removable` (only a
+  folder holding convattn's run record may be replaced);
+* the run record: `changed_options` (what differs from the options a folder was made with, leaving out
+  `BOOKKEEPING_OPTIONS`) and `check_same_options`;
+* layout: `seed_dir` (`<folder>/runs/<name>/seed<k>`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
+import datetime
+import fcntl
 import os
-import statistics
-import sys
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from convattn.console import main_process
 from convattn.errors import UsageError
-from convattn.files import atomic_path, read_json
+from convattn.files import read_json
 
+LOCK_FILE = ".convattn.lock"
 # options that say where and how verbosely a run is written, not what it computes: they may differ between a
 # run folder and the invocation that continues or reuses it
 BOOKKEEPING_OPTIONS = ("output_dir", "resume", "overwrite", "log_every", "cache_dir")
 
 
-# ---------------------------------------------------------------------------------- figures
-def save_figure(fig, path: Path, dpi: int = 130) -> Path:
-    """Save a matplotlib `Figure` as PNG via a temporary file, so a crash never leaves half an image."""
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
-    return Path(path)
+def check_output_folder(path: Path, flag: str = "--output-dir") -> None:
+    """The folder exists or can be made: not a file, not a dangling link, no file on its way, writable."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{flag} {path} is a symbolic link to nothing ({os.readlink(path)}, which does not exist); "
+                         "remove it or give another folder")
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; give a folder (it is created if needed)")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UsageError(f"{flag} {path}: {blocking} is a file, so the folder cannot be made")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
 
 
-# ---------------------------------------------------------------------------------- the run record
-def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> str:
-    """'key: old -> new, ...' for the options (other than `allowed`) that differ; '' when none do."""
-    changed = sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))
-    return ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
-
-
-def check_same_options(saved_file: Path, current: dict, allowed: tuple[str, ...], problem: str) -> None:
-    """Raise UsageError '<problem> (<changes>); <...>' when the options in `saved_file` differ from `current`."""
-    saved = read_json(saved_file)
-    if saved is None:
+@contextmanager
+def run_folder_lock(folder: Path, flag: str = "--output-dir", enabled: bool | None = None) -> Iterator[None]:
+    """Hold `folder` (created if needed) for this process. Only the main process holds it (`enabled` None):
+    the other ranks of a multi-process run write nothing there."""
+    if not (main_process() if enabled is None else enabled):
+        yield
         return
-    if details := changed_options(saved, current, allowed):
-        raise UsageError(problem.format(details=details))
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    descriptor = _acquire(path, flag)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the lock is released: a newcomer then finds no file, or a new one
+        os.close(descriptor)
+        if created and not any(folder.iterdir()):
+            folder.rmdir()
 
 
-# ---------------------------------------------------------------------------------- statistics over seeds
-def mean_sem(values: list[float]) -> dict | None:
-    """Mean, sample standard deviation and standard error of the mean (std and sem are None for one value)."""
-    if not values:
-        return None
-    std = statistics.stdev(values) if len(values) > 1 else None
-    sem = std / math.sqrt(len(values)) if std is not None else None
-    return {"mean": statistics.fmean(values), "std": std, "sem": sem, "n": len(values), "values": list(values)}
+def _acquire(path: Path, flag: str) -> int:
+    """The locked descriptor of `path`. A lock taken on a file that its holder unlinked meanwhile is worthless
+    (the next process creates a new file): then try again on the new one."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "a process"
+            os.close(descriptor)
+            raise UsageError(f"{flag} {path.parent} is in use by another convattn run ({holder}); wait for it to "
+                             f"end or choose another {flag}") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                return descriptor
+        except FileNotFoundError:
+            pass
+        os.close(descriptor)
 
 
-def format_mean_sem(stat: dict | None, digits: int = 1, spread: str = "sem", thousands: bool = False) -> str:
-    """'mean ± spread' (spread: 'sem' or 'std'), the mean alone for one seed, '–' for nothing."""
-    if stat is None:
-        return "–"
-    number = f"{{:{',' if thousands else ''}.{digits}f}}"
-    if stat[spread] is None:
-        return number.format(stat["mean"])
-    return f"{number.format(stat['mean'])} ± {number.format(stat[spread])}"
-
-
-# ---------------------------------------------------------------------------------- console and layout
-def say(command: str, message: str) -> None:
-    """A progress line on stderr ('convattn COMMAND: message'), from the main process only."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"convattn {command}: {message}", file=sys.stderr, flush=True)
+def holds_only_lock(folder: Path) -> bool:
+    """True for a folder that is empty but for a lock file (a run that stopped before writing anything)."""
+    return all(p.name == LOCK_FILE for p in Path(folder).iterdir())
 
 
 def seed_dir(folder: Path, name: str, seed: int | None = None) -> Path:
@@ -98,17 +116,16 @@ def check_removable(path: Path, record: str, flag: str = "--overwrite") -> None:
                          "wrote: choose another --output-dir, or empty that directory yourself")
 
 
-def model_identity(model: str | Path) -> str:
-    """A fingerprint of a saved model: sha256 over its config.json and *.safetensors files (16 hex digits). A hub
-    id, which is not a local directory, stands for itself."""
-    path = Path(model)
-    if not path.is_dir():
-        return str(model)
-    digest = hashlib.sha256()
-    for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
-        if file.is_file():
-            digest.update(file.name.encode())
-            with file.open("rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-    return digest.hexdigest()[:16]
+def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> str:
+    """'key: old -> new, ...' for the options (other than `allowed`) that differ; '' when none do."""
+    changed = sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))
+    return ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+
+
+def check_same_options(saved_file: Path, current: dict, allowed: tuple[str, ...], problem: str) -> None:
+    """Raise UsageError '<problem> (<changes>); <...>' when the options in `saved_file` differ from `current`."""
+    saved = read_json(saved_file)
+    if saved is None:
+        return
+    if details := changed_options(saved, current, allowed):
+        raise UsageError(problem.format(details=details))

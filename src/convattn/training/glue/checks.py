@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from convattn.checkpoint import ModelFolder, check_model_folder
+from convattn.console import say
 from convattn.errors import UsageError
 from convattn.training.glue.settings import BASE_HIDDEN_SIZE
-from convattn.training.run_folder import say
 
 # transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable
 OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",

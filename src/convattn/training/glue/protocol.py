@@ -6,11 +6,10 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from convattn.console import log_to
 from convattn.data.glue import get_task
 from convattn.errors import UsageError
-from convattn.files import read_json, write_json_atomic
-from convattn.training.console import log_to
-from convattn.training.folder_lock import check_output_folder, run_folder_lock
+from convattn.files import model_identity, read_json, write_json_atomic
 from convattn.training.glue.checks import (
     PretrainedModel,
     fitted_max_length,
@@ -20,7 +19,7 @@ from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
 from convattn.training.glue.settings import FineTuneSettings, load_glue_recipe, resolve_settings
-from convattn.training.run_folder import model_identity
+from convattn.training.run_folder import check_output_folder, run_folder_lock
 
 MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 

@@ -11,7 +11,7 @@ import numpy as np
 from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.training.glue.run import run_dir
-from convattn.training.run_folder import format_mean_sem, mean_sem
+from convattn.training.seeds import format_mean_sem, mean_sem
 
 
 def collect_runs(output_dir: Path) -> dict[str, dict[int, dict]]:

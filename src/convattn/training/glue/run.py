@@ -25,9 +25,9 @@ from transformers import (
 )
 
 from convattn.checkpoint import load_checked
+from convattn.console import quiet_trainer
 from convattn.data.glue import GlueTask
 from convattn.files import read_json, write_json_atomic, write_text_atomic
-from convattn.training.console import quiet_trainer
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
 from convattn.training.glue.optim import LayerDecayTrainer

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from convattn.files import write_text_atomic
+from convattn.files import save_figure, write_text_atomic
 from convattn.training.pretrain.options import METRICS_FILE
-from convattn.training.run_folder import save_figure
 
 
 class ThroughputMeter(TrainerCallback):

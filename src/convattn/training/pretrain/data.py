@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding, PreTrainedTokenizerBase
 
+from convattn.console import say as say_as
 from convattn.data.corpus import load_corpus
 from convattn.data.formatting import cache_key, cached_format
 from convattn.data.tokenizer import load_tokenizer, tokenizer_fingerprint, trained_tokenizer
 from convattn.training.pretrain.options import PretrainOptions
-from convattn.training.run_folder import say as say_as
 
 
 @dataclass

@@ -12,13 +12,18 @@ from pathlib import Path
 
 from convattn.checkpoint import check_weight_file, weight_files
 from convattn.config import ConvAttnConfig
+from convattn.console import LOG_FILE
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError
-from convattn.training.console import LOG_FILE
-from convattn.training.folder_lock import LOCK_FILE, holds_only_lock
 from convattn.training.recipes import Recipe, warmup_steps
-from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
+from convattn.training.run_folder import (
+    BOOKKEEPING_OPTIONS,
+    LOCK_FILE,
+    check_removable,
+    check_same_options,
+    holds_only_lock,
+)
 
 OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

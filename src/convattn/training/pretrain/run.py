@@ -13,10 +13,9 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerStat
 from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
+from convattn.console import log_to, say
 from convattn.files import write_text_atomic
 from convattn.hub import write_model_card
-from convattn.training.console import log_to
-from convattn.training.folder_lock import check_output_folder, run_folder_lock
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
@@ -32,7 +31,7 @@ from convattn.training.pretrain.options import (
 )
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
 from convattn.training.recipes import warmup_steps
-from convattn.training.run_folder import say
+from convattn.training.run_folder import check_output_folder, run_folder_lock
 
 
 @dataclass

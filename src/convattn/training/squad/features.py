@@ -14,8 +14,8 @@ import time
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from convattn.console import say
 from convattn.data.squad import answer_end
-from convattn.training.run_folder import say
 from convattn.training.squad.settings import SquadSettings
 
 

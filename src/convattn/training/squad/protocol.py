@@ -6,17 +6,16 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from convattn.console import log_to, say
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
-from convattn.training.console import log_to
-from convattn.training.folder_lock import check_output_folder, run_folder_lock
 from convattn.training.glue.checks import (
     PretrainedModel,
     fitted_max_length,
     load_pretrained,
 )
 from convattn.training.glue.protocol import check_same_model
-from convattn.training.run_folder import say
+from convattn.training.run_folder import check_output_folder, run_folder_lock
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
 from convattn.training.squad.run import SquadData, fine_tune, finished_run, run_dir

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from convattn.files import write_json_atomic, write_text_atomic
-from convattn.training.run_folder import format_mean_sem, mean_sem
+from convattn.training.seeds import format_mean_sem, mean_sem
 
 # the columns of the table, as the official evaluators name them (v2.0: best_* use the threshold chosen on dev)
 HEADLINE = {"1.1": (("EM", "exact_match"), ("F1", "f1")),

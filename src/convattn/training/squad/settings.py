@@ -8,9 +8,9 @@ from importlib import resources
 
 import yaml
 
+from convattn.console import say
 from convattn.errors import UsageError
 from convattn.training.recipes import squad_recipe_names
-from convattn.training.run_folder import say
 
 BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
 

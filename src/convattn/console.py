@@ -1,4 +1,4 @@
-"""What a command prints: one progress bar per long phase and short `convattn <command>: ...` lines.
+"""What a command prints: one progress bar per long phase and short `convattn <command>: ...` lines (`say`).
 
 The libraries' own output (transformers' load reports and warnings, the Trainer's per-log dicts, datasets' Map
 bars, weight-loading bars) goes to the run folder's `log.txt` instead: `configure` (called by the command line
@@ -10,12 +10,29 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import ProgressCallback, Trainer
+from transformers.trainer_callback import ProgressCallback
+
+if TYPE_CHECKING:
+    from transformers import Trainer
 
 LOG_FILE = "log.txt"
 CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go to log.txt
+
+
+def main_process() -> bool:
+    """Rank 0 of a multi-process run (or the only process): the one that prints and writes the run folder."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def say(command: str, message: str) -> None:
+    """A progress line on stderr ('convattn COMMAND: message'), from the main process only."""
+    if main_process():
+        print(f"convattn {command}: {message}", file=sys.stderr, flush=True)
 
 
 class RunLog(logging.Handler):
