@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import mean
 
 from convattn.training.squad.metrics import squad_scores
-from convattn.training.squad.run import run_dir
+from convattn.training.squad.run import squad_seed_dir
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad" / "squad-v1.1-dev-sample.json"
 METRICS = ("exact_match", "f1")
@@ -81,7 +81,7 @@ def run_fold(sample: dict, held_out: str, train_titles: list[str], args) -> dict
                "--output-dir", str(out / "squad"), *args.squad_args]
     subprocess.run(command, check=True)
     results = json.loads((out / "squad" / "squad_results.json").read_text())
-    seeds = [run_dir(out / "squad", "1.1", seed) for seed in results["seeds"]]
+    seeds = [squad_seed_dir(out / "squad", "1.1", seed) for seed in results["seeds"]]
     shared = [shared_answers(dev, json.loads((seed / "predictions.json").read_text())) for seed in seeds]
     seconds = sum(json.loads((seed / "run.json").read_text())["seconds"] for seed in seeds)
     gold = shared_answers(dev, {qa["id"]: qa["answers"][0]["text"] for p in paragraphs(dev) for qa in p["qas"]})

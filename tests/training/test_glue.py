@@ -16,14 +16,8 @@ from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceCla
 from convattn.cli import main
 from convattn.data.glue import get_task, load_split
 from convattn.errors import UsageError
-from convattn.training.glue import (
-    column_score,
-    layerwise_param_groups,
-    load_glue_recipe,
-    resolve_settings,
-    score_predictions,
-    submission_text,
-)
+from convattn.training.finetune.optim import layerwise_param_groups
+from convattn.training.glue import column_score, load_glue_recipe, resolve_settings, score_predictions, submission_text
 from convattn.training.seeds import mean_sem
 
 GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
@@ -296,7 +290,7 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
 
 def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
     from convattn.commands.arguments import model_output_dir
-    from convattn.training.glue.protocol import check_same_model
+    from convattn.training.finetune.pretrained import check_same_model
 
     first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"
     for seed, folder in enumerate((first, second)):
@@ -307,7 +301,7 @@ def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
     assert model_output_dir("glue", str(first)) != model_output_dir("glue", str(second))
     assert model_output_dir("glue", str(first)).name.startswith("discriminator-")
     out = tmp_path / "glue"
-    check_same_model(out, str(first))
-    check_same_model(out, str(first))  # the same model again: its finished runs are reused
+    check_same_model(out, str(first), "glue_model.json")
+    check_same_model(out, str(first), "glue_model.json")  # the same model again: its finished runs are reused
     with pytest.raises(UsageError, match="another model"):
-        check_same_model(out, str(second))
+        check_same_model(out, str(second), "glue_model.json")

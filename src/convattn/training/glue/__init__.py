@@ -1,10 +1,9 @@
-"""GLUE fine-tuning with the papers' protocol: recipes, seeds, layer-wise lr decay, metrics, results.
+"""GLUE fine-tuning with the papers' protocol: recipes, seeds, metrics, results (what every fine-tuning task
+shares, layer-wise lr decay included, is in training/finetune/).
 
-    settings.py   a paper's recipe resolved per task (`FineTuneSettings`)
+    settings.py   a paper's recipe resolved per task (`GlueSettings`)
     metrics.py    task metrics in points, the submission format
-    optim.py      layer-wise learning-rate decay (`LayerDecayTrainer`)
     data.py       a task's splits, tokenized
-    checks.py     the model folder, input length and output folder checked before anything is written (GLUE, SQuAD)
     run.py        one task x seed: fine-tune, score the dev sets, predict the test sets -> run.json
     results.py    aggregation over seeds -> glue_results.json, glue_results.md, submission/
     protocol.py   `run_glue`: checks, every task and seed (finished runs skipped), aggregation
@@ -16,9 +15,8 @@ submission/ (best-dev seed's test predictions per task).
 
 from convattn.training.glue.data import check_data
 from convattn.training.glue.metrics import column_score, score_predictions, submission_text
-from convattn.training.glue.optim import layerwise_param_groups
 from convattn.training.glue.protocol import run_glue
 from convattn.training.glue.settings import glue_recipe_names, load_glue_recipe, resolve_settings
 
-__all__ = ["check_data", "column_score", "glue_recipe_names", "layerwise_param_groups", "load_glue_recipe",
+__all__ = ["check_data", "column_score", "glue_recipe_names", "load_glue_recipe",
            "resolve_settings", "run_glue", "score_predictions", "submission_text"]

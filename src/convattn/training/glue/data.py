@@ -9,7 +9,7 @@ from datasets import Dataset, Value
 from transformers import PreTrainedTokenizerBase
 
 from convattn.data.glue import GlueTask, has_split, load_split
-from convattn.training.glue.settings import FineTuneSettings
+from convattn.training.glue.settings import GlueSettings
 
 
 @dataclass
@@ -34,7 +34,7 @@ def encode(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
 
 
 def load_task_data(task: GlueTask, data_dir: Path | None, tokenizer: PreTrainedTokenizerBase,
-                   settings: FineTuneSettings, token_types: bool) -> TaskData:
+                   settings: GlueSettings, token_types: bool) -> TaskData:
     def prepared(split: str) -> Dataset:
         return encode(load_split(task, split, data_dir), tokenizer, settings.max_length, token_types)
 

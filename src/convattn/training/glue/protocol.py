@@ -9,45 +9,24 @@ from pathlib import Path
 from convattn.console import log_to
 from convattn.data.glue import get_task
 from convattn.errors import UsageError
-from convattn.files import model_identity, read_json, write_json_atomic
-from convattn.training.glue.checks import (
-    PretrainedModel,
-    fitted_max_length,
-    load_pretrained,
-)
+from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
+from convattn.training.finetune.trainer import check_finished_settings, finished_run
 from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
-from convattn.training.glue.run import fine_tune, finished_run, mnli_model_dir, predict_ax, run_dir
-from convattn.training.glue.settings import FineTuneSettings, load_glue_recipe, resolve_settings
-from convattn.training.run_folder import check_output_folder, run_folder_lock
+from convattn.training.glue.run import fine_tune, mnli_model_dir, predict_ax
+from convattn.training.glue.settings import GlueSettings, load_glue_recipe, resolve_settings
+from convattn.training.run_folder import check_output_folder, run_folder_lock, seed_dir
 
 MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 
 
-def check_finished_runs(output_dir: Path, settings: dict[str, FineTuneSettings], seeds: int) -> None:
+def check_finished_runs(output_dir: Path, settings: dict[str, GlueSettings], seeds: int) -> None:
     for task, task_settings in settings.items():
         for seed in range(seeds):
-            run = finished_run(run_dir(output_dir, task, seed))
-            if run and run["settings"] and run["settings"] != dataclasses.asdict(task_settings):
-                raise UsageError(f"{run_dir(output_dir, task, seed)} was made with other settings "
-                                 f"({run['settings']}); use another --output-dir or delete that run")
+            check_finished_settings(seed_dir(output_dir, task, seed), task_settings)
 
 
-def check_same_model(output_dir: Path, model: str, record_file: str = MODEL_FILE) -> None:
-    """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
-    `record_file` records it, written before the first run."""
-    record = {"model": model, "identity": model_identity(model)}
-    saved = read_json(output_dir / record_file)
-    if saved is None:
-        if (output_dir / "runs").is_dir():
-            raise UsageError(f"{output_dir} holds runs of an unrecorded model; use another --output-dir")
-        write_json_atomic(output_dir / record_file, record)
-    elif saved["identity"] != record["identity"]:
-        raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
-                         f"{saved['identity']}; {model} is {record['identity']}); use another --output-dir")
-
-
-def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str, FineTuneSettings],
+def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str, GlueSettings],
                          seeds: int) -> None:
     """AX and --from-mnli tasks need the same seed's MNLI model: from this invocation or a finished run."""
     dependents = [t for t in tasks if t == "ax" or settings[t].from_mnli]
@@ -59,8 +38,8 @@ def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str,
                          f"{output_dir / 'runs' / 'mnli'}; add mnli to --task")
 
 
-def fitted_settings(settings: FineTuneSettings, max_length_given: bool,
-                    pretrained: PretrainedModel) -> FineTuneSettings:
+def fitted_settings(settings: GlueSettings, max_length_given: bool,
+                    pretrained: PretrainedModel) -> GlueSettings:
     """The settings with a max length the model and its tokenizer can take (see `fitted_max_length`)."""
     shortest = pretrained.tokenizer.num_special_tokens_to_add(pair=True) + 2  # a token of each text
     if settings.max_length < shortest:
@@ -90,25 +69,25 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     with run_folder_lock(output_dir):
         check_finished_runs(output_dir, settings, seeds)
         check_mnli_available(output_dir, tasks, settings, seeds)
-        check_same_model(output_dir, model)  # the first write
+        check_same_model(output_dir, model, MODEL_FILE)  # the first write
         log_to(output_dir)
         for name in tasks:
             run_task(name, output_dir, data_dir, settings, seeds, model, pretrained)
         return aggregate(output_dir)
 
 
-def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[str, FineTuneSettings], seeds: int,
+def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[str, GlueSettings], seeds: int,
              model: str, pretrained: PretrainedModel) -> None:
     """Every unfinished seed of one task (an interrupted seed starts again)."""
     task = get_task(name)
-    pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, name, s)) is None]
+    pending = [s for s in range(seeds) if finished_run(seed_dir(output_dir, name, s)) is None]
     if not pending:
         print(f"[glue] {name}: all {seeds} seeds already finished, skipping")
         return
     tokenizer = pretrained.tokenizer
     data = load_task_data(task, data_dir, tokenizer, settings[name], pretrained.token_types)
     for seed in pending:
-        path = run_dir(output_dir, name, seed)
+        path = seed_dir(output_dir, name, seed)
         if path.exists():
             shutil.rmtree(path)  # an interrupted run: start it again
         print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")

@@ -10,7 +10,7 @@ import numpy as np
 
 from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
-from convattn.training.glue.run import run_dir
+from convattn.training.run_folder import seed_dir
 from convattn.training.seeds import format_mean_sem, mean_sem
 
 
@@ -80,7 +80,7 @@ def collect_submission(output_dir: Path, runs: dict[str, dict[int, dict]], tasks
         if seed not in task_runs:
             continue
         for file in task_runs[seed]["test_predictions"]:
-            source = run_dir(output_dir, name, seed) / "predictions" / file
+            source = seed_dir(output_dir, name, seed) / "predictions" / file
             write_text_atomic(output_dir / "submission" / file, source.read_text())
             chosen[file] = f"{name} seed {seed}"
     return chosen

@@ -27,60 +27,18 @@ from transformers import (
 from convattn.checkpoint import load_checked
 from convattn.console import quiet_trainer
 from convattn.data.glue import GlueTask
-from convattn.files import read_json, write_json_atomic, write_text_atomic
+from convattn.files import write_json_atomic, write_text_atomic
+from convattn.training.finetune.optim import LayerDecayTrainer
+from convattn.training.finetune.trainer import RUN_FILE, train, training_arguments
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
-from convattn.training.glue.optim import LayerDecayTrainer
-from convattn.training.glue.settings import FineTuneSettings
+from convattn.training.glue.settings import GlueSettings
 from convattn.training.guards import check_finite_weights
 from convattn.training.run_folder import seed_dir
 
 
-def run_dir(output_dir: Path, task: str, seed: int) -> Path:
-    return seed_dir(output_dir, task, seed)
-
-
 def mnli_model_dir(output_dir: Path, seed: int) -> Path:
-    return run_dir(output_dir, "mnli", seed) / "model"
-
-
-def finished_run(path: Path) -> dict | None:
-    return read_json(path / "run.json")
-
-
-def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
-    return TrainingArguments(
-        output_dir=str(path),
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=128,
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps or -1,
-        warmup_steps=settings.warmup_ratio,  # a float below 1 is a fraction of the total steps
-        lr_scheduler_type="linear",
-        weight_decay=settings.weight_decay,
-        adam_epsilon=settings.adam_epsilon,
-        seed=seed,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_steps=0.05,
-        logging_first_step=True,
-        report_to="none",
-        dataloader_pin_memory=torch.cuda.is_available(),
-    )
-
-
-def train(trainer: Trainer):
-    """`trainer.train()` with the quiet progress bar; on any failure the bar is closed first, so the error line
-    that follows stands on its own line."""
-    try:
-        return quiet_trainer(trainer).train()
-    except BaseException:
-        for callback in trainer.callback_handler.callbacks:
-            if getattr(callback, "training_bar", None) is not None:
-                callback.training_bar.close()
-                callback.training_bar = None
-        raise
+    return seed_dir(output_dir, "mnli", seed) / "model"
 
 
 def predict_test_sets(trainer: Trainer, task: GlueTask, data: TaskData, path: Path, label_task: GlueTask) -> list[str]:
@@ -93,7 +51,7 @@ def predict_test_sets(trainer: Trainer, task: GlueTask, data: TaskData, path: Pa
     return files
 
 
-def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskData, model_source: str,
+def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData, model_source: str,
               tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool) -> dict:
     """Fine-tune one seed on one task, score every dev set, predict the test sets; returns (and writes) run.json."""
     start = time.time()
@@ -132,7 +90,7 @@ def fine_tune(task: GlueTask, seed: int, settings: FineTuneSettings, data: TaskD
         "test_predictions": files,
         "seconds": round(time.time() - start, 1),
     }
-    write_json_atomic(path / "run.json", run)
+    write_json_atomic(path / RUN_FILE, run)
     return run
 
 
@@ -148,5 +106,5 @@ def predict_ax(task: GlueTask, seed: int, data: TaskData, output_dir: Path, toke
     files = predict_test_sets(trainer, task, data, path, task)
     run = {"task": task.name, "seed": seed, "model": str(mnli_model_dir(output_dir, seed)), "init": "mnli",
            "settings": None, "metrics": {}, "scores": {}, "test_predictions": files}
-    write_json_atomic(path / "run.json", run)
+    write_json_atomic(path / RUN_FILE, run)
     return run

@@ -1,4 +1,4 @@
-"""Fine-tuning settings: a paper's GLUE recipe (configs/recipes/glue/*.yaml) resolved per task."""
+"""GLUE settings: a paper's GLUE recipe (configs/recipes/glue/*.yaml) resolved per task."""
 
 from __future__ import annotations
 
@@ -8,28 +8,13 @@ from importlib import resources
 import yaml
 
 from convattn.errors import UsageError
+from convattn.training.finetune.settings import FineTuneSettings, check_warmup, resolved_fields
 from convattn.training.recipes import glue_recipe_names
 
-BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings (lr 1e-4)
 
-
-@dataclass(frozen=True)
-class FineTuneSettings:
-    learning_rate: float
-    batch_size: int
-    epochs: float
-    max_steps: int             # > 0 overrides epochs
-    warmup_ratio: float
-    weight_decay: float
-    layer_decay: float
-    adam_epsilon: float
-    max_length: int
-    max_train_samples: int     # 0 = the whole training set
-    from_mnli: bool
-
-
-OVERRIDABLE = ("learning_rate", "batch_size", "epochs", "max_steps", "warmup_ratio", "weight_decay", "layer_decay",
-               "max_length", "max_train_samples")
+@dataclass(frozen=True, kw_only=True)
+class GlueSettings(FineTuneSettings):
+    from_mnli: bool  # start from the same seed's MNLI-tuned model (the recipe's `from_mnli_tasks`)
 
 
 def load_glue_recipe(name: str) -> dict:
@@ -40,17 +25,12 @@ def load_glue_recipe(name: str) -> dict:
 
 
 def resolve_settings(recipe: dict, task: str, base_size: bool, overrides: dict, task_lr: dict[str, float],
-                     from_mnli: bool) -> FineTuneSettings:
+                     from_mnli: bool) -> GlueSettings:
     """recipe defaults < base-size settings < per-task settings < command-line overrides < per-task lr."""
-    fields = {"max_steps": 0, "max_train_samples": 0, **recipe["defaults"]}
-    if base_size:
-        fields.update(recipe.get("base_size", {}))
-    fields.update(recipe.get("tasks", {}).get(task, {}))
-    fields.update({k: v for k, v in overrides.items() if v is not None})
+    fields = resolved_fields(recipe, base_size, overrides, recipe.get("tasks", {}).get(task, {}))
     if task in task_lr:
         fields["learning_rate"] = task_lr[task]
     fields["from_mnli"] = from_mnli and task in recipe.get("from_mnli_tasks", ())
-    settings = FineTuneSettings(**fields)
-    if not 0 <= settings.warmup_ratio < 1:
-        raise UsageError(f"warmup ratio must be in [0, 1), got {settings.warmup_ratio}")
+    settings = GlueSettings(**fields)
+    check_warmup(settings)
     return settings

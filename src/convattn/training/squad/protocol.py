@@ -9,16 +9,12 @@ from pathlib import Path
 from convattn.console import log_to, say
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
-from convattn.training.glue.checks import (
-    PretrainedModel,
-    fitted_max_length,
-    load_pretrained,
-)
-from convattn.training.glue.protocol import check_same_model
+from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
+from convattn.training.finetune.trainer import check_finished_settings, finished_run
 from convattn.training.run_folder import check_output_folder, run_folder_lock
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
-from convattn.training.squad.run import SquadData, fine_tune, finished_run, run_dir
+from convattn.training.squad.run import SquadData, fine_tune, squad_seed_dir
 from convattn.training.squad.settings import SquadSettings, fitted_windows, load_squad_recipe, resolve_settings
 
 MODEL_FILE = "squad_model.json"  # the model every seed of the folder fine-tuned
@@ -26,10 +22,7 @@ MODEL_FILE = "squad_model.json"  # the model every seed of the folder fine-tuned
 
 def check_finished_runs(output_dir: Path, version: str, settings: SquadSettings, seeds: int) -> None:
     for seed in range(seeds):
-        run = finished_run(run_dir(output_dir, version, seed))
-        if run and run["settings"] != dataclasses.asdict(settings):
-            raise UsageError(f"{run_dir(output_dir, version, seed)} was made with other settings ({run['settings']}); "
-                             "use another --output-dir or delete that run")
+        check_finished_settings(squad_seed_dir(output_dir, version, seed), settings)
 
 
 def load_data(version: str, train_file: Path | None, dev_file: Path | None, tokenizer, settings: SquadSettings,
@@ -71,7 +64,7 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
     settings = fitted_settings(resolve_settings(recipe_fields, pretrained.base_size, overrides), overrides, pretrained)
     with run_folder_lock(output_dir):  # a failure before the first write leaves nothing behind
         check_finished_runs(output_dir, version, settings, seeds)
-        pending = [s for s in range(seeds) if finished_run(run_dir(output_dir, version, s)) is None]
+        pending = [s for s in range(seeds) if finished_run(squad_seed_dir(output_dir, version, s)) is None]
         data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,
                          pretrained.token_types) if pending else None
         check_same_model(output_dir, model, MODEL_FILE)  # the first write
@@ -88,7 +81,7 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
 
 def run_seed(version: str, seed: int, settings: SquadSettings, data: SquadData, model: str, tokenizer,
              output_dir: Path) -> None:
-    path = run_dir(output_dir, version, seed)
+    path = squad_seed_dir(output_dir, version, seed)
     if path.exists():
         shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
     say("squad", f"v{version} seed {seed}: fine-tuning")

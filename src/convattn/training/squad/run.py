@@ -22,9 +22,9 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding,
 
 from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
-from convattn.files import read_json, write_json_atomic
-from convattn.training.glue.optim import LayerDecayTrainer
-from convattn.training.glue.run import train, training_arguments
+from convattn.files import write_json_atomic
+from convattn.training.finetune.optim import LayerDecayTrainer
+from convattn.training.finetune.trainer import RUN_FILE, train, training_arguments
 from convattn.training.guards import check_finite_weights
 from convattn.training.run_folder import seed_dir
 from convattn.training.squad.features import Progress
@@ -41,12 +41,8 @@ class SquadData:
     dev_windows: Dataset    # their windows with offsets and max-context flags
 
 
-def run_dir(output_dir: Path, version: str, seed: int) -> Path:
+def squad_seed_dir(output_dir: Path, version: str, seed: int) -> Path:
     return seed_dir(output_dir, f"squad{version}", seed)
-
-
-def finished_run(path: Path) -> dict | None:
-    return read_json(path / "run.json")
 
 
 PREDICT_BATCH = 16  # the joint head scores beam x n end positions per window
@@ -124,5 +120,5 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
         "dev": {"questions": len(data.dev), "windows": len(data.dev_windows)},
         "seconds": round(time.time() - start, 1),
     }
-    write_json_atomic(path / "run.json", run)
+    write_json_atomic(path / RUN_FILE, run)
     return run

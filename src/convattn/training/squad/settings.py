@@ -1,4 +1,4 @@
-"""Fine-tuning settings: a SQuAD recipe (configs/recipes/squad/*.yaml) with command-line overrides."""
+"""SQuAD settings: a SQuAD recipe (configs/recipes/squad/*.yaml) with command-line overrides."""
 
 from __future__ import annotations
 
@@ -10,28 +10,17 @@ import yaml
 
 from convattn.console import say
 from convattn.errors import UsageError
+from convattn.training.finetune.settings import FineTuneSettings, check_warmup, resolved_fields
 from convattn.training.recipes import squad_recipe_names
 
-BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
 
-
-@dataclass(frozen=True)
-class SquadSettings:
-    learning_rate: float
-    batch_size: int
-    epochs: float
-    warmup_ratio: float
-    weight_decay: float
-    layer_decay: float
-    adam_epsilon: float
-    max_length: int
+@dataclass(frozen=True, kw_only=True)
+class SquadSettings(FineTuneSettings):
     doc_stride: int
     max_query_length: int
     n_best: int
     max_answer_length: int
     head: str = "span"             # "joint": ELECTRA's head (convattn models only; qa.py)
-    max_steps: int = 0             # > 0 overrides epochs
-    max_train_samples: int = 0     # 0 = every training question
 
 
 def load_squad_recipe(name: str) -> dict:
@@ -42,13 +31,8 @@ def load_squad_recipe(name: str) -> dict:
 
 def resolve_settings(recipe: dict, base_size: bool, overrides: dict) -> SquadSettings:
     """recipe defaults < base-size settings < command-line overrides (None = not given)."""
-    fields = dict(recipe["defaults"])
-    if base_size:
-        fields.update(recipe.get("base_size", {}))
-    fields.update({k: v for k, v in overrides.items() if v is not None})
-    settings = SquadSettings(**fields)
-    if not 0 <= settings.warmup_ratio < 1:
-        raise UsageError(f"--warmup-ratio {settings.warmup_ratio} must be a fraction in [0, 1)")
+    settings = SquadSettings(**resolved_fields(recipe, base_size, overrides))
+    check_warmup(settings)
     return settings
 
 

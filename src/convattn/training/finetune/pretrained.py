@@ -1,16 +1,19 @@
-"""What GLUE and SQuAD fine-tuning check before they write anything: the model folder and its tokenizer, the
-input length against the model's positions, the output folder; and the lock that makes a run own its folder."""
+"""The pretrained model a fine-tuning run starts from, checked before anything is written: its folder and
+tokenizer, the input length its positions allow, and (`check_same_model`) that an output folder's finished runs
+came from this same model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from convattn.checkpoint import ModelFolder, check_model_folder
 from convattn.console import say
 from convattn.errors import UsageError
-from convattn.training.glue.settings import BASE_HIDDEN_SIZE
+from convattn.files import model_identity, read_json, write_json_atomic
+from convattn.training.finetune.settings import BASE_HIDDEN_SIZE
 
 # transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable
 OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
@@ -72,3 +75,17 @@ def fitted_max_length(max_length: int, given: bool, pretrained: PretrainedModel,
     say(command, f"the recipe's max length {max_length} exceeds the {limit} positions of {pretrained.source}; "
                  f"using {limit}")
     return limit
+
+
+def check_same_model(output_dir: Path, model: str, record_file: str) -> None:
+    """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
+    `record_file` records it, written before the first run."""
+    record = {"model": model, "identity": model_identity(model)}
+    saved = read_json(output_dir / record_file)
+    if saved is None:
+        if (output_dir / "runs").is_dir():
+            raise UsageError(f"{output_dir} holds runs of an unrecorded model; use another --output-dir")
+        write_json_atomic(output_dir / record_file, record)
+    elif saved["identity"] != record["identity"]:
+        raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
+                         f"{saved['identity']}; {model} is {record['identity']}); use another --output-dir")

@@ -1,0 +1,64 @@
+"""Training one fine-tuning seed, whatever the task: its `TrainingArguments`, the quiet training loop, and the
+run.json that marks a finished seed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from convattn.console import quiet_trainer
+from convattn.errors import UsageError
+from convattn.files import read_json
+from convattn.training.finetune.settings import FineTuneSettings
+
+RUN_FILE = "run.json"  # written last: a seed folder without it is an interrupted seed
+
+
+def finished_run(path: Path) -> dict | None:
+    return read_json(path / RUN_FILE)
+
+
+def check_finished_settings(path: Path, settings: FineTuneSettings) -> None:
+    """A finished seed is reused only if it was made with these settings."""
+    run = finished_run(path)
+    if run and run["settings"] and run["settings"] != dataclasses.asdict(settings):
+        raise UsageError(f"{path} was made with other settings ({run['settings']}); use another --output-dir or "
+                         "delete that run")
+
+
+def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(path),
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=128,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps or -1,
+        warmup_steps=settings.warmup_ratio,  # a float below 1 is a fraction of the total steps
+        lr_scheduler_type="linear",
+        weight_decay=settings.weight_decay,
+        adam_epsilon=settings.adam_epsilon,
+        seed=seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=0.05,
+        logging_first_step=True,
+        report_to="none",
+        dataloader_pin_memory=torch.cuda.is_available(),
+    )
+
+
+def train(trainer: Trainer):
+    """`trainer.train()` with the quiet progress bar; on any failure the bar is closed first, so the error line
+    that follows stands on its own line."""
+    try:
+        return quiet_trainer(trainer).train()
+    except BaseException:
+        for callback in trainer.callback_handler.callbacks:
+            if getattr(callback, "training_bar", None) is not None:
+                callback.training_bar.close()
+                callback.training_bar = None
+        raise
