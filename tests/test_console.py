@@ -11,7 +11,7 @@ from helpers.tiny import save_tiny_checkpoint
 from convattn.cli import main
 from convattn.data.squad import load_squad_file
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "squad"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "squad"
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,10 @@ for every command that loads models) captures it, kept in memory until the comma
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from transformers.trainer_callback import ProgressCallback
-
-if TYPE_CHECKING:
-    from transformers import Trainer
 
 LOG_FILE = "log.txt"
 CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go to log.txt
@@ -102,19 +95,6 @@ def log_to(folder: Path) -> Path | None:
     return _run_log.path
 
 
-class LoggedProgress(ProgressCallback):
-    """The Trainer's progress bar with the latest loss as its postfix; each log dict goes to log.txt."""
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            logging.getLogger("convattn.trainer").info(json.dumps({"step": state.global_step, **logs}))
-            if self.training_bar is not None and "loss" in logs:
-                self.training_bar.set_postfix({"loss": f"{logs['loss']:.3f}"}, refresh=False)
-
-
-def quiet_trainer(trainer: Trainer) -> Trainer:
-    """Swap the Trainer's dict-printing progress callback for `LoggedProgress` unless output is verbose."""
-    if _run_log is not None:
-        trainer.remove_callback(ProgressCallback)
-        trainer.add_callback(LoggedProgress())
-    return trainer
+def captured() -> bool:
+    """Whether the libraries' output is being captured for log.txt (not --verbose)."""
+    return _run_log is not None

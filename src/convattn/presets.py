@@ -13,9 +13,8 @@ import copy
 import itertools
 import re
 from functools import cache
-from importlib import resources
 
-import yaml
+from convattn import configs
 
 _PLACEHOLDER = re.compile(r"^\{(\w+)\}$")
 
@@ -42,8 +41,11 @@ def _grid_bindings(grid: dict, where: str | None):
             yield bindings
 
 
-def _load_family(text: str) -> dict[str, dict]:
-    spec = yaml.safe_load(text)
+FAMILY_KEYS = ("base", "grid", "where", "variants")
+
+
+def _load_family(name: str) -> dict[str, dict]:
+    spec = configs.load(name, allowed=FAMILY_KEYS)
     base = spec.get("base", {})
     grid = spec.get("grid")
     rows: dict[str, dict] = {}
@@ -57,11 +59,9 @@ def _load_family(text: str) -> dict[str, dict]:
 @cache
 def _all_presets() -> dict[str, dict]:
     presets: dict[str, dict] = {}
-    for entry in sorted(resources.files("convattn.configs").iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            family = entry.name.removesuffix(".yaml")
-            for variant, fields in _load_family(entry.read_text()).items():
-                presets[f"{family}/{variant}"] = fields
+    for family in configs.names():
+        for variant, fields in _load_family(family).items():
+            presets[f"{family}/{variant}"] = fields
     return presets
 
 

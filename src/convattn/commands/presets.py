@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-from importlib import resources
+
+from convattn import configs
 
 # {preset: [masked-LM parameters, encoder parameters]}, precomputed so that listing needs no torch; a test
 # checks it against counts of freshly built models (`count_parameters`)
@@ -46,7 +47,7 @@ def count_parameters(name: str) -> list[int]:
 
 
 def precomputed_counts() -> dict[str, list[int]]:
-    return json.loads(resources.files("convattn.configs").joinpath(COUNTS_FILE).read_text())
+    return json.loads(configs.read_text(COUNTS_FILE))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 
-import yaml
-
+from convattn import configs
 from convattn.errors import UsageError
 from convattn.presets import preset_names
 from convattn.training.recipes import Recipe
@@ -50,8 +48,7 @@ class Grid:
 
 
 def grid_names() -> list[str]:
-    directory = resources.files("convattn.configs").joinpath("grids")
-    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
+    return configs.names("grids")
 
 
 def load_grid(name: str) -> Grid:
@@ -59,10 +56,7 @@ def load_grid(name: str) -> Grid:
     if name not in grid_names():
         raise UsageError(f"unknown grid {name!r}; choose --grid from {', '.join(grid_names())} "
                          "(or list models with --presets)")
-    spec = yaml.safe_load(resources.files("convattn.configs").joinpath("grids", f"{name}.yaml").read_text())
-    unknown = sorted(set(spec) - set(GRID_KEYS))
-    if unknown:
-        raise ValueError(f"grid {name!r} has unknown keys {unknown}; allowed keys are {list(GRID_KEYS)}")
+    spec = configs.load("grids", name, allowed=GRID_KEYS)
     training = spec.get("training") or {}
     bad = sorted(set(training) - set(TRAINING_FIELDS))
     if bad:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from importlib import resources
 
-import yaml
-
+from convattn import configs
 from convattn.errors import UsageError
 
 
@@ -42,20 +40,13 @@ class Recipe:
 
 
 def recipe_names() -> list[str]:
-    directory = resources.files("convattn.configs").joinpath("recipes", "pretrain")
-    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
+    return configs.names("recipes", "pretrain")
 
 
 def load_recipe(name: str) -> Recipe:
     if name not in recipe_names():
         raise UsageError(f"unknown recipe {name!r}; choose --recipe from {', '.join(recipe_names())}")
-    text = resources.files("convattn.configs").joinpath("recipes", "pretrain", f"{name}.yaml").read_text()
-    fields = yaml.safe_load(text) or {}
-    known = {f.name for f in dataclasses.fields(Recipe)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"recipe {name!r} has unknown keys {unknown}; allowed keys are {sorted(known)}")
-    return Recipe(**fields)
+    return Recipe(**configs.load("recipes", "pretrain", name, allowed=[f.name for f in dataclasses.fields(Recipe)]))
 
 
 def recipe_for_preset(preset: str | None) -> str:
@@ -72,8 +63,7 @@ def recipe_for_preset(preset: str | None) -> str:
 
 def fine_tune_recipe_names(kind: str) -> list[str]:
     """The fine-tuning recipes shipped in `convattn/configs/recipes/<kind>/` (kind: glue or squad)."""
-    directory = resources.files("convattn.configs").joinpath("recipes", kind)
-    return sorted(entry.name.removesuffix(".yaml") for entry in directory.iterdir() if entry.name.endswith(".yaml"))
+    return configs.names("recipes", kind)
 
 
 def glue_recipe_names() -> list[str]:

@@ -1,15 +1,17 @@
-"""Training one fine-tuning seed, whatever the task: its `TrainingArguments`, the quiet training loop, and the
-run.json that marks a finished seed."""
+"""Training one fine-tuning seed, whatever the task: its `TrainingArguments`, the quiet training loop (a progress
+bar on screen, the Trainer's log dicts in log.txt), and the run.json that marks a finished seed."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import ProgressCallback, Trainer, TrainingArguments
 
-from convattn.console import quiet_trainer
+from convattn.console import captured
 from convattn.errors import UsageError
 from convattn.files import read_json
 from convattn.training.finetune.settings import FineTuneSettings
@@ -62,3 +64,22 @@ def train(trainer: Trainer):
                 callback.training_bar.close()
                 callback.training_bar = None
         raise
+
+
+class LoggedProgress(ProgressCallback):
+    """The Trainer's progress bar with the latest loss as its postfix; each log dict goes to log.txt."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            logging.getLogger("convattn.trainer").info(json.dumps({"step": state.global_step, **logs}))
+            if self.training_bar is not None and "loss" in logs:
+                self.training_bar.set_postfix({"loss": f"{logs['loss']:.3f}"}, refresh=False)
+
+
+def quiet_trainer(trainer: Trainer) -> Trainer:
+    """Swap the Trainer's dict-printing progress callback for `LoggedProgress` unless output is verbose
+    (`--verbose`)."""
+    if captured():
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(LoggedProgress())
+    return trainer

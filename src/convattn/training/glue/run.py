@@ -25,11 +25,10 @@ from transformers import (
 )
 
 from convattn.checkpoint import load_checked
-from convattn.console import quiet_trainer
 from convattn.data.glue import GlueTask
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.training.finetune.optim import LayerDecayTrainer
-from convattn.training.finetune.trainer import RUN_FILE, train, training_arguments
+from convattn.training.finetune.trainer import RUN_FILE, quiet_trainer, train, training_arguments
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
 from convattn.training.glue.settings import GlueSettings

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 
-import yaml
-
+from convattn import configs
 from convattn.errors import UsageError
 from convattn.training.finetune.settings import FineTuneSettings, check_warmup, resolved_fields
 from convattn.training.recipes import glue_recipe_names
+
+RECIPE_KEYS = ("seeds", "defaults", "base_size", "tasks", "from_mnli_tasks")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,8 +20,7 @@ class GlueSettings(FineTuneSettings):
 def load_glue_recipe(name: str) -> dict:
     if name not in glue_recipe_names():
         raise UsageError(f"unknown recipe {name!r}; recipes are {', '.join(glue_recipe_names())}")
-    text = resources.files("convattn.configs").joinpath("recipes", "glue", f"{name}.yaml").read_text()
-    return yaml.safe_load(text)
+    return configs.load("recipes", "glue", name, allowed=RECIPE_KEYS)
 
 
 def resolve_settings(recipe: dict, task: str, base_size: bool, overrides: dict, task_lr: dict[str, float],

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from importlib import resources
 
-import yaml
-
+from convattn import configs
 from convattn.console import say
 from convattn.errors import UsageError
 from convattn.training.finetune.settings import FineTuneSettings, check_warmup, resolved_fields
 from convattn.training.recipes import squad_recipe_names
+
+RECIPE_KEYS = ("seeds", "defaults", "base_size")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +26,7 @@ class SquadSettings(FineTuneSettings):
 def load_squad_recipe(name: str) -> dict:
     if name not in squad_recipe_names():
         raise UsageError(f"unknown --recipe {name!r}; SQuAD recipes are {', '.join(squad_recipe_names())}")
-    return yaml.safe_load(resources.files("convattn.configs").joinpath("recipes", "squad", f"{name}.yaml").read_text())
+    return configs.load("recipes", "squad", name, allowed=RECIPE_KEYS)
 
 
 def resolve_settings(recipe: dict, base_size: bool, overrides: dict) -> SquadSettings:
