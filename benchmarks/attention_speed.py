@@ -22,7 +22,7 @@ import convattn  # noqa: F401  (registers the model type)
 from convattn import ConvAttnConfig, ConvAttnModel
 from convattn.attention import TokenMask
 from convattn.presets import preset_names
-from convattn.training.memory import saved_activation_bytes
+from convattn.training.compare.memory import saved_activation_bytes
 
 TOKENS_PER_BATCH = 2048
 

@@ -306,7 +306,7 @@ def model_output_dir(command: str, model: str) -> Path:
 
 def glue_request(args: argparse.Namespace):
     from convattn.data.glue import parse_task_list
-    from convattn.training.compare import GlueRequest
+    from convattn.training.compare.options import GlueRequest
 
     glue_flags = {"--glue-data-dir": args.glue_data_dir, "--glue-max-steps": args.glue_max_steps,
                   "--glue-max-train-samples": args.glue_max_train_samples}
@@ -324,7 +324,7 @@ def glue_request(args: argparse.Namespace):
 
 
 def squad_request(args: argparse.Namespace):
-    from convattn.training.compare import SquadRequest
+    from convattn.training.compare.options import SquadRequest
 
     flags = {"--squad-train-file": args.squad_train_file, "--squad-dev-file": args.squad_dev_file,
              "--squad-max-steps": args.squad_max_steps, "--squad-max-length": args.squad_max_length}
@@ -345,7 +345,7 @@ def squad_request(args: argparse.Namespace):
 
 def compare_options(args: argparse.Namespace, grid, default_output: Path):
     """CompareOptions from the shared run arguments (`add_run_arguments`) and a grid."""
-    from convattn.training.compare import CompareOptions
+    from convattn.training.compare.options import CompareOptions
 
     return CompareOptions(
         grid=grid, output_dir=args.output_dir or default_output, data=data_options(args), seeds=args.seeds,

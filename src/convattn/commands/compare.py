@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from convattn.commands.arguments import add_run_arguments, compare_options, prepare_training_process
-from convattn.errors import UsageError
 
 EXAMPLES = """\
 examples:
@@ -42,7 +40,7 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from convattn.training.grids import grid_names
+    from convattn.training.compare.grids import grid_names
 
     what = parser.add_argument_group("what to compare (one of)")
     choice = what.add_mutually_exclusive_group(required=True)
@@ -59,46 +57,16 @@ def parse_presets(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def execute(options, report_only: bool, eval_lengths: list[int] | None = None) -> int:
-    """Run (or only report) a comparison; prints the summary table. Returns the exit code."""
-    from convattn.training.compare import run_compare
-    from convattn.training.compare_report import Report, write_report
-    from convattn.training.compare_results import seeds_in_output
-    from convattn.training.grids import check_runs
-
-    interrupted = False
-    if report_only:
-        check_runs(options.grid.runs)
-        options.seeds = seeds_in_output(options)
-        if not options.seeds:
-            raise UsageError(f"--report-only: {options.output_dir} has no runs of these models to report on; check "
-                             "--output-dir and --grid/--presets")
-    else:
-        prepare_training_process()
-        outcome = run_compare(options)
-        interrupted = outcome.interrupted
-        print(f"compare: {outcome.trained} run(s) trained, {outcome.reused} reused", file=sys.stderr)
-    results = write_report(options)
-    print("\n".join(Report(options, results, figure=None).summary_lines()))
-    if eval_lengths:
-        from convattn.training.compare_lengths import write_length_report
-
-        print("\n".join(write_length_report(options, eval_lengths)))
-    print(f"report: {options.output_dir / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
-    if interrupted:
-        print("interrupted: run the same command again to continue (finished runs are reused)", file=sys.stderr)
-        return 130
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
-    from convattn.training.grids import grid_from_presets, load_grid
+    from convattn.training.compare.grids import grid_from_presets, load_grid
+    from convattn.training.compare.lengths import eval_files, parse_lengths
+    from convattn.training.compare.run import compare_and_report
 
     grid = load_grid(args.grid) if args.grid else grid_from_presets(parse_presets(args.presets))
-    from convattn.training.compare_lengths import eval_files, parse_lengths
-
     options = compare_options(args, grid, Path("runs") / f"compare-{grid.name}")
     eval_lengths = parse_lengths(args.eval_lengths) if args.eval_lengths else None
     if eval_lengths:
         eval_files(options)  # refuse before any training when there is no eval text to score
-    return execute(options, args.report_only, eval_lengths)
+    if not args.report_only:
+        prepare_training_process()
+    return compare_and_report(options, args.report_only, eval_lengths)

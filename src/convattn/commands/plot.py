@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 from convattn.commands.arguments import HelpFormatter, add_verbose_argument
@@ -204,29 +203,16 @@ def parse_kernel_sizes(text: str) -> list[int]:
 
 
 def run_kernel_size(args: argparse.Namespace) -> int:
-    from convattn import ConvAttnConfig
-    from convattn.analysis.kernel_size import plot_kernel_size_sweep
-    from convattn.commands.arguments import compare_options
-    from convattn.commands.compare import execute
-    from convattn.training.compare_results import collect_results, downstream_columns
-    from convattn.training.grids import Grid, RunSpec, check_runs
+    from convattn.commands.arguments import compare_options, prepare_training_process
+    from convattn.training.compare.grids import RunSpec
+    from convattn.training.compare.kernel_size import kernel_size_grid, plot_sweep
+    from convattn.training.compare.run import compare_and_report
 
     sizes = parse_kernel_sizes(args.kernel_sizes)
-    check_runs([RunSpec(args.preset, args.preset)])
-    if not ConvAttnConfig.from_preset(args.preset).uses_convbert:
-        raise UsageError(f"--preset {args.preset} has no ConvBERT convolution (head_ratio 1); use a ConvBERT preset "
-                         "such as chang2021-small/convbert or convbert/small")
-    runs = [RunSpec(f"k={k}", args.preset, {"conv_kernel_size": k}) for k in sizes]
-    grid = Grid(f"kernel size ({args.preset})", runs, description=f"{args.preset} with convolution kernel sizes "
-                f"{', '.join(map(str, sizes))} (span-based dynamic convolution and separable key convolution).")
+    grid = kernel_size_grid(args.preset, sizes)
     options = compare_options(args, grid, Path("runs") / f"kernel-size-{RunSpec(args.preset, args.preset).slug}")
-    code = execute(options, args.report_only)
-    results = collect_results(options)
-    perplexities = [[result.metrics[seed][-1]["perplexity"] for seed in result.finished] for result in results]
-    columns = [column for column in downstream_columns(results) if column.startswith("GLUE ")]
-    glue = [[statistics.fmean(scores[c] for c in columns) for scores in result.downstream.values()
-             if all(c in scores for c in columns)] for result in results] if columns else None
-    budget = results[0].final_step
-    title = f"{args.preset}: kernel size sweep" + (f" ({budget:,} steps)" if budget else "")
-    print(plot_kernel_size_sweep(sizes, perplexities, glue, title, options.output_dir / "kernel_size.png"))
+    if not args.report_only:
+        prepare_training_process()
+    code = compare_and_report(options, args.report_only)
+    print(plot_sweep(options, args.preset, sizes))
     return code

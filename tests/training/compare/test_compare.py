@@ -12,8 +12,8 @@ from helpers.pretrain import WORDS, write_corpus
 
 from convattn.cli import main
 from convattn.presets import preset_names
-from convattn.training import compare
-from convattn.training.grids import grid_names, load_grid
+from convattn.training.compare import run as compare
+from convattn.training.compare.grids import grid_names, load_grid
 
 PRESETS = ["chang2021-small/absolute", "chang2021-small/composite"]
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--intermediate", "64", "--embedding-size", "16",
@@ -179,12 +179,13 @@ def word_tokenizer():
 
 
 def test_activation_memory_grows_with_the_batch():
+    from convattn.training.compare.memory import training_memory
     from convattn.training.recipes import Recipe
 
     tokenizer = word_tokenizer()
     model = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
              "embedding_size": 16}
-    small, large = (compare.training_memory(Recipe("chang2021-small/composite", batch_size=batch, seq_len=32,
+    small, large = (training_memory(Recipe("chang2021-small/composite", batch_size=batch, seq_len=32,
                                                    model=model), tokenizer) for batch in (4, 8))
     assert small["state_bytes"] == large["state_bytes"] == 16 * small["parameters"]
     assert 1.7 < large["activation_bytes"] / small["activation_bytes"] < 2.3
@@ -262,8 +263,8 @@ def test_squad_flags_need_a_version(corpus, tmp_path, capsys):
 def test_perplexity_figure_reads_plain_numbers_and_labels_every_line():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from convattn.training.compare_results import RunResult, perplexity_figure
-    from convattn.training.grids import RunSpec
+    from convattn.training.compare.grids import RunSpec
+    from convattn.training.compare.results import RunResult, perplexity_figure
 
     # a narrow range above 10^4, as in the first few hundred steps of a large vocabulary
     results = [RunResult(RunSpec(name, name), {seed: [{"step": step, "perplexity": 14_000 - 900 * step / 100 + seed}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from convattn.errors import UsageError
 from convattn.files import read_json, save_figure, write_json_atomic, write_text_atomic
-from convattn.training.compare import CompareOptions, is_finished, run_dir, say
+from convattn.training.compare.options import CompareOptions, is_finished, say
 from convattn.training.seeds import format_mean_sem, mean_sem
 
 LENGTHS_FILE = "length_eval.json"
@@ -62,7 +62,7 @@ def evaluate_lengths(options: CompareOptions, lengths: list[int]) -> dict[str, d
     scores: dict[str, dict[int, list[dict]]] = {}
     for spec in options.grid.runs:
         for seed in range(options.seeds):
-            path = run_dir(options.output_dir, spec, seed)
+            path = options.run_path(spec, seed)
             if not is_finished(path):
                 continue
             say(f"{spec.name} seed {seed}: eval perplexity at lengths {','.join(map(str, lengths))}")

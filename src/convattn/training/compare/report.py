@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import write_text_atomic
-from convattn.training.compare import CompareOptions, run_dir, run_options
-from convattn.training.compare_results import (
+from convattn.training.compare.options import CompareOptions, run_options
+from convattn.training.compare.results import (
     MIB,
     RunResult,
     collect_results,
@@ -82,7 +82,7 @@ class Report:
         would be now."""
         settings = []
         for result in self.results:
-            saved = run_dir(self.options.output_dir, result.spec, 0) / OPTIONS_FILE
+            saved = self.options.run_path(result.spec, 0) / OPTIONS_FILE
             settings.append(json.loads(saved.read_text()) if saved.is_file()
                             else run_options(self.options, result.spec, 0).to_json())
         return settings

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import save_figure, write_text_atomic
-from convattn.training.compare import MEMORY_FILE, CompareOptions, is_finished, run_dir
-from convattn.training.grids import RunSpec
+from convattn.training.compare.grids import RunSpec
+from convattn.training.compare.options import MEMORY_FILE, CompareOptions, is_finished
 from convattn.training.pretrain import METRICS_FILE
 from convattn.training.seeds import mean_sem
 
@@ -91,7 +91,7 @@ def collect_results(options: CompareOptions) -> list[RunResult]:
     for spec in options.grid.runs:
         metrics, finished, downstream = {}, [], {}
         for seed in range(options.seeds):
-            path = run_dir(options.output_dir, spec, seed)
+            path = options.run_path(spec, seed)
             rows = read_metrics(path)
             if rows:
                 metrics[seed] = rows
@@ -99,7 +99,7 @@ def collect_results(options: CompareOptions) -> list[RunResult]:
                 finished.append(seed)
             if scores := read_downstream(path):
                 downstream[seed] = scores
-        memory_file = run_dir(options.output_dir, spec) / MEMORY_FILE
+        memory_file = options.run_path(spec) / MEMORY_FILE
         memory = json.loads(memory_file.read_text()) if memory_file.is_file() else None
         results.append(RunResult(spec, metrics, finished, memory, downstream))
     return results
@@ -108,7 +108,7 @@ def collect_results(options: CompareOptions) -> list[RunResult]:
 def seeds_in_output(options: CompareOptions) -> int:
     """How many seeds (0..k) the output directory has runs for (0: none)."""
     found = [int(path.name.removeprefix("seed")) for spec in options.grid.runs
-             for path in run_dir(options.output_dir, spec).glob("seed*") if path.name.removeprefix("seed").isdigit()]
+             for path in options.run_path(spec).glob("seed*") if path.name.removeprefix("seed").isdigit()]
     return max(found, default=-1) + 1
 
 

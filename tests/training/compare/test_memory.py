@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from convattn.training.memory import saved_activation_bytes
+from convattn.training.compare.memory import saved_activation_bytes
 
 
 def test_counts_each_saved_storage_once():

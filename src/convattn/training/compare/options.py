@@ -1,0 +1,100 @@
+"""What a comparison is asked to do (`CompareOptions`, with its GLUE and SQuAD requests), each run's pretraining
+options (recipe file < grid < the run's own fields < command line), and the state of a run's folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from convattn.console import say as say_as
+from convattn.training.compare.grids import Grid, RunSpec
+from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE, PretrainOptions
+from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
+from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
+
+MEMORY_FILE = "memory.json"
+
+
+@dataclass
+class GlueRequest:
+    """Fine-tune each final model on GLUE tasks (`convattn glue` machinery) and report the dev scores."""
+
+    tasks: list[str]
+    data_dir: Path | None = None
+    recipe: str = "chang2021"
+    seeds: int = 1
+    overrides: dict = field(default_factory=dict)  # FineTuneSettings fields, e.g. max_steps, max_train_samples
+
+
+@dataclass
+class SquadRequest:
+    """Fine-tune each final model on SQuAD (`convattn squad` machinery) and report dev EM and F1."""
+
+    version: str
+    train_file: Path | None = None
+    dev_file: Path | None = None
+    seeds: int = 1
+    overrides: dict = field(default_factory=dict)  # SquadSettings fields, e.g. max_steps, max_length
+
+
+@dataclass
+class CompareOptions:
+    grid: Grid
+    output_dir: Path
+    data: dict  # PretrainOptions data fields: dataset, dataset_config, train_files, eval_files, tokenizer, cache_dir
+    seeds: int = 3
+    recipe: str | None = None  # wins over the grid's; default: the grid's, else the first run's paper
+    model: dict = field(default_factory=dict)  # config fields for every run, over the grid's and the runs' own
+    training: dict = field(default_factory=dict)  # Recipe fields for every run, over the grid's
+    precision: str = "auto"
+    log_every: int = 10
+    glue: GlueRequest | None = None
+    squad: SquadRequest | None = None
+
+    @property
+    def recipe_name(self) -> str:
+        return self.recipe or self.grid.recipe or recipe_for_preset(self.grid.runs[0].preset)
+
+    def run_path(self, spec: RunSpec, seed: int | None = None) -> Path:
+        """`runs/<run>/seed<k>` of this comparison (the run's own folder when seed is None)."""
+        return seed_dir(self.output_dir, spec.slug, seed)
+
+
+def run_recipe(options: CompareOptions, spec: RunSpec, seed: int) -> Recipe:
+    """The recipe of one run: recipe file < grid < the run's own fields < command line; the seed is the run's."""
+    recipe = load_recipe(options.recipe_name)
+    if options.recipe is None and options.grid.recipe is None and options.recipe_name == "default":
+        recipe.model = {}  # as in `convattn pretrain`: the default recipe's size only applies to its own preset
+    recipe.preset = spec.preset
+    recipe.model = {**recipe.model, **options.grid.model, **spec.model, **options.model}
+    note = apply_overrides(recipe, {**options.grid.training, **options.training})
+    if note and seed == 0:
+        say(f"{spec.name}: {note}")
+    recipe.seed = seed
+    return recipe
+
+
+def tokenizer_dir(options: CompareOptions) -> Path:
+    return Path(options.data["tokenizer"]) if options.data.get("tokenizer") else options.output_dir / "tokenizer"
+
+
+def run_options(options: CompareOptions, spec: RunSpec, seed: int) -> PretrainOptions:
+    data = {**options.data, "tokenizer": str(tokenizer_dir(options).resolve())}
+    return PretrainOptions(recipe=run_recipe(options, spec, seed), output_dir=options.run_path(spec, seed),
+                           precision=options.precision, log_every=options.log_every, **data)
+
+
+def say(message: str) -> None:
+    say_as("compare", message)
+
+
+def is_finished(path: Path) -> bool:
+    """A run is finished once its final model and metrics are written (pretrain saves the model last)."""
+    return (path / "model.safetensors").is_file() and (path / METRICS_FILE).is_file()
+
+
+def check_same_settings(options: PretrainOptions) -> None:
+    """An existing run directory must come from the same settings (budget included), or the comparison is off."""
+    check_same_options(options.output_dir / OPTIONS_FILE, options.to_json(), BOOKKEEPING_OPTIONS,
+                       f"{options.output_dir} was trained with other settings ({{details}}); use another "
+                       "--output-dir, or delete that run directory to train it again")

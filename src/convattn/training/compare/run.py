@@ -1,0 +1,192 @@
+"""Running a comparison: the shared tokenizer, then every run and seed trained, resumed or reused (and
+fine-tuned on GLUE or SQuAD when asked), then the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from convattn.console import log_to
+from convattn.errors import UsageError
+from convattn.training.compare.grids import RunSpec, check_runs
+from convattn.training.compare.memory import update_memory
+from convattn.training.compare.options import (
+    CompareOptions,
+    check_same_settings,
+    is_finished,
+    run_options,
+    run_recipe,
+    say,
+    tokenizer_dir,
+)
+from convattn.training.pretrain import PretrainOptions, check_options, complete_checkpoints, pretrain, sequence_length
+
+TOKENIZER_RECORD = "compare_tokenizer.json"  # beside the shared tokenizer: what it was trained for
+
+
+def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
+    """The tokenizer of every run: --tokenizer, or one trained once on the train text and saved in the output
+    (with a record of what it was trained for, checked when the comparison continues)."""
+    from convattn.data.corpus import load_corpus
+    from convattn.data.tokenizer import trained_tokenizer
+
+    directory = tokenizer_dir(options)
+    if options.data.get("tokenizer"):
+        return directory
+    data = options.data
+    wanted = {"vocab_size": run_recipe(options, options.grid.runs[0], 0).vocab_size,
+              **{key: data[key] for key in ("dataset", "dataset_config", "train_files")}}
+    wanted = json.loads(json.dumps(wanted, default=str))
+    record = directory / TOKENIZER_RECORD
+    if record.is_file():
+        trained_for = json.loads(record.read_text())
+        if trained_for != wanted:
+            raise UsageError(f"{directory} was trained for other text or vocabulary ({json.dumps(trained_for)}); "
+                             "use another --output-dir, or delete that directory")
+        return directory
+    say(f"training the shared tokenizer (unigram, {wanted['vocab_size']:,} pieces) -> {directory}")
+    corpus = load_corpus(data["dataset"], data["dataset_config"], data["train_files"], data["eval_files"],
+                         data["cache_dir"])
+    tokenizer = trained_tokenizer(corpus.train, corpus.identity, wanted["vocab_size"], seq_len, data["cache_dir"])
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / TOKENIZER_RECORD).write_text(json.dumps(wanted, indent=2) + "\n")
+        tmp.replace(directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+@dataclass
+class CompareOutcome:
+    trained: int  # runs trained (or resumed) by this invocation
+    reused: int  # finished runs found and reused
+    interrupted: bool = False
+
+
+def validate(options: CompareOptions) -> int:
+    """Check every run's options and existing directories before anything is written; returns the longest
+    sequence length (the tokenizer's maximum)."""
+    check_runs(options.grid.runs)
+    if options.seeds < 1:
+        raise UsageError(f"--seeds {options.seeds} must be at least 1")
+    seq_len = 0
+    for spec in options.grid.runs:
+        for seed in range(options.seeds):
+            pretrain_options = run_options(options, spec, seed)
+            config = check_options(pretrain_options)
+            seq_len = max(seq_len, sequence_length(pretrain_options.recipe, config))
+            check_same_settings(pretrain_options)
+    if options.glue:
+        from convattn.data.glue import get_task
+        from convattn.training.glue import check_data
+
+        check_data([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
+    if options.squad:
+        from convattn.data.squad import read_squad_json
+
+        for file in (options.squad.train_file, options.squad.dev_file):
+            if file is not None:
+                read_squad_json(file)  # missing, empty or not JSON: said before any training
+    return seq_len
+
+
+def train_one(pretrain_options: PretrainOptions) -> tuple[bool, int | None]:
+    """Train, resume or restart one run; returns (interrupted, CUDA peak bytes or None)."""
+    path = pretrain_options.output_dir
+    pretrain_options.resume = bool(complete_checkpoints(path / "checkpoints"))
+    pretrain_options.overwrite = not pretrain_options.resume and path.exists()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    summary = pretrain(pretrain_options)
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return summary.interrupted, peak
+
+
+def run_compare(options: CompareOptions) -> CompareOutcome:
+    """Train (or reuse) every run and seed and fine-tune on GLUE if asked (`write_report` then reports)."""
+    from convattn.data.tokenizer import load_tokenizer
+
+    seq_len = validate(options)
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    log_to(options.output_dir)
+    tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))
+    outcome = CompareOutcome(trained=0, reused=0)
+    total = len(options.grid.runs) * options.seeds
+    for index, spec in enumerate(options.grid.runs):
+        cuda_peaks = {}
+        for seed in range(options.seeds):
+            number = index * options.seeds + seed + 1
+            pretrain_options = run_options(options, spec, seed)
+            if is_finished(pretrain_options.output_dir):
+                say(f"[{number}/{total}] {spec.name} seed {seed}: finished earlier, reused")
+                outcome.reused += 1
+                continue
+            state = "resuming" if complete_checkpoints(pretrain_options.output_dir / "checkpoints") else "training"
+            say(f"[{number}/{total}] {spec.name} seed {seed}: {state} -> {pretrain_options.output_dir}")
+            interrupted, peak = train_one(pretrain_options)
+            outcome.trained += 1
+            if peak is not None:
+                cuda_peaks[seed] = peak
+            if interrupted:
+                outcome.interrupted = True
+                return outcome
+        update_memory(options, spec, tokenizer, cuda_peaks)
+        if options.glue or options.squad:
+            fine_tune_runs(options, spec)
+    return outcome
+
+
+def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
+    for seed in range(options.seeds):
+        path = options.run_path(spec, seed)
+        model = path / "discriminator" if (path / "discriminator").is_dir() else path  # ELECTRA: the discriminator
+        if request := options.glue:
+            from convattn.training.glue import run_glue
+
+            say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
+            run_glue(str(model), request.tasks, path / "glue", data_dir=request.data_dir, recipe=request.recipe,
+                     seeds=request.seeds, overrides=request.overrides)
+        if request := options.squad:
+            from convattn.training.squad import run_squad
+
+            say(f"{spec.name} seed {seed}: SQuAD v{request.version}")
+            run_squad(str(model), request.version, path / "squad", train_file=request.train_file,
+                      dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides)
+
+
+def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None = None) -> int:
+    """Run (or only report) a comparison and print its summary table; returns the exit code (130: interrupted)."""
+    from convattn.training.compare.report import Report, write_report
+    from convattn.training.compare.results import seeds_in_output
+
+    interrupted = False
+    if report_only:
+        check_runs(options.grid.runs)
+        options.seeds = seeds_in_output(options)
+        if not options.seeds:
+            raise UsageError(f"--report-only: {options.output_dir} has no runs of these models to report on; check "
+                             "--output-dir and --grid/--presets")
+    else:
+        outcome = run_compare(options)
+        interrupted = outcome.interrupted
+        print(f"compare: {outcome.trained} run(s) trained, {outcome.reused} reused", file=sys.stderr)
+    results = write_report(options)
+    print("\n".join(Report(options, results, figure=None).summary_lines()))
+    if eval_lengths:
+        from convattn.training.compare.lengths import write_length_report
+
+        print("\n".join(write_length_report(options, eval_lengths)))
+    print(f"report: {options.output_dir / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
+    if interrupted:
+        print("interrupted: run the same command again to continue (finished runs are reused)", file=sys.stderr)
+        return 130
+    return 0
