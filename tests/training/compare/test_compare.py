@@ -241,7 +241,7 @@ def test_eval_lengths_bad_values_exit_2(compared, value, needle, capsys):
 
 
 def test_squad_columns_join_the_report(corpus, tmp_path):
-    squad = Path(__file__).resolve().parents[1] / "fixtures" / "squad"
+    squad = Path(__file__).resolve().parents[2] / "fixtures" / "squad"
     out = tmp_path / "out"
     args = compare_args(corpus, out, "--squad", "1.1", "--squad-train-file", str(squad / "train-v1.1.json"),
                         "--squad-dev-file", str(squad / "dev-v1.1.json"), "--squad-max-steps", "2",
