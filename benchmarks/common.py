@@ -31,8 +31,6 @@ def machine_line() -> str:
             f"{torch.get_num_threads()} threads")
 
 
-
-
 def status_bytes(field: str) -> int:
     """VmRSS / VmHWM (peak RSS) of this process from /proc; unlike ru_maxrss, VmHWM starts afresh at
     exec, so it is not the parent's peak."""

@@ -27,8 +27,6 @@ def folder(saved, tmp_path) -> Path:
     return Path(shutil.copytree(saved, tmp_path / "model"))
 
 
-
-
 def test_a_saved_convattn_model_passes(folder):
     checked = check_model_folder(folder)
     assert checked.is_convattn and checked.local and checked.config.num_hidden_layers == 2
@@ -38,8 +36,6 @@ def test_a_saved_convattn_model_passes(folder):
 
 def replace_config_text(folder: Path, text: str) -> None:
     (folder / "config.json").write_text(text)
-
-
 
 
 def poison_weight(folder: Path) -> None:

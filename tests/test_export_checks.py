@@ -59,14 +59,6 @@ def test_an_onnx_path_that_is_a_folder_or_under_a_file_is_refused(model, tmp_pat
     assert leftovers(tmp_path) == ["file", "out"] and not any((tmp_path / "out").iterdir())
 
 
-
-
-
-
-
-
-
-
 @pytest.mark.parametrize(("damage", "message"), [
     (nan_weights, "non-finite (NaN or infinite) weights"),
     (lambda f: config_with(f, not_a_field=1), "fields convattn does not know: not_a_field"),

@@ -236,6 +236,7 @@ def test_every_module_with_its_own_init_scheme_is_initialised(preset, monkeypatc
     called = []
     for cls in owners:
         original = cls.init_weights
+
         def spy(self, *args, _original=original, **kwargs):
             called.append(self)
             return _original(self, *args, **kwargs)

@@ -28,29 +28,18 @@ _PUBLIC = {
 
 
 def register_auto_classes() -> None:
-    """Register model type "convattn" with the transformers Auto classes (idempotent)."""
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForMaskedLM,
-        AutoModelForPreTraining,
-        AutoModelForQuestionAnswering,
-        AutoModelForSequenceClassification,
-        AutoModelForTokenClassification,
-    )
+    """Register model type "convattn" with the transformers Auto classes (idempotent), one entry point per Auto
+    class as saved checkpoints name them (`remote_code.AUTO_MAP`)."""
+    import transformers
 
-    from convattn import config, electra, model
+    from convattn.config import ConvAttnConfig
+    from convattn.remote_code import AUTO_MAP
 
-    AutoConfig.register(config.ConvAttnConfig.model_type, config.ConvAttnConfig, exist_ok=True)
-    for auto, model_class in (
-        (AutoModel, model.ConvAttnModel),
-        (AutoModelForMaskedLM, model.ConvAttnForMaskedLM),
-        (AutoModelForPreTraining, electra.ConvAttnForPreTraining),
-        (AutoModelForSequenceClassification, model.ConvAttnForSequenceClassification),
-        (AutoModelForTokenClassification, model.ConvAttnForTokenClassification),
-        (AutoModelForQuestionAnswering, model.ConvAttnForQuestionAnswering),
-    ):
-        auto.register(config.ConvAttnConfig, model_class, exist_ok=True)
+    transformers.AutoConfig.register(ConvAttnConfig.model_type, ConvAttnConfig, exist_ok=True)
+    for auto, (module, name) in AUTO_MAP.items():
+        if auto != "AutoConfig":
+            model_class = getattr(importlib.import_module(module), name)
+            getattr(transformers, auto).register(ConvAttnConfig, model_class, exist_ok=True)
 
 
 def __getattr__(name: str):

@@ -40,7 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
         command = subparsers.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
                                         epilog=getattr(module, "EXAMPLES", None), formatter_class=HelpFormatter)
         module.add_arguments(command)
+        # argparse lists a parser's actions only in `_actions`: dest -> flag, for naming options in errors
+        command.set_defaults(option_flags={a.dest: a.option_strings[-1] for a in command._actions if a.option_strings})
     return parser
+
+
+def flag_namer(args: argparse.Namespace):
+    """field -> the command's flag that sets it (`learning_rate` -> `--lr`), or the field where no flag does."""
+    from convattn.commands.arguments import ARCHITECTURE_FLAGS
+
+    flags = args.option_flags
+    by_field = {field: flags[dest] for dest, field in ARCHITECTURE_FLAGS.items() if dest in flags}
+    return lambda field: flags.get(field) or by_field.get(field) or field
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             convattn.register_auto_classes()  # the command line starts without it (see convattn/__init__.py)
             console.configure(verbose=getattr(args, "verbose", False))
         return args.func(args) or 0
-    except (UsageError, ValueError, FileNotFoundError) as err:
+    except UsageError as err:
+        print(f"convattn {args.command}: error: {err.describe(flag_namer(args))}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as err:
         print(f"convattn {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`convattn presets | head`): stop quietly

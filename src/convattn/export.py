@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 
 
 class LogitsOnly(nn.Module):
@@ -79,7 +79,8 @@ def supported_opsets() -> range:
 def check_opset(opset: int) -> None:
     opsets = supported_opsets()
     if opset not in opsets:
-        raise UsageError(f"--opset {opset} is not one the installed ONNX exporter writes: give {opsets.start} to "
+        raise UsageError(f"{option('opset')} {opset} is not one the installed ONNX exporter writes: give "
+                         f"{opsets.start} to "
                          f"{opsets.stop - 1}")
 
 
@@ -87,10 +88,10 @@ def check_onnx_path(path: str | os.PathLike) -> None:
     """The output is a file name whose folder exists or can be made."""
     path = Path(path)
     if path.is_dir():
-        raise UsageError(f"--onnx {path} is a folder; give the file to write, e.g. {path / 'model.onnx'}")
+        raise UsageError(f"{option('onnx')} {path} is a folder; give the file to write, e.g. {path / 'model.onnx'}")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
-        raise UsageError(f"--onnx {path}: {blocking} is a file, so the folder cannot be made")
+        raise UsageError(f"{option('onnx')} {path}: {blocking} is a file, so the folder cannot be made")
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> None:
@@ -111,8 +112,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> N
                                      input_names=["input_ids", "attention_mask"], output_names=["logits"])
     written = onnx_program.model.opset_imports.get("", opset)
     if written != opset:
-        raise UsageError(f"--opset {opset}: the exporter could not convert the graph to it (it stays at opset "
-                         f"{written}); give --opset {written}")
+        raise UsageError(f"{option('opset')} {opset}: the exporter could not convert the graph to it (it stays at "
+                         f"opset {written}); give {option('opset')} {written}")
     try:
         with atomic_path(path, suffix=".onnx.tmp") as tmp:
             onnx_program.save(tmp)

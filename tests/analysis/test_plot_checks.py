@@ -22,14 +22,6 @@ def checkpoint(saved, tmp_path) -> Path:
     return Path(shutil.copytree(saved, tmp_path / "model"))
 
 
-
-
-
-
-
-
-
-
 @pytest.mark.parametrize("kind", ["kernels", "attention"])
 @pytest.mark.parametrize(("damage", "message"), [
     (nan_weights, "non-finite (NaN or infinite) weights"),

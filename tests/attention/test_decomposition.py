@@ -302,7 +302,6 @@ def test_cuda_kernel_calls_on_emulated_ops(dtype, monkeypatch, use_kernel):
         torch.testing.assert_close(got, want, rtol=0.05, atol=0.02 * scale, msg=lambda m, name=name: f"{name}: {m}")
 
 
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a CUDA GPU")
 
 

@@ -44,7 +44,6 @@ def test_library_import_still_registers_the_auto_classes():
     assert done.stdout.strip() == "ConvAttnConfig"
 
 
-
 def test_an_unexpected_error_is_one_line_and_a_traceback_file(monkeypatch, capsys):
     from convattn.cli import main
     from convattn.commands import presets

@@ -81,9 +81,9 @@ def test_leftovers_of_killed_writers_are_removed(tmp_path):
 
 def test_cache_dir_that_is_a_file_or_cannot_be_created(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(UsageError, match=r"--cache-dir .*file is a file"):
+    with pytest.raises(UsageError, match=r"`cache_dir` .*file is a file"):
         check_cache_dir(tmp_path / "file")
-    with pytest.raises(UsageError, match=r"--cache-dir .*cannot create it"):
+    with pytest.raises(UsageError, match=r"`cache_dir` .*cannot create it"):
         check_cache_dir(tmp_path / "file" / "below")
     assert check_cache_dir(tmp_path / "new" / "cache").is_dir()
 
@@ -94,7 +94,7 @@ def test_a_full_disk_while_writing_is_one_line(tmp_path):
 
     with pytest.raises(UsageError, match="No space left on device") as err:
         cache_entry(tmp_path / "entry", build, "test data")
-    assert "--cache-dir" in str(err.value) and "\n" not in str(err.value)
+    assert "`cache_dir`" in str(err.value) and "\n" not in str(err.value)
     assert visible(tmp_path) == []
 
 

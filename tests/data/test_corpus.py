@@ -63,11 +63,11 @@ def test_unreachable_hub_dataset_is_one_line_pointing_at_local_files(tmp_path):
     with pytest.raises(UsageError) as err:
         load_corpus("Salesforce/wikitext", "wikitext-103-raw-v1", [], [], tmp_path)
     message = str(err.value)
-    assert "--train-file" in message and "Salesforce/wikitext" in message and "\n" not in message
+    assert "`train_file`" in message and "Salesforce/wikitext" in message and "\n" not in message
 
 
 def test_dataset_and_train_file_are_exclusive(tmp_path):
-    with pytest.raises(UsageError, match="either --dataset or --train-file"):
+    with pytest.raises(UsageError, match="either `dataset` or `train_file`"):
         load_corpus("x", None, ["y"], [], tmp_path)
 
 
@@ -115,7 +115,7 @@ def test_an_unreadable_directory_is_named(tmp_path, monkeypatch):
 def test_cache_dir_that_is_a_file_is_one_line(tmp_path):
     write(tmp_path / "t.txt", "line\n" * 10)
     write(tmp_path / "cache", "not a directory")
-    with pytest.raises(UsageError, match=r"^--cache-dir .*cache is a file; point --cache-dir"):
+    with pytest.raises(UsageError, match=r"^`cache_dir` .*cache is a file; point `cache_dir`"):
         load_corpus(None, None, [str(tmp_path / "t.txt")], [], tmp_path / "cache")
 
 

@@ -64,7 +64,7 @@ def test_cached_format_is_written_once_and_memory_mapped(tokenizer, tmp_path, mo
 
 
 def test_too_little_text_for_one_block(tokenizer, tmp_path):
-    with pytest.raises(UsageError, match="smaller --seq-len"):
+    with pytest.raises(UsageError, match="smaller `seq_len`"):
         cached_format(lines("alpha"), tokenizer, "packed", 64, tmp_path / "key")
     assert not (tmp_path / "key").exists()
 

@@ -99,7 +99,7 @@ def test_hub_failure_tells_the_user_to_pass_data_dir(monkeypatch):
         raise ConnectionError("offline")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(UsageError, match=r"nyu-mll/glue.*pass --data-dir"):
+    with pytest.raises(UsageError, match=r"nyu-mll/glue.*pass `data_dir`"):
         glue.load_split(get_task("sst2"), "dev", None)
 
 

@@ -43,7 +43,7 @@ def squad_file(tmp_path: Path, qa: dict | None = None, *, version: str | None = 
     (lambda d: squad_file(d, paragraphs="a string, not a list"), "article 0 must be an object with a \"paragraphs\""),
     (lambda d: squad_file(d, paragraphs=["a string"]), "article 0, paragraph 0: needs a \"context\" string"),
     (lambda d: squad_file(d, paragraphs=[{"context": "c", "qas": ["q"]}]), "must be a question object"),
-    (lambda d: squad_file(d, version="v2.0"), "is a SQuAD 2.0 file (its \"version\" is 'v2.0'); use --version 2.0"),
+    (lambda d: squad_file(d, version="v2.0"), "is a SQuAD 2.0 file (its \"version\" is 'v2.0'); use `version` 2.0"),
     (lambda d: squad_file(d, context="x " * (MAX_CONTEXT_CHARACTERS // 2 + 1)),
      f"convattn reads contexts of up to {MAX_CONTEXT_CHARACTERS:,}"),
 ])
@@ -54,7 +54,7 @@ def test_malformed_files_are_one_usage_error(tmp_path, build, message):
 
 
 def test_a_v11_file_is_refused_as_v20(tmp_path):
-    with pytest.raises(UsageError, match=r"is a SQuAD 1\.1 file .* use --version 1\.1"):
+    with pytest.raises(UsageError, match=r"is a SQuAD 1\.1 file .* use `version` 1\.1"):
         load_squad_file(FIXTURES / "train-v1.1.json", "2.0")
     unversioned = squad_file(tmp_path, version=None)  # no "version" field, no is_impossible: the v1.1 layout
     with pytest.raises(UsageError, match="no \"is_impossible\" field in any question"):
@@ -71,7 +71,7 @@ def test_the_fixtures_read_as_their_versions():
 @pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason=f"shared SQuAD sample not found at {SHARED_SAMPLE}")
 def test_the_official_sample_is_v11_only():
     assert len(load_squad_file(SHARED_SAMPLE, "1.1", "dev")) == 396
-    with pytest.raises(UsageError, match=r"use --version 1\.1"):
+    with pytest.raises(UsageError, match=r"use `version` 1\.1"):
         load_squad_file(SHARED_SAMPLE, "2.0", "dev")
 
 

@@ -48,7 +48,7 @@ def test_trained_tokenizer_is_uncased_with_bert_specials(tmp_path):
 
 
 def test_vocabulary_must_exceed_the_special_tokens():
-    with pytest.raises(UsageError, match="--vocab-size 5"):
+    with pytest.raises(UsageError, match="`vocab_size` 5"):
         train_tokenizer(texts(10), vocab_size=5, max_length=64)
 
 

@@ -42,3 +42,11 @@ def test_two_cpu_processes_train_one_model(tmp_path):
 
     model = AutoModelForMaskedLM.from_pretrained(out)
     assert torch.isfinite(next(model.parameters())).all()
+
+    # the launcher does not change a metric: one process evaluates the untrained model to the same perplexity
+    single = [sys.executable, "-m", "convattn", *command[command.index("pretrain"):-1], str(tmp_path / "one"),
+              "--max-steps", "2", "--eval-every", "2", "--save-every", "2"]
+    result = subprocess.run(single, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = json.loads((tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and first["perplexity"] == pytest.approx(rows[0]["perplexity"], rel=1e-5)

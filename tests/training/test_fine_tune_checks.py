@@ -138,12 +138,6 @@ def copy_of(checkpoint: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(checkpoint, tmp_path / "model"))
 
 
-
-
-
-
-
-
 def bert_config_over_convattn_weights(folder: Path) -> None:
     BertConfig(vocab_size=len(tiny_wordpiece_tokenizer(SENTENCES)), hidden_size=32, num_hidden_layers=2,
                num_attention_heads=2, intermediate_size=64).save_pretrained(folder)

@@ -174,6 +174,17 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     log = json.loads((out / "runs" / "sst2" / "seed1" / "log.json").read_text())
     assert any("loss" in entry for entry in log)
 
+    # each task's best dev seed is a model to ship; the other seeds keep no model
+    assert "models:" in capsys.readouterr().out
+    for task in ("sst2", "cola"):
+        record = json.loads((out / "models" / task / "fine_tuned.json").read_text())
+        assert record["seed"] == results["tasks"][task]["best_seed"]
+        assert not list(out.glob(f"runs/{task}/seed*/model"))
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(out / "models" / "sst2"), device="cpu")
+    assert classify("a charming , funny film .")[0]["label"] in ("0", "1")
+
     # resume: only the interrupted run (no run.json) is done again
     markers = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/run.json")}
     interrupted = out / "runs" / "cola" / "seed1" / "run.json"
@@ -289,7 +300,7 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
 
 
 def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
-    from convattn.commands.arguments import model_output_dir
+    from convattn.commands.requests import model_output_dir
     from convattn.training.finetune.pretrained import check_same_model
 
     first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"

@@ -231,3 +231,26 @@ def test_perplexity_at_lengths_extends_relative_models_and_reports_absolute_ones
     rows = evaluate_at_lengths(absolute, [corpus / "valid.txt"], lengths, max_blocks=4)
     assert rows[0].perplexity is not None
     assert [r.note for r in rows[1:]] == ["cannot extend: absolute position embeddings stop at 32"] * 2
+
+
+def test_evaluation_masks_each_example_the_same_in_any_batch():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from convattn.training.pretrain.data import MaskingCollator
+
+    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    examples = [tokenizer(" ".join(WORDS[i:i + 3 + i % 7])) for i in range(10)]
+    collate = MaskingCollator(tokenizer, 0.3, seed=0, per_example=True)
+    together = collate(examples)
+    for i, example in enumerate(examples):
+        alone = collate([example])
+        length = alone["input_ids"].shape[1]
+        assert torch.equal(together["labels"][i, :length], alone["labels"][0])
+        assert torch.equal(together["input_ids"][i, :length], alone["input_ids"][0])
+        assert (together["labels"][i, length:] == -100).all()
+    assert (together["labels"] != -100).any()

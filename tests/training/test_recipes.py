@@ -7,7 +7,7 @@ import pytest
 from convattn.cli import main
 from convattn.commands.arguments import RECIPE_FLAGS
 from convattn.commands.pretrain import options_from_args
-from convattn.training.compare.report import clear_winner
+from convattn.training.compare.cells import clear_winner
 from convattn.training.recipes import apply_overrides, load_recipe, warmup_steps
 
 

@@ -41,7 +41,7 @@ def test_only_a_convattn_run_may_be_replaced(tmp_path, monkeypatch):
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
     for path in (mine, Path("."), tmp_path.parent, Path.home(), Path("/")):
-        with pytest.raises(UsageError, match="--overwrite"):
+        with pytest.raises(UsageError, match="`overwrite`"):
             check_removable(path, "pretrain_options.json")
 
 

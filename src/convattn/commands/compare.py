@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from convattn.commands.arguments import add_run_arguments, compare_options, prepare_training_process
+from convattn.commands.arguments import add_run_arguments
+from convattn.commands.requests import compare_options, prepare_training_process
 
 EXAMPLES = """\
 examples:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from convattn.commands.arguments import (
-    add_fine_tune_arguments,
-    add_verbose_argument,
-    fine_tune_overrides,
-    model_output_dir,
-)
+from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
+from convattn.commands.requests import fine_tune_overrides, model_output_dir
 from convattn.errors import UsageError
 from convattn.training.recipes import glue_recipe_names
 
@@ -30,7 +26,8 @@ examples:
   convattn glue --model google/electra-small-discriminator --task rte,qnli --lr 1e-4 --task-lr rte=3e-5
 
 outputs (OUTPUT_DIR): glue_results.json, glue_results.md (Table 6 layout), submission/ (best-dev seed's test
-predictions in the GLUE submission format), runs/<task>/seed<k>/ (run.json, log.json, predictions/).
+predictions in the GLUE submission format), models/<task>/ (the best-dev seed's fine-tuned model, see
+--save-models), runs/<task>/seed<k>/ (run.json, log.json, predictions/).
 Finished runs are skipped when the command is run again, so an interrupted run resumes where it stopped.
 """
 
@@ -44,29 +41,29 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    run = parser.add_argument_group("what to run")
-    run.add_argument("--model", required=True,
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--model", required=True,
                      help="checkpoint directory with model and tokenizer (convattn or HF), or an HF hub model id")
-    run.add_argument("--task", required=True,
+    what.add_argument("--task", required=True,
                      help="comma-separated tasks (cola sst2 mrpc stsb qqp mnli qnli rte wnli ax) or 'all'; "
                           "ax is predicted with the MNLI model")
-    run.add_argument("--data-dir", type=Path, default=None,
+    what.add_argument("--data-dir", type=Path, default=None,
                      help="glue_data directory in the standard GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
-    run.add_argument("--output-dir", type=Path, default=None,
+    what.add_argument("--output-dir", type=Path, default=None,
                      help="where runs and results go (default: glue/<model folder name>-<weights fingerprint>)")
-    run.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
+    what.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
                      help="hyperparameters of a paper (see configs/recipes/glue/*.yaml)")
-    run.add_argument("--seeds", type=int, default=None,
+    what.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs per task, seeds 0..N-1 (default: the recipe's, 10 for chang2021, "
                           "9 for convbert)")
-    run.add_argument("--from-mnli", action="store_true",
+    what.add_argument("--from-mnli", action="store_true",
                      help="start RTE, STS-B and MRPC from the same seed's MNLI-tuned encoder, as both papers did")
 
-    add_verbose_argument(run)
+    add_verbose_argument(what)
     hyper = add_fine_tune_arguments(parser)
     hyper.add_argument("--task-lr", action="append", default=[], metavar="TASK=LR",
                        help="per-task learning rate, e.g. qnli=1e-4 (repeatable or comma-separated); wins over --lr")
-    parser.set_defaults(func=run_command)
+    parser.set_defaults(func=run)
 
 
 def parse_task_lr(items: list[str]) -> dict[str, float]:
@@ -85,7 +82,7 @@ def parse_task_lr(items: list[str]) -> dict[str, float]:
     return task_lr
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from convattn.data.glue import parse_task_list
     from convattn.training.glue import run_glue
 
@@ -96,10 +93,13 @@ def run_command(args: argparse.Namespace) -> int:
     overrides = fine_tune_overrides(args)
     output_dir = args.output_dir or model_output_dir("glue", args.model)
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
-                       overrides=overrides, task_lr=task_lr, from_mnli=args.from_mnli)
+                       overrides=overrides, task_lr=task_lr, from_mnli=args.from_mnli, save_models=args.save_models)
     print((output_dir / "glue_results.md").read_text())
     glue = results["glue"]
     if "mean" in glue:
         print(f"GLUE score{'' if glue['complete'] else ' (partial)'}: {glue['mean']:.1f}")
     print(f"results: {output_dir / 'glue_results.json'}")
+    if results["models"]:
+        print(f"models:  {output_dir / 'models'}/ ({', '.join(results['models'])}: the best dev seed of each, ready "
+              "for pipelines, `convattn push` and `convattn export`)")
     return 0

@@ -12,15 +12,8 @@ from convattn.commands.arguments import (
     add_data_arguments,
     add_schedule_arguments,
     add_training_arguments,
-    config_overrides,
-    data_options,
-    prepare_training_process,
-    recipe_overrides,
 )
-from convattn.console import say
-from convattn.errors import UsageError
-from convattn.files import read_json
-from convattn.training.recipes import apply_overrides
+from convattn.commands.requests import config_overrides, data_options, prepare_training_process, recipe_overrides
 
 EXAMPLES = """\
 examples:
@@ -34,8 +27,10 @@ examples:
       any preset, with architecture overrides
   convattn pretrain --output-dir runs/small-composite --resume
       continue an interrupted run (repeat its options; Ctrl-C keeps the last checkpoint)
-  accelerate launch --num_processes 2 -m convattn pretrain ...
-      data-parallel on 2 GPUs or processes (torchrun works too)
+  torchrun --nproc-per-node 2 -m convattn pretrain ...
+      data-parallel over 2 processes: CPU (gloo) or GPUs
+  accelerate launch --multi_gpu --num_processes 2 -m convattn pretrain ...
+      the same with accelerate (without --multi_gpu it runs ONE process on a machine without GPUs)
 """
 
 
@@ -67,57 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from convattn.training.pretrain import OPTIONS_FILE, PretrainOptions
-    from convattn.training.recipes import load_recipe, recipe_for_preset
+    from convattn.training.pretrain.resolve import resolve_options
 
-    if args.resume and args.output_dir and (args.output_dir / OPTIONS_FILE).is_file():
-        return resumed_options(saved_options(args.output_dir / OPTIONS_FILE), args)
-    recipe_name = args.recipe or recipe_for_preset(args.preset)
-    recipe = load_recipe(recipe_name)
-    if args.preset:
-        recipe.preset = args.preset
-        if args.recipe is None and recipe_name == "default":
-            recipe.model = {}  # the default recipe's size only applies to its own preset
-    recipe.model = {**recipe.model, **config_overrides(args)}
-    note = apply_overrides(recipe, recipe_overrides(args))
-    if note:
-        say("pretrain", note)
-    return PretrainOptions(
-        recipe=recipe, output_dir=args.output_dir or Path("runs") / f"pretrain-{recipe_name}", **data_options(args),
-        precision=args.precision, log_every=args.log_every, resume=args.resume, overwrite=args.overwrite,
-        allow_schedule_change=args.allow_schedule_change,
+    return resolve_options(
+        output_dir=args.output_dir, preset=args.preset, recipe=args.recipe, model=config_overrides(args),
+        training=recipe_overrides(args), data={**data_options(args), "cache_dir": args.cache_dir},
+        precision=args.precision, compile=args.compile, log_every=args.log_every, resume=args.resume,
+        overwrite=args.overwrite, allow_schedule_change=args.allow_schedule_change,
     )
-
-
-def saved_options(path: Path):
-    """The options a run was started with, read back from its record."""
-    from convattn.training.pretrain import PretrainOptions
-
-    try:
-        return PretrainOptions.from_json(read_json(path))
-    except (ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"--resume: {path} is damaged or not written by convattn ({type(err).__name__}: "
-                         f"{str(err)[:80]}); start a new run in another --output-dir") from None
-
-
-def resumed_options(options, args: argparse.Namespace):
-    """--resume: the run's own options, with only the flags given now on top (the run checks what changed)."""
-    recipe = options.recipe
-    if args.preset:
-        recipe.preset = args.preset
-    recipe.model = {**recipe.model, **config_overrides(args)}
-    for name, value in recipe_overrides(args).items():
-        setattr(recipe, name, value)
-    given = {name: value for name, value in data_options(args).items() if value and name != "cache_dir"}
-    for name, value in given.items():
-        setattr(options, name, value)
-    if args.cache_dir:
-        options.cache_dir = args.cache_dir
-    if args.precision != "auto":
-        options.precision = args.precision
-    options.output_dir, options.resume, options.overwrite = args.output_dir, True, args.overwrite
-    options.allow_schedule_change = args.allow_schedule_change
-    return options
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from convattn.commands.arguments import (
-    add_fine_tune_arguments,
-    add_verbose_argument,
-    fine_tune_overrides,
-    model_output_dir,
-)
+from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
+from convattn.commands.requests import fine_tune_overrides, model_output_dir
 from convattn.errors import UsageError
 from convattn.training.recipes import squad_recipe_names
 
@@ -27,7 +23,8 @@ examples:
       --max-length 256
 
 outputs (OUTPUT_DIR): squad_results.json, squad_results.md (EM / F1 mean ± SEM over seeds; v2.0 also HasAns /
-NoAns and the dev-chosen no-answer threshold), runs/squad<version>/seed<k>/ (run.json, predictions.json,
+NoAns and the dev-chosen no-answer threshold), models/squad<version>/ (the best-dev seed's fine-tuned model, see
+--save-models), runs/squad<version>/seed<k>/ (run.json, predictions.json,
 nbest_predictions.json, null_odds.json for v2.0, log.json). Finished seeds are skipped when the command is run
 again, so an interrupted run resumes where it stopped.
 """
@@ -43,23 +40,23 @@ SPAN_FLAGS = ("doc_stride", "max_query_length", "n_best", "max_answer_length")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    run = parser.add_argument_group("what to run")
-    run.add_argument("--model", required=True,
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--model", required=True,
                      help="checkpoint directory with model and tokenizer (convattn or HF), or an HF hub model id")
-    run.add_argument("--version", required=True, choices=("1.1", "2.0"), help="SQuAD version")
-    run.add_argument("--train-file", type=Path, default=None,
+    what.add_argument("--version", required=True, choices=("1.1", "2.0"), help="SQuAD version")
+    what.add_argument("--train-file", type=Path, default=None,
                      help="training questions in the official SQuAD JSON layout (default: rajpurkar/squad or "
                           "rajpurkar/squad_v2 from the HF hub)")
-    run.add_argument("--dev-file", type=Path, default=None,
+    what.add_argument("--dev-file", type=Path, default=None,
                      help="dev questions in the official SQuAD JSON layout (default: the hub's validation split)")
-    run.add_argument("--output-dir", type=Path, default=None,
+    what.add_argument("--output-dir", type=Path, default=None,
                      help="where runs and results go (default: squad/<model folder name>-<weights fingerprint>)")
-    run.add_argument("--recipe", choices=squad_recipe_names(), default="convbert",
+    what.add_argument("--recipe", choices=squad_recipe_names(), default="convbert",
                      help="hyperparameters of a paper (see configs/recipes/squad/*.yaml)")
-    run.add_argument("--seeds", type=int, default=None,
+    what.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs, seeds 0..N-1 (default: the recipe's, 3 for convbert)")
 
-    add_verbose_argument(run)
+    add_verbose_argument(what)
     hyper = add_fine_tune_arguments(parser)
     hyper.add_argument("--doc-stride", type=int, default=None, help="window starts advance by this many tokens")
     hyper.add_argument("--max-query-length", type=int, default=None, help="questions are cut to this many tokens")
@@ -68,10 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hyper.add_argument("--head", choices=("span", "joint"), default=None,
                        help="joint: ELECTRA's head (start, end given the start with beam 20, answerability; the "
                             "recipe's); span: BERT's start/end head. Models other than convattn always use their own")
-    parser.set_defaults(func=run_command)
+    parser.set_defaults(func=run)
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from convattn.training.squad import run_squad
 
     if args.seeds is not None and args.seeds <= 0:
@@ -81,7 +78,10 @@ def run_command(args: argparse.Namespace) -> int:
     output_dir = args.output_dir or model_output_dir("squad", args.model)
     results = run_squad(args.model, args.version, output_dir, train_file=args.train_file, dev_file=args.dev_file,
                         recipe=args.recipe, seeds=args.seeds,
-                        overrides={**fine_tune_overrides(args, SPAN_FLAGS), "head": args.head})
+                        overrides={**fine_tune_overrides(args, SPAN_FLAGS), "head": args.head},
+                        save_models=args.save_models)
     print((output_dir / "squad_results.md").read_text())
     print(f"results: {output_dir / 'squad_results.json'}")
+    if results.get("model_dir"):
+        print(f"model:   {results['model_dir']}/ (the best dev seed, ready for the question-answering pipeline)")
     return 0 if results["seeds"] else 1

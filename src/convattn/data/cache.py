@@ -22,7 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 
 MANIFEST = ".convattn-manifest.json"
 USER_FIXABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG}
@@ -34,12 +34,13 @@ def check_cache_dir(cache_dir: Path) -> Path:
     """Create the cache directory if needed; a file or an unwritable place is a `UsageError`."""
     cache_dir = Path(cache_dir).expanduser()
     if cache_dir.is_file():
-        raise UsageError(f"--cache-dir {cache_dir} is a file; point --cache-dir (or $CONVATTN_CACHE) at a directory")
+        raise UsageError(f"{option('cache_dir')} {cache_dir} is a file; point {option('cache_dir')} (or "
+                         "$CONVATTN_CACHE) at a directory")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"--cache-dir {cache_dir}: cannot create it ({err.strerror}); "
-                         "point --cache-dir (or $CONVATTN_CACHE) at a writable directory") from None
+        raise UsageError(f"{option('cache_dir')} {cache_dir}: cannot create it ({err.strerror}); "
+                         f"point {option('cache_dir')} (or $CONVATTN_CACHE) at a writable directory") from None
     return cache_dir
 
 
@@ -61,7 +62,7 @@ def cache_entry(directory: Path, build: Callable[[Path], None], what: str) -> Pa
         if err.errno not in USER_FIXABLE_ERRNOS:
             raise
         raise UsageError(f"cannot write the cached {what} in {directory.parent} ({err.strerror}); free space, "
-                         "or point --cache-dir (or $CONVATTN_CACHE) at a writable directory") from None
+                         f"or point {option('cache_dir')} (or $CONVATTN_CACHE) at a writable directory") from None
     return directory
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import datasets
 
 from convattn.data.cache import cache_entry, check_cache_dir
-from convattn.errors import UsageError
+from convattn.data.hub_access import load_hub_dataset
+from convattn.errors import UsageError, option
 
 EMBEDDED = "embedded"
 EMBEDDED_VERSION = 1
@@ -192,7 +193,7 @@ def _holdout(data: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset
     """Hold out the last rows (contiguous, so no paragraph of an eval article is trained on)."""
     n_eval = max(1, min(HOLDOUT_MAX_ROWS, int(len(data) * HOLDOUT_FRACTION)))
     if len(data) < 2:
-        raise UsageError("the corpus has fewer than 2 lines of text; give more text or an --eval-file")
+        raise UsageError(f"the corpus has fewer than 2 lines of text; give more text or an {option('eval_file')}")
     return data.select(range(len(data) - n_eval)), data.select(range(len(data) - n_eval, len(data)))
 
 
@@ -213,13 +214,13 @@ def local_corpus(train_patterns: list[str], eval_patterns: list[str], cache_dir:
 def hub_corpus(name: str, config: str | None, eval_patterns: list[str], cache_dir: Path) -> Corpus:
     eval_files = resolve_text_files(eval_patterns, "--eval-file") if eval_patterns else []
     try:
-        splits = datasets.load_dataset(name, config, cache_dir=str(cache_dir / "hf-datasets"))
+        splits = load_hub_dataset(name, config, cache_dir=str(cache_dir / "hf-datasets"))
     except Exception as err:  # offline, unknown name, gated: the hub's errors vary by version
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(
             f"cannot load dataset {name!r}{f' ({config})' if config else ''} from the HuggingFace hub "
-            f"[{reason[:160]}]; to train without the hub, point at local text with --train-file PATH "
-            "[--eval-file PATH], or omit --dataset for the embedded default"
+            f"[{reason[:160]}]; to train without the hub, point at local text with {option('train_file')} PATH "
+            f"[{option('eval_file')} PATH], or omit {option('dataset')} for the embedded default"
         ) from None
     if "train" not in splits:
         raise UsageError(f"dataset {name!r} has no 'train' split (it has {', '.join(splits)})")
@@ -321,9 +322,10 @@ def load_corpus(dataset: str | None, dataset_config: str | None, train_files: li
                 cache_dir: Path) -> Corpus:
     """The corpus the flags name: --dataset, --train-file, or (neither) the embedded default."""
     if dataset and train_files:
-        raise UsageError("give either --dataset or --train-file, not both")
+        raise UsageError(f"give either {option('dataset')} or {option('train_file')}, not both")
     if eval_files and not (dataset or train_files):
-        raise UsageError("--eval-file needs --train-file or --dataset (the embedded default has its own eval split)")
+        raise UsageError(f"{option('eval_file')} needs {option('train_file')} or {option('dataset')} (the embedded "
+                         "default has its own eval split)")
     cache_dir = check_cache_dir(cache_dir)
     if dataset:
         return hub_corpus(dataset, dataset_config, eval_files, cache_dir)

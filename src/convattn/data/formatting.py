@@ -23,7 +23,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from convattn.data.cache import cache_entry
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 
 FORMATS = ("pairs", "packed")
 FORMAT_VERSION = 1
@@ -89,7 +89,7 @@ def _pack_blocks(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) 
 def format_dataset(texts: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, layout: str, seq_len: int,
                    num_proc: int | None = None, cache_file_name: str | None = None) -> datasets.Dataset:
     if layout not in FORMATS:
-        raise UsageError(f"--format {layout!r} is not known; choose one of {', '.join(FORMATS)}")
+        raise UsageError(f"{option('format')} {layout!r} is not known; choose one of {', '.join(FORMATS)}")
     if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
         raise UsageError("the tokenizer has no [CLS]/[SEP] tokens; use one trained by convattn or a BERT-style one")
     function = _pair_lines if layout == "pairs" else _pack_blocks
@@ -116,7 +116,8 @@ def cached_format(texts: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, l
         formatted = format_dataset(texts, tokenizer, layout, seq_len, num_proc, str(scratch / "mapped.arrow"))
         if len(formatted) == 0:
             raise UsageError(
-                f"the corpus gives no {seq_len}-token {layout} examples; give more text or a smaller --seq-len"
+                f"the corpus gives no {seq_len}-token {layout} examples; give more text or a smaller "
+                f"{option('seq_len')}"
             )
         formatted.save_to_disk(str(tmp / "data"))
         del formatted

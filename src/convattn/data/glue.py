@@ -15,7 +15,8 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from convattn.errors import UsageError
+from convattn.data.hub_access import load_hub_dataset
+from convattn.errors import UsageError, option
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -104,7 +105,7 @@ def parse_task_list(spec: str) -> list[str]:
     """'all' or a comma list -> task names in registry order (MNLI before the tasks that build on it)."""
     names = set(TASKS) if spec.strip() == "all" else {s.strip().lower() for s in spec.split(",") if s.strip()}
     if not names:
-        raise UsageError("--task is empty; give task names separated by commas, or 'all'")
+        raise UsageError(f"{option('task')} is empty; give task names separated by commas, or 'all'")
     for name in names:
         get_task(name)
     order = ("mnli", *[n for n in TASKS if n != "mnli"])
@@ -158,13 +159,12 @@ def load_tsv_split(task: GlueTask, split: str, data_dir: Path) -> Dataset:
 
 
 def load_hub_split(task: GlueTask, split: str) -> Dataset:
-    import datasets
 
     try:
-        dataset = datasets.load_dataset(HUB_DATASET, task.name, split=HUB_SPLITS[split])
+        dataset = load_hub_dataset(HUB_DATASET, task.name, split=HUB_SPLITS[split])
     except Exception as err:  # offline, not cached, hub errors: all mean the same to the user
         raise UsageError(f"could not load {HUB_DATASET} ({task.name}, {HUB_SPLITS[split]}) from the HF hub "
-                         f"({type(err).__name__}); pass --data-dir GLUE_DIR with the GLUE TSV files") from err
+                         f"({type(err).__name__}); pass {option('data_dir')} GLUE_DIR with the GLUE TSV files") from err
     renames = dict(zip(task.hub_text_columns, ("text_a", "text_b"), strict=False))
     dataset = dataset.rename_columns(renames)
     if split.startswith("test") or task.name == "ax":

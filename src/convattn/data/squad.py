@@ -13,7 +13,8 @@ from pathlib import Path
 from datasets import Dataset
 
 from convattn.console import say
-from convattn.errors import UsageError
+from convattn.data.hub_access import load_hub_dataset
+from convattn.errors import UsageError, option
 
 VERSIONS = ("1.1", "2.0")
 # the longest context read: 13x SQuAD's longest; its windows cost minutes (a 2 MB context: 135,000 windows)
@@ -27,7 +28,7 @@ COLUMNS = ("id", "title", "context", "question", "answers")
 
 def check_version(version: str) -> str:
     if version not in VERSIONS:
-        raise UsageError(f"--version must be one of {', '.join(VERSIONS)}, got {version!r}")
+        raise UsageError(f"{option('version')} must be one of {', '.join(VERSIONS)}, got {version!r}")
     return version
 
 
@@ -79,11 +80,11 @@ def check_file_version(data: dict, version: str, source: str) -> None:
     said = file_version(data)
     if said in VERSIONS and said != version:
         raise UsageError(f"{source} is a SQuAD {said} file (its \"version\" is {data['version']!r}); use "
-                         f"--version {said}")
+                         f"{option('version')} {said}")
     if said is None and version == "2.0" and not any("is_impossible" in qa for _, _, qa in
                                                      question_entries(data, source)):
         raise UsageError(f"{source} has no \"is_impossible\" field in any question: a SQuAD 1.1 file; use "
-                         "--version 1.1 (or add the v2.0 fields)")
+                         f"{option('version')} 1.1 (or add the v2.0 fields)")
 
 
 def mismatch(context: str, start: int, text: str) -> str:
@@ -103,7 +104,7 @@ def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bo
     if not isinstance(impossible, bool):
         raise UsageError(f"{where}: \"is_impossible\" must be true or false, got {impossible!r}")
     if impossible and version == "1.1":
-        raise UsageError(f"{where}: is_impossible questions are SQuAD 2.0; use --version 2.0")
+        raise UsageError(f"{where}: is_impossible questions are SQuAD 2.0; use {option('version')} 2.0")
     if not impossible and "answers" not in qa:
         raise UsageError(f"{where}: no \"answers\" list (an unanswerable SQuAD 2.0 question has \"is_impossible\": "
                          "true)")
@@ -209,14 +210,14 @@ def load_squad_file(path: Path, version: str, split: str = "train") -> Dataset:
 
 
 def load_squad_hub(version: str, split: str) -> Dataset:
-    import datasets
 
     name = HUB_DATASETS[check_version(version)]
     try:
-        dataset = datasets.load_dataset(name, split=HUB_SPLITS[split])
+        dataset = load_hub_dataset(name, split=HUB_SPLITS[split])
     except Exception as err:  # offline, not cached, hub errors: all mean the same to the user
         raise UsageError(f"could not load {name} ({HUB_SPLITS[split]}) from the HF hub ({type(err).__name__}); "
-                         f"pass --train-file and --dev-file with SQuAD {version} JSON files") from err
+                         f"pass {option('train_file')} and {option('dev_file')} with SQuAD {version} JSON "
+                         "files") from err
     return dataset.select_columns(list(COLUMNS))
 
 

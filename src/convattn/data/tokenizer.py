@@ -19,7 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from convattn.data.cache import cache_entry
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 
 MAX_VOCAB_SIZE = 1_000_000  # far above any published encoder; a typo beyond it would exhaust memory
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -30,12 +30,12 @@ TOKENIZER_VERSION = 1
 def check_vocab_size(vocab_size: int) -> None:
     if vocab_size <= len(SPECIAL_TOKENS):
         raise UsageError(
-            f"--vocab-size {vocab_size} leaves no room for text pieces after the {len(SPECIAL_TOKENS)} special "
-            f"tokens ({' '.join(SPECIAL_TOKENS)}); use a vocabulary of a few thousand (e.g. 8000 or 30000)"
+            f"{option('vocab_size')} {vocab_size} leaves no room for text pieces after the {len(SPECIAL_TOKENS)} "
+            f"special tokens ({' '.join(SPECIAL_TOKENS)}); use a vocabulary of a few thousand (e.g. 8000 or 30000)"
         )
     if vocab_size > MAX_VOCAB_SIZE:
-        raise UsageError(f"--vocab-size {vocab_size:,} is above {MAX_VOCAB_SIZE:,} pieces (the papers use 30,000; "
-                         "multilingual models about 250,000)")
+        raise UsageError(f"{option('vocab_size')} {vocab_size:,} is above {MAX_VOCAB_SIZE:,} pieces (the papers use "
+                         "30,000; multilingual models about 250,000)")
 
 
 def _training_text(texts: datasets.Dataset) -> Iterator[list[str]]:

@@ -33,7 +33,6 @@ def check_finite_weights(model: nn.Module, what: str) -> None:
         raise NonFiniteTraining(f"{what} has non-finite (NaN or infinite) weights: {listed(bad)}")
 
 
-
 class FiniteTraining:
     """Mixin for `transformers.Trainer` (list it first among the bases). `divergence_hint` ends the error line:
     what to change, in the caller's words (e.g. 'lower --lr (now 1e+30)')."""

@@ -11,7 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from convattn import configs
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
+
+STEP_CAP = 10**9  # max_steps of a run that only its time budget ends
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Recipe:
     adam_beta2: float = 0.999
     warmup: float = 10000  # steps, or a fraction of max_steps when below 1
     max_steps: int = 125000
+    time_budget: float | None = None  # seconds of training: the schedule follows the clock (pretrain/budget.py)
     max_grad_norm: float = 1.0
     mlm_probability: float = 0.15
     eval_every: int = 5000
@@ -45,7 +48,7 @@ def recipe_names() -> list[str]:
 
 def load_recipe(name: str) -> Recipe:
     if name not in recipe_names():
-        raise UsageError(f"unknown recipe {name!r}; choose --recipe from {', '.join(recipe_names())}")
+        raise UsageError(f"unknown recipe {name!r}; choose {option('recipe')} from {', '.join(recipe_names())}")
     return Recipe(**configs.load("recipes", "pretrain", name, allowed=[f.name for f in dataclasses.fields(Recipe)]))
 
 
@@ -59,6 +62,37 @@ def recipe_for_preset(preset: str | None) -> str:
     if family in ("chang2021-small", "chang2021-base", "malard"):
         return family
     return "default"
+
+
+def resolve_recipe(preset: str | None, recipe: str | None = None, model: dict | None = None,
+                   training: dict | None = None, paper_of: str | None = None) -> tuple[Recipe, str | None]:
+    """The recipe of one run, and the note `apply_overrides` returns: the recipe file `recipe` (default: the paper
+    of `paper_of`, else of `preset`), for `preset`, with config fields `model` and recipe fields `training` on top.
+    The default recipe's model size belongs to its own preset: another preset keeps its size."""
+    name = recipe or recipe_for_preset(paper_of or preset)
+    resolved = load_recipe(name)
+    if preset:
+        resolved.preset = preset
+        if recipe is None and name == "default":
+            resolved.model = {}
+    resolved.model = {**resolved.model, **(model or {})}
+    note = apply_overrides(resolved, training or {})
+    if resolved.time_budget is not None and "max_steps" not in (training or {}):
+        note = budget_schedule(resolved, given_warmup="warmup" in (training or {}))
+    return resolved, note
+
+
+def budget_schedule(recipe: Recipe, given_warmup: bool) -> str | None:
+    """A time budget without --max-steps: only the clock ends the run, and a recipe's warmup in steps becomes the
+    same share of the budget (e.g. 10k of 125k steps -> 8%); returns a note saying so, or None."""
+    note = None
+    if recipe.warmup >= 1 and not given_warmup:
+        share = recipe.warmup / recipe.max_steps
+        note = (f"warmup: the recipe's {recipe.warmup:,g} of {recipe.max_steps:,} steps, as the same share "
+                f"({share:.1%}) of the time budget (give --warmup to choose)")
+        recipe.warmup = share
+    recipe.max_steps = STEP_CAP
+    return note
 
 
 def fine_tune_recipe_names(kind: str) -> list[str]:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from convattn.console import main_process
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.files import read_json
 
 LOCK_FILE = ".convattn.lock"
@@ -31,7 +31,7 @@ LOCK_FILE = ".convattn.lock"
 BOOKKEEPING_OPTIONS = ("output_dir", "resume", "overwrite", "log_every", "cache_dir")
 
 
-def check_output_folder(path: Path, flag: str = "--output-dir") -> None:
+def check_output_folder(path: Path, flag: str = option("output_dir")) -> None:
     """The folder exists or can be made: not a file, not a dangling link, no file on its way, writable."""
     path = Path(path)
     if path.is_symlink() and not path.exists():
@@ -48,7 +48,7 @@ def check_output_folder(path: Path, flag: str = "--output-dir") -> None:
 
 
 @contextmanager
-def run_folder_lock(folder: Path, flag: str = "--output-dir", enabled: bool | None = None) -> Iterator[None]:
+def run_folder_lock(folder: Path, flag: str = option("output_dir"), enabled: bool | None = None) -> Iterator[None]:
     """Hold `folder` (created if needed) for this process. Only the main process holds it (`enabled` None):
     the other ranks of a multi-process run write nothing there."""
     if not (main_process() if enabled is None else enabled):
@@ -102,7 +102,7 @@ def seed_dir(folder: Path, name: str, seed: int | None = None) -> Path:
     return path if seed is None else path / f"seed{seed}"
 
 
-def check_removable(path: Path, record: str, flag: str = "--overwrite") -> None:
+def check_removable(path: Path, record: str, flag: str = option("overwrite")) -> None:
     """Refuse, before any work, to remove a folder convattn did not write: the working directory or one of its
     parents, a home directory, or a non-empty folder without the run record `record` that convattn writes first."""
     path = Path(path)
@@ -110,10 +110,10 @@ def check_removable(path: Path, record: str, flag: str = "--overwrite") -> None:
     if cwd.is_relative_to(resolved) or resolved in (Path.home().resolve(), Path("/root")) or \
             resolved.parent == Path("/home"):
         raise UsageError(f"{flag}: will not remove {path} (the working directory, one of its parents, a home "
-                         "directory or the filesystem root); choose another --output-dir")
+                         f"directory or the filesystem root); choose another {option('output_dir')}")
     if path.is_dir() and any(path.iterdir()) and not (path / record).is_file():
         raise UsageError(f"{flag}: {path} is not a convattn run (no {record}); convattn only replaces what it "
-                         "wrote: choose another --output-dir, or empty that directory yourself")
+                         f"wrote: choose another {option('output_dir')}, or empty that directory yourself")
 
 
 def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> str:

@@ -113,6 +113,7 @@ EXPECTED_V2_LOGITS = {
 # {"exact_match": 1.7676767676767677, "f1": 11.287393071871278}: a repeated id has one prediction for two questions.)
 EXPECTED_SAMPLE_FIVE_WORDS = {"exact_match": 1.7676767676767677, "f1": 11.386241726521831}
 
+
 def squad_json(cases, version):
     """The case table as an official SQuAD JSON dict (the input the official scripts read)."""
     qas = [

@@ -61,9 +61,17 @@ def test_fine_tunes_scores_and_resumes(checkpoint, tmp_path, capsys, version):
     assert "already finished" in capsys.readouterr().err
     assert json.loads((seed / "run.json").read_text()) == run
 
-    assert squad(checkpoint, out, version, "--seeds", "2") == 0  # one more seed: only seed 1 trains
+    assert squad(checkpoint, out, version, "--seeds", "2", "--save-models", "all") == 0  # only seed 1 trains
     assert json.loads((seed / "run.json").read_text()) == run
-    assert json.loads((out / "squad_results.json").read_text())["seeds"] == [0, 1]
+    results = json.loads((out / "squad_results.json").read_text())
+    assert results["seeds"] == [0, 1]
+    assert (out / "runs" / f"squad{version}" / "seed1" / "model" / "config.json").is_file()  # all: kept
+    published = out / "models" / f"squad{version}"
+    assert json.loads((published / "fine_tuned.json").read_text())["seed"] == results["best_seed"]
+    from transformers import pipeline
+
+    answer = pipeline("question-answering", model=str(published), device="cpu")
+    assert isinstance(answer(question="who?", context="the cat sat on the mat .")["answer"], str)
 
 
 def test_changed_settings_or_another_model_are_refused(checkpoint, tmp_path, capsys):

@@ -209,7 +209,7 @@ def test_malformed_files_are_one_usage_error(tmp_path, content, message):
 
 
 def test_unanswerable_questions_need_version_2(tmp_path):
-    with pytest.raises(UsageError, match=r"use --version 2\.0"):
+    with pytest.raises(UsageError, match=r"use `version` 2\.0"):
         load_squad_file(FIXTURES / "dev-v2.0.json", "1.1")
     dev = load_squad_file(FIXTURES / "dev-v2.0.json", "2.0")
     assert official_answers(dev)["d5"] == [] and official_answers(dev)["d1"] == ["two hundred kilometres",

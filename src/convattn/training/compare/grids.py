@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from convattn import configs
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.presets import preset_names
 from convattn.training.recipes import Recipe
 
@@ -54,8 +54,8 @@ def grid_names() -> list[str]:
 def load_grid(name: str) -> Grid:
     """A shipped grid (`convattn/configs/grids/NAME.yaml`)."""
     if name not in grid_names():
-        raise UsageError(f"unknown grid {name!r}; choose --grid from {', '.join(grid_names())} "
-                         "(or list models with --presets)")
+        raise UsageError(f"unknown grid {name!r}; choose {option('grid')} from {', '.join(grid_names())} "
+                         f"(or list models with {option('presets')})")
     spec = configs.load("grids", name, allowed=GRID_KEYS)
     training = spec.get("training") or {}
     bad = sorted(set(training) - set(TRAINING_FIELDS))
@@ -85,8 +85,8 @@ def preset_listing() -> str:
 
 def check_runs(runs: list[RunSpec]) -> None:
     if not runs:
-        raise UsageError(f"no runs to compare; give --presets P1,P2,... (presets: {preset_listing()}) "
-                         f"or --grid (one of {', '.join(grid_names())})")
+        raise UsageError(f"no runs to compare; give {option('presets')} P1,P2,... (presets: {preset_listing()}) "
+                         f"or {option('grid')} (one of {', '.join(grid_names())})")
     known = set(preset_names())
     for run in runs:
         if run.preset not in known:

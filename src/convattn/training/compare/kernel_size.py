@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.training.compare.grids import Grid, RunSpec, check_runs
 from convattn.training.compare.options import CompareOptions
 
@@ -16,8 +16,8 @@ def kernel_size_grid(preset: str, sizes: list[int]) -> Grid:
 
     check_runs([RunSpec(preset, preset)])
     if not ConvAttnConfig.from_preset(preset).uses_convbert:
-        raise UsageError(f"--preset {preset} has no ConvBERT convolution (head_ratio 1); use a ConvBERT preset "
-                         "such as chang2021-small/convbert or convbert/small")
+        raise UsageError(f"{option('preset')} {preset} has no ConvBERT convolution (head_ratio 1); use a ConvBERT "
+                         "preset such as chang2021-small/convbert or convbert/small")
     runs = [RunSpec(f"k={k}", preset, {"conv_kernel_size": k}) for k in sizes]
     return Grid(f"kernel size ({preset})", runs, description=f"{preset} with convolution kernel sizes "
                 f"{', '.join(map(str, sizes))} (span-based dynamic convolution and separable key convolution).")

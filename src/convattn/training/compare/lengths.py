@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.files import read_json, save_figure, write_json_atomic, write_text_atomic
 from convattn.training.compare.options import CompareOptions, is_finished, say
 from convattn.training.seeds import format_mean_sem, mean_sem
@@ -28,16 +28,18 @@ def parse_lengths(text: str) -> list[int]:
     try:
         lengths = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UsageError(f"--eval-lengths {text!r}: expected comma-separated integers, e.g. 128,512,1024") from None
+        raise UsageError(f"{option('eval_lengths')} {text!r}: expected comma-separated integers, e.g. "
+                         "128,512,1024") from None
     if not lengths or any(n < 3 for n in lengths):
-        raise UsageError(f"--eval-lengths {text!r}: every length must be an integer >= 3")
+        raise UsageError(f"{option('eval_lengths')} {text!r}: every length must be an integer >= 3")
     return lengths
 
 
 def eval_files(options: CompareOptions) -> list[str]:
     files = [str(path) for path in options.data.get("eval_files") or []]
     if not files:
-        raise UsageError("--eval-lengths needs --eval-file (the text every run is scored on at each length)")
+        raise UsageError(f"{option('eval_lengths')} needs {option('eval_file')} (the text every run is scored on at "
+                         "each length)")
     return files
 
 

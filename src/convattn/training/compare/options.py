@@ -9,7 +9,7 @@ from pathlib import Path
 from convattn.console import say as say_as
 from convattn.training.compare.grids import Grid, RunSpec
 from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE, PretrainOptions
-from convattn.training.recipes import Recipe, apply_overrides, load_recipe, recipe_for_preset
+from convattn.training.recipes import Recipe, recipe_for_preset, resolve_recipe
 from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
 
 MEMORY_FILE = "memory.json"
@@ -47,6 +47,7 @@ class CompareOptions:
     model: dict = field(default_factory=dict)  # config fields for every run, over the grid's and the runs' own
     training: dict = field(default_factory=dict)  # Recipe fields for every run, over the grid's
     precision: str = "auto"
+    compile: bool = False
     log_every: int = 10
     glue: GlueRequest | None = None
     squad: SquadRequest | None = None
@@ -62,12 +63,10 @@ class CompareOptions:
 
 def run_recipe(options: CompareOptions, spec: RunSpec, seed: int) -> Recipe:
     """The recipe of one run: recipe file < grid < the run's own fields < command line; the seed is the run's."""
-    recipe = load_recipe(options.recipe_name)
-    if options.recipe is None and options.grid.recipe is None and options.recipe_name == "default":
-        recipe.model = {}  # as in `convattn pretrain`: the default recipe's size only applies to its own preset
-    recipe.preset = spec.preset
-    recipe.model = {**recipe.model, **options.grid.model, **spec.model, **options.model}
-    note = apply_overrides(recipe, {**options.grid.training, **options.training})
+    recipe, note = resolve_recipe(spec.preset, options.recipe or options.grid.recipe,
+                                  model={**options.grid.model, **spec.model, **options.model},
+                                  training={**options.grid.training, **options.training},
+                                  paper_of=options.grid.runs[0].preset)
     if note and seed == 0:
         say(f"{spec.name}: {note}")
     recipe.seed = seed
@@ -81,7 +80,8 @@ def tokenizer_dir(options: CompareOptions) -> Path:
 def run_options(options: CompareOptions, spec: RunSpec, seed: int) -> PretrainOptions:
     data = {**options.data, "tokenizer": str(tokenizer_dir(options).resolve())}
     return PretrainOptions(recipe=run_recipe(options, spec, seed), output_dir=options.run_path(spec, seed),
-                           precision=options.precision, log_every=options.log_every, **data)
+                           precision=options.precision, compile=options.compile, log_every=options.log_every,
+                           **data)
 
 
 def say(message: str) -> None:
@@ -95,6 +95,6 @@ def is_finished(path: Path) -> bool:
 
 def check_same_settings(options: PretrainOptions) -> None:
     """An existing run directory must come from the same settings (budget included), or the comparison is off."""
-    check_same_options(options.output_dir / OPTIONS_FILE, options.to_json(), BOOKKEEPING_OPTIONS,
+    check_same_options(options.output_dir / OPTIONS_FILE, options.to_json(), (*BOOKKEEPING_OPTIONS, "compile"),
                        f"{options.output_dir} was trained with other settings ({{details}}); use another "
                        "--output-dir, or delete that run directory to train it again")

@@ -1,5 +1,5 @@
-"""The report of a comparison: report.md and report.html from the results that `compare_results.py` reads
-back from the run directories (it also writes the CSVs and the figure).
+"""The report of a comparison: report.md and report.html from the results that results.py reads back from the
+run directories (it also writes the CSVs and the figure); cells.py formats the table cells.
 
 See `convattn.training.compare` for the directory layout.
 """
@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import write_text_atomic
+from convattn.training.compare.cells import (
+    TEXT_COLUMNS,
+    clear_winner,
+    count,
+    html_cell,
+    markdown_table,
+    mean_std,
+    number,
+)
 from convattn.training.compare.options import CompareOptions, run_options
 from convattn.training.compare.results import (
     MIB,
@@ -22,7 +31,7 @@ from convattn.training.compare.results import (
     write_summary_csv,
 )
 from convattn.training.pretrain import OPTIONS_FILE
-from convattn.training.seeds import format_mean_sem
+from convattn.training.pretrain.budget import EVALUATIONS, format_duration
 
 
 # ---------------------------------------------------------------------------------- report
@@ -43,32 +52,6 @@ def write_report(options: CompareOptions) -> list[RunResult]:
     return results
 
 
-def clear_winner(perplexities: list[dict | None]) -> int | None:
-    """The run whose perplexity band (mean ± std over seeds) lies wholly below every other run's band; None when
-    the bands overlap, a run has a single seed (no spread to judge by) or there is nothing to compare."""
-    if len(perplexities) < 2 or any(stat is None or stat["std"] is None for stat in perplexities):
-        return None
-    best = min(range(len(perplexities)), key=lambda i: perplexities[i]["mean"])
-    top = perplexities[best]["mean"] + perplexities[best]["std"]
-    others = [stat["mean"] - stat["std"] for i, stat in enumerate(perplexities) if i != best]
-    return best if all(top < low for low in others) else None
-
-
-def _count(value: int | None) -> str:
-    """A parameter count: 13.09M, 20.4k."""
-    if value is None:
-        return "–"
-    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}k"
-
-
-def _number(value: float | None, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:,.{digits}f}"
-
-
-def _mean_std(stat: dict | None, digits: int) -> str:
-    return format_mean_sem(stat, digits, spread="std", thousands=True)
-
-
 @dataclass
 class Report:
     """The comparison as tables and notes, rendered as markdown or HTML."""
@@ -76,6 +59,11 @@ class Report:
     options: CompareOptions
     results: list[RunResult]
     figure: str | None
+
+    @property
+    def timed(self) -> bool:
+        """Runs trained to a time budget: steps and tokens are what differ between them."""
+        return any(run.get("time_budget") for run in self.run_settings())
 
     def run_settings(self) -> list[dict]:
         """Each run's options as its directory saved them (what it was really trained with), else as they
@@ -95,7 +83,11 @@ class Report:
             corpus = f"{first['dataset']} ({first['dataset_config'] or 'default config'})"
         else:
             corpus = ", ".join(first["train_files"]) or "the embedded default corpus"
-        warmup = f"{first['warmup']:.0%} of the steps" if first["warmup"] < 1 else f"{first['warmup']:g} step(s)"
+        budget = first.get("time_budget")
+        warmup = (f"{first['warmup']:.0%} of the {'budget' if budget else 'steps'}" if first["warmup"] < 1
+                  else f"{first['warmup']:g} step(s)")
+        length = (f"{format_duration(budget)} of training (evaluation not counted)" if budget
+                  else f"{first['max_steps']:,} steps")
         given = Path(first["tokenizer"]) != (self.options.output_dir / "tokenizer").resolve()
         tokenizer = first["tokenizer"] + (" (given; shared by all runs)" if given else
                                           f" (unigram, {first['vocab_size']:,} pieces, trained once on the train "
@@ -103,10 +95,11 @@ class Report:
         return [
             ("recipe", f"{self.options.recipe_name} ({first['objective']}, {first['format']} format)"),
             ("config fields set for every run", json.dumps(shared_model) if shared_model else "none"),
-            ("budget (every run)", f"{first['max_steps']:,} steps x batch {first['batch_size']} x "
+            ("budget (every run)", f"{length} x batch {first['batch_size']} x "
                                    f"{first['seq_len'] or 'max-length'} tokens; lr {first['learning_rate']:g}, "
                                    f"warmup {warmup}, weight decay {first['weight_decay']:g}"),
-            ("evaluation", f"every {first['eval_every']:,} steps on "
+            ("evaluation", (f"{EVALUATIONS} times over the budget" if budget else
+                            f"every {first['eval_every']:,} steps") + " on "
                            + (f"the first {first['eval_samples']:,} eval examples" if first["eval_samples"]
                               else "all eval examples")),
             ("train text", corpus),
@@ -121,6 +114,8 @@ class Report:
         if any(result.spec.name != result.spec.preset or result.spec.model for result in self.results):
             columns.append("Preset (+ run fields)")
         columns += ["Encoder params", "Tokens/s", "Train memory (MiB)"]
+        if self.timed:
+            columns += ["Steps reached", "Tokens seen"]
         if any(result.cuda_peak for result in self.results):
             columns.append("GPU peak (MiB)")
         columns += ["Eval perplexity (mean ± std)", "Seeds done"]
@@ -135,17 +130,19 @@ class Report:
                 "Run": result.spec.name,
                 "Preset (+ run fields)": result.spec.preset + (f" {json.dumps(result.spec.model)}"
                                                                if result.spec.model else ""),
-                "Encoder params": _count(estimate.get("encoder_parameters")),
-                "Tokens/s": _number(result.tokens_per_second, 0),
-                "Train memory (MiB)": _number(estimate.get("total_bytes") and estimate["total_bytes"] / MIB),
-                "GPU peak (MiB)": _number(result.cuda_peak and result.cuda_peak / MIB),
-                "Eval perplexity (mean ± std)": _mean_std(result.final_perplexity, 2),
+                "Encoder params": count(estimate.get("encoder_parameters")),
+                "Tokens/s": number(result.tokens_per_second, 0),
+                "Steps reached": number(result.steps_reached, 0),
+                "Tokens seen": number(result.tokens_seen, 0),
+                "Train memory (MiB)": number(estimate.get("total_bytes") and estimate["total_bytes"] / MIB),
+                "GPU peak (MiB)": number(result.cuda_peak and result.cuda_peak / MIB),
+                "Eval perplexity (mean ± std)": mean_std(result.final_perplexity, 2),
                 "Seeds done": f"{len(result.finished)}/{self.options.seeds}",
             }
             if index == winner:
                 cells["Eval perplexity (mean ± std)"] = f"**{cells['Eval perplexity (mean ± std)']}**"
             for column in downstream_columns(self.results):
-                cells[column] = _mean_std(result.downstream_score(column), 1)
+                cells[column] = mean_std(result.downstream_score(column), 1)
             rows.append([cells[column] for column in columns])
         return rows
 
@@ -204,7 +201,7 @@ class Report:
         if self.options.grid.description:
             lines += [self.options.grid.description.strip(), ""]
         lines += ["## Settings", ""] + [f"- **{name}**: {value}" for name, value in self.settings()] + [""]
-        lines += ["## Results", "", *_markdown_table(self.columns(), self.rows()), ""]
+        lines += ["## Results", "", *markdown_table(self.columns(), self.rows()), ""]
         lines += [f"- {note}" for note in self.notes()] + [""]
         if self.figure:
             lines += ["## Eval perplexity vs training step", "",
@@ -212,7 +209,7 @@ class Report:
                       "One line per run: the mean over seeds at each evaluation; the band spans the seeds' "
                       "minimum and maximum.", ""]
         header, rows = self.seed_rows()
-        lines += ["## Final eval perplexity per seed", "", *_markdown_table(header, rows), ""]
+        lines += ["## Final eval perplexity per seed", "", *markdown_table(header, rows), ""]
         lines += ["Raw numbers: `metrics.csv` (one row per run, seed and evaluation), `summary.csv` (one row per "
                   "run); each run's own output is in `runs/<run>/seed<k>/`.", ""]
         return "\n".join(lines)
@@ -223,7 +220,7 @@ class Report:
         def table(header: list[str], rows: list[list[str]]) -> str:
             head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
             left = [column in TEXT_COLUMNS for column in header]
-            body = "".join("<tr>" + "".join(f'<td{" class=text" if text else ""}>{_html_cell(cell)}</td>'
+            body = "".join("<tr>" + "".join(f'<td{" class=text" if text else ""}>{html_cell(cell)}</td>'
                                             for cell, text in zip(row, left, strict=True)) + "</tr>" for row in rows)
             return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -257,32 +254,19 @@ class Report:
     def summary_lines(self) -> list[str]:
         """A short plain-text table for the terminal."""
         header = ["run", "params", "tok/s", "mem MiB", "eval ppl (mean ± std)", "seeds"]
-        rows = [[r.spec.name, _count(r.memory and r.memory["estimate"]["encoder_parameters"]),
-                 _number(r.tokens_per_second, 0),
-                 _number(r.memory and r.memory["estimate"]["total_bytes"] / MIB),
-                 _mean_std(r.final_perplexity, 2), f"{len(r.finished)}/{self.options.seeds}"]
+        rows = [[r.spec.name, count(r.memory and r.memory["estimate"]["encoder_parameters"]),
+                 number(r.tokens_per_second, 0),
+                 number(r.memory and r.memory["estimate"]["total_bytes"] / MIB),
+                 mean_std(r.final_perplexity, 2), f"{len(r.finished)}/{self.options.seeds}"]
                 for r in self.results]
+        if self.timed:
+            header.insert(3, "steps")
+            for row, result in zip(rows, self.results, strict=True):
+                row.insert(3, number(result.steps_reached, 0))
         columns = downstream_columns(self.results)
         header += columns
         for row, result in zip(rows, self.results, strict=True):
-            row += [_mean_std(result.downstream_score(column), 1) for column in columns]
+            row += [mean_std(result.downstream_score(column), 1) for column in columns]
         widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
         return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                 for row in [header, *rows]]
-
-
-TEXT_COLUMNS = ("Run", "Preset (+ run fields)")  # left-aligned; the other columns hold numbers
-
-
-def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    align = ["---" if column in TEXT_COLUMNS else "---:" for column in header]
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
-            *("| " + " | ".join(row) + " |" for row in rows)]
-
-
-def _html_cell(text: str) -> str:
-    from html import escape
-
-    if text.startswith("**") and text.endswith("**"):
-        return f"<strong>{escape(text[2:-2])}</strong>"
-    return escape(text)

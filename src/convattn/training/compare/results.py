@@ -55,6 +55,12 @@ class RunResult:
         return statistics.fmean(per_seed) if per_seed else None
 
     @property
+    def steps_reached(self) -> float | None:
+        """Mean over finished seeds of the last step: what a time budget bought."""
+        steps = [self.metrics[seed][-1]["step"] for seed in self.finished]
+        return statistics.fmean(steps) if steps else None
+
+    @property
     def tokens_seen(self) -> float | None:
         seen = [self.metrics[seed][-1]["tokens_seen"] for seed in self.finished]
         return statistics.fmean(seen) if seen else None

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from convattn.console import log_to
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.training.compare.grids import RunSpec, check_runs
 from convattn.training.compare.memory import update_memory
 from convattn.training.compare.options import (
@@ -48,7 +48,7 @@ def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
         trained_for = json.loads(record.read_text())
         if trained_for != wanted:
             raise UsageError(f"{directory} was trained for other text or vocabulary ({json.dumps(trained_for)}); "
-                             "use another --output-dir, or delete that directory")
+                             f"use another {option('output_dir')}, or delete that directory")
         return directory
     say(f"training the shared tokenizer (unigram, {wanted['vocab_size']:,} pieces) -> {directory}")
     corpus = load_corpus(data["dataset"], data["dataset_config"], data["train_files"], data["eval_files"],
@@ -77,7 +77,7 @@ def validate(options: CompareOptions) -> int:
     sequence length (the tokenizer's maximum)."""
     check_runs(options.grid.runs)
     if options.seeds < 1:
-        raise UsageError(f"--seeds {options.seeds} must be at least 1")
+        raise UsageError(f"{option('seeds')} {options.seeds} must be at least 1")
     seq_len = 0
     for spec in options.grid.runs:
         for seed in range(options.seeds):
@@ -154,13 +154,13 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
 
             say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
             run_glue(str(model), request.tasks, path / "glue", data_dir=request.data_dir, recipe=request.recipe,
-                     seeds=request.seeds, overrides=request.overrides)
+                     seeds=request.seeds, overrides=request.overrides, save_models="none")
         if request := options.squad:
             from convattn.training.squad import run_squad
 
             say(f"{spec.name} seed {seed}: SQuAD v{request.version}")
             run_squad(str(model), request.version, path / "squad", train_file=request.train_file,
-                      dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides)
+                      dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides, save_models="none")
 
 
 def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None = None) -> int:
@@ -173,8 +173,8 @@ def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths:
         check_runs(options.grid.runs)
         options.seeds = seeds_in_output(options)
         if not options.seeds:
-            raise UsageError(f"--report-only: {options.output_dir} has no runs of these models to report on; check "
-                             "--output-dir and --grid/--presets")
+            raise UsageError(f"{option('report_only')}: {options.output_dir} has no runs of these models to report "
+                             f"on; check {option('output_dir')} and {option('grid')}/{option('presets')}")
     else:
         outcome = run_compare(options)
         interrupted = outcome.interrupted

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from convattn.checkpoint import ModelFolder, check_model_folder
 from convattn.console import say
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, write_json_atomic
 from convattn.training.finetune.settings import BASE_HIDDEN_SIZE
 
@@ -70,8 +70,9 @@ def fitted_max_length(max_length: int, given: bool, pretrained: PretrainedModel,
     if limit is None or max_length <= limit:
         return max_length
     if given:
-        raise UsageError(f"--max-length {max_length} exceeds the {limit} positions of {pretrained.source}; give "
-                         f"--max-length {limit} or less")
+        raise UsageError(f"{option('max_length')} {max_length} exceeds the {limit} positions of "
+                         f"{pretrained.source}; give "
+                         f"{option('max_length')} {limit} or less")
     say(command, f"the recipe's max length {max_length} exceeds the {limit} positions of {pretrained.source}; "
                  f"using {limit}")
     return limit
@@ -84,8 +85,8 @@ def check_same_model(output_dir: Path, model: str, record_file: str) -> None:
     saved = read_json(output_dir / record_file)
     if saved is None:
         if (output_dir / "runs").is_dir():
-            raise UsageError(f"{output_dir} holds runs of an unrecorded model; use another --output-dir")
+            raise UsageError(f"{output_dir} holds runs of an unrecorded model; use another {option('output_dir')}")
         write_json_atomic(output_dir / record_file, record)
     elif saved["identity"] != record["identity"]:
         raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
-                         f"{saved['identity']}; {model} is {record['identity']}); use another --output-dir")
+                         f"{saved['identity']}; {model} is {record['identity']}); use another {option('output_dir')}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 
 BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
 
@@ -41,4 +41,4 @@ def resolved_fields(recipe: dict, base_size: bool, overrides: dict, task_fields:
 def check_warmup(settings: FineTuneSettings) -> None:
     ratio = settings.warmup_ratio
     if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio < 1):
-        raise UsageError(f"--warmup-ratio {ratio} must be a fraction in [0, 1)")
+        raise UsageError(f"{option('warmup_ratio')} {ratio} must be a fraction in [0, 1)")

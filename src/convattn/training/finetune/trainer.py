@@ -12,7 +12,7 @@ import torch
 from transformers import ProgressCallback, Trainer, TrainingArguments
 
 from convattn.console import captured
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.files import read_json
 from convattn.training.finetune.settings import FineTuneSettings
 
@@ -27,7 +27,8 @@ def check_finished_settings(path: Path, settings: FineTuneSettings) -> None:
     """A finished seed is reused only if it was made with these settings."""
     run = finished_run(path)
     if run and run["settings"] and run["settings"] != dataclasses.asdict(settings):
-        raise UsageError(f"{path} was made with other settings ({run['settings']}); use another --output-dir or "
+        raise UsageError(f"{path} was made with other settings ({run['settings']}); use another "
+                         f"{option('output_dir')} or "
                          "delete that run")
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from convattn.console import log_to
 from convattn.data.glue import get_task
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
+from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, finished_run
 from convattn.training.glue.data import check_data, load_task_data
@@ -35,7 +36,7 @@ def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str,
     missing = [s for s in range(seeds) if not (mnli_model_dir(output_dir, s) / "config.json").is_file()]
     if missing:
         raise UsageError(f"{', '.join(dependents)} need(s) the MNLI-tuned model of seeds {missing}, not found under "
-                         f"{output_dir / 'runs' / 'mnli'}; add mnli to --task")
+                         f"{output_dir / 'runs' / 'mnli'}; add mnli to {option('task')}")
 
 
 def fitted_settings(settings: GlueSettings, max_length_given: bool,
@@ -43,7 +44,8 @@ def fitted_settings(settings: GlueSettings, max_length_given: bool,
     """The settings with a max length the model and its tokenizer can take (see `fitted_max_length`)."""
     shortest = pretrained.tokenizer.num_special_tokens_to_add(pair=True) + 2  # a token of each text
     if settings.max_length < shortest:
-        raise UsageError(f"--max-length {settings.max_length} leaves no room for the text: give at least {shortest} "
+        raise UsageError(f"{option('max_length')} {settings.max_length} leaves no room for the text: give at least "
+                         f"{shortest} "
                          f"({shortest - 2} special tokens and a token of each sentence)")
     max_length = fitted_max_length(settings.max_length, max_length_given, pretrained, "glue")
     return dataclasses.replace(settings, max_length=max_length)
@@ -51,8 +53,9 @@ def fitted_settings(settings: GlueSettings, max_length_given: bool,
 
 def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | None = None, recipe: str = "chang2021",
              seeds: int | None = None, overrides: dict | None = None, task_lr: dict[str, float] | None = None,
-             from_mnli: bool = False) -> dict:
+             from_mnli: bool = False, save_models: str = "best") -> dict:
     """Fine-tune `model` on `tasks` for each seed (skipping finished runs), then aggregate everything in output_dir."""
+    check_save_models(save_models)
     recipe_fields = load_glue_recipe(recipe)
     seeds = seeds or recipe_fields["seeds"]
     task_lr = task_lr or {}
@@ -72,12 +75,29 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
         check_same_model(output_dir, model, MODEL_FILE)  # the first write
         log_to(output_dir)
         for name in tasks:
-            run_task(name, output_dir, data_dir, settings, seeds, model, pretrained)
-        return aggregate(output_dir)
+            run_task(name, output_dir, data_dir, settings, seeds, model, pretrained, save_models != "none")
+        results = aggregate(output_dir)
+        results["models"] = publish_models(output_dir, results, save_models)
+        return results
+
+
+def publish_models(output_dir: Path, results: dict, save_models: str) -> list[str]:
+    """models/<task>/ for every trained task: its best dev seed's model (MNLI's seeds keep theirs: AX and
+    --from-mnli start from them)."""
+    published = []
+    for name, entry in results["tasks"].items():
+        if "best_seed" not in entry:
+            continue
+        best = entry["best_seed"]
+        seed_dirs = {seed: seed_dir(output_dir, name, seed) for seed in entry["seeds"]}
+        scores = finished_run(seed_dirs[best])["scores"]
+        if publish_best(output_dir, name, seed_dirs, best, scores, save_models, keep_seed_models=name == "mnli"):
+            published.append(name)
+    return published
 
 
 def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[str, GlueSettings], seeds: int,
-             model: str, pretrained: PretrainedModel) -> None:
+             model: str, pretrained: PretrainedModel, save_model: bool) -> None:
     """Every unfinished seed of one task (an interrupted seed starts again)."""
     task = get_task(name)
     pending = [s for s in range(seeds) if finished_run(seed_dir(output_dir, name, s)) is None]
@@ -93,7 +113,8 @@ def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[
         print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
         if task.trains:
             source = str(mnli_model_dir(output_dir, seed)) if settings[name].from_mnli else model
-            run = fine_tune(task, seed, settings[name], data, source, tokenizer, path, save_model=name == "mnli")
+            run = fine_tune(task, seed, settings[name], data, source, tokenizer, path,
+                            save_model=save_model or name == "mnli")
             scores = ", ".join(f"{column} {score:.1f}" for column, score in run["scores"].items())
             print(f"[glue] {name} seed {seed}: {scores}")
         else:

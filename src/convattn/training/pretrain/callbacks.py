@@ -85,6 +85,7 @@ class MetricsWriter(TrainerCallback):
         if self.rows:
             plot_perplexity(self.rows, self.plot_path)
 
+
 def plot_perplexity(rows: Sequence[dict], path: Path) -> None:
     from matplotlib.figure import Figure
 
@@ -96,13 +97,35 @@ def plot_perplexity(rows: Sequence[dict], path: Path) -> None:
     save_figure(fig, path, dpi=120)
 
 
-class PretrainProgress(ProgressCallback):
-    """The Trainer's progress bar (steps, ETA) with loss, tokens/s and eval perplexity as its postfix, and one
-    line per evaluation."""
+BUDGET_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} s of the budget [{elapsed}{postfix}]"
 
-    def __init__(self):
+
+class PretrainProgress(ProgressCallback):
+    """The Trainer's progress bar (steps, ETA; seconds of the budget for a time-budget run) with loss, tokens/s and
+    eval perplexity as its postfix, and one line per evaluation."""
+
+    def __init__(self, clock=None):
         super().__init__()
         self.postfix: dict[str, str] = {}
+        self.clock = clock  # a `TrainingClock`: the bar counts its seconds, not steps
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.clock is None:
+            return super().on_train_begin(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.training_bar is None:
+            from tqdm.auto import tqdm
+
+            self.training_bar = tqdm(total=round(self.clock.budget), initial=round(self.clock.spent),
+                                     dynamic_ncols=True, bar_format=BUDGET_BAR)
+        self.current_step = round(self.clock.spent)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.clock is None:
+            return super().on_step_end(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.training_bar is not None:
+            seconds = min(round(self.clock.spent), round(self.clock.budget))
+            self.training_bar.update(seconds - self.current_step)
+            self.current_step = seconds
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs:

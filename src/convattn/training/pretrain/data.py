@@ -24,6 +24,8 @@ class PretrainData:
     eval: object
     corpus: str
     seq_len: int
+
+
 def say(message: str) -> None:
     say_as("pretrain", message)
 
@@ -54,19 +56,31 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
 
 @dataclass
 class MaskingCollator:
-    """Pads and masks (15%, 80/10/10, never special or pad tokens) with a generator seeded from the batch's
-    tokens, so masks do not depend on the global RNG: a resumed run masks exactly as the uninterrupted
-    one, and each evaluation scores the same positions."""
+    """Pads and masks (15%, 80/10/10, never special or pad tokens) with a generator seeded from the tokens, so
+    masks do not depend on the global RNG: a resumed run masks exactly as the uninterrupted one. Training seeds
+    one generator per batch; `per_example` (evaluation) one per example, so each example's masks are the same
+    whatever batch or process it lands in, and eval perplexity does not change with the number of processes."""
 
     tokenizer: PreTrainedTokenizerBase
     mlm_probability: float
     seed: int
+    per_example: bool = False
 
     def __post_init__(self):
         self.masking = DataCollatorForLanguageModeling(self.tokenizer, mlm_probability=self.mlm_probability,
                                                        pad_to_multiple_of=8)
 
     def __call__(self, features: list[dict]) -> dict:
+        if not self.per_example:
+            return self._masked(features)
+        masked = [self._masked([feature]) for feature in features]  # each (1, its own padded length)
+        width = max(example["input_ids"].shape[1] for example in masked)
+        fill = {"input_ids": self.tokenizer.pad_token_id, "labels": -100}  # attention mask, types: 0
+        return {key: torch.cat([torch.nn.functional.pad(example[key], (0, width - example[key].shape[1]),
+                                                        value=fill.get(key, 0)) for example in masked])
+                for key in masked[0]}
+
+    def _masked(self, features: list[dict]) -> dict:
         digest = hashlib.sha256(str(self.seed).encode())
         for feature in features:
             digest.update(np.asarray(feature["input_ids"], dtype=np.int64).tobytes())

@@ -15,7 +15,8 @@ from convattn.config import ConvAttnConfig
 from convattn.console import LOG_FILE
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
+from convattn.training.pretrain.budget import time_spent
 from convattn.training.recipes import Recipe, warmup_steps
 from convattn.training.run_folder import (
     BOOKKEEPING_OPTIONS,
@@ -33,7 +34,7 @@ CARD_FILE = "README.md"
 # options that may change between a run and its --resume without changing what is computed
 RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
-SCHEDULE_CHANGES = ("max_steps",)
+SCHEDULE_CHANGES = ("max_steps", "time_budget")
 
 
 def default_cache_dir() -> Path:
@@ -71,65 +72,76 @@ class PretrainOptions:
         fields.update(dataclasses.asdict(self.recipe))
         return json.loads(json.dumps(fields, default=str))
 
+
 def check_options(options: PretrainOptions) -> ConvAttnConfig:
     """Validate what can be validated before reading the corpus; returns the model config (recipe vocab)."""
     recipe = options.recipe
     if recipe.objective not in OBJECTIVES:
-        raise UsageError(f"--objective {recipe.objective!r} is not known; choose one of {', '.join(OBJECTIVES)}")
+        raise UsageError(f"{option('objective')} {recipe.objective!r} is not known; choose one of "
+                         f"{', '.join(OBJECTIVES)}")
     if recipe.format not in FORMATS:
-        raise UsageError(f"--format {recipe.format!r} is not known; choose one of {', '.join(FORMATS)}")
+        raise UsageError(f"{option('format')} {recipe.format!r} is not known; choose one of {', '.join(FORMATS)}")
     if options.precision not in PRECISIONS:
-        raise UsageError(f"--precision {options.precision!r} is not known; choose one of {', '.join(PRECISIONS)}")
-    for flag, value in (("--batch-size", recipe.batch_size), ("--max-steps", recipe.max_steps),
-                        ("--eval-every", recipe.eval_every), ("--save-every", recipe.save_every),
-                        ("--gradient-accumulation", recipe.gradient_accumulation), ("--log-every", options.log_every)):
+        raise UsageError(f"{option('precision')} {options.precision!r} is not known; choose one of "
+                         f"{', '.join(PRECISIONS)}")
+    counts = {name: getattr(recipe, name) for name in ("batch_size", "max_steps", "eval_every", "save_every",
+                                                        "gradient_accumulation")}
+    for name, value in {**counts, "log_every": options.log_every}.items():
         if value < 1:
-            raise UsageError(f"{flag} {value} must be at least 1")
+            raise UsageError(f"{option(name)} {value} must be at least 1")
     check_numbers(recipe)
     if warmup_steps(recipe) >= recipe.max_steps:
-        raise UsageError(f"--warmup {recipe.warmup:g} is not below --max-steps {recipe.max_steps}: the learning rate "
-                         "would never reach its peak; lower --warmup (or give a fraction of the run, e.g. 0.06)")
+        raise UsageError(f"{option('warmup')} {recipe.warmup:g} is not below {option('max_steps')} {recipe.max_steps}: "
+                         f"the learning rate would never reach its peak; lower {option('warmup')} (or give a fraction "
+                         "of the run, e.g. 0.06)")
     if options.tokenizer is None:
         check_vocab_size(recipe.vocab_size)
     config = ConvAttnConfig.from_preset(recipe.preset, **recipe.model)
     seq_len = sequence_length(recipe, config)
     if seq_len > config.max_position_embeddings:
         raise UsageError(
-            f"--seq-len {seq_len} is above the model's maximum of {config.max_position_embeddings} positions "
-            f"(preset {recipe.preset}); lower --seq-len or raise --max-len"
+            f"{option('seq_len')} {seq_len} is above the model's maximum of {config.max_position_embeddings} positions "
+            f"(preset {recipe.preset}); lower {option('seq_len')} or raise {option('max_position_embeddings')}"
         )
     if seq_len < 8:
-        raise UsageError(f"--seq-len {seq_len} is too short; use at least 8 tokens (the papers use 128)")
+        raise UsageError(f"{option('seq_len')} {seq_len} is too short; use at least 8 tokens (the papers use 128)")
     return config
 
 
-# recipe field -> (flag, lowest, highest, lowest allowed itself, highest allowed itself); every value must be finite
+# recipe field -> (lowest, highest, lowest allowed itself, highest allowed itself); every value must be finite
 NUMBER_RANGES = {
-    "learning_rate": ("--lr", 0, math.inf, False, False),
-    "weight_decay": ("--weight-decay", 0, math.inf, True, False),
-    "adam_epsilon": ("--adam-epsilon", 0, 1, False, False),
-    "adam_beta1": ("adam_beta1", 0, 1, True, False),
-    "adam_beta2": ("adam_beta2", 0, 1, True, False),
-    "warmup": ("--warmup", 0, math.inf, True, False),
-    "max_grad_norm": ("--max-grad-norm", 0, math.inf, True, False),  # 0: no clipping
-    "mlm_probability": ("--mlm-probability", 0, 1, False, False),
+    "learning_rate": (0, math.inf, False, False),
+    "weight_decay": (0, math.inf, True, False),
+    "adam_epsilon": (0, 1, False, False),
+    "adam_beta1": (0, 1, True, False),
+    "adam_beta2": (0, 1, True, False),
+    "warmup": (0, math.inf, True, False),
+    "max_grad_norm": (0, math.inf, True, False),  # 0: no clipping
+    "mlm_probability": (0, 1, False, False),
 }
 MAX_SEED = 2**32 - 1  # numpy's limit (transformers' set_seed seeds numpy too)
 
 
 def check_numbers(recipe: Recipe) -> None:
     """Every real-valued recipe field finite and in its range; counts at least 1; one line naming the flag."""
-    for name, (flag, low, high, low_closed, high_closed) in NUMBER_RANGES.items():
+    for name, (low, high, low_closed, high_closed) in NUMBER_RANGES.items():
         value = getattr(recipe, name)
         inside = (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
         if not (isinstance(value, int | float) and math.isfinite(value) and inside):
             interval = f"{'[' if low_closed else '('}{low:g}, {high:g}{']' if high_closed else ')'}"
-            raise UsageError(f"{flag} {value} must be a finite number in {interval}")
+            raise UsageError(f"{option(name)} {value} must be a finite number in {interval}")
     if recipe.eval_samples is not None and recipe.eval_samples < 1:
-        raise UsageError(f"--eval-samples {recipe.eval_samples} must be at least 1 (leave it out to use every eval "
-                         "example)")
+        raise UsageError(f"{option('eval_samples')} {recipe.eval_samples} must be at least 1 (leave it out to use "
+                         "every eval example)")
+    if recipe.time_budget is not None:
+        if not (isinstance(recipe.time_budget, int | float) and math.isfinite(recipe.time_budget) and
+                recipe.time_budget > 0):
+            raise UsageError(f"{option('time_budget')} {recipe.time_budget} must be a positive number of seconds")
+        if recipe.warmup >= 1:
+            raise UsageError(f"{option('warmup')} {recipe.warmup:g} is in steps, but a time-budget run warms up over "
+                             "a fraction of its budget: give a fraction below 1, e.g. 0.06")
     if not 0 <= recipe.seed <= MAX_SEED:
-        raise UsageError(f"--seed {recipe.seed} must be in [0, {MAX_SEED}]")
+        raise UsageError(f"{option('seed')} {recipe.seed} must be in [0, {MAX_SEED}]")
 
 
 def sequence_length(recipe: Recipe, config: ConvAttnConfig) -> int:
@@ -145,8 +157,9 @@ def per_device_batch(recipe: Recipe) -> int:
     processes = world_size() * recipe.gradient_accumulation
     if recipe.batch_size % processes:
         raise UsageError(
-            f"--batch-size {recipe.batch_size} must divide evenly over {world_size()} process(es) x "
-            f"{recipe.gradient_accumulation} accumulation step(s); change --batch-size or --gradient-accumulation"
+            f"{option('batch_size')} {recipe.batch_size} must divide evenly over {world_size()} process(es) x "
+            f"{recipe.gradient_accumulation} accumulation step(s); change {option('batch_size')} or "
+            f"{option('gradient_accumulation')}"
         )
     return recipe.batch_size // processes
 
@@ -215,37 +228,41 @@ def check_output_dir(options: PretrainOptions) -> OutputPlan:
     unstarted = (out / OPTIONS_FILE).is_file() and not complete_checkpoints(out / "checkpoints") and \
         not (out / "model.safetensors").exists()
     if not options.overwrite and not unstarted:
-        raise UsageError(f"--output-dir {out} is not empty; continue that run with --resume, replace it with "
-                         "--overwrite, or choose another --output-dir")
-    flag = "--overwrite" if options.overwrite else "--output-dir"
+        raise UsageError(f"{option('output_dir')} {out} is not empty; continue that run with {option('resume')}, "
+                         f"replace it with {option('overwrite')}, or choose another {option('output_dir')}")
+    flag = option("overwrite") if options.overwrite else option("output_dir")
     check_removable(out, OPTIONS_FILE, flag)
     foreign = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in out.iterdir()
                      if not written_by_run(entry))
     if foreign:
         raise UsageError(f"{flag}: {out} holds files convattn did not write ({', '.join(foreign[:5])}"
-                         f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another --output-dir")
+                         f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another "
+                         f"{option('output_dir')}")
     return OutputPlan(replace=True)
 
 
 def resume_plan(options: PretrainOptions) -> OutputPlan:
     out, recipe = options.output_dir, options.recipe
+    resume, max_steps = option("resume"), option("max_steps")
     checkpoints = complete_checkpoints(out / "checkpoints")
     if not checkpoints:
         if out.is_dir() and (out / OPTIONS_FILE).is_file():
-            raise UsageError(f"--resume: the run in {out} stopped before its first checkpoint, so there is nothing to "
-                             "continue; run the same command without --resume to start it again")
-        raise UsageError(f"--resume: {out} holds no run to continue; drop --resume to start one")
+            raise UsageError(f"{resume}: the run in {out} stopped before its first checkpoint, so there is nothing to "
+                             f"continue; run the same command without {resume} to start it again")
+        raise UsageError(f"{resume}: {out} holds no run to continue; drop {resume} to start one")
     allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
     check_same_options(out / OPTIONS_FILE, options.to_json(), allowed,
-                       f"--resume: options differ from the run in {out} ({{details}}); drop those flags (the run's "
-                       "own options are read from it), or add --allow-schedule-change to change --max-steps")
+                       f"{resume}: options differ from the run in {out} ({{details}}); drop those flags (the run's "
+                       f"own options are read from it), or add {option('allow_schedule_change')} to change {max_steps}")
     reached = checkpoint_step(checkpoints[-1])
     if reached > recipe.max_steps:
-        raise UsageError(f"--max-steps {recipe.max_steps} is below step {reached}, which the run in {out} has already "
-                         f"reached; give --max-steps {reached} or more")
+        raise UsageError(f"{max_steps} {recipe.max_steps} is below step {reached}, which the run in {out} has already "
+                         f"reached; give {max_steps} {reached} or more")
     for file in weight_files(checkpoints[-1]):
         check_weight_file(file)
-    return OutputPlan(resume_from=checkpoints[-1], finished=reached == recipe.max_steps)
+    spent = time_spent(checkpoints[-1])
+    budget_spent = recipe.time_budget is not None and spent >= recipe.time_budget
+    return OutputPlan(resume_from=checkpoints[-1], finished=reached == recipe.max_steps or budget_spent)
 
 
 def remove_run_files(out: Path) -> None:

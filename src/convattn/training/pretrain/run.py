@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -16,6 +17,7 @@ from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 from convattn.console import log_to, say
 from convattn.files import write_text_atomic
 from convattn.hub import write_model_card
+from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
@@ -30,7 +32,7 @@ from convattn.training.pretrain.options import (
     sequence_length,
 )
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
-from convattn.training.recipes import warmup_steps
+from convattn.training.recipes import STEP_CAP, warmup_steps
 from convattn.training.run_folder import check_output_folder, run_folder_lock
 
 
@@ -46,6 +48,8 @@ class PretrainSummary:
     corpus: str
     interrupted: bool = False
     already_finished: bool = False
+    budget: float | None = None  # a time-budget run: its budget and the training time spent, in seconds
+    spent: float = 0.0
     checkpoint: Path | None = None  # the last complete checkpoint of an interrupted run
 
     def lines(self) -> list[str]:
@@ -62,6 +66,9 @@ class PretrainSummary:
             f"  tokens seen     {self.tokens_seen:,}",
             f"  eval perplexity {ppl}",
         ]
+        if self.budget is not None:
+            ended = "reached" if self.spent >= self.budget else f"{self.spent / self.budget:.0%} spent"
+            lines.append(f"  time budget     {format_duration(self.budget)} of training, {ended}")
         if not self.interrupted:
             return [*lines, f"  outputs         {self.output_dir}/ (model + tokenizer, metrics.jsonl, perplexity.png, "
                             "tensorboard/)"]
@@ -88,8 +95,10 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
     started = time.perf_counter()
     recipe, out = options.recipe, options.output_dir
     args = training_arguments(options, resuming=plan.resume_from is not None)
-    say("pretrain", f"schedule: {recipe.max_steps:,} steps of {recipe.batch_size} examples, linear warmup over "
-                    f"{warmup_steps(recipe):,} steps to lr {recipe.learning_rate:g}, then linear decay")
+    clock = None
+    if recipe.time_budget is not None:
+        clock = TrainingClock(recipe.time_budget, time_spent(plan.resume_from) if plan.resume_from else 0.0)
+    say("pretrain", schedule_line(recipe, clock))
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, plan.resume_from)
     model = build_model(recipe, data.tokenizer)
@@ -111,13 +120,14 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
                 else padding_collator(data.tokenizer))
     trainer = PretrainTrainer(
         model=model, args=args, data_collator=collator, train_dataset=data.train, eval_dataset=data.eval,
-        processing_class=data.tokenizer, objective=recipe.objective, throughput=throughput,
-        callbacks=[throughput, metrics, *callbacks],
+        processing_class=data.tokenizer, objective=recipe.objective, throughput=throughput, clock=clock,
+        eval_collator=dataclasses.replace(collator, per_example=True) if recipe.objective == "mlm" else None,
+        warmup=recipe.warmup, callbacks=[throughput, metrics, *([clock] if clock else []), *callbacks],
     )
     trainer.divergence_hint = (f"start again with a lower --lr (now {recipe.learning_rate:g}) or --overwrite the run "
                                "with other settings")
     trainer.remove_callback(ProgressCallback)
-    progress = PretrainProgress()
+    progress = PretrainProgress(clock)
     trainer.add_callback(progress)
     if args.process_index == 0:
         from torch.utils.tensorboard import SummaryWriter
@@ -147,7 +157,24 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
         steps=trainer.state.global_step, first_perplexity=rows[0]["perplexity"] if rows else None,
         final_perplexity=rows[-1]["perplexity"] if rows else None, seconds=time.perf_counter() - started,
         corpus=data.corpus, interrupted=interrupted, checkpoint=checkpoints[-1] if checkpoints else None,
+        budget=recipe.time_budget, spent=clock.spent if clock else 0.0,
     )
+
+
+def schedule_line(recipe, clock: TrainingClock | None) -> str:
+    """The learning-rate schedule in one line: over steps, or over a time budget (with the steps cap, if any)."""
+    if clock is None:
+        return (f"schedule: {recipe.max_steps:,} steps of {recipe.batch_size} examples, linear warmup over "
+                f"{warmup_steps(recipe):,} steps to lr {recipe.learning_rate:g}, then linear decay")
+    line = (f"schedule: {format_duration(clock.budget)} of training (evaluation and checkpoints not counted) in "
+            f"steps of {recipe.batch_size} examples, linear warmup over the first {recipe.warmup:.0%} to lr "
+            f"{recipe.learning_rate:g}, then linear decay to 0 at the deadline; an evaluation and a checkpoint "
+            f"every {format_duration(clock.budget / EVALUATIONS)}")
+    if clock.spent:
+        line += f"; {format_duration(clock.spent)} already spent"
+    if recipe.max_steps < STEP_CAP:
+        line += f"; stops at step {recipe.max_steps:,} if that comes first"
+    return line
 
 
 def discard_if_unsaved(out: Path) -> None:

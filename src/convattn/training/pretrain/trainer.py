@@ -9,11 +9,12 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
 from convattn.config import ConvAttnConfig
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.model import masked_lm_loss
 from convattn.training.guards import FiniteTraining
+from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch, world_size
-from convattn.training.recipes import Recipe
+from convattn.training.recipes import STEP_CAP, Recipe
 
 EVAL_SEED = 1234
 
@@ -28,20 +29,30 @@ def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerBase):
         try:
             from convattn.electra import ConvAttnForPreTraining
         except ImportError as err:
-            raise UsageError(f"--objective electra is not available in this install ({err})") from None
+            raise UsageError(f"{option('objective')} electra is not available in this install ({err})") from None
         return ConvAttnForPreTraining(config)
     from convattn.model import ConvAttnForMaskedLM
 
     return ConvAttnForMaskedLM(config)
 
+
 class PretrainTrainer(FiniteTraining, Trainer):
     """`Trainer` whose evaluation sums token losses over the whole eval set (exact perplexity), and which stops at
     the first non-finite loss."""
 
-    def __init__(self, *args, objective: str, throughput, **kwargs):
+    def __init__(self, *args, objective: str, throughput, clock: TrainingClock | None = None, warmup: float = 0.0,
+                 eval_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.eval_collator = eval_collator  # None: the training collator
         self.objective = objective
         self.throughput = throughput
+        self.clock, self.warmup = clock, warmup
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.clock is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = budget_scheduler(optimizer or self.optimizer, self.clock, self.warmup)
+        return self.lr_scheduler
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
@@ -62,6 +73,8 @@ class PretrainTrainer(FiniteTraining, Trainer):
         totals: dict[str, torch.Tensor] = {}
         # evaluation must not move the training RNG (exact resume); ELECTRA draws the same masks each time
         devices = [self.args.device] if self.args.device.type == "cuda" else []
+        train_collator = self.data_collator
+        self.data_collator = self.eval_collator or train_collator
         try:
             with torch.random.fork_rng(devices=devices), torch.no_grad():
                 torch.manual_seed(EVAL_SEED)
@@ -75,6 +88,7 @@ class PretrainTrainer(FiniteTraining, Trainer):
                         totals[name] = totals.get(name, 0) + gather(value).double().sum()
         finally:
             model.train(was_training)
+            self.data_collator = train_collator
         metrics = self._eval_metrics({k: float(v) for k, v in totals.items()}, metric_key_prefix)
         metrics[f"{metric_key_prefix}_runtime"] = round(time.perf_counter() - started, 3)
         self.log(metrics)
@@ -103,12 +117,15 @@ class PretrainTrainer(FiniteTraining, Trainer):
         metrics[f"{prefix}_tokens"] = tokens
         return metrics
 
+
 def precision_flags(precision: str) -> dict:
     if precision == "auto":
         gpu = torch.cuda.is_available()
         precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if gpu else "fp32"
     if precision == "fp16" and not torch.cuda.is_available():  # CPU autocast has bf16, not fp16 with loss scaling
-        raise UsageError("--precision fp16 needs a GPU here; use --precision bf16 or fp32 (or auto) on CPU")
+        precision_option = option("precision")
+        raise UsageError(f"{precision_option} fp16 needs a GPU here; use {precision_option} bf16 or fp32 (or auto) "
+                         "on CPU")
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
@@ -134,11 +151,11 @@ def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArgu
         seed=recipe.seed,
         data_seed=recipe.seed,
         eval_strategy="steps",
-        eval_steps=recipe.eval_every,
+        eval_steps=STEP_CAP if recipe.time_budget else recipe.eval_every,  # a budget's grid is the clock's
         eval_on_start=not resuming,
         logging_steps=min(options.log_every, recipe.eval_every),
         save_strategy="steps",
-        save_steps=recipe.save_every,
+        save_steps=STEP_CAP if recipe.time_budget else recipe.save_every,
         save_total_limit=2,
         include_num_input_tokens_seen="non_padding",
         remove_unused_columns=False,

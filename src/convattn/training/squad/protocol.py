@@ -9,6 +9,7 @@ from pathlib import Path
 from convattn.console import log_to, say
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
+from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, finished_run
 from convattn.training.run_folder import check_output_folder, run_folder_lock
@@ -49,9 +50,10 @@ def fitted_settings(settings: SquadSettings, overrides: dict, pretrained: Pretra
 
 def run_squad(model: str, version: str, output_dir: Path, train_file: Path | None = None,
               dev_file: Path | None = None, recipe: str = "convbert", seeds: int | None = None,
-              overrides: dict | None = None) -> dict:
+              overrides: dict | None = None, save_models: str = "best") -> dict:
     """Fine-tune `model` on SQuAD `version` for each seed (skipping finished ones), then aggregate output_dir."""
     check_version(version)
+    check_save_models(save_models)
     recipe_fields = load_squad_recipe(recipe)
     seeds = seeds or recipe_fields["seeds"]
     overrides = overrides or {}
@@ -73,19 +75,26 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
             say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
                          f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
         for seed in pending:
-            run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir)
+            run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir, save_models != "none")
         if not pending:
             say("squad", f"v{version}: all {seeds} seeds already finished")
-        return aggregate(output_dir, version)
+        results = aggregate(output_dir, version)
+        if results["best_seed"] is not None:
+            best = results["best_seed"]
+            seed_dirs = {seed: squad_seed_dir(output_dir, version, seed) for seed in results["seeds"]}
+            published = publish_best(output_dir, f"squad{version}", seed_dirs, best, results["runs"][str(best)],
+                                     save_models)
+            results["model_dir"] = str(published) if published else None
+        return results
 
 
 def run_seed(version: str, seed: int, settings: SquadSettings, data: SquadData, model: str, tokenizer,
-             output_dir: Path) -> None:
+             output_dir: Path, save_model: bool) -> None:
     path = squad_seed_dir(output_dir, version, seed)
     if path.exists():
         shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
     say("squad", f"v{version} seed {seed}: fine-tuning")
-    run = fine_tune(version, seed, settings, data, model, tokenizer, path)
+    run = fine_tune(version, seed, settings, data, model, tokenizer, path, save_model)
     headline = run["scores"].get("best_f1", run["scores"]["f1"])
     em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
     say("squad", f"v{version} seed {seed}: EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)")

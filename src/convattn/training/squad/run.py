@@ -5,6 +5,7 @@
     runs/squad<version>/seed<k>/nbest_predictions.json    question id -> n-best spans with probabilities
     runs/squad<version>/seed<k>/null_odds.json            SQuAD 2.0: the no-answer odds the threshold search uses
     runs/squad<version>/seed<k>/log.json                  the Trainer's log history
+    runs/squad<version>/seed<k>/model/                    the fine-tuned model, until the best seed's is published
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding,
 from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
 from convattn.files import write_json_atomic
+from convattn.training.finetune.models import MODEL_DIR
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.trainer import RUN_FILE, train, training_arguments
 from convattn.training.guards import check_finite_weights
@@ -88,7 +90,7 @@ def load_qa_model(model_source: str, head: str):
 
 
 def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData, model_source: str,
-              tokenizer: PreTrainedTokenizerBase, path: Path) -> dict:
+              tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool = False) -> dict:
     """Fine-tune one seed, answer every dev question and score the answers; returns (and writes) run.json."""
     start = time.time()
     set_seed(seed)  # the new span head's initialisation and the data order
@@ -109,6 +111,10 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
     write_json_atomic(path / "nbest_predictions.json", answers.nbest)
     if version == "2.0":
         write_json_atomic(path / "null_odds.json", answers.null_odds)
+    if save_model:
+        staging = path / f"{MODEL_DIR}.partial"
+        trainer.save_model(str(staging))
+        staging.replace(path / MODEL_DIR)
     write_json_atomic(path / "log.json", trainer.state.log_history)
     run = {
         "version": version, "seed": seed, "model": model_source,

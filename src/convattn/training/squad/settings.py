@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from convattn import configs
 from convattn.console import say
-from convattn.errors import UsageError
+from convattn.errors import UsageError, option
 from convattn.training.finetune.settings import FineTuneSettings, check_warmup, resolved_fields
 from convattn.training.recipes import squad_recipe_names
 
@@ -25,7 +25,7 @@ class SquadSettings(FineTuneSettings):
 
 def load_squad_recipe(name: str) -> dict:
     if name not in squad_recipe_names():
-        raise UsageError(f"unknown --recipe {name!r}; SQuAD recipes are {', '.join(squad_recipe_names())}")
+        raise UsageError(f"unknown {option('recipe')} {name!r}; SQuAD recipes are {', '.join(squad_recipe_names())}")
     return configs.load("recipes", "squad", name, allowed=RECIPE_KEYS)
 
 
@@ -43,15 +43,17 @@ def fitted_windows(settings: SquadSettings, special_tokens: int, doc_stride_give
     (and said)."""
     context = settings.max_length - settings.max_query_length - special_tokens
     if context < 1:
-        raise UsageError(f"--max-length {settings.max_length} leaves no room for a context after --max-query-length "
-                         f"{settings.max_query_length} and {special_tokens} special tokens; give --max-length "
+        raise UsageError(f"{option('max_length')} {settings.max_length} leaves no room for a context after "
+                         f"{option('max_query_length')} "
+                         f"{settings.max_query_length} and {special_tokens} special tokens; give "
+                         f"{option('max_length')} "
                          f"{settings.max_query_length + special_tokens + 1} or more")
     if settings.doc_stride <= context:
         return settings
     holds = (f"the {context} context tokens a window holds (--max-length {settings.max_length} less "
              f"--max-query-length {settings.max_query_length} and {special_tokens} special tokens)")
     if doc_stride_given:
-        raise UsageError(f"--doc-stride {settings.doc_stride} must be at most {context}: each window starts within "
-                         f"the previous one, and {holds}")
+        raise UsageError(f"{option('doc_stride')} {settings.doc_stride} must be at most {context}: each window "
+                         f"starts within the previous one, and {holds}")
     say("squad", f"the recipe's doc stride {settings.doc_stride} exceeds {holds}; using {context}")
     return dataclasses.replace(settings, doc_stride=context)

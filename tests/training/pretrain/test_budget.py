@@ -1,0 +1,161 @@
+"""Pretraining to a time budget: the duration flag, the schedule's shape, the deadline, the clock across a resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.pretrain import TINY, write_corpus
+from transformers import TrainerCallback
+
+from convattn.cli import main
+from convattn.errors import UsageError
+from convattn.training.pretrain import pretrain
+from convattn.training.pretrain.budget import lr_factor, parse_duration, time_spent
+from convattn.training.pretrain.options import complete_checkpoints
+from convattn.training.pretrain.resolve import resolve_options
+from convattn.training.recipes import STEP_CAP, resolve_recipe
+
+# the tiny run without its step schedule: the budget sets it
+BUDGET_TINY = [arg for i, arg in enumerate(TINY) if arg not in ("--max-steps", "--warmup")
+               and TINY[i - 1] not in ("--max-steps", "--warmup")]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+class InterruptAfterSaves(TrainerCallback):
+    """Ctrl-C once the run has saved `saves` checkpoints (on the budget's grid)."""
+
+    def __init__(self, saves: int):
+        self.saves, self.saved = saves, 0
+
+    def on_save(self, args, state, control, **kwargs):
+        self.saved += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.saved >= self.saves:
+            raise KeyboardInterrupt
+
+
+def budget_args(corpus: Path, out: Path, budget: str, *extra: str) -> list[str]:
+    return ["pretrain", *BUDGET_TINY, "--train-file", str(corpus / "train.txt"), "--eval-file",
+            str(corpus / "valid.txt"), "--output-dir", str(out), "--time-budget", budget, "--warmup", "0.2", *extra]
+
+
+def last_checkpoint(out: Path) -> Path:
+    return complete_checkpoints(out / "checkpoints")[-1]
+
+
+def logged_learning_rates(out: Path) -> list[float]:
+    state = json.loads((last_checkpoint(out) / "trainer_state.json").read_text())
+    return [row["learning_rate"] for row in state["log_history"] if "learning_rate" in row]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
+                                               ("45", 45), ("0.5h", 1800), ("1d", 86400)])
+def test_durations_read_as_seconds(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "30x", "0", "-5m", "inf", "nan", "30m garbage"])
+def test_bad_durations_are_refused_naming_the_option(text):
+    with pytest.raises(UsageError, match="time_budget"):
+        parse_duration(text)
+
+
+def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
+    assert lr_factor(0.0, 0.1) == 0.0
+    assert lr_factor(0.05, 0.1) == pytest.approx(0.5)
+    assert lr_factor(0.1, 0.1) == pytest.approx(1.0)
+    assert lr_factor(0.55, 0.1) == pytest.approx(0.5)
+    assert lr_factor(1.0, 0.1) == 0.0
+    assert lr_factor(1.2, 0.1) == 0.0  # past the deadline (the last step's overshoot)
+
+
+def test_a_budget_without_steps_keeps_the_recipes_warmup_share():
+    recipe, note = resolve_recipe("chang2021-small/composite", training={"time_budget": 60.0})
+    assert recipe.max_steps == STEP_CAP
+    assert recipe.warmup == pytest.approx(10000 / 125000)
+    assert "8.0%" in note
+    capped, _ = resolve_recipe("chang2021-small/composite", training={"time_budget": 60.0, "max_steps": 50})
+    assert capped.max_steps == 50
+
+
+@pytest.mark.slow
+def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(budget_args(corpus, out, "4s")) == 0
+    printed = capsys.readouterr()
+    assert "time budget     4 s of training, reached" in printed.out
+    assert "linear decay to 0 at the deadline" in printed.err
+    spent = time_spent(last_checkpoint(out))
+    assert 4.0 <= spent < 8.0
+    rates = logged_learning_rates(out)
+    assert max(rates) > 0 and rates[-1] < 0.35 * max(rates)
+    evaluations = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(evaluations) >= 4  # step 0 and the budget's grid
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    options = resolve_options(
+        output_dir=out, preset="chang2021-small/composite",
+        model={"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
+               "embedding_size": 16},
+        training={"vocab_size": 150, "seq_len": 32, "batch_size": 8, "eval_samples": 24, "time_budget": 4.0,
+                  "warmup": 0.2},
+        data={"train_files": [str(corpus / "train.txt")], "eval_files": [str(corpus / "valid.txt")]},
+    )
+    assert pretrain(options, callbacks=[InterruptAfterSaves(3)]).interrupted
+    before = time_spent(last_checkpoint(out))
+    assert 0 < before < 4.0
+    capsys.readouterr()
+    assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0
+    printed = capsys.readouterr()
+    assert "already spent" in printed.err
+    assert time_spent(last_checkpoint(out)) >= 4.0
+    assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0  # finished: nothing to do
+    assert "already finished" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_max_steps_ends_a_budget_run_first_when_it_comes_first(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(budget_args(corpus, out, "10m", "--max-steps", "3")) == 0
+    printed = capsys.readouterr()
+    assert "stops at step 3 if that comes first" in printed.err
+    assert "pretraining done: 3 steps" in printed.out and "% spent" in printed.out
+
+
+def test_a_warmup_in_steps_is_refused_under_a_budget(corpus, tmp_path, capsys):
+    assert main(budget_args(corpus, tmp_path / "run", "1m", "--warmup", "100")) == 2
+    assert "--warmup 100 is in steps" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit):
+        main(budget_args(corpus, tmp_path / "run", "soon"))
+    assert "--time-budget: 'soon': give a duration such as 90s, 30m, 2h or 1h30m" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_gives_every_row_the_same_budget_and_reports_what_it_bought(corpus, tmp_path, capsys):
+    out = tmp_path / "compare"
+    args = ["compare", "--presets", "chang2021-small/absolute,chang2021-small/composite", "--seeds", "1",
+            *BUDGET_TINY, "--train-file", str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"),
+            "--output-dir", str(out), "--time-budget", "3s", "--warmup", "0.2"]
+    args.remove("--preset")
+    args.remove("chang2021-small/composite")
+    assert main(args) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("run "))
+    assert header.split()[:4] == ["run", "params", "tok/s", "steps"]
+    report = (out / "report.md").read_text()
+    assert "Steps reached" in report and "3 s of training (evaluation not counted)" in report
+    runs = sorted((out / "runs").glob("*/seed0"))
+    assert len(runs) == 2
+    for run in runs:
+        assert time_spent(last_checkpoint(run)) >= 3.0
