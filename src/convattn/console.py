@@ -3,7 +3,8 @@
 The libraries' own output (transformers' load reports and warnings, the Trainer's per-log dicts, datasets' Map
 bars, weight-loading bars) goes to the run folder's `log.txt` instead: `configure` (called by the command line
 for every command that loads models) captures it, kept in memory until the command knows its folder and calls
-`log_to`. `--verbose` shows it all live, as the libraries print it. Errors still reach the screen.
+`log_to`. `--verbose` also shows it live, at info level, with the libraries' progress bars. Errors still
+reach the screen.
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ class RunLog(logging.Handler):
             f.write("\n".join(lines) + "\n")
 
 
-_run_log: RunLog | None = None  # set while library output is captured (not --verbose)
+_run_log: RunLog | None = None  # set once a command configured the output: the libraries' lines for log.txt
+_verbose = False  # --verbose: they also print live
 _saved: dict[str, tuple[list[logging.Handler], int, bool]] = {}  # captured logger -> its handlers, level, propagate
 
 
 def configure(verbose: bool) -> None:
-    """Capture the libraries' output for log.txt, or (verbose) let them print as they do by default."""
-    global _run_log
+    """Capture the libraries' output for log.txt; with `verbose` they also print it live, at info level (the
+    Trainer's "Running training" summary and log dicts), with their progress bars."""
+    global _run_log, _verbose
     import datasets
     import transformers
 
@@ -71,20 +74,27 @@ def configure(verbose: bool) -> None:
         logger.handlers, logger.propagate = handlers, propagate
         logger.setLevel(level)
     _saved.clear()
-    _run_log = None
+    _run_log, _verbose = RunLog(), verbose
     if verbose:
         datasets.enable_progress_bars()
         transformers.utils.logging.enable_progress_bar()
-        return
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    _run_log, screen = RunLog(), logging.StreamHandler()
+    else:
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+    screen = logging.StreamHandler()
     screen.setLevel(logging.ERROR)
     for name in CAPTURED:
         logger = logging.getLogger(name)
         _saved[name] = (logger.handlers[:], logger.level, logger.propagate)
-        logger.handlers, logger.propagate = [_run_log, screen], False
+        logger.handlers, logger.propagate = [_run_log, _screen_at_info() if verbose else screen], False
         logger.setLevel(logging.INFO)
+
+
+def _screen_at_info() -> logging.Handler:
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    return handler
 
 
 def log_to(folder: Path) -> Path | None:
@@ -96,5 +106,5 @@ def log_to(folder: Path) -> Path | None:
 
 
 def captured() -> bool:
-    """Whether the libraries' output is being captured for log.txt (not --verbose)."""
-    return _run_log is not None
+    """Whether the libraries' output goes to log.txt only (not --verbose)."""
+    return _run_log is not None and not _verbose

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import ProgressCallback, Trainer, TrainingArguments
+from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
 from convattn.console import captured
 from convattn.errors import UsageError, option
@@ -67,20 +67,35 @@ def train(trainer: Trainer):
         raise
 
 
+def log_dict(state, logs: dict) -> None:
+    """One log dict of the Trainer as a line of log.txt."""
+    logging.getLogger("convattn.trainer").info(json.dumps({"step": state.global_step, **logs}))
+
+
 class LoggedProgress(ProgressCallback):
     """The Trainer's progress bar with the latest loss as its postfix; each log dict goes to log.txt."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            logging.getLogger("convattn.trainer").info(json.dumps({"step": state.global_step, **logs}))
+            log_dict(state, logs)
             if self.training_bar is not None and "loss" in logs:
                 self.training_bar.set_postfix({"loss": f"{logs['loss']:.3f}"}, refresh=False)
 
 
+class LogDicts(TrainerCallback):
+    """--verbose: the Trainer prints its log dicts; they go to log.txt as well."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            log_dict(state, logs)
+
+
 def quiet_trainer(trainer: Trainer) -> Trainer:
-    """Swap the Trainer's dict-printing progress callback for `LoggedProgress` unless output is verbose
-    (`--verbose`)."""
+    """Swap the Trainer's dict-printing progress callback for `LoggedProgress`; with --verbose keep it and copy
+    the dicts to log.txt."""
     if captured():
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(LoggedProgress())
+    else:
+        trainer.add_callback(LogDicts())
     return trainer
