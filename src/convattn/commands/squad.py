@@ -83,5 +83,5 @@ def run(args: argparse.Namespace) -> int:
     print((output_dir / "squad_results.md").read_text())
     print(f"results: {output_dir / 'squad_results.json'}")
     if results.get("model_dir"):
-        print(f"model:   {results['model_dir']}/ (the best dev seed, ready for the question-answering pipeline)")
+        print(f"model:   {results['model_dir']}/ (the best dev seed; AutoModelForQuestionAnswering loads it)")
     return 0 if results["seeds"] else 1
