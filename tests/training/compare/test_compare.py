@@ -138,6 +138,17 @@ def test_report_only_rebuilds_from_the_run_directories(compared, monkeypatch):
     assert "4 steps x batch 8 x 32 tokens" in report  # the budget the runs were trained with, not the recipe's
 
 
+def test_report_only_of_a_subset_leaves_the_full_report_alone(compared, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "pretrain", lambda options: pytest.fail("trained"))
+    full = {name: (compared / name).read_bytes() for name in ("report.md", "report.html", "summary.csv")}
+    assert main(["compare", "--presets", PRESETS[1], "--output-dir", str(compared), "--report-only"]) == 0
+    assert {name: (compared / name).read_bytes() for name in full} == full
+    subset = next((compared / "subsets").iterdir())
+    assert f"report: {subset / 'report.md'}" in capsys.readouterr().out
+    report = (subset / "report.md").read_text()
+    assert "| chang2021-small/composite |" in report and "| chang2021-small/absolute |" not in report
+
+
 @pytest.mark.parametrize(
     ("selection", "needle"),
     [

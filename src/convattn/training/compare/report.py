@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from convattn.files import write_text_atomic
+from convattn.files import read_json, write_json_atomic, write_text_atomic
 from convattn.training.compare.cells import (
     TEXT_COLUMNS,
     clear_winner,
@@ -33,13 +33,27 @@ from convattn.training.compare.results import (
 from convattn.training.pretrain import OPTIONS_FILE
 from convattn.training.pretrain.budget import EVALUATIONS, format_duration
 
-
 # ---------------------------------------------------------------------------------- report
-def write_report(options: CompareOptions) -> list[RunResult]:
-    """report.md, report.html, perplexity.png, metrics.csv and summary.csv from the run directories."""
+REPORT_RUNS = "report_runs.json"  # beside a report: the runs it covers
+
+
+def report_dir(options: CompareOptions) -> Path:
+    """Where the report of these runs goes: the output folder, unless its report covers runs these do not (a
+    --report-only of a subset): then subsets/<runs>/, so the full report stays."""
+    runs = [spec.slug for spec in options.grid.runs]
+    covered = read_json(options.output_dir / REPORT_RUNS) or runs
+    if set(covered) <= set(runs):
+        return options.output_dir
+    return options.output_dir / "subsets" / "+".join(runs)[:150]
+
+
+def write_report(options: CompareOptions) -> tuple[list[RunResult], Path]:
+    """report.md, report.html, perplexity.png, metrics.csv and summary.csv from the run directories; returns the
+    results and the folder they went to (`report_dir`)."""
     results = collect_results(options)
-    out = options.output_dir
+    out = report_dir(options)
     out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / REPORT_RUNS, [spec.slug for spec in options.grid.runs])
     write_metrics_csv(results, out / "metrics.csv")
     write_summary_csv(results, out / "summary.csv")
     has_curves = any(result.metrics for result in results)
@@ -49,7 +63,7 @@ def write_report(options: CompareOptions) -> list[RunResult]:
     report = Report(options, results, figure="perplexity.png" if has_curves else None)
     write_text_atomic(out / "report.md", report.markdown())
     write_text_atomic(out / "report.html", report.html())
-    return results
+    return results, out
 
 
 @dataclass

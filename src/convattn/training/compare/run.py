@@ -179,13 +179,13 @@ def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths:
         outcome = run_compare(options)
         interrupted = outcome.interrupted
         print(f"compare: {outcome.trained} run(s) trained, {outcome.reused} reused", file=sys.stderr)
-    results = write_report(options)
+    results, folder = write_report(options)
     print("\n".join(Report(options, results, figure=None).summary_lines()))
     if eval_lengths:
         from convattn.training.compare.lengths import write_length_report
 
         print("\n".join(write_length_report(options, eval_lengths)))
-    print(f"report: {options.output_dir / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
+    print(f"report: {folder / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
     if interrupted:
         print("interrupted: run the same command again to continue (finished runs are reused)", file=sys.stderr)
         return 130
