@@ -113,7 +113,7 @@ class Report:
                                    f"{first['seq_len'] or 'max-length'} tokens; lr {first['learning_rate']:g}, "
                                    f"warmup {warmup}, weight decay {first['weight_decay']:g}"),
             ("evaluation", (f"{EVALUATIONS} times over the budget" if budget else
-                            f"every {first['eval_every']:,} steps") + " on "
+                            f"every {min(first['eval_every'], first['max_steps']):,} steps") + " on "
                            + (f"the first {first['eval_samples']:,} eval examples" if first["eval_samples"]
                               else "all eval examples")),
             ("train text", corpus),
@@ -180,7 +180,7 @@ class Report:
         notes = [
             "Eval perplexity: exp(mean masked-token loss) on the held-out text at the last step, mean ± sample "
             "standard deviation over the finished pretraining seeds (summary.csv also gives the SEM and each "
-            "seed's value). Bold: the lowest mean.",
+            "seed's value). Bold: a run whose mean ± std lies wholly below every other run's (none when they overlap).",
             "Tokens/s: training throughput (non-padding tokens per second, evaluation and checkpoint time left "
             "out), the median over each seed's logging intervals before an evaluation, then the mean over seeds. "
             "Runs are timed one after another on the same machine; other load on it shows up here.",
