@@ -37,3 +37,16 @@ class InterruptAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
             raise KeyboardInterrupt
+
+
+def main_offline(argv: list[str], tmp_path_factory) -> int:
+    """`convattn ARGV` without the hub and with the session's cache: for module-scoped fixtures, which cannot use
+    the function-scoped `offline` fixture of tests/training/conftest.py."""
+    import pytest
+
+    from convattn.cli import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+        return main(argv)

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers.pretrain import TINY, WORDS, InterruptAt, tiny_args, write_corpus
+from helpers.pretrain import TINY, WORDS, InterruptAt, main_offline, tiny_args, write_corpus
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForMaskedLM,
@@ -35,10 +35,7 @@ def weights(directory) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def finished_run(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "full"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
-        assert main(tiny_args(corpus, out)) == 0
+    assert main_offline(tiny_args(corpus, out), tmp_path_factory) == 0
     return out
 
 

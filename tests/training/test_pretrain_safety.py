@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.pretrain import InterruptAt, tiny_args, write_corpus
+from helpers.pretrain import InterruptAt, main_offline, tiny_args, write_corpus
 
 from convattn.cli import main
 from convattn.training.run_folder import LOCK_FILE, run_folder_lock
@@ -24,10 +24,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def finished_run(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "finished"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
-        assert main(tiny_args(corpus, out, "--max-steps", "4", "--eval-every", "2")) == 0
+    assert main_offline(tiny_args(corpus, out, "--max-steps", "4", "--eval-every", "2"), tmp_path_factory) == 0
     return out
 
 

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers.pretrain import WORDS, write_corpus
+from helpers.pretrain import WORDS, main_offline, write_corpus
 
 from convattn.cli import main
 from convattn.presets import preset_names
@@ -34,10 +34,7 @@ def compare_args(corpus, out, *extra: str, presets: str = ",".join(PRESETS)) -> 
 @pytest.fixture(scope="module")
 def compared(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare") / "out"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
-        assert main(compare_args(corpus, out)) == 0
+    assert main_offline(compare_args(corpus, out), tmp_path_factory) == 0
     return out
 
 
