@@ -104,3 +104,37 @@ def test_every_auto_class_in_the_map_exists():
     for auto, (module, cls) in AUTO_MAP.items():
         assert hasattr(transformers, auto)
         assert hasattr(importlib.import_module(module), cls)
+
+
+def test_the_card_names_the_training_data_as_the_run_gave_it():
+    from convattn.hub import training_data
+
+    assert training_data({"dataset": "Salesforce/wikitext", "dataset_config": "wikitext-103-raw-v1"}) == \
+        "Salesforce/wikitext (HuggingFace hub, wikitext-103-raw-v1)"
+    files = {"dataset": None, "train_files": ["corpus/wiki/", "books/*.txt"]}
+    assert training_data(files) == "corpus/wiki/, books/*.txt"
+    assert "embedded default" in training_data({"dataset": None, "train_files": []})
+    assert training_data({}) == "not recorded"
+
+
+RESAVE_PRETRAINING = textwrap.dedent('''
+    import sys, torch
+    from transformers import AutoModelForPreTraining, Trainer, TrainingArguments
+
+    model_dir, out = sys.argv[1], sys.argv[2]
+    model = AutoModelForPreTraining.from_pretrained(model_dir, trust_remote_code=True)
+    Trainer(model=model, args=TrainingArguments(out + ".trainer", report_to="none")).save_model(out)
+    again = AutoModelForPreTraining.from_pretrained(out, trust_remote_code=True)
+    assert type(again).__name__ == "ConvAttnForPreTraining" and "convattn" not in sys.modules
+''')
+
+
+def test_an_electra_model_resaved_by_a_trainer_still_loads_without_convattn(tmp_path):
+    from convattn.electra import ConvAttnForPreTraining
+
+    config = tiny_config("convbert/small")
+    config.mask_token_id = 4
+    ConvAttnForPreTraining(config).save_pretrained(tmp_path / "electra")
+    result = run_without_convattn(tmp_path, RESAVE_PRETRAINING, str(tmp_path / "electra"), str(tmp_path / "resaved"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "resaved" / "convattn_electra.py").is_file()

@@ -12,6 +12,7 @@ from convattn.errors import UsageError
 from convattn.files import write_text_atomic
 
 CARD = "README.md"
+FINE_TUNED_RECORD = "fine_tuned.json"  # beside a model glue or squad published: its task, seed and dev scores
 RUN_FILES = ("config.json", "model.safetensors")
 # what a run folder holds that is not for the Hub (resumable state, logs are kept: metrics.jsonl, *.png)
 NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", ".*"]
@@ -25,6 +26,52 @@ def _metrics_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def training_data(options: dict) -> str:
+    """The pretraining text as the run's options name it."""
+    if not options:
+        return "not recorded"
+    if options.get("dataset"):
+        config = options.get("dataset_config")
+        return f"{options['dataset']} (HuggingFace hub{f', {config}' if config else ''})"
+    if options.get("train_files"):
+        return ", ".join(options["train_files"])
+    return "convattn's embedded default corpus (installed Python and library documentation)"
+
+
+def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline_tag: str) -> Path:
+    """README.md of a published fine-tuned model: the task, the seed and its dev scores, how to load it."""
+    folder = Path(folder)
+    config = _read_json(folder / "config.json")
+    scores = record.get("scores", {})
+    metadata = {
+        "library_name": "transformers", "pipeline_tag": pipeline_tag,
+        "tags": ["convattn", "custom_code", task] + ([config["preset"]] if config.get("preset") else []),
+        "model-index": [{"name": folder.name, "results": [{
+            "task": {"type": pipeline_tag, "name": task},
+            "metrics": [{"type": name, "name": f"dev {name}", "value": value} for name, value in scores.items()
+                        if isinstance(value, int | float)],
+        }]}],
+    }
+    loader = ("from transformers import pipeline",
+              f'model = pipeline("text-classification", model={str(folder)!r}, trust_remote_code=True)')
+    if pipeline_tag != "text-classification":
+        loader = ("from transformers import AutoModelForQuestionAnswering",
+                  f"model = AutoModelForQuestionAnswering.from_pretrained({str(folder)!r}, trust_remote_code=True)")
+    lines = [
+        "---", yaml.safe_dump(metadata, sort_keys=False).rstrip(), "---", "",
+        f"# {task}: {folder.name}", "",
+        f"Fine-tuned with convattn on {task} (seed {record.get('seed')}, the best of the run's seeds on dev), from "
+        f"`{record.get('model', 'a pretrained encoder')}`.", "",
+        "## Dev scores", "",
+        *(f"- {name}: {value:.2f}" for name, value in scores.items() if isinstance(value, int | float)), "",
+        "## Usage", "",
+        "```python", *loader, "```", "",
+    ]
+    path = folder / CARD
+    write_text_atomic(path, "\n".join(lines))
+    return path
+
+
 def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
     """The README.md text of a saved run, from its config.json, pretrain_options.json and metrics.jsonl."""
     run = Path(run_dir)
@@ -34,7 +81,7 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
     options = _read_json(run / "pretrain_options.json")
     rows = _metrics_rows(run / "metrics.jsonl")
     final = rows[-1] if rows else {}
-    data = options.get("dataset") or ", ".join(Path(f).name for f in options.get("train_files", [])) or None
+    data = training_data(options)
     architecture = (config.get("architectures") or ["ConvAttnForMaskedLM"])[0]
     metadata = {
         "library_name": "transformers",
@@ -62,7 +109,7 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
         "## Model", "",
         *(f"- `{k}`: {json.dumps(v)}" for k, v in (sizes | mechanism).items()), "",
         "## Training", "",
-        f"- data: {data or 'not recorded'}",
+        f"- data: {data}",
         f"- steps: {final.get('step', options.get('max_steps', 'not recorded'))}",
         f"- tokens seen: {final['tokens_seen']:,}" if final.get("tokens_seen") else "- tokens seen: not recorded",
         f"- eval perplexity: {final['perplexity']}" if final.get("perplexity") is not None
@@ -101,7 +148,8 @@ def push(run_dir: str | os.PathLike, repo_id: str, *, private: bool = False, tok
     local_card = card.read_text() if card.is_file() else None
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        write_model_card(run, repo_id)  # the card names the repository it is uploaded to
+        if not (run / FINE_TUNED_RECORD).is_file():  # a fine-tuned model keeps the card naming its task
+            write_model_card(run, repo_id)  # the card names the repository it is uploaded to
         commit = api.upload_folder(folder_path=str(run), repo_id=repo_id, repo_type="model",
                                    ignore_patterns=NOT_UPLOADED, commit_message="Upload convattn model")
     except Exception as err:

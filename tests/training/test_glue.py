@@ -180,6 +180,8 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
         record = json.loads((out / "models" / task / "fine_tuned.json").read_text())
         assert record["seed"] == results["tasks"][task]["best_seed"]
         assert not list(out.glob(f"runs/{task}/seed*/model"))
+        card = (out / "models" / task / "README.md").read_text()
+        assert "pipeline_tag: text-classification" in card and f"# {task}:" in card and "dev " in card
     from transformers import pipeline
 
     classify = pipeline("text-classification", model=str(out / "models" / "sst2"), device="cpu")

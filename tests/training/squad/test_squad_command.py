@@ -68,6 +68,7 @@ def test_fine_tunes_scores_and_resumes(checkpoint, tmp_path, capsys, version):
     assert (out / "runs" / f"squad{version}" / "seed1" / "model" / "config.json").is_file()  # all: kept
     published = out / "models" / f"squad{version}"
     assert json.loads((published / "fine_tuned.json").read_text())["seed"] == results["best_seed"]
+    assert "pipeline_tag: question-answering" in (published / "README.md").read_text()
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     model = AutoModelForQuestionAnswering.from_pretrained(published)

@@ -11,11 +11,12 @@ import tempfile
 from pathlib import Path
 
 from convattn.files import read_json, write_json_atomic
+from convattn.hub import FINE_TUNED_RECORD, fine_tuned_card
 
 SAVE_MODELS = ("best", "all", "none")  # which fine-tuned models a run keeps
 MODEL_DIR = "model"  # in a seed's folder
 PUBLISHED = "models"  # in the output folder: models/<task>/
-RECORD = "fine_tuned.json"  # beside a published model: which seed it is, and its dev scores
+RECORD = FINE_TUNED_RECORD  # beside a published model: which seed it is, and its dev scores
 
 
 def check_save_models(save_models: str) -> str:
@@ -27,18 +28,22 @@ def check_save_models(save_models: str) -> str:
     return save_models
 
 
-def publish_best(output_dir: Path, task: str, seed_dirs: dict[int, Path], best: int, scores: dict,
+def publish_best(output_dir: Path, task: str, seed_dirs: dict[int, Path], best: int, run: dict,
                  save_models: str, keep_seed_models: bool = False) -> Path | None:
-    """models/<task>/ <- the best seed's model (when it changed); other seeds' models go unless kept. Returns the
-    published folder, or None when there is no model to publish."""
+    """models/<task>/ <- the best seed's model (when it changed), with a model card naming the task and its dev
+    scores (`run`: the seed's run.json); other seeds' models go unless kept. Returns the published folder, or
+    None when there is no model to publish."""
     target = Path(output_dir) / PUBLISHED / task
-    record = {"task": task, "seed": best, "scores": scores, "source": str(seed_dirs[best] / MODEL_DIR)}
+    record = {"task": task, "seed": best, "scores": run["scores"], "model": run["model"],
+              "source": str(seed_dirs[best] / MODEL_DIR)}
     source = seed_dirs[best] / MODEL_DIR
     if save_models != "none" and (source / "config.json").is_file() and read_json(target / RECORD) != record:
         staging = Path(tempfile.mkdtemp(dir=_made(target.parent), prefix=f".{task}.", suffix=".tmp"))
         try:
             shutil.copytree(source, staging, dirs_exist_ok=True)
             write_json_atomic(staging / RECORD, record)
+            fine_tuned_card(staging, task, record, "question-answering" if task.startswith("squad") else
+                            "text-classification")
             if target.exists():
                 shutil.rmtree(target)
             staging.replace(target)

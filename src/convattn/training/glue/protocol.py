@@ -90,8 +90,8 @@ def publish_models(output_dir: Path, results: dict, save_models: str) -> list[st
             continue
         best = entry["best_seed"]
         seed_dirs = {seed: seed_dir(output_dir, name, seed) for seed in entry["seeds"]}
-        scores = finished_run(seed_dirs[best])["scores"]
-        if publish_best(output_dir, name, seed_dirs, best, scores, save_models, keep_seed_models=name == "mnli"):
+        run = finished_run(seed_dirs[best])
+        if publish_best(output_dir, name, seed_dirs, best, run, save_models, keep_seed_models=name == "mnli"):
             published.append(name)
     return published
 

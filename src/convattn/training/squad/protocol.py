@@ -82,8 +82,8 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
         if results["best_seed"] is not None:
             best = results["best_seed"]
             seed_dirs = {seed: squad_seed_dir(output_dir, version, seed) for seed in results["seeds"]}
-            published = publish_best(output_dir, f"squad{version}", seed_dirs, best, results["runs"][str(best)],
-                                     save_models)
+            published = publish_best(output_dir, f"squad{version}", seed_dirs, best,
+                                     finished_run(seed_dirs[best]), save_models)
             results["model_dir"] = str(published) if published else None
         return results
 
