@@ -90,7 +90,7 @@ def test_second_invocation_reuses_finished_runs(compared, corpus, monkeypatch, c
     models = sorted(compared.glob("runs/*/seed*/model.safetensors"))
     before = [path.stat().st_mtime_ns for path in models]
 
-    def no_training(options):
+    def no_training(options, label):
         raise AssertionError(f"retrained {options.output_dir}")
 
     monkeypatch.setattr(compare, "pretrain", no_training)
@@ -104,9 +104,9 @@ def test_unfinished_run_resumes_from_its_checkpoint(compared, corpus, monkeypatc
     (run / "model.safetensors").unlink()
     calls, real_pretrain = [], compare.pretrain
 
-    def recording(options):
+    def recording(options, label):
         calls.append((options.output_dir, options.resume))
-        return real_pretrain(options)
+        return real_pretrain(options, label=label)
 
     monkeypatch.setattr(compare, "pretrain", recording)
     assert main(compare_args(corpus, compared)) == 0
@@ -210,7 +210,9 @@ def test_kernel_size_sweep_writes_its_figure(corpus, tmp_path, capsys):
     for k in (1, 3):
         config = json.loads((out / "runs" / f"k={k}" / "seed0" / "config.json").read_text())
         assert config["conv_kernel_size"] == k and config["head_ratio"] == 2
-    assert str(out / "kernel_size.png") in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(out / "kernel_size.png") in printed
+    assert "k=3 seed 0: step 0: eval perplexity" in printed  # each run's evaluation lines name it
 
 
 def test_kernel_size_sweep_rejects_even_sizes_and_non_convbert_presets(capsys):

@@ -99,14 +99,14 @@ def validate(options: CompareOptions) -> int:
     return seq_len
 
 
-def train_one(pretrain_options: PretrainOptions) -> tuple[bool, int | None]:
+def train_one(pretrain_options: PretrainOptions, label: str) -> tuple[bool, int | None]:
     """Train, resume or restart one run; returns (interrupted, CUDA peak bytes or None)."""
     path = pretrain_options.output_dir
     pretrain_options.resume = bool(complete_checkpoints(path / "checkpoints"))
     pretrain_options.overwrite = not pretrain_options.resume and path.exists()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    summary = pretrain(pretrain_options)
+    summary = pretrain(pretrain_options, label=label)
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return summary.interrupted, peak
 
@@ -132,7 +132,7 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
                 continue
             state = "resuming" if complete_checkpoints(pretrain_options.output_dir / "checkpoints") else "training"
             say(f"[{number}/{total}] {spec.name} seed {seed}: {state} -> {pretrain_options.output_dir}")
-            interrupted, peak = train_one(pretrain_options)
+            interrupted, peak = train_one(pretrain_options, f"{spec.name} seed {seed}")
             outcome.trained += 1
             if peak is not None:
                 cuda_peaks[seed] = peak

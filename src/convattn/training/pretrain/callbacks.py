@@ -104,8 +104,9 @@ class PretrainProgress(ProgressCallback):
     """The Trainer's progress bar (steps, ETA; seconds of the budget for a time-budget run) with loss, tokens/s and
     eval perplexity as its postfix, and one line per evaluation."""
 
-    def __init__(self, clock=None):
+    def __init__(self, clock=None, label: str | None = None):
         super().__init__()
+        self.label = f"{label}: " if label else ""
         self.postfix: dict[str, str] = {}
         self.clock = clock  # a `TrainingClock`: the bar counts its seconds, not steps
 
@@ -133,7 +134,8 @@ class PretrainProgress(ProgressCallback):
                 self.postfix |= {"loss": f"{logs['loss']:.3f}", "tok/s": f"{logs['tokens_per_second']:.0f}"}
             if "eval_perplexity" in logs:
                 self.postfix["eval_ppl"] = f"{logs['eval_perplexity']:.1f}"
-                self.training_bar.write(f"step {state.global_step:,}: eval perplexity {logs['eval_perplexity']:,.1f}")
+                self.training_bar.write(f"{self.label}step {state.global_step:,}: eval perplexity "
+                                        f"{logs['eval_perplexity']:,.1f}")
             self.training_bar.set_postfix(self.postfix, refresh=False)
 
     def close(self) -> None:

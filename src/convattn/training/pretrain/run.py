@@ -79,19 +79,21 @@ class PretrainSummary:
                         f"{self.output_dir} --resume)"]
 
 
-def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()) -> PretrainSummary:
-    """Run (or resume) pretraining; see the package docstring for what lands in `options.output_dir`."""
+def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = (),
+             label: str | None = None) -> PretrainSummary:
+    """Run (or resume) pretraining; see the package docstring for what lands in `options.output_dir`. `label`
+    names the run in its per-evaluation lines (a comparison runs several)."""
     config = check_options(options)
     check_output_folder(options.output_dir)  # before the lock creates it
     with run_folder_lock(options.output_dir):
         plan = check_output_dir(options)
         if plan.finished and (options.output_dir / "model.safetensors").is_file():
             return finished_summary(options)
-        return train(options, sequence_length(options.recipe, config), plan, callbacks)
+        return train(options, sequence_length(options.recipe, config), plan, callbacks, label)
 
 
 def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
-          callbacks: Sequence[TrainerCallback]) -> PretrainSummary:
+          callbacks: Sequence[TrainerCallback], label: str | None = None) -> PretrainSummary:
     started = time.perf_counter()
     recipe, out = options.recipe, options.output_dir
     args = training_arguments(options, resuming=plan.resume_from is not None)
@@ -127,7 +129,7 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
     trainer.divergence_hint = (f"start again with a lower --lr (now {recipe.learning_rate:g}) or --overwrite the run "
                                "with other settings")
     trainer.remove_callback(ProgressCallback)
-    progress = PretrainProgress(clock)
+    progress = PretrainProgress(clock, label)
     trainer.add_callback(progress)
     if args.process_index == 0:
         from torch.utils.tensorboard import SummaryWriter
