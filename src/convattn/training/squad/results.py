@@ -63,7 +63,9 @@ def results_markdown(results: dict) -> str:
     params = f"{results['encoder_params'] / 1e6:.2f}M" if results["encoder_params"] else "–"
     columns = HEADLINE[version]
     threshold_note = (" EM and F1 are the official v2.0 evaluator's best_exact / best_f1: the no-answer threshold "
-                      "is chosen on the dev set, per seed, as the official protocol does." if version == "2.0" else "")
+                      "is chosen on the dev set, per seed, as the official protocol does. HasAns and NoAns split "
+                      "the scores of the predictions as written (the evaluator's default threshold), not at that "
+                      "chosen threshold." if version == "2.0" else "")
     lines = [
         f"# SQuAD v{version} dev results: {model}",
         "",
