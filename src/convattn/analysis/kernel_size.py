@@ -18,8 +18,9 @@ def _plot_against_size(ax, sizes: list[int], per_size: list[list[float]], ylabel
         return
     means = [statistics.fmean(values) for _, values in shown]
     stds = [statistics.stdev(values) if len(values) > 1 else 0.0 for _, values in shown]
-    ax.errorbar([k for k, _ in shown], means, yerr=stds, color=color, marker="o", capsize=3, linewidth=1.5,
-                label="mean ± std over seeds")
+    several = any(len(values) > 1 for _, values in shown)
+    ax.errorbar([k for k, _ in shown], means, yerr=stds if several else None, color=color, marker="o", capsize=3,
+                linewidth=1.5, label="mean ± std over seeds" if several else "one seed")
     for k, values in shown:
         ax.scatter([k] * len(values), values, color=color, alpha=0.35, s=12, linewidths=0)
     ax.set(xlabel="convolution kernel size K", ylabel=ylabel)

@@ -180,7 +180,7 @@ def run_attention(args: argparse.Namespace) -> int:
         k = model.config.conv_kernel_size
         written.append(plot_token_matrices(
             kernels, tokens, f"Span-based dynamic convolution kernels per token (K={k}, mean over conv heads)",
-            out / "convbert_kernels.png", xlabel="position j (kernel tap j − i)", ylabel="token i",
+            out / "convbert_kernels.png", xlabel="token j (the kernel tap is j − i)", ylabel="token i",
             colorbar="kernel weight"))
     _log_to_output_dir(args)
     for path in written:

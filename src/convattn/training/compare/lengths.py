@@ -113,9 +113,14 @@ def plot_lengths(scores: dict[str, dict[int, list[dict]]], lengths: list[int], p
     for run, seeds in scores.items():
         points = [(n, mean_sem([r[i]["perplexity"] for r in seeds.values()])["mean"]) for i, n in enumerate(lengths)
                   if all(r[i]["perplexity"] is not None for r in seeds.values())]
+        cannot = [n for i, n in enumerate(lengths) if any(r[i]["perplexity"] is None for r in seeds.values())]
+        label = run + (f" (cannot extend to {', '.join(map(str, cannot))})" if cannot else "")
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=run)
+            ax.plot(*zip(*points, strict=True), marker="o", label=label)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
+    ax.set_title("Eval perplexity at other input lengths (length generalisation)")
     ax.set_xlabel("input length (tokens)")
     ax.set_ylabel("eval perplexity")
     ax.legend(fontsize="small")

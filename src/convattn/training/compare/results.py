@@ -173,6 +173,10 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "x")
+
+
 def perplexity_figure(results: list[RunResult], title: str):
     """One line per run: mean eval perplexity over seeds at each step, shaded between the seeds' min and max;
     log-scale y (the Conv-Linformer paper's Figure 1) with plain-number tick labels."""
@@ -198,7 +202,9 @@ def perplexity_figure(results: list[RunResult], title: str):
         steps = sorted(by_step)
         mean = [statistics.fmean(by_step[s]) for s in steps]
         color = cmap(index % cmap.N)
-        ax.plot(steps, mean, color=color, linewidth=1.5, marker="o", markersize=2.5,
+        # line style and marker change with the colour, so runs whose curves coincide stay visible
+        ax.plot(steps, mean, color=color, linewidth=1.5, linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+                marker=MARKERS[index % len(MARKERS)], markersize=3.5, markerfacecolor="none",
                 label=f"{result.spec.name} ({len(result.metrics)} seed{'s' if len(result.metrics) > 1 else ''})")
         if len(result.metrics) > 1:
             ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
