@@ -49,4 +49,4 @@ def test_two_cpu_processes_train_one_model(tmp_path):
     result = subprocess.run(single, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     first = json.loads((tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[0])
-    assert first["step"] == 0 and first["perplexity"] == pytest.approx(rows[0]["perplexity"], rel=1e-5)
+    assert first["step"] == 0 and first["perplexity"] == pytest.approx(rows[0]["perplexity"], rel=1e-6)
