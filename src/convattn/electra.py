@@ -14,6 +14,7 @@ encoder alone (no generator, no heads) for fine-tuning.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -77,13 +78,40 @@ class ReplacedTokenHead(nn.Module):
         return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)
 
 
-def select_masked(maskable: Tensor) -> Tensor:
-    """round(15%) of each row's maskable positions (at least one where any), uniformly at random."""
+def masked_capacity(n: int) -> int:
+    """At least as many positions as `select_masked` picks in any row of n tokens, known before the data."""
+    return min(n, max(1, math.ceil(n * MASK_PROBABILITY)))
+
+
+@dataclass
+class MaskedSelection:
+    """The positions the generator predicts, in a fixed number of slots per row so that every shape is known
+    before the data (one graph under torch.compile): slot s of row b holds position `candidates[b, s]`, masked
+    where `chosen[b, s]`; both (batch, masked_capacity(n))."""
+
+    candidates: Tensor
+    chosen: Tensor
+
+    def as_mask(self, n: int) -> Tensor:
+        """(batch, n) bool: True at the masked positions."""
+        mask = torch.zeros(self.candidates.shape[0], n, dtype=torch.bool, device=self.candidates.device)
+        return mask.scatter(1, self.candidates, self.chosen)
+
+    def gather(self, x: Tensor) -> Tensor:
+        """The candidate slots of a (batch, n, ...) tensor: (batch, C, ...)."""
+        index = self.candidates.view(*self.candidates.shape, *(1,) * (x.dim() - 2))
+        return x.gather(1, index.expand(*self.candidates.shape, *x.shape[2:]))
+
+
+def select_masked(maskable: Tensor) -> MaskedSelection:
+    """round(15%) of each row's maskable positions (at least one where any), uniformly at random: the
+    positions of the highest random scores, which come first in the candidate slots."""
     count = maskable.sum(dim=1, keepdim=True)
     to_mask = (count * MASK_PROBABILITY).round().clamp(min=1).minimum(count)
     scores = torch.rand(maskable.shape, device=maskable.device).masked_fill(~maskable, -1.0)
-    rank = scores.argsort(dim=1, descending=True).argsort(dim=1)
-    return (rank < to_mask) & maskable
+    candidates = scores.argsort(dim=1, descending=True)[:, :masked_capacity(maskable.shape[1])]
+    slots = torch.arange(candidates.shape[1], device=maskable.device)
+    return MaskedSelection(candidates, slots < to_mask)
 
 
 def gumbel_sample(logits: Tensor) -> Tensor:
@@ -134,9 +162,27 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
 
     def corrupt(self, input_ids: Tensor, maskable: Tensor) -> tuple[Tensor, Tensor]:
         """Choose the positions to predict and build the generator input: (masked positions, generator ids)."""
-        masked = select_masked(maskable)
+        masked = select_masked(maskable).as_mask(input_ids.shape[1])
+        return masked, self.generator_input(input_ids, masked)
+
+    def generator_input(self, input_ids: Tensor, masked: Tensor) -> Tensor:
+        """[MASK] at 85% of the masked positions, the original token at the rest."""
         use_mask_token = masked & (torch.rand(masked.shape, device=masked.device) < MASK_TOKEN_PROBABILITY)
-        return masked, input_ids.masked_fill(use_mask_token, self.config.mask_token_id)
+        return input_ids.masked_fill(use_mask_token, self.config.mask_token_id)
+
+    def generator_loss_and_samples(self, hidden: Tensor, input_ids: Tensor,
+                                   selection: MaskedSelection) -> tuple[Tensor, Tensor]:
+        """The generator's MLM loss over the masked positions (mean) and its sampled token at each candidate slot
+        (batch, C); the head runs on the candidate slots only."""
+        generator_logits = self.generator_head(selection.gather(hidden)).float()  # (batch, C, V)
+        original = selection.gather(input_ids)
+        targets = original.masked_fill(~selection.chosen, -100)
+        # sum / max(count, 1): a batch without maskable tokens gives loss 0, not NaN
+        loss = F.cross_entropy(generator_logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+        loss = loss / selection.chosen.sum().clamp(min=1)
+        with torch.no_grad():
+            samples = torch.where(selection.chosen, gumbel_sample(generator_logits), original)
+        return loss, samples
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 special_tokens_mask: Tensor | None = None) -> ElectraPreTrainingOutput:
@@ -146,26 +192,30 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
             maskable = maskable & ~special_tokens_mask.bool()
         if self.config.pad_token_id is not None:
             maskable = maskable & (input_ids != self.config.pad_token_id)
-        masked, generator_ids = self.corrupt(input_ids, maskable)
+        selection = select_masked(maskable)
+        masked = selection.as_mask(input_ids.shape[1])
+        generator_ids = self.generator_input(input_ids, masked)
 
         hidden = self.generator(input_ids=generator_ids, attention_mask=attention_mask,
                                 token_type_ids=token_type_ids).last_hidden_state
-        generator_logits = self.generator_head(hidden[masked]).float()  # only the masked rows: (masked, V)
-        original = input_ids[masked]
-        # sum / max(count, 1): a batch without maskable tokens gives loss 0, not NaN
-        generator_loss = F.cross_entropy(generator_logits, original, reduction="sum") / masked.sum().clamp(min=1)
-
-        with torch.no_grad():
-            corrupted_ids = input_ids.masked_scatter(masked, gumbel_sample(generator_logits))
+        generator_loss, samples = self.generator_loss_and_samples(hidden, input_ids, selection)
+        corrupted_ids = input_ids.scatter(1, selection.candidates, samples)
         replaced = corrupted_ids != input_ids
         logits = self.discriminator_head(self.convattn(input_ids=corrupted_ids, attention_mask=attention_mask,
                                                        token_type_ids=token_type_ids).last_hidden_state)
-        real_logits, labels = logits[keep].float(), replaced[keep].float()
-        discriminator_loss = F.binary_cross_entropy_with_logits(real_logits, labels)
-        accuracy = ((real_logits > 0).float() == labels).float().mean()
+        discriminator_loss, accuracy = replaced_token_loss(logits, replaced, keep)
         return ElectraPreTrainingOutput(
             loss=generator_loss + self.config.discriminator_weight * discriminator_loss,
             generator_loss=generator_loss, discriminator_loss=discriminator_loss,
             discriminator_accuracy=accuracy.detach(), discriminator_logits=logits,
             corrupted_ids=corrupted_ids, replaced=replaced, masked=masked,
         )
+
+
+def replaced_token_loss(logits: Tensor, replaced: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Binary cross-entropy of "replaced" and the accuracy of its sign, both means over the real tokens."""
+    labels = replaced.float()
+    token_loss = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none")
+    correct = ((logits > 0).float() == labels).float()
+    real = keep.sum()
+    return token_loss.masked_fill(~keep, 0.0).sum() / real, correct.masked_fill(~keep, 0.0).sum() / real

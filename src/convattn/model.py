@@ -284,20 +284,68 @@ def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_typ
     )
 
 
+MLM_REDUCTIONS = ("mean", "sum", "per_example")
+
+
+def scored_rows_bound(positions: int) -> int:
+    """The rows the MLM head runs on under torch.compile: a quarter of the batch's positions, which holds the
+    scored ones of any batch masked at BERT's 15 % but the rarest (`fixed_shape_masked_lm_loss`)."""
+    return positions // 4 + 1
+
+
 def masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy (float32) of `head`'s vocabulary logits at the positions whose label is not -100; the head
     only runs on those positions. reduction: "mean" over the scored tokens, "sum", or "per_example" (the sum
-    over each row of `labels`, shape (batch,), float64 so that sums over a whole eval set stay exact)."""
+    over each row of `labels`, shape (batch,), float64 so that sums over a whole eval set stay exact). Under
+    torch.compile: `fixed_shape_masked_lm_loss`, the same loss."""
+    if reduction not in MLM_REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not allowed; choose one of 'mean', 'sum', 'per_example'")
+    if torch.compiler.is_compiling():
+        return fixed_shape_masked_lm_loss(head, hidden_states, labels, reduction)
     scored = labels != -100
     token_loss = F.cross_entropy(head(hidden_states[scored]).float(), labels[scored], reduction="none")
     if reduction == "mean":
         return token_loss.mean()
     if reduction == "sum":
         return token_loss.sum()
-    if reduction == "per_example":
-        per_example = torch.zeros(labels.shape[0], device=labels.device, dtype=torch.float64)
-        return per_example.index_add_(0, scored.nonzero()[:, 0], token_loss.double())
-    raise ValueError(f"reduction={reduction!r} is not allowed; choose one of 'mean', 'sum', 'per_example'")
+    per_example = torch.zeros(labels.shape[0], device=labels.device, dtype=torch.float64)
+    return per_example.index_add_(0, scored.nonzero()[:, 0], token_loss.double())
+
+
+def fixed_shape_masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduction: str) -> Tensor:
+    """`masked_lm_loss` with every shape known before the data, for torch.compile (selecting the scored rows
+    has a data-dependent size, which would split the graph). The head runs on a fixed number of rows, the scored
+    positions first then unscored ones (their loss 0), when that many hold every scored position; on all of
+    them otherwise (`torch.cond`, a branch inside the graph). The loss is the same either way."""
+    batch, n = labels.shape
+    flat_labels = labels.flatten()
+    scored = flat_labels != -100
+    rows = scored_rows_bound(batch * n)
+
+    # the branches read no view of an operand from outside (torch.cond refuses aliased inputs)
+    def head_on_scored_rows(hidden_states: Tensor, flat_labels: Tensor) -> Tensor:
+        # a stable sort of "unscored?" puts the scored positions first, in order
+        positions = torch.argsort((~scored).to(torch.uint8), stable=True)[:rows]
+        logits = head(hidden_states.flatten(0, -2)[positions]).float()
+        token_loss = F.cross_entropy(logits, flat_labels[positions], ignore_index=-100, reduction="none")
+        return reduced_token_loss(token_loss, positions // n, batch, reduction)
+
+    def head_on_all_rows(hidden_states: Tensor, flat_labels: Tensor) -> Tensor:
+        logits = head(hidden_states.flatten(0, -2)).float()
+        token_loss = F.cross_entropy(logits, flat_labels, ignore_index=-100, reduction="none")
+        examples = torch.arange(batch, device=flat_labels.device).repeat_interleave(n)
+        return reduced_token_loss(token_loss, examples, batch, reduction)
+
+    total = torch.cond(scored.sum() <= rows, head_on_scored_rows, head_on_all_rows, (hidden_states, flat_labels))
+    return total / scored.sum() if reduction == "mean" else total
+
+
+def reduced_token_loss(token_loss: Tensor, example: Tensor, batch: int, reduction: str) -> Tensor:
+    """The sum of token losses ("mean", "sum"), or per example (`example`: each token's row) in float64."""
+    if reduction != "per_example":
+        return token_loss.sum()
+    per_example = torch.zeros(batch, device=token_loss.device, dtype=torch.float64)
+    return per_example.index_add(0, example, token_loss.double())
 
 
 class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):

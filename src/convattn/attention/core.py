@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +19,18 @@ class TokenMask:
     """Which positions hold real tokens (True) and which hold padding (False), shape (batch, n)."""
 
     keep: Tensor
+    _has_padding: bool | None = field(default=None, init=False, repr=False, compare=False)
 
-    @cached_property
+    @property
     def has_padding(self) -> bool:
-        # a traced graph (torch.export, ONNX) cannot branch on the data, so it always masks; masking
-        # a batch without padding is the same function, only slower
+        # a traced graph (torch.compile, torch.export, ONNX) cannot branch on the data, so it always masks;
+        # masking a batch without padding is the same function, only slower. Eager mode asks the data once
+        # (functools.cached_property would do, but its lock stops torch.compile on Python 3.11)
         if is_tracing():
             return True
-        return not bool(self.keep.all())
+        if self._has_padding is None:
+            self._has_padding = not bool(self.keep.all())
+        return self._has_padding
 
     def zero_pads(self, x: Tensor) -> Tensor:
         """Zero the pad rows of a (batch, n, channels) tensor, so convolutions cannot see them."""

@@ -19,7 +19,6 @@ token positions, so no key mask applies.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import initialization as init
 
@@ -32,6 +31,13 @@ def check_length(n: int, max_length: int) -> None:
             f"sequence length {n} exceeds max_position_embeddings={max_length}, the length the Linformer "
             "projections were built for; truncate the input or build the model with a larger max_position_embeddings"
         )
+
+
+def zero_rows_after(x: Tensor, count: int) -> Tensor:
+    """(batch, n, C) -> (batch, n + count, C), zeros appended. Not F.pad: compiled with a dynamic length, the
+    backward of a padding that turns out to be 0 rows expects a contiguous gradient where eager keeps the
+    conv's transposed one, and a later view fails (torch 2.13)."""
+    return torch.cat([x, x.new_zeros(x.shape[0], count, x.shape[2])], dim=1)
 
 
 class LinearSequenceProjection(nn.Module):
@@ -70,9 +76,8 @@ class ConvSequenceProjection(nn.Conv1d):
         # zero-pad to whole windows, convolve, then append the windows that would only see the
         # zero padding up to n_max: without a bias they are exactly zero
         windows = -(-n // stride)
-        x = F.pad(x, (0, 0, 0, windows * stride - n))
-        out = super().forward(x.transpose(1, 2)).transpose(1, 2)
-        return F.pad(out, (0, 0, 0, self.k - windows))
+        out = super().forward(zero_rows_after(x, windows * stride - n).transpose(1, 2)).transpose(1, 2)
+        return zero_rows_after(out, self.k - windows)
 
 
 def sequence_projection(config, kind: str) -> nn.Module:

@@ -1,0 +1,144 @@
+"""torch.compile: a training step of every attention family is one graph, and computes what eager mode does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.tiny import randomize_, tiny_config
+
+from convattn import ConvAttnForMaskedLM
+from convattn.attention.relative.paths import CPU_DECOMPOSED_MIN_LENGTH
+from convattn.electra import ConvAttnForPreTraining
+from convattn.model import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
+
+ELECTRA = "electra"
+# family -> (preset, sequence length); one row per attention code path
+FAMILIES = {
+    "bert": ("chang2021-small/absolute", 24),
+    "composite+key": ("chang2021-small/composite+key", 24),
+    # eager mode takes the decomposed kernels from this length on; compiled, the dense bias
+    "composite+key-long": ("chang2021-small/composite+key", CPU_DECOMPOSED_MIN_LENGTH),
+    "composite+depthwise": ("chang2021-small/composite+depthwise", 24),
+    "composite+conv-qkv": ("chang2021-small/composite+conv-qkv", 24),
+    "convbert": ("convbert/small", 24),
+    "convbert-key-kernels": ("chang2021-small/convbert", 24),
+    "linformer": ("malard/linformer-n128-k32", 24),
+    "conv-linformer": ("malard/conv-linformer-n128-k32", 24),
+    ELECTRA: ("convbert/small", 24),
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def tiny_model(family: str, dropout: float = 0.0, **overrides) -> torch.nn.Module:
+    preset, _ = FAMILIES[family]
+    fields = dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **overrides)
+    if family == ELECTRA:
+        fields.update(mask_token_id=4, pad_token_id=0)
+    torch.manual_seed(0)
+    model = (ConvAttnForPreTraining if family == ELECTRA else ConvAttnForMaskedLM)(tiny_config(preset, **fields))
+    randomize_(model)
+    return model.train()
+
+
+def padded_batch(n: int) -> dict[str, torch.Tensor]:
+    """Three rows, two of them padded; a fifth of the positions labelled."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 101, (3, n), generator=generator)
+    keep = torch.ones(3, n, dtype=torch.long)
+    keep[1, n - 5:] = 0
+    keep[2, n // 2:] = 0
+    labels = torch.full((3, n), -100)
+    labels[:, 1::5] = ids[:, 1::5]
+    return {"input_ids": ids, "attention_mask": keep, "labels": labels.masked_fill(keep == 0, -100)}
+
+
+def model_inputs(family: str, batch: dict) -> dict:
+    if family == ELECTRA:  # masks and labels are drawn inside the model
+        return {k: v for k, v in batch.items() if k != "labels"}
+    return {**batch, "return_logits": False}  # as pretraining calls it
+
+
+def training_step(model, inputs: dict) -> torch.Tensor:
+    loss = model(**inputs).loss
+    loss.backward()
+    return loss.detach()
+
+
+def loss_and_gradients(model, step_model, inputs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # ELECTRA's masks and samples
+    loss = training_step(step_model, inputs)
+    return loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_training_step_is_one_graph_without_breaks(family):
+    """Forward, loss and backward of a padded batch with dropout on, traced as one graph (one layer: they are
+    all alike)."""
+    model = tiny_model(family, dropout=0.1, num_hidden_layers=1)
+    inputs = model_inputs(family, padded_batch(FAMILIES[family][1]))
+    with torch._dynamo.config.patch(trace_autograd_ops=True):  # loss.backward() inside the traced step
+        explanation = torch._dynamo.explain(training_step)(model, inputs)
+    assert [str(b.reason).splitlines()[0] for b in explanation.break_reasons] == []
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_compiled_loss_and_gradients_match_eager(family):
+    """The model compiled as the Trainer does (torch.compile(model)), whole-graph, through AOTAutograd."""
+    model = tiny_model(family)
+    inputs = model_inputs(family, padded_batch(FAMILIES[family][1]))
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss, grads = loss_and_gradients(model, compiled, inputs)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.slow
+def test_inductor_compiles_a_composite_training_step():
+    """One real inductor compile (C++ kernels on CPU, ~30 s cold), one layer to keep it short."""
+    model = tiny_model("composite+key", num_hidden_layers=1)
+    inputs = model_inputs("composite+key", padded_batch(16))
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    loss, grads = loss_and_gradients(model, torch.compile(model, fullgraph=True), inputs)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("labelled", ["a fifth", "all"])
+@pytest.mark.parametrize("reduction", MLM_REDUCTIONS)
+def test_fixed_shape_masked_lm_loss_equals_the_eager_one(reduction, labelled):
+    """The compiled path's loss (the head on a quarter of the positions, or on all of them when more are scored)
+    against eager's (the head on the scored positions only), with a row that has no scored token."""
+    model = tiny_model("composite+key")
+    batch = padded_batch(24)
+    labels = batch["labels"] if labelled == "a fifth" else batch["input_ids"].clone()
+    labels[1] = -100
+    hidden = model.convattn(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    eager = masked_lm_loss(model.mlm_head, hidden, labels, reduction)
+    fixed = fixed_shape_masked_lm_loss(model.mlm_head, hidden, labels, reduction)  # torch.cond runs eagerly too
+    assert fixed.dtype == eager.dtype and fixed.shape == eager.shape
+    torch.testing.assert_close(fixed, eager, rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_loss_matches_eager_when_most_positions_are_labelled():
+    """More scored positions than the head's fixed rows: the graph's other branch, the head on every position."""
+    model = tiny_model("bert")
+    batch = padded_batch(24)
+    inputs = model_inputs("bert", {**batch, "labels": batch["input_ids"].masked_fill(batch["attention_mask"] == 0,
+                                                                                      -100)})
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    loss, grads = loss_and_gradients(model, torch.compile(model, backend="aot_eager", fullgraph=True), inputs)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
