@@ -1,0 +1,269 @@
+"""Training tokens/s of convattn pretraining against `transformers`' BertForMaskedLM under the same `Trainer`.
+
+convattn trains through its own entry point, as users do (`convattn.training.pretrain.pretrain` with a recipe
+from `load_recipe`, `PretrainOptions(compile=...)`); the baseline is `transformers.BertForMaskedLM` of the same
+shape and vocabulary (sdpa attention), trained by `transformers.Trainer` with the same batch, optimizer, lr
+schedule, precision and `torch_compile`, on the same tokens: the run's own tokenizer and the library's `packed`
+layout (full blocks of seq_len tokens, so every batch has one shape and no padding) of the same text, masked by
+`DataCollatorForLanguageModeling` at 15 %. convattn's embedding size is set to the hidden size, as BERT's is.
+
+Throughput = batch x seq_len tokens over the median step time after the warm-up (compilation and the first
+steps' allocations), timed by the same Trainer callback on both sides. Each (precision, compile) setting runs
+every convattn preset, then BERT, in the same process; ratios > 1 mean convattn trains faster. Results go to
+benchmarks/results/train_throughput.md (train_throughput_cuda.md with --device cuda).
+
+    python benchmarks/train_throughput.py --compile                # CPU: L 4, H 256, batch 8 x 128, 16 steps,
+                                                                   # vocabulary 8,000 from WikiText-103 valid
+    python benchmarks/train_throughput.py --device cuda --compile  # GPU: BERT-small (L 12, H 256, 4 heads,
+                                                                   # I 1024), batch 128 x 128, 60 steps,
+                                                                   # vocabulary 30,004 from enwiki-2015-sample/
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from convattn.data.corpus import load_corpus
+from convattn.data.formatting import format_dataset
+from convattn.files import write_text_atomic
+from convattn.training.pretrain import PretrainOptions, pretrain
+from convattn.training.recipes import load_recipe
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+BERT = "transformers BertForMaskedLM"
+# per device: (layers, hidden, heads, intermediate, batch, steps, warm-up steps, vocabulary, text); the GPU's is
+# BERT-small with the paper's vocabulary, which needs more text than WikiText-103 valid (11,386 pieces from it)
+DEFAULTS = {
+    "cpu": (4, 256, 4, 1024, 8, 16, 4, 8000, DATA / "wikitext-103-raw" / "wiki.valid.raw"),
+    "cuda": (12, 256, 4, 1024, 128, 60, 20, 30004, DATA / "enwiki-2015-sample"),
+}
+
+
+class StepClock(TrainerCallback):
+    """The time at the start of the first optimizer step and at the end of every step (after the device has
+    finished it)."""
+
+    def __init__(self):
+        self.started: float | None = None
+        self.ends: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.ends.append(time.perf_counter())
+
+    def measured(self, warmup: int, tokens_per_step: int) -> dict:
+        """Tokens/s at the median time of the steps after `warmup` (a step slowed by another process on the
+        machine does not count), and the seconds the warm-up steps took."""
+        steady = self.ends[warmup - 1:]
+        if len(steady) < 2:
+            raise ValueError(f"only {len(self.ends)} steps timed; --steps must exceed --warmup-steps")
+        step_seconds = statistics.median(b - a for a, b in itertools.pairwise(steady))
+        return {"tokens_per_second": tokens_per_step / step_seconds, "warmup_seconds": steady[0] - self.started}
+
+
+def precision_flags(precision: str, device: str) -> dict:
+    # bf16 autocast on CPU: the Trainer only allows it when told to stay on the CPU (as convattn's own arguments)
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16",
+            "use_cpu": device == "cpu" and precision == "bf16"}
+
+
+def recipe_for(preset: str, args):
+    return dataclasses.replace(
+        load_recipe("chang2021-small"), preset=preset, format="packed", vocab_size=args.vocab_size,
+        seq_len=args.seq_len, batch_size=args.batch_size, max_steps=args.steps, warmup=0.1,
+        eval_every=args.steps, save_every=args.steps, eval_samples=args.batch_size,
+        model=dict(num_hidden_layers=args.layers, hidden_size=args.hidden, embedding_size=args.hidden,
+                   num_attention_heads=args.heads, intermediate_size=args.intermediate),
+    )
+
+
+def run_convattn(preset: str, precision: str, compiled: bool, args, work: Path) -> tuple[dict, Path]:
+    clock = StepClock()
+    out = Path(tempfile.mkdtemp(dir=work, prefix="convattn-"))
+    options = PretrainOptions(recipe=recipe_for(preset, args), output_dir=out, train_files=[str(args.train_file)],
+                              cache_dir=work / "cache", precision=precision, compile=compiled, log_every=args.steps)
+    pretrain(options, callbacks=[clock])
+    return clock.measured(args.warmup_steps, args.batch_size * args.seq_len), out
+
+
+def bert_dataset(tokenizer, args, work: Path):
+    """The examples convattn trained on: the same corpus split, tokenizer and packed layout."""
+    corpus = load_corpus(None, None, [str(args.train_file)], [], work / "cache")
+    return format_dataset(corpus.train, tokenizer, "packed", args.seq_len)
+
+
+def run_bert(tokenizer, dataset, precision: str, compiled: bool, args, work: Path) -> dict:
+    recipe = recipe_for("chang2021-small/absolute", args)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
+                        num_attention_heads=args.heads, intermediate_size=args.intermediate,
+                        max_position_embeddings=max(args.seq_len, 128), pad_token_id=tokenizer.pad_token_id,
+                        attn_implementation="sdpa")
+    torch.manual_seed(recipe.seed)
+    model = BertForMaskedLM(config)
+    training = TrainingArguments(
+        output_dir=str(work / "bert"), max_steps=recipe.max_steps, per_device_train_batch_size=recipe.batch_size,
+        learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay, adam_epsilon=recipe.adam_epsilon,
+        adam_beta1=recipe.adam_beta1, adam_beta2=recipe.adam_beta2, optim="adamw_torch", lr_scheduler_type="linear",
+        warmup_steps=recipe.warmup, max_grad_norm=recipe.max_grad_norm, seed=recipe.seed,
+        data_seed=recipe.seed, eval_strategy="no", save_strategy="no", logging_steps=recipe.max_steps,
+        remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=args.device == "cuda",
+        report_to="none", disable_tqdm=True, torch_compile=compiled, **precision_flags(precision, args.device),
+    )
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=recipe.mlm_probability, pad_to_multiple_of=8)
+    clock = StepClock()
+    Trainer(model=model, args=training, data_collator=collator, train_dataset=dataset, callbacks=[clock]).train()
+    return clock.measured(args.warmup_steps, args.batch_size * args.seq_len)
+
+
+def measure(args, work: Path) -> list[dict]:
+    """Every (precision, mode) setting: each convattn preset, then BERT; repeated, medians kept."""
+    modes = [False, True] if args.compile else [False]
+    samples: dict[tuple, list[dict]] = {}
+    tokenizer = dataset = None
+    for repeat in range(args.repeats):
+        for precision in args.precisions:
+            for compiled in modes:
+                ours = {}
+                for preset in args.presets:
+                    torch._dynamo.reset()  # a fresh model each run: no recompile limit, no stale graphs
+                    ours[preset], out = run_convattn(preset, precision, compiled, args, work)
+                    if tokenizer is None:  # the tokenizer the runs trained (cached: every run has the same)
+                        tokenizer = AutoTokenizer.from_pretrained(out)
+                        dataset = bert_dataset(tokenizer, args, work)
+                        args.vocabulary = len(tokenizer)
+                torch._dynamo.reset()
+                results = {BERT: run_bert(tokenizer, dataset, precision, compiled, args, work), **ours}
+                for model, row in results.items():
+                    key = (precision, "compiled" if compiled else "eager", model)
+                    samples.setdefault(key, []).append(row)
+                    print(f"[{repeat + 1}/{args.repeats}] {precision} {key[1]:8s} {model:32s} "
+                          f"{row['tokens_per_second']:9,.0f} tokens/s  warm-up {row['warmup_seconds']:.1f} s",
+                          flush=True)
+    rows = []
+    for (precision, mode, model), runs in samples.items():
+        rows.append({"precision": precision, "mode": mode, "model": model,
+                     "tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
+                     "warmup_seconds": statistics.median(r["warmup_seconds"] for r in runs)})
+    return rows
+
+
+def ratio_table(rows: list[dict]) -> list[str]:
+    bert = {(r["precision"], r["mode"]): r["tokens_per_second"] for r in rows if r["model"] == BERT}
+    eager = {(r["precision"], r["model"]): r["tokens_per_second"] for r in rows if r["mode"] == "eager"}
+    lines = ["| precision | mode | model | tokens/s | / BERT, same setting | / own eager | warm-up s |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        own = r["tokens_per_second"] / eager[r["precision"], r["model"]]
+        lines.append(f"| {r['precision']} | {r['mode']} | {r['model']} | {r['tokens_per_second']:,.0f} | "
+                     f"{r['tokens_per_second'] / bert[r['precision'], r['mode']]:.2f} | {own:.2f} | "
+                     f"{r['warmup_seconds']:.1f} |")
+    return lines
+
+
+def machine_line(device: str) -> str:
+    where = (torch.cuda.get_device_name() if device == "cuda"
+             else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    return f"{where}, {versions}, {torch.get_num_threads()} threads"
+
+
+def report(rows: list[dict], args) -> str:
+    return "\n".join([
+        "# Training throughput: convattn pretraining vs transformers BertForMaskedLM (same Trainer)",
+        "",
+        f"Command: `python benchmarks/train_throughput.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+        f"Machine: {machine_line(args.device)}.  ",
+        f"Shape: L {args.layers}, H {args.hidden} (convattn embedding size = H, as BERT), {args.heads} heads, "
+        f"I {args.intermediate}, seq len {args.seq_len}, batch {args.batch_size}, vocabulary {args.vocabulary:,} "
+        f"(unigram trained on the text, --vocab-size {args.vocab_size}); {args.steps} steps, the first "
+        f"{args.warmup_steps} left out as warm-up; median of {args.repeats} repetition(s). Data: packed blocks of "
+        f"`{args.train_file.name}`, 15 % masked.",
+        "",
+        "tokens/s = batch x seq len / the median time of the steps after the warm-up; `/ BERT` is against "
+        "BertForMaskedLM (sdpa) in the same precision and mode, run in the same process; warm-up s = the time of "
+        "the warm-up steps (compilation included; convattn's evaluation at step 0 left out). The MLM head runs at "
+        "the masked positions only in convattn (eager: exactly those; compiled: a fixed quarter of the positions, "
+        "the masked ones first), at every position in BERT.",
+        "",
+        *ratio_table(rows),
+        "",
+    ])
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--compile", action="store_true", help="also measure torch.compile'd training (inductor)")
+    parser.add_argument("--precisions", default=None, help="comma-separated; default fp32,bf16 where supported")
+    parser.add_argument("--presets", default="chang2021-small/absolute,chang2021-small/composite")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--intermediate", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--warmup-steps", type=int, help="steps left out of the throughput (compilation)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--vocab-size", type=int, help="of the trained tokenizer (a small text gives fewer pieces)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU device only)")
+    parser.add_argument("--train-file", type=Path, help="text file or folder")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    names = ("layers", "hidden", "heads", "intermediate", "batch_size", "steps", "warmup_steps", "vocab_size",
+             "train_file")
+    for name, value in zip(names, DEFAULTS[args.device], strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU here")
+    if args.precisions is None:
+        bf16 = args.device == "cpu" or torch.cuda.is_bf16_supported()
+        args.precisions = "fp32,bf16" if bf16 else "fp32"
+    args.precisions = args.precisions.split(",")
+    args.presets = args.presets.split(",")
+    results = Path(__file__).parent / "results"
+    args.output = args.output or results / ("train_throughput_cuda.md" if args.device == "cuda" else
+                                            "train_throughput.md")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="train-throughput-") as work:
+        rows = measure(args, Path(work))
+    write_text_atomic(args.output, report(rows, args))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
