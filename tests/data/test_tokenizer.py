@@ -110,6 +110,9 @@ INTERRUPTED = textwrap.dedent("""
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)  # as the command line does
+    # a shell without job control starts background jobs (CI scripts run with `&`) with SIGINT ignored, and
+    # Python keeps it so: Ctrl-C's default handler, as in a terminal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = random.Random(0)
     words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(20000)]
     texts = datasets.Dataset.from_dict({"text": [" ".join(rng.choices(words, k=30)) for _ in range(200000)]})
