@@ -81,20 +81,15 @@ def configure(verbose: bool) -> None:
     else:
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
-    screen = logging.StreamHandler()
-    screen.setLevel(logging.ERROR)
+    screen = logging.StreamHandler()  # errors only, or (verbose) everything, named by its library
+    screen.setLevel(logging.INFO if verbose else logging.ERROR)
+    if verbose:
+        screen.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
     for name in CAPTURED:
         logger = logging.getLogger(name)
         _saved[name] = (logger.handlers[:], logger.level, logger.propagate)
-        logger.handlers, logger.propagate = [_run_log, _screen_at_info() if verbose else screen], False
+        logger.handlers, logger.propagate = [_run_log, screen], False
         logger.setLevel(logging.INFO)
-
-
-def _screen_at_info() -> logging.Handler:
-    handler = logging.StreamHandler()
-    handler.setLevel(logging.INFO)
-    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-    return handler
 
 
 def log_to(folder: Path) -> Path | None:

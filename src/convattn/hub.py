@@ -26,6 +26,15 @@ def _metrics_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _tags(config: dict, *extra: str) -> list[str]:
+    return ["convattn", "custom_code", *extra] + ([config["preset"]] if config.get("preset") else [])
+
+
+def _front_matter(metadata: dict) -> list[str]:
+    """The card's Hub metadata block (YAML between --- lines), then a blank line."""
+    return ["---", yaml.safe_dump(metadata, sort_keys=False).rstrip(), "---", ""]
+
+
 def training_data(options: dict) -> str:
     """The pretraining text as the run's options name it."""
     if not options:
@@ -42,14 +51,13 @@ def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline
     """README.md of a published fine-tuned model: the task, the seed and its dev scores, how to load it."""
     folder = Path(folder)
     config = _read_json(folder / "config.json")
-    scores = record.get("scores", {})
+    scores = {name: value for name, value in record.get("scores", {}).items() if isinstance(value, int | float)}
     metadata = {
         "library_name": "transformers", "pipeline_tag": pipeline_tag,
-        "tags": ["convattn", "custom_code", task] + ([config["preset"]] if config.get("preset") else []),
+        "tags": _tags(config, task),
         "model-index": [{"name": folder.name, "results": [{
             "task": {"type": pipeline_tag, "name": task},
-            "metrics": [{"type": name, "name": f"dev {name}", "value": value} for name, value in scores.items()
-                        if isinstance(value, int | float)],
+            "metrics": [{"type": name, "name": f"dev {name}", "value": value} for name, value in scores.items()],
         }]}],
     }
     loader = ("from transformers import pipeline",
@@ -58,12 +66,12 @@ def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline
         loader = ("from transformers import AutoModelForQuestionAnswering",
                   f"model = AutoModelForQuestionAnswering.from_pretrained({str(folder)!r}, trust_remote_code=True)")
     lines = [
-        "---", yaml.safe_dump(metadata, sort_keys=False).rstrip(), "---", "",
+        *_front_matter(metadata),
         f"# {task}: {folder.name}", "",
         f"Fine-tuned with convattn on {task} (seed {record.get('seed')}, the best of the run's seeds on dev), from "
         f"`{record.get('model', 'a pretrained encoder')}`.", "",
         "## Dev scores", "",
-        *(f"- {name}: {value:.2f}" for name, value in scores.items() if isinstance(value, int | float)), "",
+        *(f"- {name}: {value:.2f}" for name, value in scores.items()), "",
         "## Usage", "",
         "```python", *loader, "```", "",
     ]
@@ -86,7 +94,7 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
     metadata = {
         "library_name": "transformers",
         "pipeline_tag": "fill-mask" if architecture.endswith("MaskedLM") else None,
-        "tags": ["convattn", "custom_code"] + ([config["preset"]] if config.get("preset") else []),
+        "tags": _tags(config),
         "datasets": [options["dataset"]] if options.get("dataset") else None,
     }
     if final.get("perplexity") is not None:
@@ -102,7 +110,7 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
     sizes = {k: config[k] for k in ("hidden_size", "embedding_size", "num_hidden_layers", "num_attention_heads",
                                     "intermediate_size", "vocab_size", "max_position_embeddings") if k in config}
     lines = [
-        "---", yaml.safe_dump(metadata, sort_keys=False).rstrip(), "---", "",
+        *_front_matter(metadata),
         f"# {Path(name).name}", "",
         f"A BERT-style encoder with convolution-augmented attention, trained with "
         f"convattn (preset `{config.get('preset') or 'custom'}`, `{architecture}`).", "",

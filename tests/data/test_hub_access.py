@@ -27,8 +27,9 @@ def test_an_unreachable_hub_means_offline_loading(probe, monkeypatch):
 
     monkeypatch.setattr("huggingface_hub.get_session", lambda: DeadSession())
     seen = []
-    result = hub_access.load_hub_dataset("some/dataset", loader=lambda name: seen.append(
+    monkeypatch.setattr(datasets, "load_dataset", lambda name: seen.append(
         (name, constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)) or "loaded")
+    result = hub_access.load_hub_dataset("some/dataset")
     assert result == "loaded" and seen == [("some/dataset", True, True)]
     assert constants.HF_HUB_OFFLINE is False  # restored afterwards
 

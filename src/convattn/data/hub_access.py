@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 PROBE_SECONDS = 5.0
 
@@ -47,9 +47,9 @@ def offline_unless_reachable() -> Iterator[bool]:
         constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
-def load_hub_dataset(*args, loader: Callable | None = None, **kwargs):
+def load_hub_dataset(*args, **kwargs):
     """`datasets.load_dataset(*args, **kwargs)`, offline when the hub does not answer (see the module)."""
     import datasets
 
     with offline_unless_reachable():
-        return (loader or datasets.load_dataset)(*args, **kwargs)
+        return datasets.load_dataset(*args, **kwargs)

@@ -6,6 +6,7 @@ See `convattn.training.compare` for the directory layout.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,7 @@ class Report:
     results: list[RunResult]
     figure: str | None
 
-    @property
+    @functools.cached_property
     def timed(self) -> bool:
         """Runs trained to a time budget: steps and tokens are what differ between them."""
         return any(run.get("time_budget") for run in self.run_settings())

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from convattn.errors import UsageError, option
 from convattn.files import read_json, write_json_atomic
 from convattn.hub import FINE_TUNED_RECORD, fine_tuned_card
 
@@ -20,8 +21,6 @@ RECORD = FINE_TUNED_RECORD  # beside a published model: which seed it is, and it
 
 
 def check_save_models(save_models: str) -> str:
-    from convattn.errors import UsageError, option
-
     if save_models not in SAVE_MODELS:
         raise UsageError(f"{option('save_models')} {save_models!r} is not known; choose one of "
                          f"{', '.join(SAVE_MODELS)}")
@@ -38,7 +37,8 @@ def publish_best(output_dir: Path, task: str, seed_dirs: dict[int, Path], best: 
               "source": str(seed_dirs[best] / MODEL_DIR)}
     source = seed_dirs[best] / MODEL_DIR
     if save_models != "none" and (source / "config.json").is_file() and read_json(target / RECORD) != record:
-        staging = Path(tempfile.mkdtemp(dir=_made(target.parent), prefix=f".{task}.", suffix=".tmp"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{task}.", suffix=".tmp"))
         try:
             shutil.copytree(source, staging, dirs_exist_ok=True)
             write_json_atomic(staging / RECORD, record)
@@ -54,8 +54,3 @@ def publish_best(output_dir: Path, task: str, seed_dirs: dict[int, Path], best: 
             if (path / MODEL_DIR).is_dir():
                 shutil.rmtree(path / MODEL_DIR)
     return target if (target / RECORD).is_file() else None
-
-
-def _made(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
