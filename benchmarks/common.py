@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from convattn.training.run_folder import write_text_atomic as write_atomic  # noqa: F401  (the benchmarks' writer)
+from convattn.files import write_text_atomic as write_atomic  # noqa: F401  (the benchmarks' writer)
 
 
 def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, warmup: int = 1) -> dict[str, float]:

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import psutil
 import torch
-from common import machine_line, saved_activation_bytes, write_atomic
+from common import machine_line, write_atomic
+
+from convattn.training.compare.memory import saved_activation_bytes
 
 HERE = Path(__file__).parent
 MODELS = {"full": "malard/transformer-n512", "linformer": "malard/linformer-n512-k{k}",
