@@ -255,8 +255,11 @@ def test_gradient_checkpointing_gives_the_plain_training_step(preset):
     steps = []
     for checkpointing in (False, True):
         model = tiny_model(preset, cls=ConvAttnForMaskedLM).train()
-        if checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if checkpointing:  # transformers before 5.24 names it gradient_checkpointing_enable
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         calls: list[int] = []
         model.convattn.encoder.layer[0].attention.register_forward_hook(lambda *args, calls=calls: calls.append(1))
         loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss

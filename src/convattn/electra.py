@@ -146,6 +146,12 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
         self.generator_head = MaskedLMHead(small)
         self.post_init()
 
+    def set_attn_implementation(self, attn_implementation) -> None:
+        # the generator has a config of its own, which transformers before 5.24 skips (a sub-model whose config
+        # has its parent's class)
+        super().set_attn_implementation(attn_implementation)
+        self.generator.config._attn_implementation = self.config._attn_implementation
+
     def discriminator_model(self) -> ConvAttnModel:
         """The discriminator encoder, the model to fine-tune."""
         return self.convattn
