@@ -107,7 +107,8 @@ def run_convattn(preset: str, precision: str, compiled: bool, args, work: Path) 
     clock = StepClock()
     out = Path(tempfile.mkdtemp(dir=work, prefix="convattn-"))
     options = PretrainOptions(recipe=recipe_for(preset, args), output_dir=out, train_files=[str(args.train_file)],
-                              cache_dir=work / "cache", precision=precision, compile=compiled, log_every=args.steps)
+                              tokenizer=str(args.tokenizer) if args.tokenizer else None, cache_dir=work / "cache",
+                              precision=precision, compile=compiled, log_every=args.steps)
     pretrain(options, callbacks=[clock])
     return clock.measured(args.warmup_steps, args.batch_size * args.seq_len), out
 
@@ -234,6 +235,8 @@ def parse_args():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU device only)")
     parser.add_argument("--train-file", type=Path, help="text file or folder")
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer directory instead of one trained on the text "
+                        "(e.g. .gpu-kit/tokenizer on a GPU machine, see benchmarks/gpu.sh)")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     names = ("layers", "hidden", "heads", "intermediate", "batch_size", "steps", "warmup_steps", "vocab_size",
