@@ -130,8 +130,8 @@ def run_bert(tokenizer, dataset, precision: str, compiled: bool, args, work: Pat
     training = TrainingArguments(
         output_dir=str(work / "bert"), max_steps=recipe.max_steps, per_device_train_batch_size=recipe.batch_size,
         learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay, adam_epsilon=recipe.adam_epsilon,
-        adam_beta1=recipe.adam_beta1, adam_beta2=recipe.adam_beta2, optim="adamw_torch", lr_scheduler_type="linear",
-        warmup_steps=recipe.warmup, max_grad_norm=recipe.max_grad_norm, seed=recipe.seed,
+        adam_beta1=recipe.adam_beta1, adam_beta2=recipe.adam_beta2, optim="adamw_torch_fused",
+        lr_scheduler_type="linear", warmup_steps=recipe.warmup, max_grad_norm=recipe.max_grad_norm, seed=recipe.seed,
         data_seed=recipe.seed, eval_strategy="no", save_strategy="no", logging_steps=recipe.max_steps,
         remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=args.device == "cuda",
         report_to="none", disable_tqdm=True, torch_compile=compiled, **precision_flags(precision, args.device),
