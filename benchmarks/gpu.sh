@@ -12,7 +12,10 @@
 #       benchmarks/train_throughput.py --device cuda --compile --train-file .gpu-work/corpus/enwiki-2015-sample \
 #       --tokenizer .gpu-kit/tokenizer --output $OUT/train_throughput_cuda.md
 #   bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT   # again until it says "finished"
-# Copy what comes back into benchmarks/results/ and commit it in the same session.
+# Copy what comes back into benchmarks/results/ and commit it in the same session. A session has 30 minutes of
+# device time, the first start included: the lines above are in priority order (issue 25's bars, then 28's), and
+# none of their GPU durations is measured yet, so give real_scale.py run a --budget (each model's training time,
+# default 4m) that fits what is left, and keep the machine warm by making the next call at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # "site-packages" in the path: dill (datasets' fingerprints) pickles by value any module from a path without it
