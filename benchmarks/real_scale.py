@@ -24,7 +24,6 @@ both models' GLUE fits in about one device call; CoLA and MRPC are whole.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -35,6 +34,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from convattn.files import atomic_path, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -51,6 +52,7 @@ VOCAB_SIZE = 30004  # the chang2021-small recipe's
 WHEELS = ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "tokenizers==0.23.3")
 # Files of the comparison's report brought back (the device tool returns at most 8 files from $OUT).
 REPORT_FILES = ("report.md", "summary.csv", "metrics.csv", "perplexity.png")
+KIT_MARKER = ".real_scale-kit"  # in a kit folder this script made, which pack may then rewrite
 
 
 def say(message: str) -> None:
@@ -59,11 +61,9 @@ def say(message: str) -> None:
 
 def write_tar(target: Path, members: dict[str, Path]) -> None:
     """An xz-compressed tar of `members` (name in the archive -> file), written whole or not at all."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    with tarfile.open(tmp, "w:xz", preset=6) as tar:
+    with atomic_path(target) as tmp, tarfile.open(tmp, "w:xz", preset=6) as tar:
         for name, path in members.items():
             tar.add(path, arcname=name)
-    tmp.replace(target)
 
 
 def text_files(limit_bytes: int | None) -> dict[str, Path]:
@@ -112,7 +112,10 @@ def pack(args) -> int:
     if not SHARED.is_dir():
         sys.exit(f"real_scale pack: {SHARED} is missing: pack runs beside the shared data")
     kit = args.kit
+    if kit.is_dir() and any(kit.iterdir()) and not (kit / KIT_MARKER).is_file():
+        sys.exit(f"real_scale pack: {kit} holds files this script did not write; give an empty or new --kit")
     kit.mkdir(parents=True, exist_ok=True)
+    (kit / KIT_MARKER).touch()
     files = text_files(args.text_mb * 2**20 if args.text_mb else None)
     say(f"training text: {len(files)} files, {sum(p.stat().st_size for p in files.values()) / 2**20:.0f} MiB")
     say(f"training the {args.vocab_size:,}-piece tokenizer on it")
@@ -194,7 +197,6 @@ def run(args) -> int:
         sys.exit(f"real_scale run: no kit at {args.kit}: run `python benchmarks/real_scale.py pack` beside "
                  "../shared first and carry the kit")
     work, out = args.work, args.out
-    work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     unpack(args.kit, work)
@@ -210,7 +212,7 @@ def run(args) -> int:
     finished = code == 0
     status = {"finished": finished, "exit_code": code, "seconds": round(time.monotonic() - start, 1),
               "command": command[1:], "machine": machine()}
-    (out / "real_scale.json").write_text(json.dumps(status, indent=2) + "\n")
+    write_json_atomic(out / "real_scale.json", status)
     say(f"exit code {code} after {status['seconds']:.0f} s; report in {out}")
     if finished:
         say("finished")

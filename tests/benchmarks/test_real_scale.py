@@ -26,7 +26,7 @@ def test_the_kit_packs_and_the_comparison_runs_to_the_end(tmp_path):
     kit, work, out = tmp_path / "kit", tmp_path / "work", tmp_path / "out"
     packed = script("pack", "--kit", str(kit), "--text-mb", "1", "--vocab-size", "1000", "--no-wheels")
     assert packed.returncode == 0, packed.stderr
-    assert {p.name for p in kit.iterdir()} == {"corpus.tar.xz", "eval.tar.xz", "tokenizer"}
+    assert {p.name for p in kit.iterdir()} == {".real_scale-kit", "corpus.tar.xz", "eval.tar.xz", "tokenizer"}
 
     run = ["run", "--kit", str(kit), "--work", str(work), "--out", str(out), "--smoke", "--budget", "4s",
            "--glue", "cola", "--glue-seeds", "1", "--glue-max-train-samples", "64"]
@@ -52,6 +52,15 @@ def test_the_kit_packs_and_the_comparison_runs_to_the_end(tmp_path):
     assert len(summary) == 3  # a header and the two rows
     assert status["command"][2:4] == ["compare", "--presets"]
     assert "--time-budget" in status["command"]
+
+
+def test_pack_leaves_a_folder_it_did_not_make_alone(tmp_path):
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "mine.json").write_text("{}")
+    result = script("pack", "--kit", str(tmp_path), "--text-mb", "1", "--vocab-size", "1000", "--no-wheels")
+    assert result.returncode != 0
+    assert "did not write" in result.stderr
+    assert (tmp_path / "tokenizer" / "mine.json").read_text() == "{}"
 
 
 def test_run_refuses_a_missing_kit(tmp_path):
