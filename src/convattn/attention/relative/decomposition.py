@@ -17,7 +17,12 @@ parts, each computed by a fused kernel (kernels.py) that sees only constants the
   i sees key j < i - r) and the far-right part its mirror, so a kernel that skips masked blocks spends
   about one full attention on both. "blocks": the whole window, whose off-band entries carry their row
   constants (and, left of the band, key_left - key_right); the far parts are the keys left and right of
-  the window, off the band for every query of the block, one rectangular call each.
+  the window, cut in rectangles that are off the band for every query they hold. They come in binary
+  levels K = S, 2S, 4S, ...: in each pair of neighbouring K-blocks, the second's queries against the
+  first's keys shifted left by r, and the first's queries against the second's keys shifted right by r. A
+  query's far-left keys [0, s - r) are the union of its left rectangles over the levels, and a side's
+  calls merge by log-sum-exp like the parts do. Long calls are the point: the CPU kernel tiles queries by
+  256 from 768 queries on, by 64 below.
 
 The parts merge by log-sum-exp (Milakov & Gimelshein 2018): with w_p = exp(lse_p - lse), out = sum_p w_p
 out_p. The near part keeps its probabilities unnormalised, U = exp(s - max_row), and applies f = exp(max_row -
@@ -57,11 +62,12 @@ def _acc(x: Tensor) -> torch.dtype:
 
 
 def block_size(n: int, reach: int, tiling: str) -> int:
-    """Queries per block. "blocks": the CPU kernel splits a call's queries into tiles of 32 below 192 queries
-    and of 64 from there, and costs about a quarter less per score with 64; wider windows cost explicit work
-    (S + 2r keys per query) and memory. The attention alone, composite, forward + backward, 2 threads,
-    against plain SDPA: S = 256 beat 192 at n = 512 (1.51x against 1.67x) and 384 and 512 at n = 2048 (1.27x
-    against 1.39x and 1.33x). "causal": the window only carries the band, so narrow blocks waste least."""
+    """Queries per block. "blocks": the CPU kernel tiles a call's queries by 32 below 192 queries and by 64
+    from there, and costs about a quarter less per score with 64; wider windows cost explicit work (S + 2r
+    keys per query) and memory. One composite layer, forward + backward, 2 threads, against plain SDPA:
+    S = 256 beat 192, 160, 128 and 64 at n = 512 (1.52x against 1.84x, 1.81x, 1.62x and 1.76x) and
+    tied with 128 at n = 2048 (1.33x and 1.32x). "causal": the window only carries the band, so narrow
+    blocks waste least."""
     return max(2 * reach, min(n, 64 if tiling == "causal" else 256))
 
 
@@ -89,23 +95,25 @@ class Tiling:
         self.count = -(-n // self.size)
         self.padded = self.count * self.size
 
-    def queries(self, block: int) -> slice:
-        return slice(block * self.size, min((block + 1) * self.size, self.n))
-
     def fused_calls(self):
-        """Every fused call with keys."""
+        """Every fused call with keys: with "blocks" tiling, at every level K, one left and one right call for
+        each pair of neighbouring K-blocks (module docstring)."""
         n, reach = self.n, self.reach
         if self.band_only:
             if n > reach + 1:
                 yield FusedCall("left", slice(reach + 1, n), slice(0, n - reach - 1), True)
                 yield FusedCall("right", slice(0, n - reach - 1), slice(reach + 1, n), True)
             return
-        for block in range(self.count):
-            start = block * self.size
-            left, right = slice(0, max(start - reach, 0)), slice(min(start + self.size + reach, n), n)
-            for side, keys in zip(SIDES, (left, right), strict=True):
-                if keys.start < keys.stop:
-                    yield FusedCall(side, self.queries(block), keys, False)
+        level = self.size
+        while level < n:
+            for first in range(0, n - level, 2 * level):
+                second = first + level
+                yield FusedCall("left", slice(second, min(second + level, n)),
+                                slice(max(first - reach, 0), second - reach), False)
+                if second + reach < n:
+                    yield FusedCall("right", slice(first, second),
+                                    slice(second + reach, min(second + level + reach, n)), False)
+            level *= 2
 
     def blocks(self, x: Tensor) -> Tensor:
         """(..., n, c) -> (..., blocks, S, c), rows past n zero."""
@@ -382,29 +390,33 @@ class DecomposedRelativeAttention(torch.autograd.Function):
         heads_shape = q.shape[:-2]
         lse = tiles.ungroup(near_lse, heads_shape)
         values = operands.widen(v)
-        side_out = {side: q.new_zeros(q.shape) for side in SIDES}
         side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
-        states = []
+        parts, states = [], []
         for call in tiles.fused_calls():
             tensors = [operands.side(operands.q, call.side)[..., call.queries, :],
                        operands.side(operands.k, call.side)[..., call.keys, :],
                        operands.side(values, call.side)[..., call.keys, :]]
             out_p, lse_p, state = _call(kernel.forward, call, operands, tensors, dropout_p=dropout_p, scale=scale)
-            side_out[call.side][..., call.queries, :] = operands.main(out_p, call.side)
-            side_lse[call.side][..., call.queries] = lse_p
+            if rows[call.side] is not None:
+                lse_p = lse_p + rows[call.side][..., call.queries].to(acc)
+            part_lse = side_lse[call.side][..., call.queries]
+            torch.logaddexp(part_lse, lse_p, out=part_lse)
+            parts.append((call, operands.main(out_p, call.side), lse_p))
             states.append(state)
         for side in SIDES:
-            if rows[side] is not None:
-                side_lse[side] += rows[side].to(acc)
             lse = torch.logaddexp(lse, side_lse[side])
         near_scale = torch.exp(top - tiles.groups(lse[..., None])[..., 0])  # exp(max_row - lse): U -> P
         out = tiles.ungroup(near_out, heads_shape).to(acc)
         out *= tiles.ungroup(near_scale, heads_shape)[..., None]
-        for side in SIDES:
-            out.addcmul_(torch.exp(side_lse[side] - lse)[..., None], side_out[side].to(acc))
-        out = out.to(q.dtype)
         # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
-        left_out, left_lse = (side_out["left"], side_lse["left"]) if row_left is not None else (None, None)
+        left_out = q.new_zeros(q.shape, dtype=acc) if row_left is not None else None
+        for call, out_p, lse_p in parts:
+            out[..., call.queries, :].addcmul_(torch.exp(lse_p - lse[..., call.queries])[..., None], out_p.to(acc))
+            if left_out is not None and call.side == "left":
+                left_out[..., call.queries, :].addcmul_(
+                    torch.exp(lse_p - side_lse["left"][..., call.queries])[..., None], out_p.to(acc))
+        out = out.to(q.dtype)
+        left_lse = side_lse["left"] if row_left is not None else None
         ctx.save_for_backward(v, row_left, row_right, out, lse, left_out, left_lse)
         ctx.operands, ctx.terms, ctx.tiles, ctx.kept, ctx.masks = operands, terms, tiles, kept, masks
         ctx.near_scale, ctx.states, ctx.kernel, ctx.dropout_p = near_scale, states, kernel, dropout_p
