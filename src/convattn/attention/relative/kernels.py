@@ -8,8 +8,8 @@ returned: decomposition.py feeds it the merged ones.
 
 `tiling` says how decomposition.py cuts the far parts for the kernel: "causal" where the kernel skips the
 blocks its causal mask hides, so each far part is one shifted causal call that costs half a full attention;
-"blocks" where it does not (the CPU kernel tiles keys by 512 and computes the whole tile), so each block of
-queries gets rectangular calls over the keys it wholly sees.
+"blocks" where it does not (the CPU kernel tiles keys by 512 and computes the whole tile), so the far parts
+are rectangles whose queries all see all their keys.
 """
 
 from __future__ import annotations
