@@ -107,6 +107,25 @@ def test_convbert_heads_outputs_and_all_gradients_match_loop_reference(terms, ou
     assert_every_kernel_matches(layer, x, keep, partial(mixed_attention_loops, layer, masked=True), 1e-9, use_kernel)
 
 
+@pytest.mark.parametrize(("n", "reach", "size"), [(601, 8, 256), (2048, 8, 256), (512, 8, 256), (257, 8, 16),
+                                                  (100, 3, 6), (37, 4, 8), (16, 8, 16)])
+def test_blocks_tiling_covers_every_score_once(monkeypatch, n, reach, size):
+    # each (query, key) in exactly one place: its block's window or one fused call of the right side, and
+    # every call's keys off the band for all its queries
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: size)
+    tiles = decomposition.Tiling(n, reach, "blocks")
+    count = torch.zeros(n, n, dtype=torch.long)
+    for block in range(tiles.count):
+        count[block * size:(block + 1) * size, max(block * size - reach, 0):(block + 1) * size + reach] += 1
+    offset = torch.arange(n)[None, :] - torch.arange(n)[:, None]  # j - i
+    for call in tiles.fused_calls():
+        assert not call.causal and call.keys.start < call.keys.stop
+        seen = offset[call.queries, call.keys]
+        assert (seen < -reach).all() if call.side == "left" else (seen > reach).all()
+        count[call.queries, call.keys] += 1
+    assert (count == 1).all()
+
+
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 def test_default_blocks_match_the_dense_bias(out_of_window):
     # the shipped block size over several blocks, a partial last one and whole pad blocks, against the
