@@ -409,12 +409,12 @@ class DecomposedRelativeAttention(torch.autograd.Function):
         out = tiles.ungroup(near_out, heads_shape).to(acc)
         out *= tiles.ungroup(near_scale, heads_shape)[..., None]
         # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
-        left_out = q.new_zeros(q.shape, dtype=acc) if row_left is not None else None
+        left_out = q.new_zeros(q.shape) if row_left is not None else None  # kept in q's dtype, like out
         for call, out_p, lse_p in parts:
             out[..., call.queries, :].addcmul_(torch.exp(lse_p - lse[..., call.queries])[..., None], out_p.to(acc))
             if left_out is not None and call.side == "left":
-                left_out[..., call.queries, :].addcmul_(
-                    torch.exp(lse_p - side_lse["left"][..., call.queries])[..., None], out_p.to(acc))
+                weight = torch.exp(lse_p - side_lse["left"][..., call.queries])[..., None]
+                left_out[..., call.queries, :].addcmul_(weight.to(q.dtype), out_p)
         out = out.to(q.dtype)
         left_lse = side_lse["left"] if row_left is not None else None
         ctx.save_for_backward(v, row_left, row_right, out, lse, left_out, left_lse)
