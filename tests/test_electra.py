@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from convattn import ConvAttnConfig, ConvAttnForSequenceClassification, ConvAttnModel
-from convattn.electra import ConvAttnForPreTraining, generator_config
+from convattn.electra import ConvAttnForPreTraining, generator_config, select_masked
 
 MASK, CLS, SEP, PAD = 3, 1, 2, 0
 TINY = dict(vocab_size=40, embedding_size=16, hidden_size=32, num_attention_heads=4, intermediate_size=64,
@@ -75,7 +75,8 @@ def test_masking_selects_fifteen_percent_of_maskable_tokens_never_pads_or_specia
     torch.manual_seed(1)
     masked_count, mask_tokens = 0, 0
     for _ in range(40):
-        masked, generator_ids = model.corrupt(ids, maskable)
+        masked = select_masked(maskable).as_mask(ids.shape[1])  # as forward builds the generator input
+        generator_ids = model.generator_input(ids, masked)
         assert not (masked & ~maskable).any()
         expected = (maskable.sum(1) * 0.15).round().clamp(min=1).minimum(maskable.sum(1))
         assert masked.sum(1).tolist() == expected.long().tolist()

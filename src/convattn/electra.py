@@ -166,11 +166,6 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
     def get_output_embeddings(self) -> nn.Linear:
         return self.generator_head.decoder
 
-    def corrupt(self, input_ids: Tensor, maskable: Tensor) -> tuple[Tensor, Tensor]:
-        """Choose the positions to predict and build the generator input: (masked positions, generator ids)."""
-        masked = select_masked(maskable).as_mask(input_ids.shape[1])
-        return masked, self.generator_input(input_ids, masked)
-
     def generator_input(self, input_ids: Tensor, masked: Tensor) -> Tensor:
         """[MASK] at 85% of the masked positions, the original token at the rest."""
         use_mask_token = masked & (torch.rand(masked.shape, device=masked.device) < MASK_TOKEN_PROBABILITY)
