@@ -308,8 +308,7 @@ def masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduc
         return token_loss.mean()
     if reduction == "sum":
         return token_loss.sum()
-    per_example = torch.zeros(labels.shape[0], device=labels.device, dtype=torch.float64)
-    return per_example.index_add_(0, scored.nonzero()[:, 0], token_loss.double())
+    return reduced_token_loss(token_loss, scored.nonzero()[:, 0], labels.shape[0], reduction)
 
 
 def fixed_shape_masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduction: str) -> Tensor:
