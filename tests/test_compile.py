@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
 from helpers.tiny import randomize_, tiny_config
+from torch._dynamo.backends.common import aot_autograd
 
 from convattn import ConvAttnForMaskedLM
 from convattn.attention.relative.paths import CPU_DECOMPOSED_MIN_LENGTH
@@ -16,7 +18,7 @@ ELECTRA = "electra"
 FAMILIES = {
     "bert": ("chang2021-small/absolute", 24),
     "composite+key": ("chang2021-small/composite+key", 24),
-    # eager mode takes the decomposed kernels from this length on; compiled, the dense bias
+    # the decomposed kernels from this length on, eager and compiled (one custom operator)
     "composite+key-long": ("chang2021-small/composite+key", CPU_DECOMPOSED_MIN_LENGTH),
     "composite+depthwise": ("chang2021-small/composite+depthwise", 24),
     "composite+conv-qkv": ("chang2021-small/composite+conv-qkv", 24),
@@ -103,11 +105,39 @@ def test_compiled_loss_and_gradients_match_eager(family):
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
+    """Past one block of queries the compiled forward and backward hold the decomposition's operators and no
+    tensor with two axes of the sequence's length, and compute what eager mode does."""
+    n = 600
+    model = tiny_model("composite+key", num_hidden_layers=1, max_position_embeddings=n)
+    inputs = model_inputs("composite+key", padded_batch(n))
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    targets, shapes = set(), []
+
+    def record(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            targets.add(str(node.target))
+            values = node.meta.get("val")
+            for value in values if isinstance(values, list | tuple) else [values]:
+                if isinstance(value, torch.Tensor):
+                    shapes.append(tuple(value.shape))
+        return make_boxed_func(graph_module.forward)
+
+    backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    loss, grads = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
+    assert {"convattn.relative_attention.default", "convattn.relative_attention_backward.default"} <= targets
+    assert shapes and not [shape for shape in shapes if sum(size >= n for size in shape) >= 2]
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.slow
-def test_inductor_compiles_a_composite_training_step():
+@pytest.mark.parametrize("n", [16, CPU_DECOMPOSED_MIN_LENGTH])  # the dense bias, the decomposition's operator
+def test_inductor_compiles_a_composite_training_step(n):
     """One real inductor compile (C++ kernels on CPU, ~30 s cold), one layer to keep it short."""
     model = tiny_model("composite+key", num_hidden_layers=1)
-    inputs = model_inputs("composite+key", padded_batch(16))
+    inputs = model_inputs("composite+key", padded_batch(n))
     eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
     loss, grads = loss_and_gradients(model, torch.compile(model, fullgraph=True), inputs)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)

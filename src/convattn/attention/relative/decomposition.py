@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from convattn.attention.relative.kernels import fused_kernel
+
 SIDES = ("left", "right")
 # The near part is computed a chunk of (batch, head, block) groups at a time, each chunk's score tensor
 # about this size. On CPU: small enough to stay in cache between the passes over it and for the allocator to
@@ -354,6 +356,197 @@ def _call(kernel_function, call: FusedCall, operands: _Operands, tensors: list[T
     return [_flip_rows(o) for o in outputs] if flip else outputs
 
 
+def _prepare(q: Tensor, k: Tensor, v: Tensor, band: Tensor, rows: dict, keys: dict, keep: Tensor | None, reach: int,
+             kernel, tiling: str) -> tuple[Tiling, _Operands, _NearTerms]:
+    tiles = Tiling(q.shape[-2], reach, tiling)
+    operands = _Operands.build(q, k, keys["left"], keys["right"], keep, kernel.takes_key_mask)
+    return tiles, operands, _NearTerms(tiles, operands, v, band, rows, keys)
+
+
+@dataclass
+class _Saved:
+    """What backward needs of a forward besides its inputs and output: the operands and near terms (O(n d)),
+    the merged log-sum-exp, exp(max_row - lse) of the near part, the left parts' merged output and log-sum-exp
+    (row constants only), the near part's kept probabilities and dropout masks a chunk at a time, and each
+    fused call's random state (a tuple of tensors, empty for kernels without dropout)."""
+
+    tiles: Tiling
+    operands: _Operands
+    terms: _NearTerms | None
+    lse: Tensor
+    near_scale: Tensor
+    left_out: Tensor | None
+    left_lse: Tensor | None
+    kept: list[Tensor] | None
+    masks: list[Tensor] | None
+    states: list[tuple[Tensor, ...]]
+
+    def tensors(self) -> list[Tensor]:
+        """The tensors alone, flat, none a view of another (a custom operator's outputs): lse, near_scale,
+        left_out and left_lse (empty without row constants), the kept chunks, the masks, the states."""
+        absent = self.left_out is None
+        return [self.lse, self.near_scale, self.lse.new_empty(0) if absent else self.left_out,
+                self.lse.new_empty(0) if absent else self.left_lse, *self.kept, *self.masks,
+                *(t.clone() for state in self.states for t in state)]  # a state's tensors may view one tensor
+
+    @classmethod
+    def from_tensors(cls, tensors: list[Tensor], tiles: Tiling, operands: _Operands, terms: _NearTerms,
+                     has_rows: bool, dropout_p: float, state_size: int) -> _Saved:
+        """Inverse of `tensors`, given what the forward was built from."""
+        lse, near_scale, left_out, left_lse, *rest = tensors
+        chunks, calls = len(terms.chunks()), len(list(tiles.fused_calls()))
+        kept, rest = rest[:chunks], rest[chunks:]
+        masks, rest = (rest[:chunks], rest[chunks:]) if dropout_p else ([], rest)
+        states = [tuple(rest[c * state_size:(c + 1) * state_size]) for c in range(calls)]
+        return cls(tiles, operands, terms, lse, near_scale, left_out if has_rows else None,
+                   left_lse if has_rows else None, kept, masks, states)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, band: Tensor, rows: dict, keys: dict, keep: Tensor | None, reach: int,
+             dropout_p: float, kernel, tiling: str) -> tuple[Tensor, _Saved]:
+    d = q.shape[-1]
+    acc, scale = _acc(q), d ** -0.5
+    tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling)
+    row_left = rows["left"]
+    # the near part, a chunk of groups at a time: U = exp(s - max_row), kept for backward, and U V
+    near_out = q.new_empty(*terms.queries.shape[:-1], d)
+    top = torch.empty(terms.queries.shape[:-1], dtype=acc, device=q.device)
+    near_lse = torch.empty_like(top)
+    kept, masks = [], []
+    for chunk in terms.chunks():
+        scores = terms.scores(chunk)
+        top[chunk] = scores.amax(-1)
+        unnormalised = scores.sub_(top[chunk, :, None]).exp_()
+        near_lse[chunk] = top[chunk] + unnormalised.sum(-1).log()
+        compact = tiles.compact(unnormalised)
+        kept.append(compact)
+        if dropout_p:
+            masks.append(torch.rand(compact.shape, device=q.device) >= dropout_p)
+            unnormalised = tiles.expand(compact * masks[-1] / (1 - dropout_p))
+        torch.matmul(unnormalised.to(v.dtype), terms.values[chunk], out=near_out[chunk])
+    del scores, unnormalised
+    heads_shape = q.shape[:-2]
+    lse = tiles.ungroup(near_lse, heads_shape)
+    values = operands.widen(v)
+    side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
+    parts, states = [], []
+    for call in tiles.fused_calls():
+        tensors = [operands.side(operands.q, call.side)[..., call.queries, :],
+                   operands.side(operands.k, call.side)[..., call.keys, :],
+                   operands.side(values, call.side)[..., call.keys, :]]
+        out_p, lse_p, state = _call(kernel.forward, call, operands, tensors, dropout_p=dropout_p, scale=scale)
+        if rows[call.side] is not None:
+            lse_p = lse_p + rows[call.side][..., call.queries].to(acc)
+        part_lse = side_lse[call.side][..., call.queries]
+        torch.logaddexp(part_lse, lse_p, out=part_lse)
+        parts.append((call, operands.main(out_p, call.side), lse_p))
+        states.append(state)
+    for side in SIDES:
+        lse = torch.logaddexp(lse, side_lse[side])
+    near_scale = torch.exp(top - tiles.groups(lse[..., None])[..., 0])  # exp(max_row - lse): U -> P
+    out = tiles.ungroup(near_out, heads_shape).to(acc)
+    out *= tiles.ungroup(near_scale, heads_shape)[..., None]
+    # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
+    left_out = q.new_zeros(q.shape) if row_left is not None else None  # kept in q's dtype, like out
+    for call, out_p, lse_p in parts:
+        out[..., call.queries, :].addcmul_(torch.exp(lse_p - lse[..., call.queries])[..., None], out_p.to(acc))
+        if left_out is not None and call.side == "left":
+            weight = torch.exp(lse_p - side_lse["left"][..., call.queries])[..., None]
+            left_out[..., call.queries, :].addcmul_(weight.to(q.dtype), out_p)
+    out = out.to(q.dtype)
+    left_lse = side_lse["left"] if row_left is not None else None
+    return out, _Saved(tiles, operands, terms, lse, near_scale, left_out, left_lse, kept, masks, states)
+
+
+def _backward(grad_out: Tensor, v: Tensor, rows: dict, out: Tensor, saved: _Saved, kernel, dropout_p: float):
+    """Gradients of q, k, v, band, row_left, row_right, key_left, key_right (None for absent terms)."""
+    operands, terms, tiles = saved.operands, saved.terms, saved.tiles
+    lse, left_out, left_lse, row_left = saved.lse, saved.left_out, saved.left_lse, rows["left"]
+    n, d, reach = out.shape[-2], out.shape[-1], tiles.reach
+    acc, scale = _acc(out), d ** -0.5
+    has_rows, has_keys = row_left is not None, operands.with_key
+    near_sides = has_rows and not tiles.band_only  # row / key constants inside the near part
+    grad_out = grad_out.contiguous()
+    row_term = (grad_out.to(acc) * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
+    # the near part: dS = P (dP - D) and dV = P^T dO with P = U f, f = exp(max_row - lse) moved onto dO and D,
+    # and dropout's mask / (1 - p) on dP and on P for dV
+    scaled_grad = tiles.groups(grad_out) * saved.near_scale[..., None].to(grad_out.dtype)
+    scaled_row_term = tiles.groups(row_term[..., None]) * saved.near_scale[..., None]
+    grad_band = torch.empty(terms.band.shape, dtype=acc, device=out.device)
+    grad_q = out.new_empty(*terms.queries.shape[:-1], d)
+    grad_keys_window = out.new_empty(terms.keys.shape)
+    grad_v = out.new_empty(terms.values.shape)
+    left_rows = torch.zeros(terms.queries.shape[:-1], dtype=acc, device=out.device) if has_rows else None
+    left_keys = torch.zeros(terms.keys.shape[:-1], dtype=acc, device=out.device) if has_keys else None
+    masks = saved.masks or [None] * len(saved.kept)
+    for chunk, kept, mask in zip(terms.chunks(), saved.kept, masks, strict=True):
+        unnormalised = tiles.expand(kept)
+        grad_scores = torch.matmul(scaled_grad[chunk], terms.values[chunk].mT).to(acc)
+        if mask is not None:
+            dropped = tiles.expand(kept * mask / (1 - dropout_p))
+            grad_scores.mul_(tiles.expand(mask.to(acc) / (1 - dropout_p)))
+        else:
+            dropped = unnormalised
+        grad_scores.sub_(scaled_row_term[chunk]).mul_(unnormalised)
+        grad_band[chunk] = tiles.band(grad_scores)
+        ds = grad_scores.to(out.dtype)
+        torch.matmul(ds, terms.keys[chunk][..., :d], out=grad_q[chunk])
+        # the queries' column of ones makes the key gradient's last column each key's sum of dS
+        torch.matmul(ds.mT, terms.queries[chunk], out=grad_keys_window[chunk])
+        torch.matmul(dropped.to(out.dtype).mT, scaled_grad[chunk], out=grad_v[chunk])
+        if near_sides or (has_keys and not tiles.band_only):  # sums of dS left of the band
+            grad_scores.mul_(terms.left_weight)
+            if near_sides:
+                left_rows[chunk] = grad_scores.sum(-1)
+            if has_keys:
+                left_keys[chunk] = grad_scores.sum(-2)
+    del unnormalised, dropped, grad_scores, ds
+    heads_shape = out.shape[:-2]
+    window_shape = (*heads_shape, tiles.count)  # (batch, heads, blocks): key windows fold, not ungroup
+    grad_band = tiles.ungroup(grad_band, heads_shape)
+    grad_q = tiles.ungroup(grad_q, heads_shape).to(acc).mul_(scale)
+    grad_keys_window = tiles.fold(grad_keys_window.view(*window_shape, *terms.keys.shape[1:])).to(acc)
+    grad_k = grad_keys_window[..., :d].mul_(scale)
+    grad_v = tiles.fold(grad_v.view(*window_shape, *terms.values.shape[1:])).to(acc)
+    saved.kept = saved.masks = saved.terms = terms = None  # the near part is done with: free it before the fused calls
+    if has_rows:
+        left_rows = tiles.ungroup(left_rows, heads_shape)
+    if has_keys:
+        left_keys = tiles.fold(left_keys.view(*window_shape, -1, 1))[..., 0]
+    grad_key = {side: torch.zeros(lse.shape, dtype=acc, device=lse.device) for side in SIDES} if has_keys else {}
+    grad_part, out_part, values = operands.widen(grad_out), operands.widen(out), operands.widen(v)
+    # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
+    kernel_lse = {side: (lse if rows[side] is None else lse - rows[side].to(acc)).contiguous() for side in SIDES}
+    for call, state in zip(tiles.fused_calls(), saved.states, strict=True):
+        side, queries, keys = call.side, call.queries, call.keys
+        tensors = [operands.side(grad_part, side)[..., queries, :],
+                   operands.side(operands.q, side)[..., queries, :], operands.side(operands.k, side)[..., keys, :],
+                   operands.side(values, side)[..., keys, :], operands.side(out_part, side)[..., queries, :],
+                   kernel_lse[side][..., queries]]
+        gq, gk, gv = _call(kernel.backward, call, operands, tensors, state, dropout_p=dropout_p, scale=scale)
+        grad_q[..., queries, :] += operands.main(gq, side)
+        grad_k[..., keys, :] += operands.main(gk, side)
+        grad_v[..., keys, :] += operands.main(gv, side)
+        if has_keys:
+            grad_key[side][..., keys] += operands.constant(gk, side) * d ** 0.5
+    grad_rows = {}
+    if has_rows:
+        # the left fused parts add w_p (dO_i . O^p_i - D_i); the right side's sum is minus the band's
+        # and the left's, since sum_j dS_ij = 0
+        left_fused = torch.exp(left_lse - lse) * ((grad_out.to(acc) * left_out.to(acc)).sum(-1) - row_term)
+        grad_rows["left"] = left_rows + left_fused
+        has_right = torch.arange(n, device=lse.device) < n - reach - 1
+        grad_rows["right"] = -(grad_band.sum(-1) + grad_rows["left"]) * has_right
+    if has_keys:
+        # in the near part key_right came with every entry, taken back on the band and left of it
+        grad_key["left"] += left_keys
+        grad_key["right"] += grad_keys_window[..., d] - _band_key_sums(grad_band, reach) - left_keys
+    dtype = out.dtype
+    return (grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype), grad_band.to(dtype),
+            *(grad_rows[side].to(dtype) if side in grad_rows else None for side in SIDES),
+            *(grad_key[side].to(dtype) if side in grad_key else None for side in SIDES))
+
+
 class DecomposedRelativeAttention(torch.autograd.Function):
     """softmax(q k^T / sqrt(d) + relative bias + padding mask) with dropout, times v (see the module docstring).
 
@@ -364,159 +557,77 @@ class DecomposedRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach, dropout_p, kernel, tiling):
-        n, d = q.shape[-2], q.shape[-1]
-        acc, scale = _acc(q), d ** -0.5
         rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
-        tiles = Tiling(n, reach, tiling)
-        operands = _Operands.build(q, k, key_left, key_right, keep, kernel.takes_key_mask)
-        terms = _NearTerms(tiles, operands, v, band, rows, keys)
-        # the near part, a chunk of groups at a time: U = exp(s - max_row), kept for backward, and U V
-        near_out = q.new_empty(*terms.queries.shape[:-1], d)
-        top = torch.empty(terms.queries.shape[:-1], dtype=acc, device=q.device)
-        near_lse = torch.empty_like(top)
-        kept, masks = [], []
-        for chunk in terms.chunks():
-            scores = terms.scores(chunk)
-            top[chunk] = scores.amax(-1)
-            unnormalised = scores.sub_(top[chunk, :, None]).exp_()
-            near_lse[chunk] = top[chunk] + unnormalised.sum(-1).log()
-            compact = tiles.compact(unnormalised)
-            kept.append(compact)
-            if dropout_p:
-                masks.append(torch.rand(compact.shape, device=q.device) >= dropout_p)
-                unnormalised = tiles.expand(compact * masks[-1] / (1 - dropout_p))
-            torch.matmul(unnormalised.to(v.dtype), terms.values[chunk], out=near_out[chunk])
-        del scores, unnormalised
-        heads_shape = q.shape[:-2]
-        lse = tiles.ungroup(near_lse, heads_shape)
-        values = operands.widen(v)
-        side_lse = {side: torch.full(lse.shape, float("-inf"), dtype=acc, device=q.device) for side in SIDES}
-        parts, states = [], []
-        for call in tiles.fused_calls():
-            tensors = [operands.side(operands.q, call.side)[..., call.queries, :],
-                       operands.side(operands.k, call.side)[..., call.keys, :],
-                       operands.side(values, call.side)[..., call.keys, :]]
-            out_p, lse_p, state = _call(kernel.forward, call, operands, tensors, dropout_p=dropout_p, scale=scale)
-            if rows[call.side] is not None:
-                lse_p = lse_p + rows[call.side][..., call.queries].to(acc)
-            part_lse = side_lse[call.side][..., call.queries]
-            torch.logaddexp(part_lse, lse_p, out=part_lse)
-            parts.append((call, operands.main(out_p, call.side), lse_p))
-            states.append(state)
-        for side in SIDES:
-            lse = torch.logaddexp(lse, side_lse[side])
-        near_scale = torch.exp(top - tiles.groups(lse[..., None])[..., 0])  # exp(max_row - lse): U -> P
-        out = tiles.ungroup(near_out, heads_shape).to(acc)
-        out *= tiles.ungroup(near_scale, heads_shape)[..., None]
-        # the row terms' gradients need the left parts' own outputs and log-sum-exp (see backward)
-        left_out = q.new_zeros(q.shape) if row_left is not None else None  # kept in q's dtype, like out
-        for call, out_p, lse_p in parts:
-            out[..., call.queries, :].addcmul_(torch.exp(lse_p - lse[..., call.queries])[..., None], out_p.to(acc))
-            if left_out is not None and call.side == "left":
-                weight = torch.exp(lse_p - side_lse["left"][..., call.queries])[..., None]
-                left_out[..., call.queries, :].addcmul_(weight.to(q.dtype), out_p)
-        out = out.to(q.dtype)
-        left_lse = side_lse["left"] if row_left is not None else None
-        ctx.save_for_backward(v, row_left, row_right, out, lse, left_out, left_lse)
-        ctx.operands, ctx.terms, ctx.tiles, ctx.kept, ctx.masks = operands, terms, tiles, kept, masks
-        ctx.near_scale, ctx.states, ctx.kernel, ctx.dropout_p = near_scale, states, kernel, dropout_p
+        out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, kernel, tiling)
+        ctx.save_for_backward(v, row_left, row_right, out)
+        ctx.saved, ctx.kernel, ctx.dropout_p = saved, kernel, dropout_p
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        v, row_left, row_right, out, lse, left_out, left_lse = ctx.saved_tensors
-        operands, terms, tiles, dropout_p = ctx.operands, ctx.terms, ctx.tiles, ctx.dropout_p
-        n, d, reach = out.shape[-2], out.shape[-1], tiles.reach
-        acc, scale = _acc(out), d ** -0.5
-        rows = {"left": row_left, "right": row_right}
-        has_rows, has_keys = row_left is not None, operands.with_key
-        near_sides = has_rows and not tiles.band_only  # row / key constants inside the near part
-        grad_out = grad_out.contiguous()
-        row_term = (grad_out.to(acc) * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
-        # the near part: dS = P (dP - D) and dV = P^T dO with P = U f, f = exp(max_row - lse) moved onto dO and D,
-        # and dropout's mask / (1 - p) on dP and on P for dV
-        scaled_grad = tiles.groups(grad_out) * ctx.near_scale[..., None].to(grad_out.dtype)
-        scaled_row_term = tiles.groups(row_term[..., None]) * ctx.near_scale[..., None]
-        grad_band = torch.empty(terms.band.shape, dtype=acc, device=out.device)
-        grad_q = out.new_empty(*terms.queries.shape[:-1], d)
-        grad_keys_window = out.new_empty(terms.keys.shape)
-        grad_v = out.new_empty(terms.values.shape)
-        left_rows = torch.zeros(terms.queries.shape[:-1], dtype=acc, device=out.device) if has_rows else None
-        left_keys = torch.zeros(terms.keys.shape[:-1], dtype=acc, device=out.device) if has_keys else None
-        masks = ctx.masks or [None] * len(ctx.kept)
-        for chunk, kept, mask in zip(terms.chunks(), ctx.kept, masks, strict=True):
-            unnormalised = tiles.expand(kept)
-            grad_scores = torch.matmul(scaled_grad[chunk], terms.values[chunk].mT).to(acc)
-            if mask is not None:
-                dropped = tiles.expand(kept * mask / (1 - dropout_p))
-                grad_scores.mul_(tiles.expand(mask.to(acc) / (1 - dropout_p)))
-            else:
-                dropped = unnormalised
-            grad_scores.sub_(scaled_row_term[chunk]).mul_(unnormalised)
-            grad_band[chunk] = tiles.band(grad_scores)
-            ds = grad_scores.to(out.dtype)
-            torch.matmul(ds, terms.keys[chunk][..., :d], out=grad_q[chunk])
-            # the queries' column of ones makes the key gradient's last column each key's sum of dS
-            torch.matmul(ds.mT, terms.queries[chunk], out=grad_keys_window[chunk])
-            torch.matmul(dropped.to(out.dtype).mT, scaled_grad[chunk], out=grad_v[chunk])
-            if near_sides or (has_keys and not tiles.band_only):  # sums of dS left of the band
-                grad_scores.mul_(terms.left_weight)
-                if near_sides:
-                    left_rows[chunk] = grad_scores.sum(-1)
-                if has_keys:
-                    left_keys[chunk] = grad_scores.sum(-2)
-        del unnormalised, dropped, grad_scores, ds
-        heads_shape = out.shape[:-2]
-        window_shape = (*heads_shape, tiles.count)  # (batch, heads, blocks): key windows fold, not ungroup
-        grad_band = tiles.ungroup(grad_band, heads_shape)
-        grad_q = tiles.ungroup(grad_q, heads_shape).to(acc).mul_(scale)
-        grad_keys_window = tiles.fold(grad_keys_window.view(*window_shape, *terms.keys.shape[1:])).to(acc)
-        grad_k = grad_keys_window[..., :d].mul_(scale)
-        grad_v = tiles.fold(grad_v.view(*window_shape, *terms.values.shape[1:])).to(acc)
-        ctx.kept = ctx.masks = ctx.terms = terms = None  # the near part is done with: free it before the fused calls
-        if has_rows:
-            left_rows = tiles.ungroup(left_rows, heads_shape)
-        if has_keys:
-            left_keys = tiles.fold(left_keys.view(*window_shape, -1, 1))[..., 0]
-        grad_key = {side: torch.zeros(lse.shape, dtype=acc, device=lse.device) for side in SIDES} if has_keys else {}
-        grad_part, out_part, values = operands.widen(grad_out), operands.widen(out), operands.widen(v)
-        # the kernel's P_ij = exp(s_ij - lse_i) with the merged lse minus the row constant it never saw
-        kernel_lse = {side: (lse if rows[side] is None else lse - rows[side].to(acc)).contiguous() for side in SIDES}
-        for call, state in zip(tiles.fused_calls(), ctx.states, strict=True):
-            side, queries, keys = call.side, call.queries, call.keys
-            tensors = [operands.side(grad_part, side)[..., queries, :],
-                       operands.side(operands.q, side)[..., queries, :], operands.side(operands.k, side)[..., keys, :],
-                       operands.side(values, side)[..., keys, :], operands.side(out_part, side)[..., queries, :],
-                       kernel_lse[side][..., queries]]
-            gq, gk, gv = _call(ctx.kernel.backward, call, operands, tensors, state, dropout_p=dropout_p, scale=scale)
-            grad_q[..., queries, :] += operands.main(gq, side)
-            grad_k[..., keys, :] += operands.main(gk, side)
-            grad_v[..., keys, :] += operands.main(gv, side)
-            if has_keys:
-                grad_key[side][..., keys] += operands.constant(gk, side) * d ** 0.5
-        grad_rows = {}
-        if has_rows:
-            # the left fused parts add w_p (dO_i . O^p_i - D_i); the right side's sum is minus the band's
-            # and the left's, since sum_j dS_ij = 0
-            left_fused = torch.exp(left_lse - lse) * ((grad_out.to(acc) * left_out.to(acc)).sum(-1) - row_term)
-            grad_rows["left"] = left_rows + left_fused
-            has_right = torch.arange(n, device=lse.device) < n - reach - 1
-            grad_rows["right"] = -(grad_band.sum(-1) + grad_rows["left"]) * has_right
-        if has_keys:
-            # in the near part key_right came with every entry, taken back on the band and left of it
-            grad_key["left"] += left_keys
-            grad_key["right"] += grad_keys_window[..., d] - _band_key_sums(grad_band, reach) - left_keys
-        dtype = out.dtype
-        return (grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype), grad_band.to(dtype),
-                *(grad_rows[side].to(dtype) if side in grad_rows else None for side in SIDES),
-                *(grad_key[side].to(dtype) if side in grad_key else None for side in SIDES),
-                None, None, None, None, None)
+        v, row_left, row_right, out = ctx.saved_tensors
+        saved, ctx.saved = ctx.saved, None  # backward frees the near part as soon as it is done with it
+        grads = _backward(grad_out, v, {"left": row_left, "right": row_right}, out, saved, ctx.kernel, ctx.dropout_p)
+        return *grads, None, None, None, None, None
+
+
+# Under torch.compile the same computation runs as an opaque custom operator (the graph holds one node per
+# call, its fake version runs the same code on fake tensors): what the eager autograd function keeps on its
+# context object becomes the operator's extra outputs, and backward rebuilds the O(n d) operands and near
+# terms from the inputs. The kernel is the device's (kernels.fused_kernel).
+
+@torch.library.custom_op("convattn::relative_attention", mutates_args=())
+def _relative_attention_op(q: Tensor, k: Tensor, v: Tensor, band: Tensor, row_left: Tensor | None,
+                           row_right: Tensor | None, key_left: Tensor | None, key_right: Tensor | None,
+                           keep: Tensor | None, reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
+    rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
+    out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, fused_kernel(q.device, q.dtype), tiling)
+    return [out, *saved.tensors()]
+
+
+@torch.library.custom_op("convattn::relative_attention_backward", mutates_args=())
+def _relative_attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, band: Tensor,
+                                    row_left: Tensor | None, row_right: Tensor | None, key_left: Tensor | None,
+                                    key_right: Tensor | None, keep: Tensor | None, out: Tensor, saved: list[Tensor],
+                                    reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
+    rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
+    kernel = fused_kernel(q.device, q.dtype)
+    tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling)
+    state = _Saved.from_tensors(saved, tiles, operands, terms, row_left is not None, dropout_p, kernel.state_size)
+    grads = _backward(grad_out, v, rows, out, state, kernel, dropout_p)
+    return [q.new_empty(0) if grad is None else grad for grad in grads]
+
+
+_relative_attention_op.register_fake(_relative_attention_op._init_fn)
+_relative_attention_backward_op.register_fake(_relative_attention_backward_op._init_fn)
+
+
+def _op_setup_context(ctx, inputs, output):
+    *tensors, reach, dropout_p, tiling = inputs
+    ctx.save_for_backward(*tensors, *output)
+    ctx.reach, ctx.dropout_p, ctx.tiling = reach, dropout_p, tiling
+    ctx.set_materialize_grads(False)  # the extra outputs get no gradient
+
+
+def _op_backward(ctx, grads):
+    q, k, v, band, row_left, row_right, key_left, key_right, keep, out, *saved = ctx.saved_tensors
+    inputs = (q, k, v, band, row_left, row_right, key_left, key_right)
+    if grads[0] is None:
+        return (None,) * 12
+    result = _relative_attention_backward_op(grads[0], *inputs, keep, out, saved, ctx.reach, ctx.dropout_p,
+                                             ctx.tiling)
+    return *(None if x is None else grad for x, grad in zip(inputs, result, strict=True)), None, None, None, None
+
+
+_relative_attention_op.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
 def decomposed_relative_attention(q: Tensor, k: Tensor, v: Tensor, pieces: dict, keep: Tensor | None, reach: int,
                                   dropout_p: float, kernel, tiling: str | None = None) -> Tensor:
     """The exact attention of the module docstring; `pieces` from RelativePositionBias.pieces, `kernel` from
-    kernels.py, tiling its own unless given."""
-    return DecomposedRelativeAttention.apply(
-        q, k, v, pieces["band"].contiguous(), pieces["row_left"], pieces["row_right"], pieces["key_left"],
-        pieces["key_right"], keep, reach, dropout_p, kernel, tiling or kernel.tiling)
+    kernels.py, tiling its own unless given. Under torch.compile, with the device's kernel, one custom operator."""
+    tensors = (q, k, v, pieces["band"].contiguous(), pieces["row_left"], pieces["row_right"], pieces["key_left"],
+               pieces["key_right"], keep, reach, dropout_p)
+    if torch.compiler.is_compiling() and kernel is fused_kernel(q.device, q.dtype):
+        return _relative_attention_op(*tensors, tiling or kernel.tiling)[0]
+    return DecomposedRelativeAttention.apply(*tensors, kernel, tiling or kernel.tiling)

@@ -3,8 +3,8 @@
 Each is softmax(q k^T * scale [+ key_mask]) v over (batch, heads, m, d) operands, optionally causal (query a
 sees keys b <= a, on square operands) and with dropout on the probabilities, returning the output, the
 log-sum-exp of every query row (float32, or float64 for float64 inputs) and the state its backward needs
-to replay the same dropout masks. Its backward takes the output and log-sum-exp it is given, not the ones it
-returned: decomposition.py feeds it the merged ones.
+to replay the same dropout masks, a tuple of `state_size` tensors. Its backward takes the output and
+log-sum-exp it is given, not the ones it returned: decomposition.py feeds it the merged ones.
 
 `tiling` says how decomposition.py cuts the far parts for the kernel: "causal" where the kernel skips the
 blocks its causal mask hides, so each far part is one shifted causal call that costs half a full attention;
@@ -27,6 +27,7 @@ class CpuFlashKernel:
 
     takes_key_mask = True
     tiling = "blocks"
+    state_size = 0
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None, causal: bool, dropout_p: float,
                 scale: float):
@@ -34,7 +35,7 @@ class CpuFlashKernel:
             raise ValueError("the CPU flash kernel has no dropout; relative terms with dropout run blockwise on CPU")
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal, attn_mask=key_mask,
                                                                    scale=scale)
-        return out, lse, None
+        return out, lse, ()
 
     def backward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, state, *,
                  key_mask: Tensor | None, causal: bool, dropout_p: float, scale: float):
@@ -55,6 +56,7 @@ class CudaFlashKernel:
 
     takes_key_mask = False
     tiling = "causal"
+    state_size = 2  # the Philox seed and offset
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None, causal: bool, dropout_p: float,
                 scale: float):
@@ -62,27 +64,27 @@ class CudaFlashKernel:
         width = -(-d // 8) * 8
         q, k, v = (_pad_head(x, width) for x in (q, k, v))
         if q.dtype in (torch.float16, torch.bfloat16):
-            out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_flash_attention(
+            out, lse, _, _, _, _, seed, offset, _ = aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, causal, False, scale=scale)
-            return out[..., :d], lse, ("flash", cum_q, cum_k, max_q, max_k, seed, offset)
+            return out[..., :d], lse, (seed, offset)
         out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
             q, k, v, None, True, dropout_p, causal, scale=scale)
-        # its log-sum-exp is padded along the queries (to a multiple of 32): backward takes it in that shape
-        return out[..., :d], lse[..., :m], ("efficient", lse.shape[-1], seed, offset)
+        return out[..., :d], lse[..., :m], (seed, offset)
 
     def backward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, state, *,
                  key_mask: Tensor | None, causal: bool, dropout_p: float, scale: float):
         d = q.shape[-1]
         width = -(-d // 8) * 8
         grad_out, q, k, v, out = (_pad_head(x, width) for x in (grad_out, q, k, v, out))
-        if state[0] == "flash":
-            _, cum_q, cum_k, max_q, max_k, seed, offset = state
+        seed, offset = state
+        if q.dtype in (torch.float16, torch.bfloat16):
             grads = aten._scaled_dot_product_flash_attention_backward(
-                grad_out, q, k, v, out, lse.contiguous(), cum_q, cum_k, max_q, max_k, dropout_p, causal, seed, offset,
-                scale=scale)
+                grad_out, q, k, v, out, lse.contiguous(), None, None, q.shape[-2], k.shape[-2], dropout_p, causal,
+                seed, offset, scale=scale)
         else:
-            _, lse_width, seed, offset = state
-            padded = lse.new_zeros(*lse.shape[:-1], lse_width)
+            # backward takes the log-sum-exp in the forward's shape: padded to a multiple of 32 queries (not on ROCm)
+            m = lse.shape[-1]
+            padded = lse.new_zeros(*lse.shape[:-1], m if torch.version.hip else -(-m // 32) * 32)
             padded[..., :lse.shape[-1]] = lse
             grads = aten._scaled_dot_product_efficient_attention_backward(
                 grad_out, q, k, v, None, out, padded, seed, offset, dropout_p, [True, True, True, False], causal,

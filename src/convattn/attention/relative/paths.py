@@ -27,24 +27,23 @@ CPU_BLOCKWISE_MIN_LENGTH = 2048
 
 
 def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
-    """"decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels), "blockwise" (CPU with
-    dropout, blockwise.py), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels
-    or more) or "dense" (the (n x n) bias: attention maps, "eager", short sequences on CPU, float64 on CUDA,
-    graphs traced by torch.export / ONNX, where a length test would pin the dynamic sequence axis, and
-    torch.compile, which cannot trace the Python state and strided views of the other two paths' autograd
-    functions and checkpoints without splitting the graph)."""
+    """"decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels; one custom operator under
+    torch.compile), "blockwise" (CPU with dropout, blockwise.py, eager only: its checkpoints split a compiled
+    graph), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels or more) or "dense"
+    (the (n x n) bias: attention maps, "eager", short sequences on CPU, float64 on CUDA, and graphs traced by
+    torch.export / ONNX, where a length test would pin the dynamic sequence axis)."""
     if need_weights or attn_implementation == "eager" or torch.compiler.is_exporting():
         return "dense"
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
-    if kernel is None or torch.compiler.is_compiling():
+    if kernel is None:
         return "dense"
     if q.device.type != "cpu":
         return "decomposed"
     if dropout_p == 0.0:
         return "decomposed" if n >= CPU_DECOMPOSED_MIN_LENGTH else "dense"
-    return "blockwise" if n >= CPU_BLOCKWISE_MIN_LENGTH else "dense"
+    return "blockwise" if n >= CPU_BLOCKWISE_MIN_LENGTH and not torch.compiler.is_compiling() else "dense"
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask, *,
