@@ -10,6 +10,7 @@ row padded. Results go to benchmarks/results/attention_layer.md.
     python benchmarks/attention_layer.py                          # n = 512 (batch 16), 2048 (batch 4)
     python benchmarks/attention_layer.py --shapes 8192x1 --reps 1  # does a batch of 1 at n = 8192 train
     python benchmarks/attention_layer.py --shapes 512x16 --decomposed-from 100000  # the dense bias instead
+    python benchmarks/attention_layer.py --compile --reps 7  # every arm under torch.compile (inductor), time only
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from convattn.attention.relative import paths
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
 
 
-def build(arm: str, n: int, batch: int, dropout: float = 0.0):
+def build(arm: str, n: int, batch: int, dropout: float = 0.0, compiled: bool = False):
     config = ConvAttnConfig.from_preset(f"chang2021-small/{arm}", attention_probs_dropout_prob=dropout,
                                         max_position_embeddings=max(n, 128))
     torch.manual_seed(0)
@@ -42,9 +43,10 @@ def build(arm: str, n: int, batch: int, dropout: float = 0.0):
     keep = torch.ones(batch, n, dtype=torch.bool)
     keep[0, n - n // 8:] = False
     mask = TokenMask(keep)
+    attend = torch.compile(layer) if compiled else layer
 
     def step():
-        layer(hidden, mask)[0].pow(2).mean().backward()
+        attend(hidden, mask)[0].pow(2).mean().backward()
     return step
 
 
@@ -59,8 +61,8 @@ def measure_memory(arm: str, n: int, batch: int, dropout: float) -> dict:
     return {"arm": arm, "peak": peak, "growth": peak - before, "seconds": seconds}
 
 
-def time_arms(n: int, batch: int, reps: int, dropout: float) -> dict[str, list[float]]:
-    steps = {arm: build(arm, n, batch, dropout) for arm in ARMS}
+def time_arms(n: int, batch: int, reps: int, dropout: float, compiled: bool) -> dict[str, list[float]]:
+    steps = {arm: build(arm, n, batch, dropout, compiled) for arm in ARMS}
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for rep in range(reps + 1):
         for arm, step in steps.items():
@@ -81,9 +83,15 @@ def main() -> int:
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the probabilities (relative terms then run blockwise from "
                              "paths.CPU_BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each layer (inductor); the first step compiles and is not timed, and "
+                             "memory is not measured")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_layer.md")
     args = parser.parse_args()
+    if args.compile and not args.reps:
+        parser.error("--compile measures time only: give --reps 1 or more")
+    torch._dynamo.config.recompile_limit = 64  # every arm and shape compiles the same forward functions anew
     torch.set_num_threads(args.threads)
     if args.decomposed_from is not None:
         paths.CPU_DECOMPOSED_MIN_LENGTH = paths.CPU_BLOCKWISE_MIN_LENGTH = args.decomposed_from
@@ -102,14 +110,15 @@ def main() -> int:
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
         "after building layer and inputs), ratio of growth to `none`. Relative terms take the decomposed path "
         f"from n = {paths.CPU_DECOMPOSED_MIN_LENGTH} on (blockwise with dropout from "
-        f"{paths.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below.", "",
+        f"{paths.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below."
+        + (" Every layer under torch.compile (inductor), memory not measured." if args.compile else ""), "",
         "| n | batch | arm | ms median [min, max] | time ratio | peak RSS MiB | step growth MiB | growth ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for n, batch in shapes:
-        times = time_arms(n, batch, args.reps, args.attention_dropout) if args.reps else {}
-        memory = {}
-        for arm in ARMS:
+        times = time_arms(n, batch, args.reps, args.attention_dropout, args.compile) if args.reps else {}
+        memory = {arm: {} for arm in ARMS} if args.compile else {}
+        for arm in ARMS if not args.compile else []:
             command = [sys.executable, __file__, "--arm", arm, "--shapes", f"{n}x{batch}",
                        "--threads", str(args.threads), "--attention-dropout", str(args.attention_dropout)]
             if args.decomposed_from is not None:
@@ -124,8 +133,10 @@ def main() -> int:
                               f"{median / base:.2f}")
             else:
                 time_cells = (f"{mem['seconds'] * 1e3:.0f} (one step)", "-")
-            row = (f"| {n} | {batch} | {arm} | {time_cells[0]} | {time_cells[1]} | {mem['peak'] / 2**20:.0f} | "
-                   f"{mem['growth'] / 2**20:.0f} | {mem['growth'] / memory['none']['growth']:.2f} |")
+            memory_cells = ("-", "-", "-") if args.compile else (
+                f"{mem['peak'] / 2**20:.0f}", f"{mem['growth'] / 2**20:.0f}",
+                f"{mem['growth'] / memory['none']['growth']:.2f}")
+            row = f"| {n} | {batch} | {arm} | {' | '.join(time_cells)} | {' | '.join(memory_cells)} |"
             lines.append(row)
             print(row, flush=True)
     write_atomic(args.output, "\n".join(lines) + "\n")

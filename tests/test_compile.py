@@ -132,6 +132,25 @@ def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a CUDA GPU")
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_inductor_compiles_the_decomposition_on_cuda(dropout):
+    """The operator with the CUDA kernels (their random state among its outputs) under inductor: without dropout
+    what eager mode computes; with it, a finite loss and finite gradients."""
+    n = 600
+    model = tiny_model("composite+key", dropout=dropout, num_hidden_layers=1, max_position_embeddings=n).cuda()
+    inputs = {key: value.cuda() if isinstance(value, torch.Tensor) else value
+              for key, value in model_inputs("composite+key", padded_batch(n)).items()}
+    loss, grads = loss_and_gradients(model, torch.compile(model, fullgraph=True), inputs)
+    if dropout:
+        assert torch.isfinite(loss) and all(torch.isfinite(grad).all() for grad in grads.values())
+        return
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-4, atol=1e-4)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [16, CPU_DECOMPOSED_MIN_LENGTH])  # the dense bias, the decomposition's operator
 def test_inductor_compiles_a_composite_training_step(n):
