@@ -576,20 +576,19 @@ class DecomposedRelativeAttention(torch.autograd.Function):
 # context object becomes the operator's extra outputs, and backward rebuilds the O(n d) operands and near
 # terms from the inputs. The kernel is the device's (kernels.fused_kernel).
 
-@torch.library.custom_op("convattn::relative_attention", mutates_args=())
-def _relative_attention_op(q: Tensor, k: Tensor, v: Tensor, band: Tensor, row_left: Tensor | None,
-                           row_right: Tensor | None, key_left: Tensor | None, key_right: Tensor | None,
-                           keep: Tensor | None, reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
+
+def _attend_for_compile(q: Tensor, k: Tensor, v: Tensor, band: Tensor, row_left: Tensor | None,
+                        row_right: Tensor | None, key_left: Tensor | None, key_right: Tensor | None,
+                        keep: Tensor | None, reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
     rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
     out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, fused_kernel(q.device, q.dtype), tiling)
     return [out, *saved.tensors()]
 
 
-@torch.library.custom_op("convattn::relative_attention_backward", mutates_args=())
-def _relative_attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, band: Tensor,
-                                    row_left: Tensor | None, row_right: Tensor | None, key_left: Tensor | None,
-                                    key_right: Tensor | None, keep: Tensor | None, out: Tensor, saved: list[Tensor],
-                                    reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
+def _attend_backward_for_compile(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, band: Tensor,
+                                 row_left: Tensor | None, row_right: Tensor | None, key_left: Tensor | None,
+                                 key_right: Tensor | None, keep: Tensor | None, out: Tensor, saved: list[Tensor],
+                                 reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
     rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
     kernel = fused_kernel(q.device, q.dtype)
     tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling)
@@ -598,8 +597,12 @@ def _relative_attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: T
     return [q.new_empty(0) if grad is None else grad for grad in grads]
 
 
-_relative_attention_op.register_fake(_relative_attention_op._init_fn)
-_relative_attention_backward_op.register_fake(_relative_attention_backward_op._init_fn)
+_relative_attention_op = torch.library.custom_op("convattn::relative_attention", _attend_for_compile,
+                                                 mutates_args=())
+_relative_attention_op.register_fake(_attend_for_compile)
+_relative_attention_backward_op = torch.library.custom_op("convattn::relative_attention_backward",
+                                                          _attend_backward_for_compile, mutates_args=())
+_relative_attention_backward_op.register_fake(_attend_backward_for_compile)
 
 
 def _op_setup_context(ctx, inputs, output):
