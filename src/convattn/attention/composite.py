@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from convattn.attention.core import TokenMask, attn_implementation, merge_heads, split_heads
+from convattn.attention.depthwise import depthwise_over_tokens
 from convattn.attention.relative import RelativePositionBias, relative_attention
 
 
@@ -31,11 +32,6 @@ class DepthwiseConv1d(nn.Conv1d):
         init.uniform_(self.bias, -bound, bound)
 
 
-def conv1d_over_tokens(conv: nn.Module, x: Tensor) -> Tensor:
-    """Apply a Conv1d along the sequence of a (batch, n, channels) tensor."""
-    return conv(x.transpose(1, 2)).transpose(1, 2)
-
-
 class ConvProjection(nn.Module):
     """Depthwise-separable convolution in the first half of the output, linear in the second:
     concat(pointwise(depthwise(x)), linear(x)). The conv half comes first, so heads 0..h/2-1 are
@@ -48,7 +44,7 @@ class ConvProjection(nn.Module):
         self.linear = nn.Linear(hidden_size, hidden_size // 2)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.cat([self.pointwise(conv1d_over_tokens(self.depthwise, x)), self.linear(x)], dim=-1)
+        return torch.cat([self.pointwise(depthwise_over_tokens(self.depthwise, x)), self.linear(x)], dim=-1)
 
 
 class CompositeSelfAttention(nn.Module):
@@ -90,5 +86,5 @@ class CompositeSelfAttention(nn.Module):
         context = merge_heads(context)
         if self.value_conv is not None:
             # Eq. 7: a depthwise convolution of the values, added after softmax, dropout and x V
-            context = context + conv1d_over_tokens(self.value_conv, mask.zero_pads(values))
+            context = context + depthwise_over_tokens(self.value_conv, mask.zero_pads(values))
         return context, probs

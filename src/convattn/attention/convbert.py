@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import initialization as init
 
 from convattn.attention.core import TokenMask, attn_implementation, merge_heads, split_heads
+from convattn.attention.depthwise import depthwise_over_tokens
 from convattn.attention.relative import RelativePositionBias, relative_attention
 
 
@@ -79,7 +80,7 @@ class SeparableConv1D(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(batch, n, H) -> (batch, n, A)."""
-        convolved = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
+        convolved = depthwise_over_tokens(self.depthwise, x)
         return F.linear(convolved, self.pointwise.weight[:, :, 0], self.bias[:, 0])
 
 
