@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from convattn.attention.core import is_tracing
+
 # On CPU, PyTorch's depthwise kernels for a channels-last 1 x K conv2d (what a (batch, n, channels) tensor is
 # without a copy) take 0.4-0.6 ms forward where Conv1d of the transposed tensor takes ~9 ms (batch 16, n 512,
 # 256 channels, 2 threads). Backward to the input is the same kind of convolution (the kernel flipped, 0.5-0.8
@@ -58,7 +60,8 @@ class _CpuDepthwise(torch.autograd.Function):
 
 
 def depthwise_over_tokens(conv: nn.Conv1d, x: Tensor) -> Tensor:
-    """conv (a depthwise nn.Conv1d with 'same' padding) along the sequence of x (batch, n, channels)."""
-    if x.device.type == "cpu":
+    """conv (a depthwise nn.Conv1d with 'same' padding) along the sequence of x (batch, n, channels). Traced graphs
+    (torch.compile, export, ONNX) keep the plain Conv1d, which every backend lowers its own way."""
+    if x.device.type == "cpu" and not is_tracing():
         return _CpuDepthwise.apply(x, conv.weight, conv.bias)
     return conv(x.transpose(1, 2)).transpose(1, 2)
