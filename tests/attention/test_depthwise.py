@@ -1,5 +1,6 @@
 """Depthwise convolution along the sequence (attention/depthwise.py) against the float64 loop reference:
-output and the gradients of input, weight and bias, kernels on both sides of the CPU weight-gradient switch."""
+output and the gradients of input, weight and bias, with kernels whose weight gradient comes in one, two and
+three pieces on CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from helpers.reference import depthwise_conv_loops
 from convattn.attention import depthwise
 from convattn.attention.depthwise import depthwise_over_tokens
 
-SWITCH = depthwise.CHANNELS_LAST_WEIGHT_GRAD_MAX_KERNEL
+TAPS = depthwise.WEIGHT_GRAD_TAPS
 
 
 def output_and_grads(forward, x, conv, weights):
@@ -21,7 +22,7 @@ def output_and_grads(forward, x, conv, weights):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("kernel", [1, 3, SWITCH, SWITCH + 2, 17])
+@pytest.mark.parametrize("kernel", [1, 3, TAPS, TAPS + 2, 17, 2 * TAPS + 3])
 def test_outputs_and_all_gradients_match_loop_reference(kernel, bias, dtype):
     torch.manual_seed(0)
     conv = torch.nn.Conv1d(6, 6, kernel, groups=6, padding=kernel // 2, bias=bias).to(dtype)

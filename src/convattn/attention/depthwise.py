@@ -14,8 +14,9 @@ from convattn.attention.core import is_tracing
 # without a copy) take 0.4-0.6 ms forward where Conv1d of the transposed tensor takes ~9 ms (batch 16, n 512,
 # 256 channels, 2 threads). Backward to the input is the same kind of convolution (the kernel flipped, 0.5-0.8
 # ms). Backward to the weight is fast there only for narrow kernels: 5 ms at K = 9 and 8 ms at 11, but 56-62
-# ms at 15 and 17, where Conv1d's weight gradient of contiguous (batch, channels, n) copies takes 23 ms.
-CHANNELS_LAST_WEIGHT_GRAD_MAX_KERNEL = 11
+# ms at 15 and 17 (Conv1d's, of contiguous copies: 23-28 ms). So the weight gradient comes in pieces of at most
+# this many taps, each the gradient of a narrower convolution of the padded input: K = 17 as 9 + 8 taps, 8.5 ms.
+WEIGHT_GRAD_TAPS = 9
 
 
 def _conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, padding: int) -> Tensor:
@@ -25,37 +26,41 @@ def _conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, padding: int) -
     return out.squeeze(2).transpose(1, 2)
 
 
+def _weight_grad(x: Tensor, grad: Tensor, weight: Tensor) -> Tensor:
+    """The weight gradient (C, 1, K) of the 'same' depthwise convolution that gave output gradient `grad` from
+    input x (both (batch, n, C)): tap t correlates grad with x shifted by t - K//2, a piece of taps at a time."""
+    n, channels, width = x.shape[1], x.shape[2], weight.shape[-1]
+    padded = F.pad(x, (0, 0, width // 2, width // 2))
+    grad_view = grad.transpose(1, 2).unsqueeze(2)
+    pieces = []
+    for first in range(0, width, WEIGHT_GRAD_TAPS):
+        taps = min(WEIGHT_GRAD_TAPS, width - first)
+        inputs = padded[:, first:first + n + taps - 1].transpose(1, 2).unsqueeze(2)
+        piece = weight[..., first:first + taps].unsqueeze(2)
+        pieces.append(torch.ops.aten.convolution_backward(
+            grad_view, inputs, piece, None, [1, 1], [0, 0], [1, 1], False, [0, 0], channels, [False, True, False])[1])
+    return torch.cat(pieces, -1).squeeze(2)
+
+
 class _CpuDepthwise(torch.autograd.Function):
-    """Forward and the input gradient as channels-last conv2d; the weight gradient channels-last for narrow
-    kernels, from contiguous Conv1d layouts for wide ones."""
+    """Forward and both gradients as channels-last conv2d (module comment)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
         return _conv_tokens(x, weight, bias, weight.shape[-1] // 2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
-        channels, width = weight.shape[0], weight.shape[-1]
+        width = weight.shape[-1]
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = _conv_tokens(grad, weight.flip(-1), None, width // 2)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            mask = [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
-            bias_sizes = [channels] if ctx.has_bias else None
-            if width <= CHANNELS_LAST_WEIGHT_GRAD_MAX_KERNEL:
-                grads = torch.ops.aten.convolution_backward(
-                    grad.transpose(1, 2).unsqueeze(2), x.transpose(1, 2).unsqueeze(2), weight.unsqueeze(2),
-                    bias_sizes, [1, 1], [0, width // 2], [1, 1], False, [0, 0], channels, mask)
-                grad_weight = grads[1].squeeze(2) if grads[1] is not None else None
-            else:
-                grads = torch.ops.aten.convolution_backward(
-                    grad.transpose(1, 2).contiguous(), x.transpose(1, 2).contiguous(), weight, bias_sizes, [1],
-                    [width // 2], [1], False, [0], channels, mask)
-                grad_weight = grads[1]
-            grad_bias = grads[2]
+        if ctx.needs_input_grad[1]:
+            grad_weight = _weight_grad(x, grad, weight)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad.sum((0, 1))
         return grad_x, grad_weight, grad_bias
 
 
