@@ -117,8 +117,8 @@ def main() -> int:
     ]
     for n, batch in shapes:
         times = time_arms(n, batch, args.reps, args.attention_dropout, args.compile) if args.reps else {}
-        memory = {arm: {} for arm in ARMS} if args.compile else {}
-        for arm in ARMS if not args.compile else []:
+        memory = {}  # none under --compile
+        for arm in [] if args.compile else ARMS:
             command = [sys.executable, __file__, "--arm", arm, "--shapes", f"{n}x{batch}",
                        "--threads", str(args.threads), "--attention-dropout", str(args.attention_dropout)]
             if args.decomposed_from is not None:
@@ -126,14 +126,14 @@ def main() -> int:
             out = subprocess.run(command, capture_output=True, text=True, check=True)
             memory[arm] = json.loads(out.stdout.strip().splitlines()[-1])
         for arm in ARMS:
-            mem = memory[arm]
+            mem = memory.get(arm)
             if times:
                 median, base = statistics.median(times[arm]), statistics.median(times["none"])
                 time_cells = (f"{median * 1e3:.0f} [{min(times[arm]) * 1e3:.0f}, {max(times[arm]) * 1e3:.0f}]",
                               f"{median / base:.2f}")
             else:
                 time_cells = (f"{mem['seconds'] * 1e3:.0f} (one step)", "-")
-            memory_cells = ("-", "-", "-") if args.compile else (
+            memory_cells = ("-", "-", "-") if mem is None else (
                 f"{mem['peak'] / 2**20:.0f}", f"{mem['growth'] / 2**20:.0f}",
                 f"{mem['growth'] / memory['none']['growth']:.2f}")
             row = f"| {n} | {batch} | {arm} | {' | '.join(time_cells)} | {' | '.join(memory_cells)} |"

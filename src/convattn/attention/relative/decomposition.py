@@ -58,6 +58,10 @@ WINDOW_CHUNK_BYTES = 4 << 20
 CUDA_WINDOW_CHUNK_BYTES = 16 << 20
 
 
+def _by_side(left, right) -> dict:
+    return dict(zip(SIDES, (left, right), strict=True))
+
+
 def _acc(x: Tensor) -> torch.dtype:
     """Softmax statistics in float32 for float32 / bfloat16 / float16 inputs, float64 for float64."""
     return torch.promote_types(x.dtype, torch.float32)
@@ -557,7 +561,7 @@ class DecomposedRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach, dropout_p, kernel, tiling):
-        rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
+        rows, keys = _by_side(row_left, row_right), _by_side(key_left, key_right)
         out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, kernel, tiling)
         ctx.save_for_backward(v, row_left, row_right, out)
         ctx.saved, ctx.kernel, ctx.dropout_p = saved, kernel, dropout_p
@@ -567,7 +571,7 @@ class DecomposedRelativeAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         v, row_left, row_right, out = ctx.saved_tensors
         saved, ctx.saved = ctx.saved, None  # backward frees the near part as soon as it is done with it
-        grads = _backward(grad_out, v, {"left": row_left, "right": row_right}, out, saved, ctx.kernel, ctx.dropout_p)
+        grads = _backward(grad_out, v, _by_side(row_left, row_right), out, saved, ctx.kernel, ctx.dropout_p)
         return *grads, None, None, None, None, None
 
 
@@ -580,7 +584,7 @@ class DecomposedRelativeAttention(torch.autograd.Function):
 def _attend_for_compile(q: Tensor, k: Tensor, v: Tensor, band: Tensor, row_left: Tensor | None,
                         row_right: Tensor | None, key_left: Tensor | None, key_right: Tensor | None,
                         keep: Tensor | None, reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
-    rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
+    rows, keys = _by_side(row_left, row_right), _by_side(key_left, key_right)
     out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, fused_kernel(q.device, q.dtype), tiling)
     return [out, *saved.tensors()]
 
@@ -589,7 +593,7 @@ def _attend_backward_for_compile(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
                                  row_left: Tensor | None, row_right: Tensor | None, key_left: Tensor | None,
                                  key_right: Tensor | None, keep: Tensor | None, out: Tensor, saved: list[Tensor],
                                  reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
-    rows, keys = {"left": row_left, "right": row_right}, {"left": key_left, "right": key_right}
+    rows, keys = _by_side(row_left, row_right), _by_side(key_left, key_right)
     kernel = fused_kernel(q.device, q.dtype)
     tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling)
     state = _Saved.from_tensors(saved, tiles, operands, terms, row_left is not None, dropout_p, kernel.state_size)

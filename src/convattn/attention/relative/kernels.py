@@ -85,7 +85,7 @@ class CudaFlashKernel:
             # backward takes the log-sum-exp in the forward's shape: padded to a multiple of 32 queries (not on ROCm)
             m = lse.shape[-1]
             padded = lse.new_zeros(*lse.shape[:-1], m if torch.version.hip else -(-m // 32) * 32)
-            padded[..., :lse.shape[-1]] = lse
+            padded[..., :m] = lse
             grads = aten._scaled_dot_product_efficient_attention_backward(
                 grad_out, q, k, v, None, out, padded, seed, offset, dropout_p, [True, True, True, False], causal,
                 scale=scale)[:3]
