@@ -318,3 +318,19 @@ def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
     check_same_model(out, str(first), "glue_model.json")  # the same model again: its finished runs are reused
     with pytest.raises(UsageError, match="another model"):
         check_same_model(out, str(second), "glue_model.json")
+
+
+def test_a_folder_holding_the_users_results_is_refused_and_left_alone(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "mine"
+    (out / "submission").mkdir(parents=True)
+    (out / "glue_results.md").write_text("my table")
+    (out / "submission" / "SST-2.tsv").write_text("index\tprediction\n0\t1\n")
+    argv = ["glue", "--model", str(tiny_checkpoint), "--task", "sst2", "--data-dir", str(FIXTURE_GLUE_DATA),
+            "--output-dir", str(out), *QUICK]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("convattn glue: error: --output-dir")
+    assert "glue_results.md, submission/" in err and "did not write" in err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["glue_results.md", "submission",
+                                                                       "submission/SST-2.tsv"]
+    assert (out / "glue_results.md").read_text() == "my table"

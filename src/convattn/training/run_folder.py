@@ -4,8 +4,9 @@
   when the process ends, however it ends (a kill -9 leaves no stale lock, only a lock file that the next run takes
   over). A second process asking for a busy folder gets one `UsageError` naming the holder. The lock file is
   removed when the run ends, and a folder the run created but wrote nothing into is removed with it;
-* checks before anything is written: `check_output_folder` (a folder can be made there), `check_removable` (only a
-  folder holding convattn's run record may be replaced);
+* checks before anything is written: `check_output_folder` (a folder can be made there), `check_own_folder` (a
+  folder holding anything but a run of the same kind is someone else's), `check_removable` (only a folder holding
+  convattn's run record may be replaced);
 * the run record: `changed_options` (what differs from the options a folder was made with, leaving out
   `BOOKKEEPING_OPTIONS`) and `check_same_options`;
 * layout: `seed_dir` (`<folder>/runs/<name>/seed<k>`).
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from convattn.checkpoint import listed
 from convattn.console import main_process
 from convattn.errors import UsageError, option
 from convattn.files import read_json
@@ -89,6 +91,19 @@ def _acquire(path: Path, flag: str) -> int:
         except FileNotFoundError:
             pass
         os.close(descriptor)
+
+
+def check_own_folder(folder: Path, records: tuple[str, ...], flag: str = option("output_dir")) -> None:
+    """Refuse, before anything is written, a folder that is neither missing, empty (a lock file aside) nor a run of
+    this kind (one holding a file of `records`, which such a run writes first): it holds someone else's files, which
+    the run's own files of the same names (a report.md, a submission/) would overwrite."""
+    folder = Path(folder)
+    if not folder.is_dir() or any((folder / record).is_file() for record in records):
+        return
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if p.name != LOCK_FILE)
+    if others:
+        raise UsageError(f"{flag} {folder} holds files convattn did not write ({listed(others)}); choose another "
+                         f"{flag}, or move them out")
 
 
 def holds_only_lock(folder: Path) -> bool:

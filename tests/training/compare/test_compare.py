@@ -163,6 +163,39 @@ def test_bad_selection_exits_2_with_one_line(tmp_path, capsys, selection, needle
     assert not out.exists()
 
 
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra", [[], ["--report-only"]])
+def test_a_folder_holding_the_users_files_is_refused_and_left_alone(corpus, tmp_path, capsys, extra):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my report")
+    (out / "metrics.csv").write_text("step,loss\n1,2\n")
+    before = files_in(out)
+    assert main(compare_args(corpus, out, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("convattn compare: error: --output-dir")
+    assert "metrics.csv, report.md" in err and "did not write" in err
+    assert files_in(out) == before and sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.md"]
+
+
+def test_a_folder_another_convattn_process_writes_is_refused(corpus, tmp_path, capsys):
+    from convattn.training.run_folder import run_folder_lock
+
+    out = tmp_path / "busy"
+    with run_folder_lock(out):  # a pretrain (or another compare) writing there
+        assert main(compare_args(corpus, out)) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "in use by another convattn run" in err
+        assert [p.name for p in out.iterdir()] == [".convattn.lock"]
+
+
+def test_a_comparison_folder_is_continued(compared):
+    assert (compared / "compare.json").is_file()
+
+
 @pytest.mark.parametrize("name", grid_names())
 def test_shipped_grids_load_and_name_real_presets(name):
     grid = load_grid(name)

@@ -3,6 +3,7 @@
 Every run of a comparison gets the same data, the same tokenizer, the same recipe and budget, and the same
 seeds (seed k sets initialisation, data order and masking). Layout of the output directory:
 
+    compare.json                written first: the folder is a comparison's (another folder is refused)
     tokenizer/                  the one tokenizer of every run (trained once here, unless given)
     runs/<run>/seed<k>/         a normal `convattn pretrain` output directory per run and seed
     runs/<run>/seed<k>/glue/    `convattn glue` output, when GLUE tasks are asked for

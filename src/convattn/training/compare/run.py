@@ -14,6 +14,7 @@ import torch
 
 from convattn.console import log_to
 from convattn.errors import UsageError, option
+from convattn.files import write_json_atomic
 from convattn.training.compare.grids import RunSpec, check_runs
 from convattn.training.compare.memory import update_memory
 from convattn.training.compare.options import (
@@ -26,8 +27,18 @@ from convattn.training.compare.options import (
     tokenizer_dir,
 )
 from convattn.training.pretrain import PretrainOptions, check_options, complete_checkpoints, pretrain, sequence_length
+from convattn.training.run_folder import check_output_folder, check_own_folder, run_folder_lock
 
 TOKENIZER_RECORD = "compare_tokenizer.json"  # beside the shared tokenizer: what it was trained for
+COMPARE_RECORD = "compare.json"  # written first: the folder is a comparison's, which a later compare continues
+
+
+def check_comparison_folder(options: CompareOptions) -> None:
+    """The output folder is new, empty or a comparison's (one written before COMPARE_RECORD existed is known by its
+    report or its shared tokenizer): a folder holding anything else is someone else's, and is refused."""
+    from convattn.training.compare.report import REPORT_RUNS
+
+    check_own_folder(options.output_dir, (COMPARE_RECORD, REPORT_RUNS, f"tokenizer/{TOKENIZER_RECORD}"))
 
 
 def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
@@ -116,7 +127,8 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
     from convattn.data.tokenizer import load_tokenizer
 
     seq_len = validate(options)
-    options.output_dir.mkdir(parents=True, exist_ok=True)
+    if not (options.output_dir / COMPARE_RECORD).is_file():
+        write_json_atomic(options.output_dir / COMPARE_RECORD, {"written_by": "convattn compare"})
     log_to(options.output_dir)
     tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))
     outcome = CompareOutcome(trained=0, reused=0)
@@ -164,7 +176,15 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
 
 
 def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None = None) -> int:
-    """Run (or only report) a comparison and print its summary table; returns the exit code (130: interrupted)."""
+    """Run (or only report) a comparison and print its summary table; returns the exit code (130: interrupted).
+    The output folder is this process's while it runs (the lock pretrain takes), and only if it is a comparison's."""
+    check_output_folder(options.output_dir)  # before the lock creates it
+    with run_folder_lock(options.output_dir):
+        check_comparison_folder(options)
+        return compare_in_folder(options, report_only, eval_lengths)
+
+
+def compare_in_folder(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None) -> int:
     from convattn.training.compare.report import Report, write_report
     from convattn.training.compare.results import seeds_in_output
 

@@ -14,6 +14,7 @@ from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, write_json_atomic
 from convattn.training.finetune.settings import BASE_HIDDEN_SIZE
+from convattn.training.run_folder import check_own_folder
 
 # transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable
 OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
@@ -84,8 +85,7 @@ def check_same_model(output_dir: Path, model: str, record_file: str) -> None:
     record = {"model": model, "identity": model_identity(model)}
     saved = read_json(output_dir / record_file)
     if saved is None:
-        if (output_dir / "runs").is_dir():
-            raise UsageError(f"{output_dir} holds runs of an unrecorded model; use another {option('output_dir')}")
+        check_own_folder(output_dir, (record_file,))
         write_json_atomic(output_dir / record_file, record)
     elif saved["identity"] != record["identity"]:
         raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
