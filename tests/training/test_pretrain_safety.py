@@ -124,6 +124,61 @@ def test_overwrite_replaces_a_finished_run(corpus, finished_run, tmp_path, capsy
     assert main(tiny_args(corpus, run, "--overwrite", "--max-steps", "2", "--warmup", "1", "--eval-every", "2")) == 0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
     assert [line for line in (run / "metrics.jsonl").read_text().splitlines()][-1].startswith('{"step": 2')
+    assert not any(p.name.startswith(".replaced-run") for p in run.iterdir())  # the old run went once it stood
+
+
+def test_overwrite_refuses_the_users_files_inside_the_runs_own_folders(corpus, finished_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "tensorboard" / "other-exp").mkdir()
+    (run / "tensorboard" / "other-exp" / "events.out.tfevents.1.host").write_bytes(b"another experiment")
+    (run / "checkpoints" / "MY_NOTES.txt").write_text("lr 1e-3 diverged at step 900")
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--overwrite")) == 2
+    one_error_line(capsys, "checkpoints/MY_NOTES.txt", "tensorboard/other-exp/", "did not write")
+    assert snapshot(run) == before
+
+
+def test_a_replacement_that_diverges_gives_the_old_run_back(corpus, finished_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--overwrite", "--lr", "1e30", "--warmup", "0", "--eval-every", "2")) == 2
+    one_error_line(capsys, "training stopped at step")
+    assert snapshot(run) == before
+
+
+def test_a_replacement_killed_before_its_first_checkpoint_leaves_the_old_run_recoverable(corpus, finished_run,
+                                                                                         tmp_path, capsys):
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    never = "100000"
+    argv = tiny_args(corpus, run, "--overwrite", "--max-steps", never, "--save-every", never, "--eval-every", never)
+    process = subprocess.Popen([sys.executable, "-m", "convattn", *argv], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        give_up = time.monotonic() + 600  # only against a hang; nothing is asserted about time
+        while not ((run / ".replaced-run").is_dir() and (run / "pretrain_options.json").is_file()):
+            assert process.poll() is None and time.monotonic() < give_up
+            time.sleep(0.05)
+    finally:
+        process.kill()  # kill -9: no clean-up runs
+        process.wait()
+    assert (run / ".replaced-run").is_dir()  # the old run, aside, beside the new run's first files
+    assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 0
+    out = capsys.readouterr()
+    assert "the earlier run is back as it was" in out.err and "already finished" in out.out
+    assert snapshot(run) == before
 
 
 def test_a_busy_folder_is_refused(corpus, tmp_path, capsys):

@@ -4,6 +4,7 @@
     data.py       corpus, tokenizer, formatted examples, the masking collator
     trainer.py    the model factory, `PretrainTrainer` (exact eval perplexity), its `TrainingArguments`
     callbacks.py  throughput, metrics.jsonl + perplexity.png, the progress bar
+    replace.py    --overwrite: the old run kept aside until the new one stands, given back otherwise
     run.py        `pretrain(options)`: one run, start to finish or resumed
 
 Everything the user can get wrong (files, vocabulary, sequence length, preset, output directory) is

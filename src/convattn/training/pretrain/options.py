@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,14 +178,28 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(checkpoint.name.removeprefix("checkpoint-"))
 
 
-# what a pretraining run writes into its folder: all that --overwrite may remove
-RUN_ENTRIES = frozenset({
-    OPTIONS_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, "perplexity.png", "tensorboard", "checkpoints", "discriminator",
-    "config.json", "generation_config.json", "model.safetensors", "training_args.bin", ".final.tmp", LOCK_FILE,
-    # what `save_pretrained` of a tokenizer writes (ours, or any HF one given with --tokenizer)
+# what a model folder holds: the final model, a checkpoint, discriminator/ (`save_pretrained` of a model and of a
+# tokenizer, ours or any HF one given with --tokenizer)
+MODEL_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "training_args.bin",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
     "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
 })
+# what a checkpoint holds beyond that: the Trainer's state (and rng_state.pth, or one rng_state_<rank>.pth a process)
+TRAINER_STATE_FILES = frozenset({"optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json"})
+RNG_STATE = re.compile(r"rng_state(_\d+)?\.pth")
+CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
+# an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
+REPLACED, PARTIAL = ".replaced-run", ".replaced-run.partial"
+# what a pretraining run writes into its folder: all that --overwrite may remove
+RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, "perplexity.png", "tensorboard",
+                             "checkpoints", "discriminator", ".final.tmp", LOCK_FILE, REPLACED, PARTIAL}
+
+
+def is_code_or_temp(name: str) -> bool:
+    """The modeling code saved with a model, or the temporary file of an atomic write (a kill can leave one)."""
+    return (name.startswith("convattn_") and name.endswith(".py")) or \
+        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
 
 
 def written_by_run(entry: Path) -> bool:
@@ -192,11 +207,39 @@ def written_by_run(entry: Path) -> bool:
     name = entry.name
     if name == CARD_FILE:
         return is_model_card(entry)
-    if name in RUN_ENTRIES:
+    return name in RUN_ENTRIES or is_code_or_temp(name)
+
+
+def written_inside_run(entry: Path, out: Path) -> bool:
+    """`written_by_run` at any depth: inside tensorboard/ only event files, inside checkpoints/ only checkpoint
+    folders, inside those and discriminator/ only a model's files (a user's notes anywhere are not the run's)."""
+    parts, name = entry.relative_to(out).parts, entry.name
+    if len(parts) == 1:
+        return written_by_run(entry)
+    top = parts[0]
+    if top in (REPLACED, PARTIAL):
         return True
-    # the modeling code, and the temporary files of atomic writes (a kill can leave one)
-    return (name.startswith("convattn_") and name.endswith(".py")) or \
-        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
+    if top == "tensorboard":
+        return len(parts) == 2 and entry.is_file() and name.startswith("events.out.tfevents.")
+    if top == "checkpoints" and len(parts) == 2:
+        return entry.is_dir() and CHECKPOINT_NAME.fullmatch(name) is not None
+    in_model = len(parts) == 3 if top == "checkpoints" else len(parts) == 2 and top in ("discriminator", ".final.tmp")
+    return in_model and entry.is_file() and (name in MODEL_FILES or name in TRAINER_STATE_FILES or
+                                             RNG_STATE.fullmatch(name) is not None or is_code_or_temp(name))
+
+
+def foreign_files(out: Path) -> list[str]:
+    """What `out` holds that a pretraining run does not write, at any depth, relative to `out` (a folder is named
+    with a trailing /, not what it holds)."""
+    foreign = []
+    folders = [out]
+    while folders:
+        for entry in sorted(folders.pop().iterdir()):
+            if not written_inside_run(entry, out):
+                foreign.append(str(entry.relative_to(out)) + ("/" if entry.is_dir() else ""))
+            elif entry.is_dir() and not entry.is_symlink():
+                folders.append(entry)
+    return sorted(foreign)
 
 
 def is_model_card(path: Path) -> bool:
@@ -232,8 +275,7 @@ def check_output_dir(options: PretrainOptions) -> OutputPlan:
                          f"replace it with {option('overwrite')}, or choose another {option('output_dir')}")
     flag = option("overwrite") if options.overwrite else option("output_dir")
     check_removable(out, OPTIONS_FILE, flag)
-    foreign = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in out.iterdir()
-                     if not written_by_run(entry))
+    foreign = foreign_files(out)
     if foreign:
         raise UsageError(f"{flag}: {out} holds files convattn did not write ({', '.join(foreign[:5])}"
                          f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another "
@@ -266,9 +308,10 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
 
 
 def remove_run_files(out: Path) -> None:
-    """Remove what an earlier run wrote into `out` (`check_output_dir` made sure nothing else is there)."""
+    """Remove what a run wrote into `out` (`check_output_dir` made sure nothing else is there), but the lock and
+    an old run kept aside."""
     for entry in out.iterdir():
-        if entry.name == LOCK_FILE or not written_by_run(entry):
+        if entry.name in (LOCK_FILE, REPLACED, PARTIAL) or not written_by_run(entry):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -9,7 +9,8 @@ from pathlib import Path
 from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import read_json
-from convattn.training.pretrain.options import OPTIONS_FILE, PretrainOptions
+from convattn.training.pretrain.options import PretrainOptions
+from convattn.training.pretrain.replace import options_record
 from convattn.training.recipes import recipe_for_preset, resolve_recipe
 
 
@@ -22,8 +23,8 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
     the recipe's; `data`: the PretrainOptions data fields given (None or empty: not given). The output folder
     defaults to runs/pretrain-<recipe>."""
     data = {name: value for name, value in (data or {}).items() if value}
-    if resume and output_dir is not None and (output_dir / OPTIONS_FILE).is_file():
-        options = saved_options(output_dir / OPTIONS_FILE)
+    if resume and output_dir is not None and options_record(output_dir).is_file():
+        options = saved_options(options_record(output_dir))
         if preset:
             options.recipe.preset = preset
         options.recipe.model = {**options.recipe.model, **(model or {})}

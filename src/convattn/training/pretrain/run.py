@@ -14,7 +14,7 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerStat
 from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
-from convattn.console import log_to, say
+from convattn.console import log_to, main_process, say
 from convattn.files import write_text_atomic
 from convattn.hub import write_model_card
 from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
@@ -22,6 +22,7 @@ from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
     OPTIONS_FILE,
+    REPLACED,
     OutputPlan,
     PretrainOptions,
     check_options,
@@ -31,6 +32,7 @@ from convattn.training.pretrain.options import (
     remove_run_files,
     sequence_length,
 )
+from convattn.training.pretrain.replace import drop_replaced, move_aside, recover_replaced_run, restore_replaced
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
 from convattn.training.recipes import STEP_CAP, warmup_steps
 from convattn.training.run_folder import check_output_folder, run_folder_lock
@@ -86,6 +88,8 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     config = check_options(options)
     check_output_folder(options.output_dir)  # before the lock creates it
     with run_folder_lock(options.output_dir):
+        if main_process():
+            recover_replaced_run(options.output_dir)
         plan = check_output_dir(options)
         if plan.finished and (options.output_dir / "model.safetensors").is_file():
             return finished_summary(options)
@@ -110,8 +114,8 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
     # everything is checked and ready: only now does the old run (if any) make way
     if args.process_index == 0:
         if plan.replace:
-            say("pretrain", f"replacing the run in {out}")
-            remove_run_files(out)
+            say("pretrain", f"replacing the run in {out} (kept aside until the new one saves its first checkpoint)")
+            move_aside(out)
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
         log_to(out)
     metrics = MetricsWriter(out)
@@ -124,7 +128,8 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
         model=model, args=args, data_collator=collator, train_dataset=data.train, eval_dataset=data.eval,
         processing_class=data.tokenizer, objective=recipe.objective, throughput=throughput, clock=clock,
         eval_collator=dataclasses.replace(collator, per_example=True) if recipe.objective == "mlm" else None,
-        warmup=recipe.warmup, callbacks=[throughput, metrics, *([clock] if clock else []), *callbacks],
+        warmup=recipe.warmup, callbacks=[throughput, metrics, *([clock] if clock else []), DropReplacedRun(out),
+                                         *callbacks],
     )
     trainer.divergence_hint = (f"start again with a lower --lr (now {recipe.learning_rate:g}) or --overwrite the run "
                                "with other settings")
@@ -181,9 +186,22 @@ def schedule_line(recipe, clock: TrainingClock | None) -> str:
 
 def discard_if_unsaved(out: Path) -> None:
     """A run that stopped before its first checkpoint saved nothing worth keeping: remove what it wrote, so the
-    same command starts it again (nothing else is in the folder: `check_output_dir` made sure)."""
+    same command starts it again (nothing else is in the folder: `check_output_dir` made sure), and give back the
+    run it was replacing, if any."""
     if not complete_checkpoints(out / "checkpoints") and not (out / "model.safetensors").exists():
         remove_run_files(out)
+        restore_replaced(out)
+
+
+class DropReplacedRun(TrainerCallback):
+    """The old run an --overwrite kept aside goes once the new run has saved its first checkpoint."""
+
+    def __init__(self, out: Path):
+        self.out = out
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and (self.out / REPLACED).exists():
+            drop_replaced(self.out)
 
 
 def finished_summary(options: PretrainOptions) -> PretrainSummary:
@@ -215,4 +233,5 @@ def save_final(trainer: Trainer, out: Path) -> None:
             item.replace(target)
         tmp.rmdir()
         write_model_card(out)
+        drop_replaced(out)
     trainer.accelerator.wait_for_everyone()
