@@ -308,3 +308,32 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     assert main(tiny_args(corpus, out, "--precision", "bf16", "--max-steps", "4", "--eval-every", "2")) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(row["perplexity"]) for row in rows) and rows[-1]["perplexity"] < rows[0]["perplexity"]
+
+
+def test_resume_reads_the_text_the_run_started_with(corpus, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from convattn.cli import build_parser
+    from convattn.commands.pretrain import options_from_args
+    from convattn.training.pretrain import pretrain
+
+    here, elsewhere, out = tmp_path / "here", tmp_path / "elsewhere", tmp_path / "run"
+    shutil.copytree(corpus, here)
+    elsewhere.mkdir()
+    (elsewhere / "train.txt").write_text("another text entirely\n" * 300)
+    (elsewhere / "valid.txt").write_text("another text entirely\n" * 30)
+    monkeypatch.chdir(here)
+    relative = [arg.replace(str(corpus) + "/", "") for arg in tiny_args(corpus, out)]  # train.txt, valid.txt
+    pretrain(options_from_args(build_parser().parse_args(relative)), callbacks=[InterruptAt(3)])  # checkpoint-2
+    assert json.loads((out / "pretrain_options.json").read_text())["train_files"] == [str(here / "train.txt")]
+
+    monkeypatch.chdir(elsewhere)  # its own train.txt and valid.txt: not the run's
+    assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0
+    assert str(elsewhere) not in capsys.readouterr().err
+
+    (here / "train.txt").write_text((here / "train.txt").read_text() + "one more line\n")
+    (out / "model.safetensors").unlink()  # the last checkpoint is the end: only the final save is done again
+    before = snapshot(out)
+    assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 2
+    one_error_line(capsys, "--resume: the text read now", "is not the text the run in", "started with")
+    assert snapshot(out) == before

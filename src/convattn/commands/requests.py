@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import signal
 import threading
 from pathlib import Path
@@ -59,8 +60,12 @@ def data_options(args: argparse.Namespace) -> dict:
                          "--train-file or the embedded default")
     if args.dataset == HUB_DEFAULT[0] and dataset_config is None:
         dataset_config = HUB_DEFAULT[1]
-    return dict(dataset=args.dataset, dataset_config=dataset_config, train_files=args.train_file,
-                eval_files=args.eval_file, tokenizer=args.tokenizer, cache_dir=args.cache_dir or default_cache_dir())
+    # local paths as absolute ones: the run records them, and a --resume from another directory reads the same text
+    tokenizer = os.path.abspath(args.tokenizer) if args.tokenizer and Path(args.tokenizer).exists() else args.tokenizer
+    return dict(dataset=args.dataset, dataset_config=dataset_config,
+                train_files=[os.path.abspath(p) for p in args.train_file],
+                eval_files=[os.path.abspath(p) for p in args.eval_file], tokenizer=tokenizer,
+                cache_dir=args.cache_dir or default_cache_dir())
 
 
 def _stop_on_sigterm(signum, frame):

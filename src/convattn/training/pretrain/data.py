@@ -24,6 +24,18 @@ class PretrainData:
     eval: object
     corpus: str
     seq_len: int
+    fingerprint: str  # of the train and eval text (`text_fingerprint`): a resumed run must read the same
+
+
+def text_fingerprint(*datasets) -> str:
+    """sha256 over the rows of text datasets (16 hex digits): the same text gives the same value, wherever it was
+    read from."""
+    digest = hashlib.sha256()
+    for dataset in datasets:
+        for batch in dataset.iter(batch_size=10_000):
+            digest.update(("\n".join(batch["text"]) + "\n").encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
 
 
 def say(message: str) -> None:
@@ -51,7 +63,8 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
     if recipe.eval_samples:
         evaluation = evaluation.select(range(min(recipe.eval_samples, len(evaluation))))
     say(f"data: {len(train):,} train / {len(evaluation):,} eval examples")
-    return PretrainData(tokenizer, train, evaluation, corpus.description, seq_len)
+    return PretrainData(tokenizer, train, evaluation, corpus.description, seq_len,
+                        text_fingerprint(corpus.train, corpus.eval))
 
 
 @dataclass

@@ -17,6 +17,7 @@ from convattn.console import LOG_FILE
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError, option
+from convattn.files import read_json
 from convattn.training.pretrain.budget import time_spent
 from convattn.training.recipes import Recipe, warmup_steps
 from convattn.training.run_folder import (
@@ -30,6 +31,7 @@ from convattn.training.run_folder import (
 OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 OPTIONS_FILE = "pretrain_options.json"
+DATA_FILE = "pretrain_data.json"  # the text the run started with (its fingerprint), checked on --resume
 METRICS_FILE = "metrics.jsonl"
 CARD_FILE = "README.md"
 # options that may change between a run and its --resume without changing what is computed
@@ -192,8 +194,8 @@ CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
 # an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
 REPLACED, PARTIAL = ".replaced-run", ".replaced-run.partial"
 # what a pretraining run writes into its folder: all that --overwrite may remove
-RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, "perplexity.png", "tensorboard",
-                             "checkpoints", "discriminator", ".final.tmp", LOCK_FILE, REPLACED, PARTIAL}
+RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, DATA_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, "perplexity.png",
+                             "tensorboard", "checkpoints", "discriminator", ".final.tmp", LOCK_FILE, REPLACED, PARTIAL}
 
 
 def is_code_or_temp(name: str) -> bool:
@@ -317,3 +319,12 @@ def remove_run_files(out: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def check_same_data(out: Path, corpus: str, fingerprint: str) -> None:
+    """--resume reads the text the run started with (as recorded in DATA_FILE; runs older than it are not checked)."""
+    saved = read_json(out / DATA_FILE)
+    if saved is not None and saved.get("fingerprint") != fingerprint:
+        raise UsageError(f"{option('resume')}: the text read now ({corpus}) is not the text the run in {out} started "
+                         f"with ({saved.get('corpus')}); restore that text, or start a new run in another "
+                         f"{option('output_dir')}")

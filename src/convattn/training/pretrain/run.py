@@ -15,18 +15,20 @@ from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from convattn.console import log_to, main_process, say
-from convattn.files import write_text_atomic
+from convattn.files import write_json_atomic, write_text_atomic
 from convattn.hub import write_model_card
 from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
+    DATA_FILE,
     OPTIONS_FILE,
     REPLACED,
     OutputPlan,
     PretrainOptions,
     check_options,
     check_output_dir,
+    check_same_data,
     checkpoint_step,
     complete_checkpoints,
     remove_run_files,
@@ -107,6 +109,8 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
     say("pretrain", schedule_line(recipe, clock))
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, plan.resume_from)
+    if plan.resume_from is not None:
+        check_same_data(out, data.corpus, data.fingerprint)
     model = build_model(recipe, data.tokenizer)
     # the tokenizer states the length the model takes: any length for relative positions (no overflow warnings)
     data.tokenizer.model_max_length = model.config.max_input_length or VERY_LARGE_INTEGER
@@ -117,6 +121,8 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
             say("pretrain", f"replacing the run in {out} (kept aside until the new one saves its first checkpoint)")
             move_aside(out)
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
+        if plan.resume_from is None:
+            write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint})
         log_to(out)
     metrics = MetricsWriter(out)
     if plan.resume_from is not None and args.process_index == 0:
