@@ -29,12 +29,15 @@ _PUBLIC = {
 
 def register_auto_classes() -> None:
     """Register model type "convattn" with the transformers Auto classes (idempotent), one entry point per Auto
-    class as saved checkpoints name them (`remote_code.AUTO_MAP`)."""
+    class as saved checkpoints name them (`remote_code.AUTO_MAP`), and the fused kernel with its
+    AttentionInterface as "convattn_triton"."""
     import transformers
 
+    from convattn.attention.relative.paths import TRITON_IMPLEMENTATION, triton_interface_attention
     from convattn.config import ConvAttnConfig
     from convattn.remote_code import AUTO_MAP
 
+    transformers.AttentionInterface.register(TRITON_IMPLEMENTATION, triton_interface_attention)
     transformers.AutoConfig.register(ConvAttnConfig.model_type, ConvAttnConfig, exist_ok=True)
     for auto, (module, name) in AUTO_MAP.items():
         if auto != "AutoConfig":

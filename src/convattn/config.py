@@ -24,7 +24,7 @@ from transformers.activations import ACT2FN
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "convattn_triton")
 QA_HEADS = ("span", "joint")
 # Conv-Linformer's layout (Malard's conv_linformer.py): the first L//2 layers project with E/F, the rest
 # (L - L//2) with a strided conv

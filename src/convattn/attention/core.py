@@ -85,7 +85,8 @@ def attend(
     key_bias = mask.key_bias(q.dtype) if mask is not None else None
     if key_bias is not None:
         bias = key_bias if bias is None else bias + key_bias
-    if attn_implementation in ("sdpa", "flex_attention") and not need_weights:  # no score_mod here: the same kernel
+    # no score_mod here, and keys that may be no token positions (Linformer): SDPA's kernel serves these names
+    if attn_implementation in ("sdpa", "flex_attention", "convattn_triton") and not need_weights:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         return out, None
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -3,6 +3,11 @@ terms (composite attention, ConvBERT's self-attention heads) calls `relative_att
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
 import torch
 from torch import Tensor
 
@@ -26,16 +31,51 @@ CPU_DECOMPOSED_MIN_LENGTH = 256
 CPU_BLOCKWISE_MIN_LENGTH = 2048
 
 
+# attn_implementation of the fused Triton kernel (triton_attention.py): on CUDA, or on CPU under the interpreter
+TRITON_IMPLEMENTATION = "convattn_triton"
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+RELATIVE_PATHS = ("triton", "decomposed", "blockwise", "flex", "dense")
+_forced_path: str | None = None
+
+
+@contextmanager
+def forced_path(name: str) -> Iterator[None]:
+    """Take path `name` (one of RELATIVE_PATHS) wherever the attention probabilities are not asked for, whatever
+    the device and length: the benchmarks' and tests' way to run one path against another."""
+    global _forced_path
+    if name not in RELATIVE_PATHS:
+        raise ValueError(f"path must be one of {', '.join(RELATIVE_PATHS)}; got {name!r}")
+    previous, _forced_path = _forced_path, name
+    try:
+        yield
+    finally:
+        _forced_path = previous
+
+
+@cache
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
-    """"decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels; one custom operator under
+    """"triton" (triton_attention.py: one fused kernel, forward and backward, dropout included; attn_implementation
+    "convattn_triton", and the CUDA default in eager mode: torch.compile keeps the decomposition's custom operator),
+    "decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels; one custom operator under
     torch.compile), "blockwise" (CPU with dropout, blockwise.py, eager only: its checkpoints split a compiled
     graph), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels or more) or "dense"
     (the (n x n) bias: attention maps, "eager", short sequences on CPU, float64 on CUDA, and graphs traced by
     torch.export / ONNX, where a length test would pin the dynamic sequence axis)."""
     if need_weights or attn_implementation == "eager" or torch.compiler.is_exporting():
         return "dense"
+    if _forced_path is not None:
+        return _forced_path
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
+    if attn_implementation == TRITON_IMPLEMENTATION:
+        return "triton"
+    if (q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed()
+            and not torch.compiler.is_compiling()):
+        return "triton"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
     if kernel is None:
         return "dense"
@@ -51,6 +91,8 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
                        need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(d) + relative terms + padding mask) with dropout, times v: q, k, v (batch, heads,
     n, d) -> (batch, heads, n, d), and the probabilities when `need_weights`; plain attention without terms."""
+    if relative is None and attn_implementation == TRITON_IMPLEMENTATION and not need_weights:
+        return _triton(q, k, v, None, mask, dropout_p), None
     if relative is None:
         return attend(q, k, v, bias=None, mask=mask, dropout_p=dropout_p, attn_implementation=attn_implementation,
                       need_weights=need_weights)
@@ -60,9 +102,39 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
         kernel = fused_kernel(q.device, q.dtype)
         return decomposed_relative_attention(q, k, v, relative.pieces(q, k), keep, relative.reach, dropout_p,
                                              kernel), None
+    if path == "triton":
+        return _triton(q, k, v, relative, mask, dropout_p), None
     if path == "blockwise":
         return blockwise_relative_attention(q, k, v, relative, mask, dropout_p), None
     if path == "flex":
         return flex_relative_attention(q, k, v, relative, keep), None
     return attend(q, k, v, bias=relative(q, k), mask=mask, dropout_p=dropout_p,
                   attn_implementation=attn_implementation, need_weights=need_weights)
+
+
+def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask | None,
+            dropout_p: float) -> Tensor:
+    from convattn.attention.relative.triton_attention import triton_relative_attention
+
+    keep = mask.keep if mask is not None and mask.has_padding else None
+    if relative is None:
+        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout_p)
+    row_table, key_table = relative.tables(q, k)
+    return triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach, clip=relative.clip,
+                                     keep=keep, dropout_p=dropout_p)
+
+
+def triton_interface_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                               scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """The kernel in transformers' AttentionInterface ("convattn_triton"), for any encoder: query, key, value
+    (batch, heads, n, d) -> ((batch, n, heads, d), None). attention_mask must mask keys only (padding): a boolean
+    mask (True = attend) or an additive one (0 = attend), (batch, 1, 1 or n, n); its first query row is read."""
+    from convattn.attention.relative.triton_attention import triton_relative_attention
+
+    keep = None
+    if attention_mask is not None:
+        first_row = attention_mask[:, 0, 0, :]
+        keep = first_row if first_row.dtype == torch.bool else first_row == 0
+    out = triton_relative_attention(query, key, value, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout,
+                                    scale=scaling)
+    return out.transpose(1, 2), None

@@ -1,0 +1,578 @@
+"""Attention with relative terms in one fused Triton kernel, forward and backward (attn_implementation
+"convattn_triton"; the CUDA default).
+
+The score of query i and key j (Chang et al. 2021, Eqs. 4-6; tables.py) is
+
+    s_ij = q_i . k_j * scale + A[i, c(j - i)] + B[j, c(i - j)],    c(t) = clamp(t, -r, r) + r,
+
+with A = fixed + q W / sqrt(d) (the row table) and B = k U / sqrt(d) (the key table), both (.., n, 2r + 1) and
+built outside the kernel. In "zero" mode the terms vanish where |j - i| > r. The kernel is FlashAttention-2
+(Dao 2023) with the tables read inside it: a tile of (query, key) pairs wholly left of the band (j < i - r)
+adds only A[i, 0] + B[j, 2r], one wholly right (j > i + r) only A[i, 2r] + B[j, 0], and a tile that touches
+the band gathers its columns. The loops over key tiles run in those three ranges, so the gather is paid on
+about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
+
+Dropout draws its mask from Philox (`tl.rand`) keyed by (seed + batch * heads + head, i * stride + j); the
+backward draws the same numbers. Backward has no atomics (FlashAttention-2's split): one kernel per key block
+sums dK, dV and the key table's gradient over the query blocks, another per query block sums dQ and the row
+table's gradient over the key blocks, with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022,
+Appendix B.2). A table's gradient at [i, t] is the sum of dS_ij over the keys j whose pair falls in column t,
+summed in registers and written once.
+
+Operands are either padded, (batch, heads, n, d) with an optional key mask `keep` (batch, n), or packed
+variable-length sequences, (total, heads, d) with `cu_seqlens` (batch + 1,) as in flash-attn's varlen API.
+On CPU the kernels run only under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported):
+that is how the tests check them.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+def interpreting() -> bool:
+    """Whether triton runs kernels on the CPU (TRITON_INTERPRET=1, read when this module is imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def band_bias(A, B, i, j, n, sa_s, sb_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+              HAS_KEY: tl.constexpr):
+    """A[i, c(j - i)] + B[j, c(i - j)] for broadcastable rows i and keys j (zero outside 0..n-1)."""
+    offset = j - i
+    column = tl.minimum(tl.maximum(offset, -REACH), REACH) + REACH
+    inside = (i < n) & (j < n)
+    if not CLIP:
+        inside = inside & (offset >= -REACH) & (offset <= REACH)
+    bias = (offset * 0).to(tl.float32)
+    if HAS_ROW:
+        bias += tl.load(A + i * sa_s + column, mask=inside, other=0.0).to(tl.float32)
+    if HAS_KEY:
+        bias += tl.load(B + j * sb_s + (2 * REACH - column), mask=inside, other=0.0).to(tl.float32)
+    return bias
+
+
+@triton.jit
+def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
+    """T[rows, COLUMN] in float32, 0 where absent."""
+    if HAS:
+        return tl.load(T + rows * s_s + COLUMN, mask=rows < n, other=0.0).to(tl.float32)
+    return (rows * 0).to(tl.float32)
+
+
+@triton.jit
+def dropout_keep(seed, i, j, rng_stride, p_drop):
+    return tl.rand(seed, i * rng_stride + j) >= p_drop
+
+
+@triton.jit
+def key_valid(KEEP, j, n, HAS_KEEP: tl.constexpr):
+    valid = j < n
+    if HAS_KEEP:
+        valid = valid & (tl.load(KEEP + j, mask=valid, other=0) != 0)
+    return valid
+
+
+@triton.jit
+def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE: tl.constexpr,
+               REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Scores (in log2 units) of queries i (BLOCK_M,) and keys j (BLOCK_N,): MODE 0 keys left of the band,
+    1 touching it, 2 right of it."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    if MODE == 1:
+        s += band_bias(A, B, i[:, None], j[None, :], n, sa_s, sb_s, REACH, CLIP, HAS_ROW, HAS_KEY)
+    elif CLIP and (HAS_ROW or HAS_KEY):
+        s += row_edge[:, None] + key_edge[None, :]
+    return s * 1.4426950408889634
+
+
+@triton.jit
+def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, n, seed, rng_stride, p_drop,
+                  sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
+                  HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    d = tl.arange(0, BLOCK_D)
+    for start in range(first, last, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        operand_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
+        key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
+        s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP,
+                       HAS_ROW, HAS_KEY, PRECISION)
+        # a masked score loses to every real one without the NaN of (-inf) - (-inf) on a wholly masked tile
+        s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            p = tl.where(dropout_keep(seed, i[:, None], j[None, :], rng_stride, p_drop), p, 0.0)
+        v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def band_tiles(start, n, SIZE: tl.constexpr, OTHER: tl.constexpr, REACH: tl.constexpr):
+    """[first, last): the tiles of OTHER positions that hold a position within REACH of start .. start + SIZE - 1
+    (tiles before lie wholly on one side of the band, tiles after on the other). Plain ifs, not tl.maximum:
+    integer division truncates on a GPU and floors in the interpreter, so no negative operand reaches it."""
+    first = start * 0
+    if start > REACH:
+        first = (start - REACH) // OTHER * OTHER
+    last = (start + SIZE - 1 + REACH) // OTHER * OTHER + OTHER
+    if last > n:
+        last = n
+    return first, last
+
+
+@triton.jit
+def sequence(CU, batch, seqlen, VARLEN: tl.constexpr):
+    if VARLEN:
+        first = tl.load(CU + batch)
+        return first, tl.load(CU + batch + 1) - first
+    return 0, seqlen
+
+
+@triton.jit
+def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqlen, rng_stride, heads,
+                   sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_s,
+                   sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h,
+                   REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
+                   HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    block, bh = tl.program_id(0), tl.program_id(1)
+    batch, head = bh // heads, bh % heads
+    first, n = sequence(CU, batch, seqlen, VARLEN)
+    i0 = block * BLOCK_M
+    if i0 >= n:
+        return
+    Q += batch * sq_b + head * sq_h + first * sq_s
+    K += batch * sk_b + head * sk_h + first * sk_s
+    V += batch * sv_b + head * sv_h + first * sv_s
+    OUT += batch * so_b + head * so_h + first * so_s
+    A += batch * sa_b + head * sa_h + first * sa_s
+    B += batch * sb_b + head * sb_h + first * sb_s
+    KEEP += batch * skeep_b
+    LSE += batch * sl_b + head * sl_h + first
+    i = i0 + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+    q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    seed = seed + bh
+    # key tiles wholly left of the band, touching it, wholly right of it
+    band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
+    left = edge(A, i, n, sa_s, 0, HAS_ROW)
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, 0, band_first, n, seed,
+                                  rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW,
+                                  HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, band_first, band_last, n, seed,
+                                  rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW,
+                                  HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, right, K, V, A, B, KEEP, band_last, n, n, seed,
+                                  rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW,
+                                  HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    out = acc / l_i[:, None]
+    if DROPOUT:
+        out = out / (1.0 - p_drop)
+    tl.store(OUT + i[:, None] * so_s + d[None, :], out.to(OUT.dtype.element_ty), mask=row_mask)
+    tl.store(LSE + i, m_i + tl.log2(l_i), mask=i < n)
+
+
+@triton.jit
+def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge, n, seed, rng_stride, p_drop,
+                  sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
+                  HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile."""
+    s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
+                   HAS_KEY, PRECISION)
+    s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
+    p = tl.exp2(s - lse[:, None])
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    if DROPOUT:
+        keep = dropout_keep(seed, i[:, None], j[None, :], rng_stride, p_drop)
+        dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+        p_dropped = tl.where(keep, p / (1.0 - p_drop), 0.0)
+    else:
+        p_dropped = p
+    return p_dropped, p * (dp - delta[:, None])
+
+
+@triton.jit
+def table_gradient(acc, ds, offset, WIDTH: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
+                   AXIS: tl.constexpr):
+    """acc (rows, BLOCK_W) += for each column t, the sum of ds over AXIS where c(offset) == t."""
+    column = tl.minimum(tl.maximum(offset, -REACH), REACH) + REACH
+    if not CLIP:
+        column = tl.where((offset >= -REACH) & (offset <= REACH), column, -1)
+    t = tl.arange(0, acc.shape[1])
+    for c in tl.static_range(WIDTH):
+        total = tl.sum(tl.where(column == c, ds, 0.0), AXIS)
+        acc += tl.where(t[None, :] == c, total[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def query_gradient_tiles(dq, da, da_edge, q, do, lse, delta, i, row_edge, K, V, A, B, KEEP, first, last, n,
+                         seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr,
+                         REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
+                         HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    d = tl.arange(0, BLOCK_D)
+    for start in range(first, last, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        operand_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
+        v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
+        key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
+        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge, n, seed,
+                              rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
+                              HAS_KEEP, DROPOUT, PRECISION)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if HAS_ROW:
+            if MODE == 1:
+                da = table_gradient(da, ds, j[None, :] - i[:, None], 2 * REACH + 1, REACH, CLIP, 1)
+            elif CLIP:
+                da_edge += tl.sum(ds, 1)
+    return dq, da, da_edge
+
+
+@triton.jit
+def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed, p_drop, scale, seqlen,
+                          rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                          sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s,
+                          REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+                          HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr,
+                          DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          PRECISION: tl.constexpr):
+    """dQ and the row table's gradient of one query block; DO and DQ are laid out as Q."""
+    block, bh = tl.program_id(0), tl.program_id(1)
+    batch, head = bh // heads, bh % heads
+    first, n = sequence(CU, batch, seqlen, VARLEN)
+    i0 = block * BLOCK_M
+    if i0 >= n:
+        return
+    offset_q = batch * sq_b + head * sq_h + first * sq_s
+    Q += offset_q
+    DO += offset_q
+    DQ += offset_q
+    K += batch * sk_b + head * sk_h + first * sk_s
+    V += batch * sv_b + head * sv_h + first * sv_s
+    A += batch * sa_b + head * sa_h + first * sa_s
+    B += batch * sb_b + head * sb_h + first * sb_s
+    DA += batch * sda_b + head * sda_h + first * sda_s
+    KEEP += batch * skeep_b
+    LSE += batch * sl_b + head * sl_h + first
+    DELTA += batch * sl_b + head * sl_h + first
+    i = i0 + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+    q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+    do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+    lse = tl.load(LSE + i, mask=i < n, other=0.0)
+    delta = tl.load(DELTA + i, mask=i < n, other=0.0)
+    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    da = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    da_left = tl.zeros((BLOCK_M,), tl.float32)
+    da_right = tl.zeros((BLOCK_M,), tl.float32)
+    seed = seed + bh
+    band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
+    left = edge(A, i, n, sa_s, 0, HAS_ROW)
+    dq, da, da_left = query_gradient_tiles(
+        dq, da, da_left, q, do, lse, delta, i, left, K, V, A, B, KEEP, 0, band_first, n, seed, rng_stride,
+        p_drop, sk_s, sv_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+        BLOCK_D, BLOCK_N, PRECISION)
+    dq, da, da_left = query_gradient_tiles(
+        dq, da, da_left, q, do, lse, delta, i, left, K, V, A, B, KEEP, band_first, band_last, n, seed,
+        rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
+        HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
+    dq, da, da_right = query_gradient_tiles(
+        dq, da, da_right, q, do, lse, delta, i, right, K, V, A, B, KEEP, band_last, n, n, seed, rng_stride,
+        p_drop, sk_s, sv_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+        BLOCK_D, BLOCK_N, PRECISION)
+    tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
+    if HAS_ROW:
+        t = tl.arange(0, BLOCK_W)
+        da += tl.where(t[None, :] == 0, da_left[:, None], 0.0)
+        da += tl.where(t[None, :] == 2 * REACH, da_right[:, None], 0.0)
+        tl.store(DA + i[:, None] * sda_s + t[None, :], da, mask=(i < n)[:, None] & (t < 2 * REACH + 1)[None, :])
+
+
+@triton.jit
+def key_gradient_tiles(dk, dv, db, db_edge, k, v, j, key_edge, Q, DO, LSE, DELTA, A, B, KEEP, first, last, n,
+                       seed, rng_stride, p_drop, sq_s, sa_s, sb_s, scale, MODE: tl.constexpr,
+                       REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
+                       HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    d = tl.arange(0, BLOCK_D)
+    for start in range(first, last, BLOCK_M):
+        i = start + tl.arange(0, BLOCK_M)
+        row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+        q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+        do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+        lse = tl.load(LSE + i, mask=i < n, other=0.0)
+        delta = tl.load(DELTA + i, mask=i < n, other=0.0)
+        row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and MODE != 1)
+        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge, n, seed,
+                                      rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
+                                      HAS_KEEP, DROPOUT, PRECISION)
+        dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if HAS_KEY:
+            if MODE == 1:
+                # key j's column is c(i - j); its table row gathers over the queries (axis 0)
+                db = table_gradient(db, ds, i[:, None] - j[None, :], 2 * REACH + 1, REACH, CLIP, 0)
+            elif CLIP:
+                db_edge += tl.sum(ds, 0)
+    return dk, dv, db, db_edge
+
+
+@triton.jit
+def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, seed, p_drop, scale, seqlen,
+                        rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                        sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s,
+                        REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
+                        HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """dK, dV and the key table's gradient of one key block; DO is laid out as Q, DK as K, DV as V."""
+    block, bh = tl.program_id(0), tl.program_id(1)
+    batch, head = bh // heads, bh % heads
+    first, n = sequence(CU, batch, seqlen, VARLEN)
+    j0 = block * BLOCK_N
+    if j0 >= n:
+        return
+    offset_q = batch * sq_b + head * sq_h + first * sq_s
+    Q += offset_q
+    DO += offset_q
+    offset_k = batch * sk_b + head * sk_h + first * sk_s
+    K += offset_k
+    DK += offset_k
+    offset_v = batch * sv_b + head * sv_h + first * sv_s
+    V += offset_v
+    DV += offset_v
+    A += batch * sa_b + head * sa_h + first * sa_s
+    B += batch * sb_b + head * sb_h + first * sb_s
+    DB += batch * sdb_b + head * sdb_h + first * sdb_s
+    KEEP += batch * skeep_b
+    LSE += batch * sl_b + head * sl_h + first
+    DELTA += batch * sl_b + head * sl_h + first
+    j = j0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    key_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=key_mask, other=0.0)
+    v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=key_mask, other=0.0)
+    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    db = tl.zeros((BLOCK_N, BLOCK_W), tl.float32)
+    db_right = tl.zeros((BLOCK_N,), tl.float32)
+    db_left = tl.zeros((BLOCK_N,), tl.float32)
+    seed = seed + bh
+    # query tiles for which these keys lie wholly right of the band (i < j - r), touch it, lie wholly left
+    band_first, band_last = band_tiles(j0, n, BLOCK_N, BLOCK_M, REACH)
+    # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
+    right = edge(B, j, n, sb_s, 0, HAS_KEY)
+    dk, dv, db, db_right = key_gradient_tiles(
+        dk, dv, db, db_right, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, 0, band_first, n, seed,
+        rng_stride, p_drop, sq_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+        BLOCK_D, BLOCK_M, PRECISION)
+    dk, dv, db, db_right = key_gradient_tiles(
+        dk, dv, db, db_right, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, band_first, band_last, n, seed,
+        rng_stride, p_drop, sq_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+        BLOCK_D, BLOCK_M, PRECISION)
+    left = edge(B, j, n, sb_s, 2 * REACH, HAS_KEY)
+    dk, dv, db, db_left = key_gradient_tiles(
+        dk, dv, db, db_left, k, v, j, left, Q, DO, LSE, DELTA, A, B, KEEP, band_last, n, n, seed,
+        rng_stride, p_drop, sq_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+        BLOCK_D, BLOCK_M, PRECISION)
+    tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
+    tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
+    if HAS_KEY:
+        t = tl.arange(0, BLOCK_W)
+        db += tl.where(t[None, :] == 0, db_right[:, None], 0.0)
+        db += tl.where(t[None, :] == 2 * REACH, db_left[:, None], 0.0)
+        tl.store(DB + j[:, None] * sdb_s + t[None, :], db, mask=(j < n)[:, None] & (t < 2 * REACH + 1)[None, :])
+
+
+def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the autotuner to try per kernel ("forward", "query", "key");
+    the first alone when interpreting. Chosen without a GPU from ptxas's report for sm_90 (benchmarks/
+    triton_resources.py): 64-channel bf16 heads, all terms and dropout, these spill 0-24 bytes per thread where
+    4-warp 128 x 64 tiles spill 1-3 KB."""
+    if interpreting():
+        return [(16, 16, 1, 1)]
+    if dtype == torch.float32 or head_dim > 64:
+        return [(64, 32, 4, 2), (32, 64, 4, 2)]
+    return {"forward": [(128, 64, 8, 3), (128, 32, 8, 2)],
+            "query": [(128, 32, 8, 2), (64, 16, 4, 2)],
+            "key": [(32, 64, 8, 2), (32, 128, 8, 2)]}[kernel]
+
+
+@cache
+def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
+    """The jitted kernel, autotuned over _configs on a GPU (keyed by the length bucket and the constexprs)."""
+    function = {"forward": forward_kernel, "query": query_gradient_kernel, "key": key_gradient_kernel}[kernel]
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+               for m, n, w, s in _configs(kernel, head_dim, dtype)]
+    if interpreting():
+        config = configs[0]
+        return lambda grid, *args, **kwargs: function[grid](*args, **config.all_kwargs(), **kwargs)
+    key = ["length_bucket", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT"]
+    tuned = triton.autotune(configs=configs, key=key)(function)
+    return lambda grid, *args, **kwargs: tuned[grid](*args, **kwargs)
+
+
+def _strides(x: Tensor | None, varlen: bool) -> tuple[int, int, int]:
+    """(batch, head, position) strides of a padded (b, h, n, c) or packed (total, h, c) operand; 0 where absent or
+    broadcast."""
+    if x is None:
+        return 0, 0, 0
+    if varlen:
+        return 0, x.stride(1), x.stride(0)
+    return (0 if x.shape[0] == 1 else x.stride(0)), x.stride(1), x.stride(2)
+
+
+class _Problem:
+    """Shapes, strides and constexprs shared by the three kernels of one call."""
+
+    def __init__(self, q: Tensor, row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
+                 cu_seqlens: Tensor | None, max_seqlen: int | None, reach: int, clip: bool, dropout_p: float,
+                 scale: float, seed: int):
+        self.varlen = cu_seqlens is not None
+        if self.varlen:
+            total, self.heads, self.head_dim = q.shape
+            self.batch, self.seqlen = cu_seqlens.numel() - 1, int(max_seqlen)
+            self.stats_shape, self.stats_strides = (self.heads, total), (0, total)
+        else:
+            self.batch, self.heads, self.seqlen, self.head_dim = q.shape
+            self.stats_shape = (self.batch, self.heads, self.seqlen)
+            self.stats_strides = (self.heads * self.seqlen, self.seqlen)
+        self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
+        self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
+        self.constants = dict(REACH=reach, CLIP=clip, HAS_ROW=row_table is not None, HAS_KEY=key_table is not None,
+                              HAS_KEEP=keep is not None, VARLEN=self.varlen, DROPOUT=dropout_p > 0,
+                              HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
+                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        self.length_bucket = 1 << max(self.seqlen - 1, 0).bit_length()
+
+    def operands(self, q: Tensor) -> list:
+        """The pointers and scalars every kernel takes first: tables, key mask, sequence offsets."""
+        dummy = q
+        return [self.row_table if self.row_table is not None else dummy,
+                self.key_table if self.key_table is not None else dummy,
+                self.keep if self.keep is not None else dummy,
+                self.cu_seqlens if self.cu_seqlens is not None else dummy]
+
+    def scalars(self) -> list:
+        return [self.seed, self.dropout_p, self.scale, self.seqlen, self.seqlen, self.heads]
+
+    def table_strides(self) -> list[int]:
+        keep_stride = self.keep.stride(0) if self.keep is not None else 0
+        return [*_strides(self.row_table, self.varlen), *_strides(self.key_table, self.varlen), keep_stride,
+                *self.stats_strides]
+
+    def grid(self, along: str):
+        return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
+
+    def table_gradient(self, table: Tensor) -> Tensor:
+        """float32, one row per (sequence, head, position), also where the table is broadcast."""
+        shape = table.shape if self.varlen else (self.batch, *table.shape[1:])
+        return torch.empty(shape, dtype=torch.float32, device=table.device)
+
+
+class _RelativeAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, row_table, key_table, problem: _Problem):
+        out = torch.empty_like(q)
+        lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
+        _launcher("forward", problem.head_dim, q.dtype)(
+            problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
+            *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+            *_strides(out, problem.varlen), *problem.table_strides(), length_bucket=problem.length_bucket,
+            **problem.constants)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.problem = problem
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        problem: _Problem = ctx.problem
+        if grad_out.stride() != q.stride():
+            grad_out = torch.empty_like(q).copy_(grad_out)
+        delta = (grad_out.float() * out.float()).sum(-1)
+        delta = delta.transpose(0, 1).contiguous() if problem.varlen else delta
+        row_table, key_table = problem.row_table, problem.key_table
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grad_row = problem.table_gradient(row_table) if row_table is not None else None
+        grad_key = problem.table_gradient(key_table) if key_table is not None else None
+        width = 1 << (2 * problem.constants["REACH"]).bit_length()
+        common = [*problem.operands(q), grad_out, lse, delta]
+        strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+                   *problem.table_strides()]
+        _launcher("query", problem.head_dim, q.dtype)(
+            problem.grid("BLOCK_M"), q, k, v, *common, grad_q, grad_row if grad_row is not None else q,
+            *problem.scalars(), *strides, *_strides(grad_row, problem.varlen), BLOCK_W=width,
+            length_bucket=problem.length_bucket, **problem.constants)
+        _launcher("key", problem.head_dim, q.dtype)(
+            problem.grid("BLOCK_N"), q, k, v, *common, grad_k, grad_v, grad_key if grad_key is not None else q,
+            *problem.scalars(), *strides, *_strides(grad_key, problem.varlen), BLOCK_W=width,
+            length_bucket=problem.length_bucket, **problem.constants)
+        return (grad_q, grad_k, grad_v, _as_table(grad_row, row_table), _as_table(grad_key, key_table), None)
+
+
+def _as_table(grad: Tensor | None, table: Tensor | None) -> Tensor | None:
+    """A table's gradient in its own shape and dtype (summed over the batch a broadcast table was shared by)."""
+    if grad is None or not table.requires_grad:
+        return None
+    if grad.shape != table.shape:
+        grad = grad.sum(0, keepdim=True)
+    return grad.to(table.dtype)
+
+
+def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
+                              *, reach: int, clip: bool, keep: Tensor | None = None, dropout_p: float = 0.0,
+                              cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                              scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + relative terms [+ pad keys masked]) with dropout, times v, in one fused kernel.
+
+    Padded: q, k, v (batch, heads, n, d), row_table (batch or 1, heads, n, 2r + 1) at [i, c(j - i)], key_table
+    (batch, heads, n, 2r + 1) at [j, c(i - j)], keep (batch, n) bool. Packed: q, k, v (total, heads, d), tables
+    (total, heads, 2r + 1), cu_seqlens (batch + 1,) int32 offsets of the sequences and max_seqlen their longest
+    length. Either table may be None. The last axis of every operand must be contiguous; scale defaults to
+    1 / sqrt(d). Gradients flow to q, k, v and both tables.
+    """
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q.dtype must be float16, bfloat16 or float32 for the Triton kernel; got {q.dtype}")
+    if q.device.type != ("cpu" if interpreting() else "cuda"):
+        raise RuntimeError(f"the Triton kernel runs on CUDA, or on CPU under TRITON_INTERPRET=1; got {q.device}")
+    if cu_seqlens is not None and keep is not None:
+        raise ValueError("keep and cu_seqlens are exclusive: packed sequences have no padding")
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(torch.int32)
+        max_seqlen = int(max_seqlen if max_seqlen is not None else (cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    row_table, key_table = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (row_table, key_table))
+    if keep is not None:
+        keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
+    seed = int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
+    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p,
+                       q.shape[-1] ** -0.5 if scale is None else scale, seed)
+    return _RelativeAttention.apply(q, k, v, row_table, key_table, problem)

@@ -1,0 +1,273 @@
+"""The fused Triton kernel (attention/relative/triton_attention.py) against a float64 reference that builds every
+score from the papers' formulas one (query, key) pair at a time. On CPU the kernel runs under Triton's
+interpreter (tests/conftest.py); on a GPU the same tests run compiled, the half-precision ones too."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import pytest
+import torch
+from helpers.reference import relative_term
+from helpers.relative import TERMS, make_convbert_layer, make_layer
+from helpers.tiny import randomize_, tiny_config
+
+from convattn import ConvAttnModel
+from convattn.attention import TokenMask
+from convattn.attention.relative import paths
+from convattn.attention.relative.tables import RelativePositionBias
+
+pytest.importorskip("triton")
+from convattn.attention.relative.triton_attention import triton_relative_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# compiling every variant for the GPU costs minutes: there the CPU interpreter's wider sweep is not repeated
+interpreter_only = pytest.mark.skipif(DEVICE == "cuda", reason="covered under the interpreter; GPU compile time")
+
+
+def reference_scores(q, k, rel: RelativePositionBias | None):
+    """(batch, heads, n, n) float64 scores, each relative term read from its table one pair at a time."""
+    q, k = q.double(), k.double()
+    n, d = q.shape[-2], q.shape[-1]
+    scores = q @ k.mT / math.sqrt(d)
+    if rel is None:
+        return scores
+    rows = []
+    for i in range(n):
+        row = []
+        for j in range(n):
+            term = torch.zeros(q.shape[:2], dtype=torch.float64)
+            if rel.fixed is not None:
+                term = term + relative_term(rel.fixed.double(), j - i, rel.reach, rel.clip)
+            if rel.query_kernel is not None:
+                w = relative_term(rel.query_kernel.double(), j - i, rel.reach, rel.clip)
+                term = term + (q[..., i, :] @ w / math.sqrt(d) if torch.is_tensor(w) else 0.0)
+            if rel.key_kernel is not None:
+                u = relative_term(rel.key_kernel.double(), i - j, rel.reach, rel.clip)
+                term = term + (k[..., j, :] @ u / math.sqrt(d) if torch.is_tensor(u) else 0.0)
+            row.append(term)
+        rows.append(torch.stack(row, -1))
+    return scores + torch.stack(rows, -2)
+
+
+def reference_attention(q, k, v, rel, keep=None, dropped=None, dropout_p=0.0):
+    """softmax over real keys, times the dropout mask / (1 - p) where one is given, times v; float64."""
+    scores = reference_scores(q, k, rel)
+    if keep is not None:
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1)
+    if dropped is not None:
+        probs = probs * ~dropped / (1 - dropout_p)
+    return probs @ v.double()
+
+
+def make_relative(terms, out_of_window, heads, head_dim, reach, seed=0):
+    rel = RelativePositionBias(terms, heads, head_dim, reach, out_of_window)
+    randomize_(rel, seed)
+    return rel
+
+
+def operands(batch, heads, n, head_dim, seed=0, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, n, head_dim, generator=generator, dtype=dtype) for _ in range(3)]
+
+
+def kernel_attention(q, k, v, rel, dtype=torch.float32, **kwargs):
+    """The kernel on DEVICE in `dtype`, its tables built by `rel` (moved along), the output back in float64."""
+    q, k, v = (x.to(DEVICE, dtype) for x in (q, k, v))
+    if rel is None:
+        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, **kwargs).double().cpu()
+    rel = rel.to(DEVICE)
+    row_table, key_table = rel.tables(q, k)
+    out = triton_relative_attention(q, k, v, row_table, key_table, reach=rel.reach, clip=rel.clip, **kwargs)
+    return out.double().cpu()
+
+
+def relative_error(ours, expected):
+    """||ours - expected|| / ||expected||, against an absolute floor where the expected value is zero (n = 1: q's
+    gradient through a softmax over one key; unit-scale inputs)."""
+    return ((ours - expected).norm() / expected.norm().clamp_min(1.0)).item()
+
+
+def check_against_reference(terms, out_of_window, batch, heads, n, head_dim, reach, lengths=None, dtype=torch.float32,
+                            tolerance=1e-4):
+    """Output and the gradients of q, k, v and every table parameter, kernel against reference."""
+    rel = make_relative(terms, out_of_window, heads, head_dim, reach) if terms else None
+    q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
+    keep = None if lengths is None else torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
+    ours = kernel_attention(q, k, v, rel, dtype, keep=None if keep is None else keep.to(DEVICE))
+    expected = reference_attention(q, k, v, rel, keep)
+    assert relative_error(ours, expected) < tolerance
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    inputs = [q, k, v, *(rel.parameters() if rel is not None else [])]
+    our_grads = torch.autograd.grad((ours * weights).sum(), inputs)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for name, g, e in zip(["q", "k", "v", *(name for name, _ in (rel.named_parameters() if rel else []))], our_grads,
+                          expected_grads, strict=True):
+        assert relative_error(g.double().cpu(), e) < tolerance, name
+
+
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_every_term_combination_matches_the_reference_with_padding(terms, out_of_window):
+    if DEVICE == "cuda" and (terms, out_of_window) not in {("composite", "clip"), ("composite+key", "zero")}:
+        pytest.skip("covered under the interpreter; GPU compile time")
+    # odd n, no multiple of any block size, batch 2 with one row padded, 32-channel heads
+    check_against_reference(TERMS[terms], out_of_window, batch=2, heads=2, n=37, head_dim=32, reach=3,
+                            lengths=[37, 29])
+
+
+@interpreter_only
+@pytest.mark.parametrize("n, reach", [(1, 8), (5, 8), (8, 8), (40, 2)])
+def test_short_sequences_and_64_channel_heads(n, reach):
+    """n <= r (every pair on the band), n = 1, and 64-channel heads."""
+    check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=64, reach=reach,
+                            lengths=[n, max(1, n - 3)])
+
+
+@interpreter_only
+def test_plain_attention_without_terms():
+    check_against_reference([], "clip", batch=2, heads=2, n=23, head_dim=32, reach=0, lengths=[23, 11])
+
+
+def test_packed_variable_lengths_equal_each_sequence_alone():
+    lengths, heads, head_dim = [7, 1, 23, 16], 2, 32
+    rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
+    sequences = [operands(1, heads, n, head_dim, seed=s) for s, n in enumerate(lengths)]
+    # packed (total, heads, d): each sequence's (1, heads, n, d) laid end to end
+    q, k, v = (torch.cat([seq[t][0].transpose(0, 1) for seq in sequences]).requires_grad_() for t in range(3))
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    qd, kd, vd = (x.to(DEVICE, torch.float32) for x in (q, k, v))
+    # tables of the packed tokens: (1, heads, total, 2r + 1) -> (total, heads, 2r + 1)
+    row_table, key_table = (t[0].transpose(0, 1) for t in rel.to(DEVICE).tables(qd.transpose(0, 1)[None],
+                                                                                  kd.transpose(0, 1)[None]))
+    packed = triton_relative_attention(qd, kd, vd, row_table, key_table,
+                                       reach=rel.reach, clip=rel.clip, cu_seqlens=cu_seqlens.to(DEVICE),
+                                       max_seqlen=max(lengths)).double().cpu()
+    starts = cu_seqlens.tolist()
+    expected = torch.cat([reference_attention(*(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), rel)[0]
+                          .transpose(0, 1) for a, b in pairwise(starts)])
+    assert relative_error(packed, expected) < 1e-4
+    weights = torch.randn(packed.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    inputs = [q, k, v, *rel.parameters()]
+    for g, e in zip(torch.autograd.grad((packed * weights).sum(), inputs),
+                    torch.autograd.grad((expected * weights).sum(), inputs), strict=True):
+        assert relative_error(g.double().cpu(), e) < 1e-4
+
+
+def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
+    """Which probabilities the kernel drops under torch seed `seed`: with v the identity, out = P * mask / (1 - p)."""
+    batch, heads, n, head_dim = q.shape
+    eye = torch.eye(n, head_dim, dtype=torch.float64).expand(batch, heads, n, head_dim)
+    torch.manual_seed(seed)
+    out = kernel_attention(q.detach(), k.detach(), eye, rel, keep=keep.to(DEVICE), dropout_p=dropout_p)
+    return (out[..., :n] == 0) & keep[:, None, None, :]
+
+
+def test_dropout_is_replayed_in_backward():
+    batch, heads, n, head_dim, dropout_p, seed = 2, 2, 21, 32, 0.3, 7
+    rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
+    q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
+    keep = torch.arange(n)[None, :] < torch.tensor([n, 15])[:, None]
+    dropped = dropped_probabilities(q, k, rel, keep, dropout_p, seed)
+    rate = dropped.sum() / (keep[:, None, None, :].expand_as(dropped).sum())
+    assert abs(rate - dropout_p) < 0.05
+    torch.manual_seed(seed)
+    ours = kernel_attention(q, k, v, rel, keep=keep.to(DEVICE), dropout_p=dropout_p)
+    expected = reference_attention(q, k, v, rel, keep, dropped, dropout_p)
+    assert relative_error(ours, expected) < 1e-4
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    inputs = [q, k, v, *rel.parameters()]
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for g, e in zip(torch.autograd.grad((ours * weights).sum(), inputs, retain_graph=True), expected_grads,
+                    strict=True):
+        assert relative_error(g.double().cpu(), e) < 1e-4
+    # control: the same forward, but its backward drawing from another seed, no longer matches
+    torch.manual_seed(seed)
+    replayed_wrong = kernel_attention(q, k, v, rel, keep=keep.to(DEVICE), dropout_p=dropout_p)
+    node = replayed_wrong.grad_fn
+    while not hasattr(node, "problem"):  # back through the casts to the kernel's autograd node
+        node = node.next_functions[0][0]
+    node.problem.seed += 1
+    wrong = torch.autograd.grad((replayed_wrong * weights).sum(), [q])[0]
+    assert relative_error(wrong.double().cpu(), expected_grads[0]) > 1e-2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="half precision runs compiled on a GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_against_float32(dtype):
+    check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=4, n=300, head_dim=64, reach=8,
+                            lengths=[300, 211], dtype=dtype, tolerance=2e-2)
+
+
+@pytest.mark.parametrize("make", [make_layer, make_convbert_layer])
+def test_layers_take_the_kernel_by_name_and_match_eager(make, monkeypatch):
+    """Composite attention and ConvBERT's heads with attn_implementation="convattn_triton" against "eager"."""
+    layer = make(TERMS["composite+key"], "clip", hidden_size=128).to(DEVICE)
+    x = torch.randn(2, 19, 128, generator=torch.Generator().manual_seed(0)).to(DEVICE).requires_grad_()
+    keep = (torch.arange(19)[None, :] < torch.tensor([19, 12])[:, None]).to(DEVICE)
+    taken = []
+    original = paths.relative_path
+    monkeypatch.setattr(paths, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
+    results = {}
+    for implementation in ("convattn_triton", "eager"):
+        layer.config._attn_implementation = implementation
+        out = layer(x, TokenMask(keep))[0]
+        loss = (out * keep[..., None]).pow(2).sum()
+        results[implementation] = [out, *torch.autograd.grad(loss, [x, *layer.parameters()])]
+    assert taken == ["triton", "dense"]
+    for ours, expected in zip(results["convattn_triton"], results["eager"], strict=True):
+        assert relative_error(ours.double().cpu(), expected.double().cpu()) < 1e-4
+
+
+def test_models_load_with_the_kernel_and_switch_to_and_from_it(tmp_path):
+    model = ConvAttnModel(tiny_config("chang2021-small/composite", hidden_size=64, num_attention_heads=2))
+    randomize_(model)
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(5, 101, (2, 27), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    attention_mask = torch.ones(2, 27, dtype=torch.long, device=DEVICE)
+    attention_mask[1, 20:] = 0
+    outputs = {}
+    for implementation in ("convattn_triton", "eager"):
+        loaded = ConvAttnModel.from_pretrained(tmp_path, attn_implementation=implementation).to(DEVICE)
+        assert loaded.config._attn_implementation == implementation
+        hidden = loaded(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+        grads = torch.autograd.grad(hidden[attention_mask.bool()].pow(2).sum(), list(loaded.parameters()),
+                                    allow_unused=True)
+        outputs[implementation] = (hidden, grads)
+    real = attention_mask.bool()
+    torch.testing.assert_close(outputs["convattn_triton"][0][real], outputs["eager"][0][real], rtol=1e-4, atol=1e-5)
+    for ours, expected in zip(outputs["convattn_triton"][1], outputs["eager"][1], strict=True):
+        if expected is not None:
+            assert relative_error(ours.double().cpu(), expected.double().cpu()) < 1e-4
+    loaded.set_attn_implementation("convattn_triton")
+    assert loaded.config._attn_implementation == "convattn_triton"
+    with torch.no_grad():
+        switched = loaded(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+    torch.testing.assert_close(switched[real], outputs["convattn_triton"][0][real].detach(), rtol=1e-4, atol=1e-5)
+    loaded.set_attn_implementation("sdpa")
+    assert loaded.config._attn_implementation == "sdpa"
+
+
+def test_attention_interface_serves_plain_attention():
+    from transformers import AttentionInterface
+
+    import convattn
+
+    convattn.register_auto_classes()
+    function = AttentionInterface()["convattn_triton"]
+    q, k, v = (x.requires_grad_() for x in operands(2, 2, 13, 32))
+    keep = torch.arange(13)[None, :] < torch.tensor([13, 9])[:, None]
+    additive = torch.zeros(2, 1, 1, 13, dtype=torch.float32).masked_fill(~keep[:, None, None, :], -1e9)
+    out, weights = function(None, *(x.to(DEVICE, torch.float32) for x in (q, k, v)), additive.to(DEVICE))
+    assert weights is None
+    expected = reference_attention(q, k, v, None, keep).transpose(1, 2)
+    assert relative_error(out.double().cpu(), expected) < 1e-4
+
+
+def test_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        triton_relative_attention(q, q, q, None, None, reach=0, clip=True)
