@@ -143,8 +143,8 @@ def sequence(CU, batch, seqlen, VARLEN: tl.constexpr):
     return 0, seqlen
 
 
-@triton.jit
-def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqlen, rng_stride, heads,
+@triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
+def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqlen, rng_stride, heads, length_bucket,
                    sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_s,
                    sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h,
                    REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
@@ -252,9 +252,9 @@ def query_gradient_tiles(dq, da, da_edge, q, do, lse, delta, i, row_edge, K, V, 
     return dq, da, da_edge
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
 def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed, p_drop, scale, seqlen,
-                          rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                          rng_stride, heads, length_bucket, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                           sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s,
                           REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
                           HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr,
@@ -344,9 +344,9 @@ def key_gradient_tiles(dk, dv, db, db_edge, k, v, j, key_edge, Q, DO, LSE, DELTA
     return dk, dv, db, db_edge
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
 def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, seed, p_drop, scale, seqlen,
-                        rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                        rng_stride, heads, length_bucket, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                         sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s,
                         REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                         HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
@@ -434,7 +434,7 @@ def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
     if interpreting():
         config = configs[0]
         return lambda grid, *args, **kwargs: function[grid](*args, **config.all_kwargs(), **kwargs)
-    key = ["length_bucket", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT"]
+    key = ["length_bucket", "REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT"]
     tuned = triton.autotune(configs=configs, key=key)(function)
     return lambda grid, *args, **kwargs: tuned[grid](*args, **kwargs)
 
@@ -481,7 +481,9 @@ class _Problem:
                 self.cu_seqlens if self.cu_seqlens is not None else dummy]
 
     def scalars(self) -> list:
-        return [self.seed, self.dropout_p, self.scale, self.seqlen, self.seqlen, self.heads]
+        """seed, p_drop, scale, seqlen, rng_stride, heads and length_bucket: the next power of two of the length,
+        which the kernels ignore and the autotuner keys on (one tuning per bucket, not per length)."""
+        return [self.seed, self.dropout_p, self.scale, self.seqlen, self.seqlen, self.heads, self.length_bucket]
 
     def table_strides(self) -> list[int]:
         keep_stride = self.keep.stride(0) if self.keep is not None else 0
@@ -505,8 +507,7 @@ class _RelativeAttention(torch.autograd.Function):
         _launcher("forward", problem.head_dim, q.dtype)(
             problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
             *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-            *_strides(out, problem.varlen), *problem.table_strides(), length_bucket=problem.length_bucket,
-            **problem.constants)
+            *_strides(out, problem.varlen), *problem.table_strides(), **problem.constants)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
         return out
@@ -530,11 +531,11 @@ class _RelativeAttention(torch.autograd.Function):
         _launcher("query", problem.head_dim, q.dtype)(
             problem.grid("BLOCK_M"), q, k, v, *common, grad_q, grad_row if grad_row is not None else q,
             *problem.scalars(), *strides, *_strides(grad_row, problem.varlen), BLOCK_W=width,
-            length_bucket=problem.length_bucket, **problem.constants)
+            **problem.constants)
         _launcher("key", problem.head_dim, q.dtype)(
             problem.grid("BLOCK_N"), q, k, v, *common, grad_k, grad_v, grad_key if grad_key is not None else q,
             *problem.scalars(), *strides, *_strides(grad_key, problem.varlen), BLOCK_W=width,
-            length_bucket=problem.length_bucket, **problem.constants)
+            **problem.constants)
         return (grad_q, grad_k, grad_v, _as_table(grad_row, row_table), _as_table(grad_key, key_table), None)
 
 
