@@ -334,3 +334,31 @@ def test_a_folder_holding_the_users_results_is_refused_and_left_alone(tiny_check
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["glue_results.md", "submission",
                                                                        "submission/SST-2.tsv"]
     assert (out / "glue_results.md").read_text() == "my table"
+
+
+def test_a_model_rewritten_between_seeds_never_mixes_into_one_table(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from convattn.training.glue import protocol
+
+    model, out = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(tiny_checkpoint, model)
+    fine_tune = protocol.fine_tune
+
+    def then_rewrite_the_model(*args, **kwargs):  # a `pretrain --resume` finishing into --model meanwhile
+        run = fine_tune(*args, **kwargs)
+        weights = load_file(model / "model.safetensors")
+        save_file({name: tensor + 1 for name, tensor in weights.items()}, model / "model.safetensors",
+                  metadata={"format": "pt"})
+        return run
+
+    monkeypatch.setattr(protocol, "fine_tune", then_rewrite_the_model)
+    argv = ["glue", "--model", str(model), "--task", "sst2", "--data-dir", str(FIXTURE_GLUE_DATA),
+            "--output-dir", str(out), *QUICK, "--seeds", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("convattn glue: error: --model") and "changed while this job ran" in err
+    assert (out / "runs" / "sst2" / "seed0" / "run.json").is_file()
+    assert not (out / "runs" / "sst2" / "seed1" / "run.json").exists() and not (out / "glue_results.json").exists()

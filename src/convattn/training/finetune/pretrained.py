@@ -79,9 +79,9 @@ def fitted_max_length(max_length: int, given: bool, pretrained: PretrainedModel,
     return limit
 
 
-def check_same_model(output_dir: Path, model: str, record_file: str) -> None:
+def check_same_model(output_dir: Path, model: str, record_file: str) -> str:
     """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
-    `record_file` records it, written before the first run."""
+    `record_file` records it, written before the first run. Returns its fingerprint (`check_unchanged`)."""
     record = {"model": model, "identity": model_identity(model)}
     saved = read_json(output_dir / record_file)
     if saved is None:
@@ -90,3 +90,13 @@ def check_same_model(output_dir: Path, model: str, record_file: str) -> None:
     elif saved["identity"] != record["identity"]:
         raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
                          f"{saved['identity']}; {model} is {record['identity']}); use another {option('output_dir')}")
+    return record["identity"]
+
+
+def check_unchanged(model: str, identity: str) -> None:
+    """`model` still has the fingerprint the job recorded (checked once a seed has loaded it): a folder rewritten
+    meanwhile (a `pretrain --resume` finishing there) would put two models in one table."""
+    if (now := model_identity(model)) != identity:
+        raise UsageError(f"{option('model')} {model} changed while this job ran (fingerprint {identity}, now {now}); "
+                         f"the seeds finished before are kept; fine-tune the new model into another "
+                         f"{option('output_dir')}")

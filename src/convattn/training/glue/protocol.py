@@ -72,10 +72,10 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     with run_folder_lock(output_dir):
         check_finished_runs(output_dir, settings, seeds)
         check_mnli_available(output_dir, tasks, settings, seeds)
-        check_same_model(output_dir, model, MODEL_FILE)  # the first write
+        identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
         log_to(output_dir)
         for name in tasks:
-            run_task(name, output_dir, data_dir, settings, seeds, model, pretrained, save_models != "none")
+            run_task(name, output_dir, data_dir, settings, seeds, model, identity, pretrained, save_models != "none")
         results = aggregate(output_dir)
         results["models"] = publish_models(output_dir, results, save_models)
         return results
@@ -97,8 +97,9 @@ def publish_models(output_dir: Path, results: dict, save_models: str) -> list[st
 
 
 def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[str, GlueSettings], seeds: int,
-             model: str, pretrained: PretrainedModel, save_model: bool) -> None:
-    """Every unfinished seed of one task (an interrupted seed starts again)."""
+             model: str, identity: str, pretrained: PretrainedModel, save_model: bool) -> None:
+    """Every unfinished seed of one task (an interrupted seed starts again), each from `model` as it was when the
+    job started (`identity`: its fingerprint) or from the same seed's MNLI model."""
     task = get_task(name)
     pending = [s for s in range(seeds) if finished_run(seed_dir(output_dir, name, s)) is None]
     if not pending:
@@ -112,9 +113,10 @@ def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[
             shutil.rmtree(path)  # an interrupted run: start it again
         print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
         if task.trains:
-            source = str(mnli_model_dir(output_dir, seed)) if settings[name].from_mnli else model
+            from_mnli = settings[name].from_mnli
+            source = str(mnli_model_dir(output_dir, seed)) if from_mnli else model
             run = fine_tune(task, seed, settings[name], data, source, tokenizer, path,
-                            save_model=save_model or name == "mnli")
+                            save_model=save_model or name == "mnli", identity=None if from_mnli else identity)
             scores = ", ".join(f"{column} {score:.1f}" for column, score in run["scores"].items())
             print(f"[glue] {name} seed {seed}: {scores}")
         else:

@@ -28,6 +28,7 @@ from convattn.checkpoint import load_checked
 from convattn.data.glue import GlueTask
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.training.finetune.optim import LayerDecayTrainer
+from convattn.training.finetune.pretrained import check_unchanged
 from convattn.training.finetune.trainer import RUN_FILE, quiet_trainer, train, training_arguments
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
@@ -51,8 +52,9 @@ def predict_test_sets(trainer: Trainer, task: GlueTask, data: TaskData, path: Pa
 
 
 def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData, model_source: str,
-              tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool) -> dict:
-    """Fine-tune one seed on one task, score every dev set, predict the test sets; returns (and writes) run.json."""
+              tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool, identity: str | None) -> dict:
+    """Fine-tune one seed on one task, score every dev set, predict the test sets; returns (and writes) run.json.
+    `identity`: the fingerprint `model_source` must still have once loaded (None: a model this job made, MNLI's)."""
     start = time.time()
     set_seed(seed)  # the new head's initialisation
     model = load_checked(
@@ -60,6 +62,8 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
         id2label=dict(enumerate(task.labels or ("score",))),
         label2id={label: i for i, label in enumerate(task.labels or ("score",))},
     )
+    if identity is not None:
+        check_unchanged(model_source, identity)
     trainer = LayerDecayTrainer(
         model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
         data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
