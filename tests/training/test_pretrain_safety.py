@@ -337,3 +337,23 @@ def test_resume_reads_the_text_the_run_started_with(corpus, tmp_path, monkeypatc
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 2
     one_error_line(capsys, "--resume: the text read now", "is not the text the run in", "started with")
     assert snapshot(out) == before
+
+
+def test_a_non_finite_eval_loss_stops_the_run_before_that_steps_checkpoint(corpus, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from convattn.training.pretrain.trainer import PretrainTrainer
+
+    eval_sums = PretrainTrainer._eval_sums
+
+    def nan_from_step_4(self, model, batch):  # finite but huge weights: a finite training loss, a NaN eval loss
+        sums = eval_sums(self, model, batch)
+        return {**sums, "loss": sums["loss"] * torch.nan} if self.state.global_step >= 4 else sums
+
+    monkeypatch.setattr(PretrainTrainer, "_eval_sums", nan_from_step_4)
+    out = tmp_path / "run"
+    assert main(tiny_args(corpus, out)) == 2  # evaluations at steps 0, 4, 8; checkpoints every 2 steps
+    one_error_line(capsys, "training stopped at step 4: the eval loss is nan", "--lr")
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-2"]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0]
+    assert not (out / "model.safetensors").exists()

@@ -1,9 +1,10 @@
-"""Training that stops at the first non-finite loss, and never saves non-finite weights.
+"""Training that stops at the first non-finite loss (training or eval), and never saves non-finite weights.
 
 `FiniteTraining` is a `Trainer` mixin: every step's loss is checked (the Trainer already reads it on the host
-each step to filter it for logging, so this adds no device sync), and every save (checkpoints and the final
-model) first checks the weights. Either failure is a `NonFiniteTraining` error, which the command line reports
-as one line: a run never ends "done" with NaN weights.
+each step to filter it for logging, so this adds no device sync), an evaluating subclass checks each eval loss
+(`check_finite_eval`), and every save (checkpoints and the final model) first checks the weights. Each failure
+is a `NonFiniteTraining` error, which the command line reports as one line: a run never ends "done" with NaN
+weights.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ class FiniteTraining:
             raise NonFiniteTraining(f"training stopped at step {step}: the loss is {value} ({cause}); nothing "
                                     f"from this step on was saved; {self.divergence_hint}")
         return loss
+
+    def check_finite_eval(self, loss: float) -> None:
+        """Call with each evaluation's loss before it is logged: the Trainer evaluates before it saves, so a
+        non-finite eval loss (weights finite but huge) stops the run before that step's checkpoint is written."""
+        if not math.isfinite(loss):
+            raise NonFiniteTraining(f"training stopped at step {self.state.global_step}: the eval loss is {loss} (the "
+                                    f"weights no longer give finite losses); this step was not saved; "
+                                    f"{self.divergence_hint}")
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         model = self.accelerator.unwrap_model(self.model)

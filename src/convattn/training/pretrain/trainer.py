@@ -90,6 +90,7 @@ class PretrainTrainer(FiniteTraining, Trainer):
             model.train(was_training)
             self.data_collator = train_collator
         metrics = self._eval_metrics({k: float(v) for k, v in totals.items()}, metric_key_prefix)
+        self.check_finite_eval(metrics[f"{metric_key_prefix}_loss"])
         metrics[f"{metric_key_prefix}_runtime"] = round(time.perf_counter() - started, 3)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
