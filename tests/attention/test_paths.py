@@ -28,10 +28,19 @@ SHORT, LONG, LONGEST = paths.CPU_DECOMPOSED_MIN_LENGTH - 1, paths.CPU_DECOMPOSED
     (LONG, 16, torch.float32, "flex_attention", 0.0, False, "flex"),
     (LONG, 8, torch.float32, "flex_attention", 0.0, False, "dense"),  # its kernel needs 16 channels
     (LONG, 16, torch.float32, "flex_attention", 0.1, False, "dense"),  # it has no dropout
+    (SHORT, 64, torch.float32, "convattn_triton", 0.1, False, "triton"),  # by name, any length, dropout too
+    (LONG, 64, torch.float32, "convattn_triton", 0.0, True, "dense"),  # attention maps
 ])
 def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
     q = torch.empty(1, 1, n, d, dtype=dtype)
     assert paths.relative_path(q, implementation, dropout_p, need_weights) == path
+
+
+def test_compiled_graphs_keep_the_decomposition_where_the_triton_kernel_is_asked_for(monkeypatch):
+    """The kernel's autograd function is no custom operator: a compiled graph takes the decomposition's."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q = torch.empty(1, 1, LONG, 64)
+    assert paths.relative_path(q, "convattn_triton", 0.0, False) == "decomposed"
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

@@ -71,10 +71,9 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
         return _forced_path
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
-    if attn_implementation == TRITON_IMPLEMENTATION:
-        return "triton"
-    if (q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed()
-            and not torch.compiler.is_compiling()):
+    wants_triton = attn_implementation == TRITON_IMPLEMENTATION or (
+        q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed())
+    if wants_triton and not torch.compiler.is_compiling():
         return "triton"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
     if kernel is None:
