@@ -425,6 +425,10 @@ def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, 
             "key": [(32, 64, 8, 2), (32, 128, 8, 2)]}[kernel]
 
 
+# the autotuners made so far, by (kernel, head size, dtype): what they chose is in their caches
+_AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
+
+
 @cache
 def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
     """The jitted kernel, autotuned over _configs on a GPU (keyed by the length bucket and the constexprs)."""
@@ -435,8 +439,14 @@ def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
         config = configs[0]
         return lambda grid, *args, **kwargs: function[grid](*args, **config.all_kwargs(), **kwargs)
     key = ["length_bucket", "REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT"]
-    tuned = triton.autotune(configs=configs, key=key)(function)
+    tuned = _AUTOTUNERS[kernel, head_dim, dtype] = triton.autotune(configs=configs, key=key)(function)
     return lambda grid, *args, **kwargs: tuned[grid](*args, **kwargs)
+
+
+def autotuned_configs() -> list[str]:
+    """One line per tiling the autotuner chose so far: the kernel, head size, dtype, its key and the config."""
+    return [f"{kernel} d={head_dim} {str(dtype).removeprefix('torch.')} {key}: {config}"
+            for (kernel, head_dim, dtype), tuner in _AUTOTUNERS.items() for key, config in tuner.cache.items()]
 
 
 def _strides(x: Tensor | None, varlen: bool) -> tuple[int, int, int]:
