@@ -357,3 +357,62 @@ def test_a_non_finite_eval_loss_stops_the_run_before_that_steps_checkpoint(corpu
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-2"]
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0]
     assert not (out / "model.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def stopped_run(corpus, tmp_path_factory):
+    """A run stopped at step 5: checkpoints 2 and 4."""
+    from convattn.cli import build_parser
+    from convattn.commands.pretrain import options_from_args
+    from convattn.training.pretrain import pretrain
+
+    out = tmp_path_factory.mktemp("runs") / "stopped"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
+        pretrain(options_from_args(build_parser().parse_args(tiny_args(corpus, out))), callbacks=[InterruptAt(5)])
+    return out
+
+
+def truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(("damage", "said"), [
+    (lambda c: (c / "optimizer.pt").unlink(), "optimizer.pt is missing"),
+    (lambda c: truncate(c / "optimizer.pt"), "optimizer.pt is truncated or corrupt"),
+    (lambda c: truncate(c / "scheduler.pt"), "scheduler.pt is truncated or corrupt"),
+    (lambda c: truncate(c / "rng_state.pth"), "rng_state.pth is truncated or corrupt"),
+    (lambda c: (c / "model.safetensors").unlink(), "model.safetensors is missing"),
+    (lambda c: truncate(c / "model.safetensors"), "model.safetensors is truncated or corrupt"),
+    (lambda c: (c / "trainer_state.json").write_text("{}"), "trainer_state.json is not a trainer state"),
+])
+def test_resume_refuses_a_damaged_checkpoint_and_offers_the_one_before(stopped_run, tmp_path, capsys, damage, said):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    damage(run / "checkpoints" / "checkpoint-4")
+    before = snapshot(run)
+    assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 2
+    one_error_line(capsys, f"checkpoint-4 is damaged ({said}); delete that folder to resume from checkpoint-2")
+    assert snapshot(run) == before
+    damage(run / "checkpoints" / "checkpoint-2")
+    assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 2
+    one_error_line(capsys, f"checkpoint-4 is damaged ({said}); start the run again with --overwrite")
+
+
+def test_a_finished_runs_damaged_final_model_is_named_and_saved_again(finished_run, tmp_path, capsys):
+    import shutil
+
+    from convattn.checkpoint import check_weight_file
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    truncate(run / "model.safetensors")
+    assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 0
+    printed = capsys.readouterr()
+    assert "model.safetensors is truncated or corrupt: saving the final model again from" in printed.err
+    assert "already finished" not in printed.out
+    check_weight_file(run / "model.safetensors")
+    assert (run / "model.safetensors").read_bytes() == (finished_run / "model.safetensors").read_bytes()

@@ -16,6 +16,7 @@ checked before the output directory is touched. The output directory then holds:
     tensorboard/                                      TensorBoard event files
     checkpoints/checkpoint-N/                         for --resume (Trainer's own checkpoints)
     pretrain_options.json                             what was run (checked again on --resume)
+    pretrain_data.json                                a fingerprint of its text (checked again on --resume)
 
 Eval perplexity is exp(total token loss / total masked tokens) over the whole eval set; masks are drawn
 from a generator seeded by each batch's tokens, so every evaluation scores the same positions.

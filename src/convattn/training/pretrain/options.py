@@ -8,10 +8,11 @@ import math
 import os
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convattn.checkpoint import check_weight_file, weight_files
+from convattn.checkpoint import check_weight_file
 from convattn.config import ConvAttnConfig
 from convattn.console import LOG_FILE
 from convattn.data.formatting import FORMATS
@@ -302,11 +303,65 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
     if reached > recipe.max_steps:
         raise UsageError(f"{max_steps} {recipe.max_steps} is below step {reached}, which the run in {out} has already "
                          f"reached; give {max_steps} {reached} or more")
-    for file in weight_files(checkpoints[-1]):
-        check_weight_file(file)
+    check_checkpoint(checkpoints)
     spent = time_spent(checkpoints[-1])
     budget_spent = recipe.time_budget is not None and spent >= recipe.time_budget
     return OutputPlan(resume_from=checkpoints[-1], finished=reached == recipe.max_steps or budget_spent)
+
+
+# what --resume reads from a checkpoint besides rng_state*.pth: without one it would continue differently
+CHECKPOINT_NEEDS = ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
+
+
+def is_whole(file: Path) -> bool:
+    """A safetensors file (finite weights) or a torch file (a zip archive) that reads back completely."""
+    if file.suffix == ".safetensors":
+        try:
+            check_weight_file(file)
+        except UsageError:
+            return False
+        return True
+    try:
+        with zipfile.ZipFile(file) as archive:
+            return archive.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False
+
+
+def checkpoint_damage(checkpoint: Path) -> str | None:
+    """What keeps --resume from continuing exactly where `checkpoint` stopped (a file missing, truncated or
+    corrupt), or None when it is whole."""
+    missing = [name for name in CHECKPOINT_NEEDS if not (checkpoint / name).is_file()]
+    rng_states = sorted(p for p in checkpoint.iterdir() if RNG_STATE.fullmatch(p.name))
+    if missing or not rng_states:
+        return f"{(missing or ['rng_state.pth'])[0]} is missing"
+    state = read_json_or_none(checkpoint / "trainer_state.json")
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return "trainer_state.json is not a trainer state"
+    for file in (checkpoint / "model.safetensors", checkpoint / "optimizer.pt", checkpoint / "scheduler.pt",
+                 *rng_states):
+        if not is_whole(file):
+            return f"{file.name} is truncated or corrupt"
+    return None
+
+
+def read_json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, OSError):
+        return None
+
+
+def check_checkpoint(checkpoints: list[Path]) -> None:
+    """The last checkpoint is whole; else one line naming the damage and the way on (an earlier whole checkpoint
+    to resume from, once the damaged one is deleted, or starting again)."""
+    damage = checkpoint_damage(checkpoints[-1])
+    if damage is None:
+        return
+    earlier = next((c for c in reversed(checkpoints[:-1]) if checkpoint_damage(c) is None), None)
+    way_on = (f"delete that folder to resume from {earlier.name}" if earlier else
+              f"start the run again with {option('overwrite')}")
+    raise UsageError(f"{option('resume')}: {checkpoints[-1]} is damaged ({damage}); {way_on}")
 
 
 def remove_run_files(out: Path) -> None:

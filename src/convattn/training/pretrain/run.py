@@ -31,6 +31,7 @@ from convattn.training.pretrain.options import (
     check_same_data,
     checkpoint_step,
     complete_checkpoints,
+    is_whole,
     remove_run_files,
     sequence_length,
 )
@@ -93,8 +94,11 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
         if main_process():
             recover_replaced_run(options.output_dir)
         plan = check_output_dir(options)
-        if plan.finished and (options.output_dir / "model.safetensors").is_file():
-            return finished_summary(options)
+        final = options.output_dir / "model.safetensors"
+        if plan.finished and final.is_file():
+            if is_whole(final):
+                return finished_summary(options)
+            say("pretrain", f"{final} is truncated or corrupt: saving the final model again from {plan.resume_from}")
         return train(options, sequence_length(options.recipe, config), plan, callbacks, label)
 
 
