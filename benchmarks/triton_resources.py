@@ -54,8 +54,6 @@ def resources(kernel_name: str, tiling: tuple[int, int, int, int], constants: di
     block_m, block_n, warps, stages = tiling
     kernel = KERNELS[kernel_name]
     constants = dict(constants, BLOCK_M=block_m, BLOCK_N=block_n)
-    if kernel_name != "forward":
-        constants["BLOCK_W"] = 1 << (2 * constants["REACH"]).bit_length()
     source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))

@@ -214,22 +214,30 @@ def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge,
 
 
 @triton.jit
-def table_gradient(acc, ds, offset, WIDTH: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
-                   AXIS: tl.constexpr):
-    """acc (rows, BLOCK_W) += for each column t, the sum of ds over AXIS where c(offset) == t."""
-    column = tl.minimum(tl.maximum(offset, -REACH), REACH) + REACH
-    if not CLIP:
-        column = tl.where((offset >= -REACH) & (offset <= REACH), column, -1)
-    t = tl.arange(0, acc.shape[1])
-    for c in tl.static_range(WIDTH):
-        total = tl.sum(tl.where(column == c, ds, 0.0), AXIS)
-        acc += tl.where(t[None, :] == c, total[:, None], 0.0)
-    return acc
+def band_table_gradient(T, ds, owner, other, offset, n, s_s, low, high, AXIS: tl.constexpr, REACH: tl.constexpr,
+                        CLIP: tl.constexpr):
+    """A band tile's share of a table's gradient: the table row of `owner` (a query for the row table, a key for the
+    key table) gets dS at column offset + r, `offset` the other position minus the owner's. Inside the band each
+    (owner, column) has exactly one partner, so those entries are stored, never summed; in clip mode the edge
+    columns 0 and 2r gather every partner beyond the band, summed into `low` and `high` over AXIS."""
+    stored = REACH - 1 if CLIP else REACH  # the offsets whose column has one partner
+    inside = (offset >= -stored) & (offset <= stored)
+    tl.store(T + owner * s_s + offset + REACH, ds, mask=inside & (owner < n) & (other < n))
+    if CLIP:
+        low += tl.sum(tl.where(offset <= -REACH, ds, 0.0), AXIS)
+        high += tl.sum(tl.where(offset >= REACH, ds, 0.0), AXIS)
+    return low, high
 
 
 @triton.jit
-def query_gradient_tiles(dq, da, da_edge, q, do, lse, delta, i, row_edge, K, V, A, B, KEEP, first, last, n,
-                         seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr,
+def store_edges(T, owner, n, s_s, low, high, REACH: tl.constexpr):
+    tl.store(T + owner * s_s, low, mask=owner < n)
+    tl.store(T + owner * s_s + 2 * REACH, high, mask=owner < n)
+
+
+@triton.jit
+def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K, V, A, B, KEEP, DA, first, last, n,
+                         seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, MODE: tl.constexpr,
                          REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                          HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
@@ -246,10 +254,13 @@ def query_gradient_tiles(dq, da, da_edge, q, do, lse, delta, i, row_edge, K, V, 
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if HAS_ROW:
             if MODE == 1:
-                da = table_gradient(da, ds, j[None, :] - i[:, None], 2 * REACH + 1, REACH, CLIP, 1)
+                da_low, da_high = band_table_gradient(DA, ds, i[:, None], j[None, :], j[None, :] - i[:, None], n,
+                                                      sda_s, da_low, da_high, 1, REACH, CLIP)
+            elif CLIP and MODE == 0:
+                da_low += tl.sum(ds, 1)
             elif CLIP:
-                da_edge += tl.sum(ds, 1)
-    return dq, da, da_edge
+                da_high += tl.sum(ds, 1)
+    return dq, da_low, da_high
 
 
 @triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
@@ -259,7 +270,7 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
                           REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
                           HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr,
                           DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           PRECISION: tl.constexpr):
     """dQ and the row table's gradient of one query block; DO and DQ are laid out as Q."""
     block, bh = tl.program_id(0), tl.program_id(1)
@@ -288,36 +299,32 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
     lse = tl.load(LSE + i, mask=i < n, other=0.0)
     delta = tl.load(DELTA + i, mask=i < n, other=0.0)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    da = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    da_left = tl.zeros((BLOCK_M,), tl.float32)
-    da_right = tl.zeros((BLOCK_M,), tl.float32)
+    da_low = tl.zeros((BLOCK_M,), tl.float32)
+    da_high = tl.zeros((BLOCK_M,), tl.float32)
     seed = seed + bh
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
     left = edge(A, i, n, sa_s, 0, HAS_ROW)
-    dq, da, da_left = query_gradient_tiles(
-        dq, da, da_left, q, do, lse, delta, i, left, K, V, A, B, KEEP, 0, band_first, n, seed, rng_stride,
-        p_drop, sk_s, sv_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+    dq, da_low, da_high = query_gradient_tiles(
+        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, 0, band_first, n, seed, rng_stride,
+        p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
-    dq, da, da_left = query_gradient_tiles(
-        dq, da, da_left, q, do, lse, delta, i, left, K, V, A, B, KEEP, band_first, band_last, n, seed,
-        rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
-        HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    dq, da_low, da_high = query_gradient_tiles(
+        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, band_first, band_last, n, seed,
+        rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP,
+        DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
-    dq, da, da_right = query_gradient_tiles(
-        dq, da, da_right, q, do, lse, delta, i, right, K, V, A, B, KEEP, band_last, n, n, seed, rng_stride,
-        p_drop, sk_s, sv_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
+    dq, da_low, da_high = query_gradient_tiles(
+        dq, da_low, da_high, q, do, lse, delta, i, right, K, V, A, B, KEEP, DA, band_last, n, n, seed, rng_stride,
+        p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
     tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
-    if HAS_ROW:
-        t = tl.arange(0, BLOCK_W)
-        da += tl.where(t[None, :] == 0, da_left[:, None], 0.0)
-        da += tl.where(t[None, :] == 2 * REACH, da_right[:, None], 0.0)
-        tl.store(DA + i[:, None] * sda_s + t[None, :], da, mask=(i < n)[:, None] & (t < 2 * REACH + 1)[None, :])
+    if HAS_ROW and CLIP:
+        store_edges(DA, i, n, sda_s, da_low, da_high, REACH)
 
 
 @triton.jit
-def key_gradient_tiles(dk, dv, db, db_edge, k, v, j, key_edge, Q, DO, LSE, DELTA, A, B, KEEP, first, last, n,
-                       seed, rng_stride, p_drop, sq_s, sa_s, sb_s, scale, MODE: tl.constexpr,
+def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, key_edge, Q, DO, LSE, DELTA, A, B, KEEP, DB, first, last,
+                       n, seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, MODE: tl.constexpr,
                        REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                        HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
@@ -336,12 +343,15 @@ def key_gradient_tiles(dk, dv, db, db_edge, k, v, j, key_edge, Q, DO, LSE, DELTA
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         if HAS_KEY:
+            # key j's column is c(i - j), summed over the queries (axis 0); keys right of the band sit at 0
             if MODE == 1:
-                # key j's column is c(i - j); its table row gathers over the queries (axis 0)
-                db = table_gradient(db, ds, i[:, None] - j[None, :], 2 * REACH + 1, REACH, CLIP, 0)
+                db_low, db_high = band_table_gradient(DB, ds, j[None, :], i[:, None], i[:, None] - j[None, :], n,
+                                                      sdb_s, db_low, db_high, 0, REACH, CLIP)
+            elif CLIP and MODE == 2:
+                db_low += tl.sum(ds, 0)
             elif CLIP:
-                db_edge += tl.sum(ds, 0)
-    return dk, dv, db, db_edge
+                db_high += tl.sum(ds, 0)
+    return dk, dv, db_low, db_high
 
 
 @triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
@@ -350,7 +360,7 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
                         sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s,
                         REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                         HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """dK, dV and the key table's gradient of one key block; DO is laid out as Q, DK as K, DV as V."""
     block, bh = tl.program_id(0), tl.program_id(1)
@@ -381,34 +391,30 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=key_mask, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    db = tl.zeros((BLOCK_N, BLOCK_W), tl.float32)
-    db_right = tl.zeros((BLOCK_N,), tl.float32)
-    db_left = tl.zeros((BLOCK_N,), tl.float32)
+    db_low = tl.zeros((BLOCK_N,), tl.float32)
+    db_high = tl.zeros((BLOCK_N,), tl.float32)
     seed = seed + bh
     # query tiles for which these keys lie wholly right of the band (i < j - r), touch it, lie wholly left
     band_first, band_last = band_tiles(j0, n, BLOCK_N, BLOCK_M, REACH)
     # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
     right = edge(B, j, n, sb_s, 0, HAS_KEY)
-    dk, dv, db, db_right = key_gradient_tiles(
-        dk, dv, db, db_right, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, 0, band_first, n, seed,
-        rng_stride, p_drop, sq_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
-        BLOCK_D, BLOCK_M, PRECISION)
-    dk, dv, db, db_right = key_gradient_tiles(
-        dk, dv, db, db_right, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, band_first, band_last, n, seed,
-        rng_stride, p_drop, sq_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
-        BLOCK_D, BLOCK_M, PRECISION)
+    dk, dv, db_low, db_high = key_gradient_tiles(
+        dk, dv, db_low, db_high, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, 0, band_first, n, seed,
+        rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
+        HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+    dk, dv, db_low, db_high = key_gradient_tiles(
+        dk, dv, db_low, db_high, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_first, band_last, n, seed,
+        rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
+        HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     left = edge(B, j, n, sb_s, 2 * REACH, HAS_KEY)
-    dk, dv, db, db_left = key_gradient_tiles(
-        dk, dv, db, db_left, k, v, j, left, Q, DO, LSE, DELTA, A, B, KEEP, band_last, n, n, seed,
-        rng_stride, p_drop, sq_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
-        BLOCK_D, BLOCK_M, PRECISION)
+    dk, dv, db_low, db_high = key_gradient_tiles(
+        dk, dv, db_low, db_high, k, v, j, left, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_last, n, n, seed,
+        rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
+        HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
     tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
-    if HAS_KEY:
-        t = tl.arange(0, BLOCK_W)
-        db += tl.where(t[None, :] == 0, db_right[:, None], 0.0)
-        db += tl.where(t[None, :] == 2 * REACH, db_left[:, None], 0.0)
-        tl.store(DB + j[:, None] * sdb_s + t[None, :], db, mask=(j < n)[:, None] & (t < 2 * REACH + 1)[None, :])
+    if HAS_KEY and CLIP:
+        store_edges(DB, j, n, sdb_s, db_low, db_high, REACH)
 
 
 def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
@@ -504,9 +510,10 @@ class _Problem:
         return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
 
     def table_gradient(self, table: Tensor) -> Tensor:
-        """float32, one row per (sequence, head, position), also where the table is broadcast."""
+        """float32, one row per (sequence, head, position), also where the table is broadcast; zeros, as the
+        kernels write only the columns that have a partner (near the ends of a sequence some have none)."""
         shape = table.shape if self.varlen else (self.batch, *table.shape[1:])
-        return torch.empty(shape, dtype=torch.float32, device=table.device)
+        return torch.zeros(shape, dtype=torch.float32, device=table.device)
 
 
 class _RelativeAttention(torch.autograd.Function):
@@ -534,17 +541,16 @@ class _RelativeAttention(torch.autograd.Function):
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         grad_row = problem.table_gradient(row_table) if row_table is not None else None
         grad_key = problem.table_gradient(key_table) if key_table is not None else None
-        width = 1 << (2 * problem.constants["REACH"]).bit_length()
         common = [*problem.operands(q), grad_out, lse, delta]
         strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
                    *problem.table_strides()]
         _launcher("query", problem.head_dim, q.dtype)(
             problem.grid("BLOCK_M"), q, k, v, *common, grad_q, grad_row if grad_row is not None else q,
-            *problem.scalars(), *strides, *_strides(grad_row, problem.varlen), BLOCK_W=width,
+            *problem.scalars(), *strides, *_strides(grad_row, problem.varlen),
             **problem.constants)
         _launcher("key", problem.head_dim, q.dtype)(
             problem.grid("BLOCK_N"), q, k, v, *common, grad_k, grad_v, grad_key if grad_key is not None else q,
-            *problem.scalars(), *strides, *_strides(grad_key, problem.varlen), BLOCK_W=width,
+            *problem.scalars(), *strides, *_strides(grad_key, problem.varlen),
             **problem.constants)
         return (grad_q, grad_k, grad_v, _as_table(grad_row, row_table), _as_table(grad_key, key_table), None)
 
