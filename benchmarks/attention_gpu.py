@@ -1,9 +1,8 @@
-"""Relative attention on a CUDA GPU: the decomposition (the default) against plain SDPA with the same dropout.
+"""Relative attention on a CUDA GPU: the path paths.py takes by default against plain SDPA with the same dropout.
 
 For each attention dropout (0 and 0.1), width and shape, bfloat16, forward+backward, in training mode:
   layer none             CompositeSelfAttention without relative terms: plain SDPA, the baseline of the layers,
-  layer <preset>         the relative terms through the decomposition (attention/relative/decomposition.py:
-                         the band explicit, each far side one shifted causal call of the fused kernel),
+  layer <preset>         the relative terms on the path paths.py chooses (the line above the table names it),
   layer <preset> flex    the same terms as a FlexAttention score_mod (attn_implementation="flex_attention";
                          no dropout, so only at dropout 0),
   encoder bert-sdpa      `transformers`' BertModel with SDPA, the baseline of the encoders,
@@ -11,6 +10,8 @@ For each attention dropout (0 and 0.1), width and shape, bfloat16, forward+backw
 Every arm pads 1/8 of one row. Time: CUDA events, median [min, max] of --reps steps after warm-up (compilation
 included in the warm-up). Memory: the allocator's peak during one step minus what was allocated before it
 (weights, inputs), an exact count on CUDA. Results go to benchmarks/results/attention_gpu.md.
+The steps and the measurement here also serve benchmarks/gpu_session.py, the one command of a GPU session,
+which adds the fused Triton kernel's arms and the dense bias; this script measures other shapes and FlexAttention.
 
     python benchmarks/attention_gpu.py                                   # everything (about 10 minutes on an H100)
     python benchmarks/attention_gpu.py --shapes 8192x2 --no-encoder --dropout 0.1
@@ -19,8 +20,10 @@ included in the warm-up). Memory: the allocator's peak during one step minus wha
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,71 +40,101 @@ PRESETS = ["composite", "composite+key"]
 WIDTHS = {"small": {}, "base": dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)}
 
 
-def padded_keep(batch: int, n: int, dtype=torch.bool):
-    keep = torch.ones(batch, n, dtype=dtype, device="cuda")
+def padded_keep(batch: int, n: int, device: str = "cuda", dtype=torch.bool):
+    keep = torch.ones(batch, n, dtype=dtype, device=device)
     keep[0, n - n // 8:] = 0
     return keep
 
 
-def layer_step(preset: str, width: str, n: int, batch: int, dropout: float, implementation: str = "sdpa"):
+def on_path(step, path: str | None):
+    """`step` with the relative terms forced onto `path` (paths.RELATIVE_PATHS), or as paths.py chooses."""
+    if path is None:
+        return step
+
+    def forced():
+        with paths.forced_path(path):
+            step()
+    return forced
+
+
+def layer_step(preset: str, width: dict, n: int, batch: int, dropout: float, implementation: str = "sdpa", *,
+               path: str | None = None, device: str = "cuda", dtype=torch.bfloat16):
+    """One CompositeSelfAttention forward + backward in training mode; `width` overrides the preset's config."""
     config = ConvAttnConfig.from_preset(f"chang2021-small/{preset}", attention_probs_dropout_prob=dropout,
                                         max_position_embeddings=max(n, 128), attn_implementation=implementation,
-                                        **WIDTHS[width])
-    layer = CompositeSelfAttention(config).cuda().to(torch.bfloat16).train()
+                                        **width)
+    layer = CompositeSelfAttention(config).to(device, dtype).train()
     torch.manual_seed(0)
-    hidden = torch.randn(batch, n, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    mask = TokenMask(padded_keep(batch, n))
+    hidden = torch.randn(batch, n, config.hidden_size, device=device, dtype=dtype, requires_grad=True)
+    mask = TokenMask(padded_keep(batch, n, device))
 
     def step():
         layer(hidden, mask)[0].float().pow(2).mean().backward()
-    return step, [hidden, *layer.parameters()]
+    return on_path(step, path), [hidden, *layer.parameters()]
 
 
-def encoder_step(name: str, width: str, n: int, batch: int, dropout: float):
-    config = ConvAttnConfig.from_preset("chang2021-small/composite", attention_probs_dropout_prob=dropout,
-                                        max_position_embeddings=max(n, 512), **WIDTHS[width])
+def encoder_step(name: str, width: dict, n: int, batch: int, dropout: float | None, *, path: str | None = None,
+                 device: str = "cuda", dtype=torch.bfloat16):
+    """The chang2021-small/composite encoder ("composite") or transformers' BertModel-SDPA of its shape
+    ("bert-sdpa"), forward + backward in training mode; attention dropout `dropout`, or the preset's if None."""
+    overrides = {} if dropout is None else {"attention_probs_dropout_prob": dropout}
+    config = ConvAttnConfig.from_preset("chang2021-small/composite", max_position_embeddings=max(n, 512),
+                                        **overrides, **width)
     if name == "bert-sdpa":
         model = BertModel(BertConfig(
             vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
             num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
-            max_position_embeddings=max(n, 512), attention_probs_dropout_prob=dropout, attn_implementation="sdpa",
+            max_position_embeddings=max(n, 512), hidden_dropout_prob=config.hidden_dropout_prob,
+            attention_probs_dropout_prob=config.attention_probs_dropout_prob, attn_implementation="sdpa",
         ), add_pooling_layer=False)
     else:
         model = ConvAttnModel(config)
-    model = model.cuda().to(torch.bfloat16).train()
+    model = model.to(device, dtype).train()
     torch.manual_seed(0)
-    ids = torch.randint(5, config.vocab_size, (batch, n), device="cuda")
-    keep = padded_keep(batch, n, torch.long)
+    ids = torch.randint(5, config.vocab_size, (batch, n), device=device)
+    keep = padded_keep(batch, n, device, torch.long)
 
     def step():
         model(input_ids=ids, attention_mask=keep).last_hidden_state.float().pow(2).mean().backward()
-    return step, list(model.parameters())
+    return on_path(step, path), list(model.parameters())
 
 
-def measure(step, tensors, reps: int, warmup: int = 3) -> dict:
+def measure(step, tensors, reps: int, warmup: int = 3, seconds: float = math.inf) -> dict:
+    """Milliseconds per step, median [min, max] of up to `reps` steps after `warmup` (fewer once `seconds` have
+    gone on them; at least one), CUDA events on a GPU; and on a GPU the allocator's peak during one step above
+    what was allocated before it, in bytes (None on CPU)."""
+    cuda = tensors[0].device.type == "cuda"
+
     def clear():
         for t in tensors:
             t.grad = None
     for _ in range(warmup):
         step()
         clear()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    clear()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
+    peak = None
+    if cuda:
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
         clear()
-    return {"ms": statistics.median(times), "min": min(times), "max": max(times), "peak": peak}
+    times, stop = [], time.perf_counter() + seconds
+    while len(times) < reps and (not times or time.perf_counter() < stop):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - start) * 1e3)
+        clear()
+    return {"ms": statistics.median(times), "min": min(times), "max": max(times), "reps": len(times), "peak": peak}
 
 
 def measure_or_none(reps: int, build, *args) -> dict | None:
@@ -130,7 +163,7 @@ def main() -> int:
     probe = torch.empty(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
     path = paths.relative_path(probe, "sdpa", 0.1, False)
     lines = [
-        "# Relative attention on a CUDA GPU: the decomposition vs plain SDPA with the same dropout", "",
+        "# Relative attention on a CUDA GPU: the default path vs plain SDPA with the same dropout", "",
         f"Command: `python benchmarks/attention_gpu.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
         f"Machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, training mode, 1/8 of one "
         f"row padded; relative terms with attn_implementation='sdpa' take the `{path}` path. Time: CUDA events, "
@@ -142,17 +175,18 @@ def main() -> int:
     ]
     for dropout in (float(p) for p in args.dropout.split(",")):
         for width in args.width.split(","):
+            shape = WIDTHS[width]
             for n, batch in shapes:
-                results = {"layer none": measure_or_none(args.reps, layer_step, "none", width, n, batch, dropout)}
+                results = {"layer none": measure_or_none(args.reps, layer_step, "none", shape, n, batch, dropout)}
                 for preset in PRESETS:
-                    results[f"layer {preset}"] = measure_or_none(args.reps, layer_step, preset, width, n, batch,
+                    results[f"layer {preset}"] = measure_or_none(args.reps, layer_step, preset, shape, n, batch,
                                                                  dropout)
                     if not args.no_flex and dropout == 0:
                         results[f"layer {preset} flex"] = measure_or_none(
-                            args.reps, layer_step, preset, width, n, batch, dropout, "flex_attention")
+                            args.reps, layer_step, preset, shape, n, batch, dropout, "flex_attention")
                 if not args.no_encoder:
                     for name in ("bert-sdpa", "composite"):
-                        results[f"encoder {name}"] = measure_or_none(args.reps, encoder_step, name, width, n, batch,
+                        results[f"encoder {name}"] = measure_or_none(args.reps, encoder_step, name, shape, n, batch,
                                                                      dropout)
                 for arm, r in results.items():
                     base = results["encoder bert-sdpa" if arm.startswith("encoder") else "layer none"]
