@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import re
@@ -110,7 +111,9 @@ def layer_rows(plan: Plan) -> list[dict]:
     bars = [s for s in shapes if s[0] != plan.lengths[0]]
     rows = []
     for n, width, p in bars + [s for s in shapes if s not in bars]:
-        rows += [row(width, n, p, "none", "sdpa")] + [row(width, n, p, preset, "triton") for preset in PRESETS]
+        # the kernel without terms beside SDPA: what the kernel itself costs, apart from the terms
+        rows += [row(width, n, p, "none", "sdpa"), row(width, n, p, "none", "triton")]
+        rows += [row(width, n, p, preset, "triton") for preset in PRESETS]
     for arm in ("decomposed", "dense"):
         rows += [row(width, n, p, preset, arm) for n, width, p in shapes for preset in PRESETS]
     return rows
@@ -125,7 +128,8 @@ def profile_rows(plan: Plan) -> list[dict]:
     width = next(iter(plan.widths))
     return [dict(width=width, n=n, batch=plan.batch(n), dropout=0.1, preset=preset, arm=arm)
             for n in (plan.lengths[1], plan.lengths[0]) for preset, arm in
-            [("none", "sdpa")] + [(preset, arm) for arm in ("triton", "decomposed", "dense") for preset in PRESETS]]
+            [("none", "sdpa"), ("none", "triton")]
+            + [(preset, arm) for arm in ("triton", "decomposed", "dense") for preset in PRESETS]]
 
 
 # --- measuring one row --------------------------------------------------------------------------------------------
@@ -165,7 +169,10 @@ def kernel_only(step):
 def run_tests(row: dict, plan: Plan, deadline: float) -> dict:
     """pytest on the test files (those that exist) with the plan's selection, stopped at the deadline."""
     files = [name for name in TEST_FILES if (ROOT / name).exists()]
-    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", *files, "-k", plan.tests]
+    # several processes compile Triton's kernels side by side where pytest-xdist is installed (the GPU image)
+    workers = ["-n", "8"] if plan.device == "cuda" and importlib.util.find_spec("xdist") else []
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", *workers, *files, "-k",
+               plan.tests]
     print("$", " ".join(command[1:]), flush=True)
     start = time.time()
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -190,8 +197,10 @@ def run_tests(row: dict, plan: Plan, deadline: float) -> dict:
 
 def build(row: dict, plan: Plan):
     if "preset" in row:
+        # without terms only attn_implementation="convattn_triton" reaches the kernel
+        implementation = "convattn_triton" if row["preset"] == "none" and row["arm"] == "triton" else "sdpa"
         step, tensors = layer_step(row["preset"], plan.widths[row["width"]], row["n"], row["batch"], row["dropout"],
-                                   path=forced(row["arm"]), device=plan.device, dtype=plan.dtype)
+                                   implementation, path=forced(row["arm"]), device=plan.device, dtype=plan.dtype)
     else:
         step, tensors = encoder_step("bert-sdpa" if row["arm"] == "bert-sdpa" else "composite", plan.encoder,
                                      row["n"], row["batch"], None, path=forced(row["arm"]), device=plan.device,
