@@ -132,11 +132,38 @@ def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_the_triton_kernel_is_one_operator_in_a_compiled_step():
+    """attn_implementation="convattn_triton" (the CUDA default; the interpreter here): with dropout one graph, its
+    seed drawn inside it; without, the kernel's two operators in the forward and backward graphs, and what eager
+    mode computes."""
+    model = tiny_model("composite+key", dropout=0.1, num_hidden_layers=1, attn_implementation="convattn_triton")
+    inputs = model_inputs("composite+key", padded_batch(24))
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        explanation = torch._dynamo.explain(training_step)(model, inputs)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+    torch._dynamo.reset()
+    model = tiny_model("composite+key", num_hidden_layers=1, attn_implementation="convattn_triton")
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    targets = set()
+
+    def record(graph_module, example_inputs):
+        targets.update(str(node.target) for node in graph_module.graph.nodes)
+        return make_boxed_func(graph_module.forward)
+
+    backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    loss, grads = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
+    assert {"convattn.triton_relative_attention.default",
+            "convattn.triton_relative_attention_backward.default"} <= targets
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a CUDA GPU")
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_inductor_compiles_the_decomposition_on_cuda(dropout):
-    """The operator with the CUDA kernels (their random state among its outputs) under inductor: without dropout
-    what eager mode computes; with it, a finite loss and finite gradients."""
+def test_inductor_compiles_relative_attention_on_cuda(dropout):
+    """The fused kernel's operators (the CUDA default) under inductor: without dropout what eager mode computes;
+    with it, a finite loss and finite gradients."""
     n = 600
     model = tiny_model("composite+key", dropout=dropout, num_hidden_layers=1, max_position_embeddings=n).cuda()
     inputs = {key: value.cuda() if isinstance(value, torch.Tensor) else value

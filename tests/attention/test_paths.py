@@ -36,13 +36,6 @@ def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
     assert paths.relative_path(q, implementation, dropout_p, need_weights) == path
 
 
-def test_compiled_graphs_keep_the_decomposition_where_the_triton_kernel_is_asked_for(monkeypatch):
-    """The kernel's autograd function is no custom operator: a compiled graph takes the decomposition's."""
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    q = torch.empty(1, 1, LONG, 64)
-    assert paths.relative_path(q, "convattn_triton", 0.0, False) == "decomposed"
-
-
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
 def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window, monkeypatch):

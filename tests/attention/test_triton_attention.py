@@ -19,6 +19,7 @@ from convattn.attention.relative import paths
 from convattn.attention.relative.tables import RelativePositionBias
 
 pytest.importorskip("triton")
+from convattn.attention.relative import triton_attention
 from convattn.attention.relative.triton_attention import triton_relative_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,7 +38,7 @@ def reference_scores(q, k, rel: RelativePositionBias | None):
     for i in range(n):
         row = []
         for j in range(n):
-            term = torch.zeros(q.shape[:2], dtype=torch.float64)
+            term = torch.zeros(q.shape[:2], dtype=torch.float64, device=q.device)
             if rel.fixed is not None:
                 term = term + relative_term(rel.fixed.double(), j - i, rel.reach, rel.clip)
             if rel.query_kernel is not None:
@@ -63,25 +64,27 @@ def reference_attention(q, k, v, rel, keep=None, dropped=None, dropout_p=0.0):
 
 
 def make_relative(terms, out_of_window, heads, head_dim, reach, seed=0):
+    """Random tables on DEVICE, float64 (the kernel's calls cast them)."""
     rel = RelativePositionBias(terms, heads, head_dim, reach, out_of_window)
     randomize_(rel, seed)
-    return rel
+    return rel.to(DEVICE, torch.float64)
 
 
-def operands(batch, heads, n, head_dim, seed=0, dtype=torch.float64):
+def operands(batch, heads, n, head_dim, seed=0):
+    """q, k, v on DEVICE in float64: the reference's inputs, which the kernel's calls cast."""
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, n, head_dim, generator=generator, dtype=dtype) for _ in range(3)]
+    return [torch.randn(batch, heads, n, head_dim, generator=generator, dtype=torch.float64).to(DEVICE)
+            for _ in range(3)]
 
 
 def kernel_attention(q, k, v, rel, dtype=torch.float32, **kwargs):
-    """The kernel on DEVICE in `dtype`, its tables built by `rel` (moved along), the output back in float64."""
-    q, k, v = (x.to(DEVICE, dtype) for x in (q, k, v))
+    """The kernel in `dtype`, its tables built by `rel` in that dtype, the output back in float64."""
+    q, k, v = (x.to(dtype) for x in (q, k, v))
     if rel is None:
-        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, **kwargs).double().cpu()
-    rel = rel.to(DEVICE)
-    row_table, key_table = rel.tables(q, k)
+        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, **kwargs).double()
+    row_table, key_table = (None if t is None else t.to(dtype) for t in rel.tables(q, k))
     out = triton_relative_attention(q, k, v, row_table, key_table, reach=rel.reach, clip=rel.clip, **kwargs)
-    return out.double().cpu()
+    return out.double()
 
 
 def relative_error(ours, expected):
@@ -95,17 +98,17 @@ def check_against_reference(terms, out_of_window, batch, heads, n, head_dim, rea
     """Output and the gradients of q, k, v and every table parameter, kernel against reference."""
     rel = make_relative(terms, out_of_window, heads, head_dim, reach) if terms else None
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
-    keep = None if lengths is None else torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
-    ours = kernel_attention(q, k, v, rel, dtype, keep=None if keep is None else keep.to(DEVICE))
+    keep = None if lengths is None else (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE)
+    ours = kernel_attention(q, k, v, rel, dtype, keep=keep)
     expected = reference_attention(q, k, v, rel, keep)
     assert relative_error(ours, expected) < tolerance
-    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
     inputs = [q, k, v, *(rel.parameters() if rel is not None else [])]
     our_grads = torch.autograd.grad((ours * weights).sum(), inputs)
     expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
     for name, g, e in zip(["q", "k", "v", *(name for name, _ in (rel.named_parameters() if rel else []))], our_grads,
                           expected_grads, strict=True):
-        assert relative_error(g.double().cpu(), e) < tolerance, name
+        assert relative_error(g.double(), e) < tolerance, name
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
@@ -138,30 +141,30 @@ def test_packed_variable_lengths_equal_each_sequence_alone():
     # packed (total, heads, d): each sequence's (1, heads, n, d) laid end to end
     q, k, v = (torch.cat([seq[t][0].transpose(0, 1) for seq in sequences]).requires_grad_() for t in range(3))
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    qd, kd, vd = (x.to(DEVICE, torch.float32) for x in (q, k, v))
+    qd, kd, vd = (x.float() for x in (q, k, v))
     # tables of the packed tokens: (1, heads, total, 2r + 1) -> (total, heads, 2r + 1)
-    row_table, key_table = (t[0].transpose(0, 1) for t in rel.to(DEVICE).tables(qd.transpose(0, 1)[None],
-                                                                                  kd.transpose(0, 1)[None]))
+    row_table, key_table = (t[0].transpose(0, 1).float() for t in rel.tables(qd.transpose(0, 1)[None],
+                                                                             kd.transpose(0, 1)[None]))
     packed = triton_relative_attention(qd, kd, vd, row_table, key_table,
                                        reach=rel.reach, clip=rel.clip, cu_seqlens=cu_seqlens.to(DEVICE),
-                                       max_seqlen=max(lengths)).double().cpu()
+                                       max_seqlen=max(lengths)).double()
     starts = cu_seqlens.tolist()
     expected = torch.cat([reference_attention(*(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), rel)[0]
                           .transpose(0, 1) for a, b in pairwise(starts)])
     assert relative_error(packed, expected) < 1e-4
-    weights = torch.randn(packed.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    weights = torch.randn(packed.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
     inputs = [q, k, v, *rel.parameters()]
     for g, e in zip(torch.autograd.grad((packed * weights).sum(), inputs),
                     torch.autograd.grad((expected * weights).sum(), inputs), strict=True):
-        assert relative_error(g.double().cpu(), e) < 1e-4
+        assert relative_error(g.double(), e) < 1e-4
 
 
 def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
     """Which probabilities the kernel drops under torch seed `seed`: with v the identity, out = P * mask / (1 - p)."""
     batch, heads, n, head_dim = q.shape
-    eye = torch.eye(n, head_dim, dtype=torch.float64).expand(batch, heads, n, head_dim)
+    eye = torch.eye(n, head_dim, dtype=torch.float64, device=DEVICE).expand(batch, heads, n, head_dim)
     torch.manual_seed(seed)
-    out = kernel_attention(q.detach(), k.detach(), eye, rel, keep=keep.to(DEVICE), dropout_p=dropout_p)
+    out = kernel_attention(q.detach(), k.detach(), eye, rel, keep=keep, dropout_p=dropout_p)
     return (out[..., :n] == 0) & keep[:, None, None, :]
 
 
@@ -169,29 +172,31 @@ def test_dropout_is_replayed_in_backward():
     batch, heads, n, head_dim, dropout_p, seed = 2, 2, 21, 32, 0.3, 7
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
-    keep = torch.arange(n)[None, :] < torch.tensor([n, 15])[:, None]
+    keep = (torch.arange(n)[None, :] < torch.tensor([n, 15])[:, None]).to(DEVICE)
     dropped = dropped_probabilities(q, k, rel, keep, dropout_p, seed)
     rate = dropped.sum() / (keep[:, None, None, :].expand_as(dropped).sum())
     assert abs(rate - dropout_p) < 0.05
     torch.manual_seed(seed)
-    ours = kernel_attention(q, k, v, rel, keep=keep.to(DEVICE), dropout_p=dropout_p)
+    ours = kernel_attention(q, k, v, rel, keep=keep, dropout_p=dropout_p)
     expected = reference_attention(q, k, v, rel, keep, dropped, dropout_p)
     assert relative_error(ours, expected) < 1e-4
-    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
     inputs = [q, k, v, *rel.parameters()]
     expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
     for g, e in zip(torch.autograd.grad((ours * weights).sum(), inputs, retain_graph=True), expected_grads,
                     strict=True):
-        assert relative_error(g.double().cpu(), e) < 1e-4
-    # control: the same forward, but its backward drawing from another seed, no longer matches
+        assert relative_error(g.double(), e) < 1e-4
+    # control: the kernels' backward drawing from another seed than its forward no longer gives v's gradient
     torch.manual_seed(seed)
-    replayed_wrong = kernel_attention(q, k, v, rel, keep=keep.to(DEVICE), dropout_p=dropout_p)
-    node = replayed_wrong.grad_fn
-    while not hasattr(node, "problem"):  # back through the casts to the kernel's autograd node
-        node = node.next_functions[0][0]
-    node.problem.seed += 1
-    wrong = torch.autograd.grad((replayed_wrong * weights).sum(), [q])[0]
-    assert relative_error(wrong.double().cpu(), expected_grads[0]) > 1e-2
+    drawn = torch.randint(0, 2**30, ())  # the seed the call above drew first
+    q32, k32, v32 = (x.detach().float() for x in (q, k, v))
+    tables = [t.detach().float() for t in rel.tables(q32, k32)]
+    options = (0, rel.reach, rel.clip, dropout_p, head_dim**-0.5)
+    out, lse = triton_attention._forward(q32, k32, v32, *tables, keep.view(torch.uint8), None, drawn, *options)
+    for replayed, matches in ((drawn, True), (drawn + 1, False)):
+        grad_v = triton_attention._backward(weights.float(), q32, k32, v32, out, lse, *tables, keep.view(torch.uint8),
+                                            None, replayed, *options)[2]
+        assert (relative_error(grad_v.double(), expected_grads[2]) < 1e-4) == matches
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="half precision runs compiled on a GPU only")
@@ -201,13 +206,13 @@ def test_half_precision_against_float32(dtype):
     rel = make_relative(TERMS["composite+key"], "clip", heads=4, head_dim=64, reach=8)
     q, k, v = (x.float().requires_grad_() for x in operands(2, 4, 300, 64))
     keep = (torch.arange(300)[None, :] < torch.tensor([300, 211])[:, None]).to(DEVICE)
-    weights = torch.randn(2, 4, 300, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    weights = torch.randn(2, 4, 300, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
     results = {}
     for precision in (torch.float32, dtype):
         out = kernel_attention(q, k, v, rel, precision, keep=keep)
         results[precision] = [out, *torch.autograd.grad((out * weights).sum(), [q, k, v, *rel.parameters()])]
     for half, single in zip(results[dtype], results[torch.float32], strict=True):
-        assert relative_error(half.double().cpu(), single.double().cpu()) < 2e-2
+        assert relative_error(half.double(), single.double()) < 2e-2
 
 
 @pytest.mark.parametrize("make", [make_layer, make_convbert_layer])
@@ -267,12 +272,12 @@ def test_attention_interface_serves_plain_attention():
     convattn.register_auto_classes()
     function = AttentionInterface()["convattn_triton"]
     q, k, v = (x.requires_grad_() for x in operands(2, 2, 13, 32))
-    keep = torch.arange(13)[None, :] < torch.tensor([13, 9])[:, None]
-    additive = torch.zeros(2, 1, 1, 13, dtype=torch.float32).masked_fill(~keep[:, None, None, :], -1e9)
-    out, weights = function(None, *(x.to(DEVICE, torch.float32) for x in (q, k, v)), additive.to(DEVICE))
+    keep = (torch.arange(13)[None, :] < torch.tensor([13, 9])[:, None]).to(DEVICE)
+    additive = torch.zeros(2, 1, 1, 13, device=DEVICE).masked_fill(~keep[:, None, None, :], -1e9)
+    out, weights = function(None, *(x.float() for x in (q, k, v)), additive)
     assert weights is None
     expected = reference_attention(q, k, v, None, keep).transpose(1, 2)
-    assert relative_error(out.double().cpu(), expected) < 1e-4
+    assert relative_error(out.double(), expected) < 1e-4
 
 
 def test_cpu_without_the_interpreter_is_refused(monkeypatch):
@@ -280,3 +285,14 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
     q = torch.randn(1, 1, 4, 16)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         triton_relative_attention(q, q, q, None, None, reach=0, clip=True)
+
+
+def test_the_kernels_are_operators_that_torch_compile_can_trace():
+    """Schema, fake tensors and autograd registration of the two operators (torch.library.opcheck)."""
+    q, k, v = (x.float() for x in operands(2, 2, 11, 16))
+    rel = make_relative(TERMS["composite+key"], "clip", 2, 16, reach=2)
+    tables = [t.detach().float().requires_grad_() for t in rel.tables(q, k)]
+    keep = (torch.arange(11)[None, :] < torch.tensor([11, 6])[:, None]).to(DEVICE).view(torch.uint8)
+    args = (*(x.requires_grad_() for x in (q, k, v)), *tables, keep, None, torch.tensor(5), 0, 2, True, 0.2, 0.25)
+    torch.library.opcheck(triton_attention._forward, args, test_utils=("test_schema", "test_faketensor",
+                                                                       "test_autograd_registration"))

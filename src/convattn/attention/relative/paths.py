@@ -58,8 +58,8 @@ def triton_installed() -> bool:
 
 
 def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
-    """"triton" (triton_attention.py: one fused kernel, forward and backward, dropout included; attn_implementation
-    "convattn_triton", and the CUDA default in eager mode: torch.compile keeps the decomposition's custom operator),
+    """"triton" (triton_attention.py: one fused kernel, forward and backward, dropout included, an operator that
+    torch.compile keeps whole; attn_implementation "convattn_triton", and the CUDA default),
     "decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels; one custom operator under
     torch.compile), "blockwise" (CPU with dropout, blockwise.py, eager only: its checkpoints split a compiled
     graph), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels or more) or "dense"
@@ -71,9 +71,8 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
         return _forced_path
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
-    wants_triton = attn_implementation == TRITON_IMPLEMENTATION or (
-        q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed())
-    if wants_triton and not torch.compiler.is_compiling():
+    if attn_implementation == TRITON_IMPLEMENTATION or (
+            q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed()):
         return "triton"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
     if kernel is None:

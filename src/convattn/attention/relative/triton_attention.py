@@ -469,12 +469,12 @@ class _Problem:
     """Shapes, strides and constexprs shared by the three kernels of one call."""
 
     def __init__(self, q: Tensor, row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
-                 cu_seqlens: Tensor | None, max_seqlen: int | None, reach: int, clip: bool, dropout_p: float,
-                 scale: float, seed: int):
+                 cu_seqlens: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float, scale: float,
+                 seed: int):
         self.varlen = cu_seqlens is not None
         if self.varlen:
             total, self.heads, self.head_dim = q.shape
-            self.batch, self.seqlen = cu_seqlens.numel() - 1, int(max_seqlen)
+            self.batch, self.seqlen = cu_seqlens.numel() - 1, max_seqlen
             self.stats_shape, self.stats_strides = (self.heads, total), (0, total)
         else:
             self.batch, self.heads, self.seqlen, self.head_dim = q.shape
@@ -489,12 +489,8 @@ class _Problem:
         self.length_bucket = 1 << max(self.seqlen - 1, 0).bit_length()
 
     def operands(self, q: Tensor) -> list:
-        """The pointers and scalars every kernel takes first: tables, key mask, sequence offsets."""
-        dummy = q
-        return [self.row_table if self.row_table is not None else dummy,
-                self.key_table if self.key_table is not None else dummy,
-                self.keep if self.keep is not None else dummy,
-                self.cu_seqlens if self.cu_seqlens is not None else dummy]
+        """The pointers every kernel takes after q, k, v: tables, key mask, sequence offsets (q where absent)."""
+        return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
 
     def scalars(self) -> list:
         """seed, p_drop, scale, seqlen, rng_stride, heads and length_bucket: the next power of two of the length,
@@ -509,59 +505,107 @@ class _Problem:
     def grid(self, along: str):
         return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
 
-    def table_gradient(self, table: Tensor) -> Tensor:
+    def table_gradient(self, table: Tensor | None, device: torch.device) -> Tensor:
         """float32, one row per (sequence, head, position), also where the table is broadcast; zeros, as the
-        kernels write only the columns that have a partner (near the ends of a sequence some have none)."""
+        kernels write only the columns that have a partner (near the ends of a sequence some have none). An empty
+        tensor for an absent table (an operator returns no None)."""
+        if table is None:
+            return torch.empty(0, dtype=torch.float32, device=device)
         shape = table.shape if self.varlen else (self.batch, *table.shape[1:])
-        return torch.zeros(shape, dtype=torch.float32, device=table.device)
+        return torch.zeros(shape, dtype=torch.float32, device=device)
 
 
-class _RelativeAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, row_table, key_table, problem: _Problem):
-        out = torch.empty_like(q)
-        lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-        _launcher("forward", problem.head_dim, q.dtype)(
-            problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
-            *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-            *_strides(out, problem.varlen), *problem.table_strides(), **problem.constants)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.problem = problem
-        return out
+# The kernels as two operators (torch.library), so that torch.compile keeps them whole in its graphs; the seed is a
+# CPU tensor drawn in the graph, so a compiled step draws a fresh one each time instead of a constant.
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        problem: _Problem = ctx.problem
-        if grad_out.stride() != q.stride():
-            grad_out = torch.empty_like(q).copy_(grad_out)
-        delta = (grad_out.float() * out.float()).sum(-1)
-        delta = delta.transpose(0, 1).contiguous() if problem.varlen else delta
-        row_table, key_table = problem.row_table, problem.key_table
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        grad_row = problem.table_gradient(row_table) if row_table is not None else None
-        grad_key = problem.table_gradient(key_table) if key_table is not None else None
-        common = [*problem.operands(q), grad_out, lse, delta]
-        strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-                   *problem.table_strides()]
-        _launcher("query", problem.head_dim, q.dtype)(
-            problem.grid("BLOCK_M"), q, k, v, *common, grad_q, grad_row if grad_row is not None else q,
-            *problem.scalars(), *strides, *_strides(grad_row, problem.varlen),
-            **problem.constants)
-        _launcher("key", problem.head_dim, q.dtype)(
-            problem.grid("BLOCK_N"), q, k, v, *common, grad_k, grad_v, grad_key if grad_key is not None else q,
-            *problem.scalars(), *strides, *_strides(grad_key, problem.varlen),
-            **problem.constants)
-        return (grad_q, grad_k, grad_v, _as_table(grad_row, row_table), _as_table(grad_key, key_table), None)
+@torch.library.custom_op("convattn::triton_relative_attention", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
+             keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, max_seqlen: int, reach: int, clip: bool,
+             dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+    """(out, log2-sum-exp of every query row in float32)."""
+    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale,
+                       int(seed))
+    out = torch.empty_like(q)
+    lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
+    _launcher("forward", problem.head_dim, q.dtype)(
+        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
+        *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+        *_strides(out, problem.varlen), *problem.table_strides(), **problem.constants)
+    return out, lse
 
 
-def _as_table(grad: Tensor | None, table: Tensor | None) -> Tensor | None:
+@_forward.register_fake
+def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale):
+    stats = (q.shape[1], q.shape[0]) if cu_seqlens is not None else q.shape[:3]
+    return torch.empty_like(q), q.new_empty(stats, dtype=torch.float32)
+
+
+@torch.library.custom_op("convattn::triton_relative_attention_backward", mutates_args=())
+def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, row_table: Tensor | None,
+              key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor,
+              max_seqlen: int, reach: int, clip: bool, dropout_p: float,
+              scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d row table, d key table), the tables' in float32 per (sequence, head, position)."""
+    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale,
+                       int(seed))
+    if grad_out.stride() != q.stride():
+        grad_out = torch.empty_like(q).copy_(grad_out)
+    delta = (grad_out.float() * out.float()).sum(-1)
+    delta = delta.transpose(0, 1).contiguous() if problem.varlen else delta
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grad_row, grad_key = (problem.table_gradient(table, q.device) for table in (row_table, key_table))
+    common = [*problem.operands(q), grad_out, lse, delta]
+    strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+               *problem.table_strides()]
+    _launcher("query", problem.head_dim, q.dtype)(
+        problem.grid("BLOCK_M"), q, k, v, *common, grad_q, grad_row if row_table is not None else q,
+        *problem.scalars(), *strides, *_strides(grad_row if row_table is not None else None, problem.varlen),
+        **problem.constants)
+    _launcher("key", problem.head_dim, q.dtype)(
+        problem.grid("BLOCK_N"), q, k, v, *common, grad_k, grad_v, grad_key if key_table is not None else q,
+        *problem.scalars(), *strides, *_strides(grad_key if key_table is not None else None, problem.varlen),
+        **problem.constants)
+    return grad_q, grad_k, grad_v, grad_row, grad_key
+
+
+@_backward.register_fake
+def _(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip,
+      dropout_p, scale):
+    def table_gradient(table):
+        if table is None:
+            return q.new_empty(0, dtype=torch.float32)
+        shape = table.shape if cu_seqlens is not None else (q.shape[0], *table.shape[1:])
+        return q.new_empty(shape, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table_gradient(row_table),
+            table_gradient(key_table))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed)
+    ctx.table_shapes = [None if t is None else (t.shape, t.dtype) for t in (row_table, key_table)]
+
+
+def _differentiate(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed = ctx.saved_tensors
+    grad_q, grad_k, grad_v, grad_row, grad_key = _backward(grad_out, q, k, v, out, lse, row_table, key_table, keep,
+                                                           cu_seqlens, seed, *ctx.options)
+    grad_row, grad_key = (_as_table(grad, shape) for grad, shape in zip((grad_row, grad_key), ctx.table_shapes,
+                                                                          strict=True))
+    return grad_q, grad_k, grad_v, grad_row, grad_key, None, None, None, None, None, None, None, None
+
+
+_forward.register_autograd(_differentiate, setup_context=_setup_context)
+
+
+def _as_table(grad: Tensor, shape_and_dtype) -> Tensor | None:
     """A table's gradient in its own shape and dtype (summed over the batch a broadcast table was shared by)."""
-    if grad is None or not table.requires_grad:
+    if shape_and_dtype is None:
         return None
-    if grad.shape != table.shape:
+    shape, dtype = shape_and_dtype
+    if grad.shape != shape:
         grad = grad.sum(0, keepdim=True)
-    return grad.to(table.dtype)
+    return grad.to(dtype)
 
 
 def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
@@ -573,8 +617,7 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     Padded: q, k, v (batch, heads, n, d), row_table (batch or 1, heads, n, 2r + 1) at [i, c(j - i)], key_table
     (batch, heads, n, 2r + 1) at [j, c(i - j)], keep (batch, n) bool. Packed: q, k, v (total, heads, d), tables
     (total, heads, 2r + 1), cu_seqlens (batch + 1,) int32 offsets of the sequences and max_seqlen their longest
-    length. Either table may be None. The last axis of every operand must be contiguous; scale defaults to
-    1 / sqrt(d). Gradients flow to q, k, v and both tables.
+    length. Either table may be None. scale defaults to 1 / sqrt(d). Gradients flow to q, k, v and both tables.
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q.dtype must be float16, bfloat16 or float32 for the Triton kernel; got {q.dtype}")
@@ -589,7 +632,7 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     row_table, key_table = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (row_table, key_table))
     if keep is not None:
         keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
-    seed = int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
-    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p,
-                       q.shape[-1] ** -0.5 if scale is None else scale, seed)
-    return _RelativeAttention.apply(q, k, v, row_table, key_table, problem)
+    seed = torch.randint(0, 2**30, ()) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
+    out, _ = _forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
+                      dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)
+    return out
