@@ -12,9 +12,9 @@ adds only A[i, 0] + B[j, 2r], one wholly right (j > i + r) only A[i, 2r] + B[j, 
 the band gathers its columns. The loops over key tiles run in those three ranges, so the gather is paid on
 about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
 
-Dropout draws its mask from Philox (`tl.rand`) keyed by (seed + batch * heads + head, i * stride + j); the
-backward draws the same numbers. Backward has no atomics (FlashAttention-2's split): one kernel per key block
-sums dK, dV and the key table's gradient over the query blocks, another per query block sums dQ and the row
+Dropout draws its mask from Philox (`tl.randint4x`: four numbers a call, one per key) keyed by (seed + batch *
+heads + head, a counter of (i, j // 4)); the backward draws the same numbers. Backward has no atomics
+(FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's gradient over the query blocks, another per query block sums dQ and the row
 table's gradient over the key blocks, with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022,
 Appendix B.2). A table's gradient at [i, t] is the sum of dS_ij over the keys j whose pair falls in column t,
 summed in registers and written once.
@@ -67,8 +67,18 @@ def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
 
 
 @triton.jit
-def dropout_keep(seed, i, j, rng_stride, p_drop):
-    return tl.rand(seed, i * rng_stride + j) >= p_drop
+def dropout_keep(seed, i, key_start, counters_per_row, p_drop, BLOCK_N: tl.constexpr):
+    """Which probabilities of queries i (a column) and keys key_start .. key_start + BLOCK_N - 1 dropout keeps.
+    One Philox call (Salmon et al. 2011) gives four numbers: key j of query i reads number j % 4 of counter
+    i * counters_per_row + j // 4, the same however the kernels tile (key_start is a multiple of 4)."""
+    counter = i * counters_per_row + key_start // 4 + tl.arange(0, BLOCK_N // 4)[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)
+    k0 = tl.random.uint_to_uniform_float(r0) >= p_drop
+    k1 = tl.random.uint_to_uniform_float(r1) >= p_drop
+    k2 = tl.random.uint_to_uniform_float(r2) >= p_drop
+    k3 = tl.random.uint_to_uniform_float(r3) >= p_drop
+    # join(join(k0, k2), join(k1, k3))[.., c, a, b] is number 2a + b of counter c: key 4c + 2a + b
+    return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), (i.shape[0], BLOCK_N))
 
 
 @triton.jit
@@ -114,7 +124,7 @@ def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, 
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
-            p = tl.where(dropout_keep(seed, i[:, None], j[None, :], rng_stride, p_drop), p, 0.0)
+            p = tl.where(dropout_keep(seed, i[:, None], start, rng_stride, p_drop, BLOCK_N), p, 0.0)
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -194,7 +204,8 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
 
 
 @triton.jit
-def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge, n, seed, rng_stride, p_drop,
+def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge, key_edge, n, seed, rng_stride,
+                  p_drop,
                   sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
                   HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
                   PRECISION: tl.constexpr):
@@ -205,7 +216,7 @@ def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge,
     p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:
-        keep = dropout_keep(seed, i[:, None], j[None, :], rng_stride, p_drop)
+        keep = dropout_keep(seed, i[:, None], key_start, rng_stride, p_drop, j.shape[0])
         dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
         p_dropped = tl.where(keep, p / (1.0 - p_drop), 0.0)
     else:
@@ -248,7 +259,7 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
         k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
         key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
-        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge, n, seed,
+        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, start, row_edge, key_edge, n, seed,
                               rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
                               HAS_KEEP, DROPOUT, PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
@@ -323,8 +334,8 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
 
 
 @triton.jit
-def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, key_edge, Q, DO, LSE, DELTA, A, B, KEEP, DB, first, last,
-                       n, seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, MODE: tl.constexpr,
+def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, key_edge, Q, DO, LSE, DELTA, A, B, KEEP, DB, first,
+                       last, n, seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, MODE: tl.constexpr,
                        REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                        HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
@@ -337,7 +348,7 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, key_edge, Q, DO, LSE, D
         lse = tl.load(LSE + i, mask=i < n, other=0.0)
         delta = tl.load(DELTA + i, mask=i < n, other=0.0)
         row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and MODE != 1)
-        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, row_edge, key_edge, n, seed,
+        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, j0, row_edge, key_edge, n, seed,
                                       rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
                                       HAS_KEEP, DROPOUT, PRECISION)
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
@@ -399,16 +410,16 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
     right = edge(B, j, n, sb_s, 0, HAS_KEY)
     dk, dv, db_low, db_high = key_gradient_tiles(
-        dk, dv, db_low, db_high, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, 0, band_first, n, seed,
+        dk, dv, db_low, db_high, k, v, j, j0, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, 0, band_first, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     dk, dv, db_low, db_high = key_gradient_tiles(
-        dk, dv, db_low, db_high, k, v, j, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_first, band_last, n, seed,
+        dk, dv, db_low, db_high, k, v, j, j0, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_first, band_last, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     left = edge(B, j, n, sb_s, 2 * REACH, HAS_KEY)
     dk, dv, db_low, db_high = key_gradient_tiles(
-        dk, dv, db_low, db_high, k, v, j, left, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_last, n, n, seed,
+        dk, dv, db_low, db_high, k, v, j, j0, left, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_last, n, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
@@ -493,9 +504,11 @@ class _Problem:
         return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
 
     def scalars(self) -> list:
-        """seed, p_drop, scale, seqlen, rng_stride, heads and length_bucket: the next power of two of the length,
-        which the kernels ignore and the autotuner keys on (one tuning per bucket, not per length)."""
-        return [self.seed, self.dropout_p, self.scale, self.seqlen, self.seqlen, self.heads, self.length_bucket]
+        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: four keys each),
+        heads and length_bucket: the next power of two of the length, which the kernels ignore and the autotuner
+        keys on (one tuning per bucket, not per length)."""
+        return [self.seed, self.dropout_p, self.scale, self.seqlen, -(-self.seqlen // 4), self.heads,
+                self.length_bucket]
 
     def table_strides(self) -> list[int]:
         keep_stride = self.keep.stride(0) if self.keep is not None else 0
