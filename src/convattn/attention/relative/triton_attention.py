@@ -14,10 +14,11 @@ about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
 
 Dropout draws its mask from Philox (`tl.randint4x`: four numbers a call, one per key) keyed by (seed + batch *
 heads + head, a counter of (i, j // 4)); the backward draws the same numbers. Backward has no atomics
-(FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's gradient over the query blocks, another per query block sums dQ and the row
-table's gradient over the key blocks, with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022,
-Appendix B.2). A table's gradient at [i, t] is the sum of dS_ij over the keys j whose pair falls in column t,
-summed in registers and written once.
+(FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's gradient over the query
+blocks, another per query block sums dQ and the row table's gradient over the key blocks, with dS_ij = P_ij (dP_ij
+- D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2). A table's gradient at [i, t] is the sum of dS_ij over
+the keys j whose pair falls in column t: one partner inside the band (stored), every one beyond it in the edge
+columns (summed in registers), each entry written once.
 
 Operands are either padded, (batch, heads, n, d) with an optional key mask `keep` (batch, n), or packed
 variable-length sequences, (total, heads, d) with `cu_seqlens` (batch + 1,) as in flash-attn's varlen API.
