@@ -374,8 +374,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel
 
 @cuda
 # Seen on an H200 (benchmarks/results/gpu_session/tests_rerun.log): 4-5 % of the outputs off by up to 5.4, in the
-# rows of the one-token sequence above all (cause not found); the fused Triton kernel (the CUDA default, compiled graphs included)
-# passes the same reference. Strict: a fix turns this red until the mark goes.
+# rows of the one-token sequence above all (cause not found); the fused Triton kernel (the CUDA default, compiled
+# graphs included) passes the same reference. Strict: a fix turns this red until the mark goes.
 @pytest.mark.xfail(strict=True, reason="the decomposition on CUDA is wrong in padded rows; cause not found yet")
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
