@@ -122,10 +122,11 @@ def test_every_term_combination_matches_the_reference_with_padding(terms, out_of
 
 
 @interpreter_only
-@pytest.mark.parametrize("n, reach", [(1, 8), (5, 8), (8, 8), (40, 2)])
-def test_short_sequences_and_64_channel_heads(n, reach):
-    """n <= r (every pair on the band), n = 1, and 64-channel heads."""
-    check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=64, reach=reach,
+@pytest.mark.parametrize("n, reach, head_dim", [(1, 8, 64), (5, 8, 64), (8, 8, 64), (40, 2, 64), (19, 4, 128),
+                                                (23, 3, 48)])
+def test_short_sequences_and_other_head_sizes(n, reach, head_dim):
+    """n <= r (every pair on the band), n = 1, and heads of 64, 128 and 48 (not a power of two) channels."""
+    check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=head_dim, reach=reach,
                             lengths=[n, max(1, n - 3)])
 
 

@@ -72,7 +72,7 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
     # On CUDA the kernel is the default at every length: on an H200 (RESULTS 7e, one layer, bf16) it was 1.1-4.0x
-    # faster than the decomposition from n = 128 to 8,192 but at 8,192 with dropout (which the decomposition
+    # faster than the decomposition from n = 128 to 8,192 except at 8,192 with dropout (which the decomposition
     # computes wrongly in padded rows there), and 4-185x faster than the dense bias from n = 512 (0.9-1.8x at 128)
     if attn_implementation == TRITON_IMPLEMENTATION or (
             q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed()):
