@@ -27,6 +27,26 @@ def test_registry_uses_hub_names_and_orders_mnli_first():
     assert get_task("mnli").num_labels == 3 and not get_task("ax").trains
 
 
+# class index -> name, as the hub's nyu-mll/glue features name them (the TSV files hold the indices as "0"/"1")
+HUB_CLASS_NAMES = {
+    "cola": ["unacceptable", "acceptable"], "sst2": ["negative", "positive"],
+    "mrpc": ["not_equivalent", "equivalent"], "qqp": ["not_duplicate", "duplicate"],
+    "mnli": ["entailment", "neutral", "contradiction"], "ax": ["entailment", "neutral", "contradiction"],
+    "qnli": ["entailment", "not_entailment"], "rte": ["entailment", "not_entailment"],
+    "wnli": ["not_entailment", "entailment"],
+}
+
+
+def test_every_classification_task_names_its_classes_as_the_hub_does():
+    for name, task in TASKS.items():
+        if task.is_regression:
+            assert task.id2label == {0: "score"}
+            continue
+        assert list(task.id2label.values()) == HUB_CLASS_NAMES[name], name
+        assert len(task.id2label) == task.num_labels
+        assert task.label2id == {label: index for index, label in task.id2label.items()}
+
+
 def test_unknown_task_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown GLUE task 'sst'"):
         parse_task_list("sst")

@@ -185,7 +185,9 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     from transformers import pipeline
 
     classify = pipeline("text-classification", model=str(out / "models" / "sst2"), device="cpu")
-    assert classify("a charming , funny film .")[0]["label"] in ("0", "1")
+    assert classify("a charming , funny film .")[0]["label"] in ("negative", "positive")
+    assert pipeline("text-classification", model=str(out / "models" / "cola"), device="cpu")(
+        "the cat sat .")[0]["label"] in ("unacceptable", "acceptable")
 
     # resume: only the interrupted run (no run.json) is done again
     markers = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/run.json")}

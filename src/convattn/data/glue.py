@@ -45,6 +45,7 @@ class GlueTask:
     dev_columns: dict[str, str] = field(default_factory=dict)   # dev split -> table column
     test_files: dict[str, str] = field(default_factory=dict)    # test split -> submission file name
     headerless_columns: tuple[str, ...] = ()  # CoLA's train/dev files have no header row
+    label_names: tuple[str, ...] = ()  # what each label means (the hub dataset's class names); () = `labels`
 
     @property
     def is_regression(self) -> bool:
@@ -53,6 +54,15 @@ class GlueTask:
     @property
     def num_labels(self) -> int:
         return len(self.labels) or 1
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """Class index -> class name, as a fine-tuned model's config carries them (what a pipeline returns)."""
+        return dict(enumerate(self.label_names or self.labels or ("score",)))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {name: index for index, name in self.id2label.items()}
 
     @property
     def trains(self) -> bool:
@@ -71,15 +81,16 @@ NLI2 = ("entailment", "not_entailment")
 TASKS: dict[str, GlueTask] = {t.name: t for t in (
     GlueTask("cola", "CoLA", ("sentence",), ("sentence",), "label", BINARY, ("mcc",),
              {"dev": "CoLA"}, {"test": "CoLA.tsv"},
-             headerless_columns=("source", "label", "author_label", "sentence")),
+             headerless_columns=("source", "label", "author_label", "sentence"),
+             label_names=("unacceptable", "acceptable")),
     GlueTask("sst2", "SST-2", ("sentence",), ("sentence",), "label", BINARY, ("accuracy",),
-             {"dev": "SST"}, {"test": "SST-2.tsv"}),
+             {"dev": "SST"}, {"test": "SST-2.tsv"}, label_names=("negative", "positive")),
     GlueTask("mrpc", "MRPC", ("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality", BINARY,
-             ("accuracy", "f1"), {"dev": "MRPC"}, {"test": "MRPC.tsv"}),
+             ("accuracy", "f1"), {"dev": "MRPC"}, {"test": "MRPC.tsv"}, label_names=("not_equivalent", "equivalent")),
     GlueTask("stsb", "STS-B", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "score", (),
              ("pearson", "spearman"), {"dev": "STS"}, {"test": "STS-B.tsv"}),
     GlueTask("qqp", "QQP", ("question1", "question2"), ("question1", "question2"), "is_duplicate", BINARY,
-             ("accuracy", "f1"), {"dev": "QQP"}, {"test": "QQP.tsv"}),
+             ("accuracy", "f1"), {"dev": "QQP"}, {"test": "QQP.tsv"}, label_names=("not_duplicate", "duplicate")),
     GlueTask("mnli", "MNLI", ("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
              ("entailment", "neutral", "contradiction"), ("accuracy",),
              {"dev_matched": "MNLI-m", "dev_mismatched": "MNLI-mm"},
@@ -89,7 +100,7 @@ TASKS: dict[str, GlueTask] = {t.name: t for t in (
     GlueTask("rte", "RTE", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", NLI2, ("accuracy",),
              {"dev": "RTE"}, {"test": "RTE.tsv"}),
     GlueTask("wnli", "WNLI", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", BINARY,
-             ("accuracy",), {"dev": "WNLI"}, {"test": "WNLI.tsv"}),
+             ("accuracy",), {"dev": "WNLI"}, {"test": "WNLI.tsv"}, label_names=("not_entailment", "entailment")),
     GlueTask("ax", "diagnostic", ("premise", "hypothesis"), ("sentence1", "sentence2"), None,
              ("entailment", "neutral", "contradiction"), (), {}, {"test": "AX.tsv"}),
 )}

@@ -58,9 +58,8 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
     start = time.time()
     set_seed(seed)  # the new head's initialisation
     model = load_checked(
-        AutoModelForSequenceClassification, model_source, num_labels=task.num_labels,
-        id2label=dict(enumerate(task.labels or ("score",))),
-        label2id={label: i for i, label in enumerate(task.labels or ("score",))},
+        AutoModelForSequenceClassification, model_source, num_labels=task.num_labels, id2label=task.id2label,
+        label2id=task.label2id,
     )
     if identity is not None:
         check_unchanged(model_source, identity)
