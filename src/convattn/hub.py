@@ -47,27 +47,30 @@ def training_data(options: dict) -> str:
     return "convattn's embedded default corpus (installed Python and library documentation)"
 
 
-def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline_tag: str) -> Path:
-    """README.md of a published fine-tuned model: the task, the seed and its dev scores, how to load it."""
+def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline_tag: str,
+                    published_as: str | os.PathLike | None = None) -> Path:
+    """README.md of a published fine-tuned model: the task, the seed and its dev scores, how to load it.
+    `published_as`: the folder the card names, where `folder` (a staging folder) is moved once written."""
     folder = Path(folder)
+    published = Path(published_as or folder)
     config = _read_json(folder / "config.json")
     scores = {name: value for name, value in record.get("scores", {}).items() if isinstance(value, int | float)}
     metadata = {
         "library_name": "transformers", "pipeline_tag": pipeline_tag,
         "tags": _tags(config, task),
-        "model-index": [{"name": folder.name, "results": [{
+        "model-index": [{"name": published.name, "results": [{
             "task": {"type": pipeline_tag, "name": task},
             "metrics": [{"type": name, "name": f"dev {name}", "value": value} for name, value in scores.items()],
         }]}],
     }
     loader = ("from transformers import pipeline",
-              f'model = pipeline("text-classification", model={str(folder)!r}, trust_remote_code=True)')
+              f'model = pipeline("text-classification", model={str(published)!r}, trust_remote_code=True)')
     if pipeline_tag != "text-classification":
         loader = ("from transformers import AutoModelForQuestionAnswering",
-                  f"model = AutoModelForQuestionAnswering.from_pretrained({str(folder)!r}, trust_remote_code=True)")
+                  f"model = AutoModelForQuestionAnswering.from_pretrained({str(published)!r}, trust_remote_code=True)")
     lines = [
         *_front_matter(metadata),
-        f"# {task}: {folder.name}", "",
+        f"# {task}: {published.name}", "",
         f"Fine-tuned with convattn on {task} (seed {record.get('seed')}, the best of the run's seeds on dev), from "
         f"`{record.get('model', 'a pretrained encoder')}`.", "",
         "## Dev scores", "",

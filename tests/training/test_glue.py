@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.published import staging_folder_mentions
 from helpers.tiny import save_tiny_checkpoint
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -181,7 +182,9 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
         assert record["seed"] == results["tasks"][task]["best_seed"]
         assert not list(out.glob(f"runs/{task}/seed*/model"))
         card = (out / "models" / task / "README.md").read_text()
-        assert "pipeline_tag: text-classification" in card and f"# {task}:" in card and "dev " in card
+        assert "pipeline_tag: text-classification" in card and f"# {task}: {task}\n" in card and "dev " in card
+        assert f"- name: {task}\n" in card and repr(str(out / "models" / task)) in card  # the final folder
+        assert staging_folder_mentions(out / "models" / task) == []
     from transformers import pipeline
 
     classify = pipeline("text-classification", model=str(out / "models" / "sst2"), device="cpu")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.published import staging_folder_mentions
 from helpers.tiny import save_tiny_checkpoint
 
 from convattn.cli import main
@@ -68,7 +69,9 @@ def test_fine_tunes_scores_and_resumes(checkpoint, tmp_path, capsys, version):
     assert (out / "runs" / f"squad{version}" / "seed1" / "model" / "config.json").is_file()  # all: kept
     published = out / "models" / f"squad{version}"
     assert json.loads((published / "fine_tuned.json").read_text())["seed"] == results["best_seed"]
-    assert "pipeline_tag: question-answering" in (published / "README.md").read_text()
+    card = (published / "README.md").read_text()
+    assert "pipeline_tag: question-answering" in card and f"# squad{version}: squad{version}\n" in card
+    assert repr(str(published)) in card and staging_folder_mentions(published) == []
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     model = AutoModelForQuestionAnswering.from_pretrained(published)

@@ -43,7 +43,7 @@ def publish_best(output_dir: Path, task: str, seed_dirs: dict[int, Path], best: 
             shutil.copytree(source, staging, dirs_exist_ok=True)
             write_json_atomic(staging / RECORD, record)
             fine_tuned_card(staging, task, record, "question-answering" if task.startswith("squad") else
-                            "text-classification")
+                            "text-classification", published_as=target)
             if target.exists():
                 shutil.rmtree(target)
             staging.replace(target)
