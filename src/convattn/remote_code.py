@@ -4,7 +4,10 @@ transformers' dynamic-module loader copies the file named in `config.json`'s `au
 the files it imports as `from .name import ...`, all into one flat folder; any other import must be an
 installed package. So at save time the convattn modules the model needs (found by following its imports,
 not listed by hand) are written flat as `convattn_<dotted_name>.py`, their `convattn.*` imports rewritten to
-relative ones. Only the standard library is imported here: this module is bundled too.
+relative ones. The loader copies only what the loaded class needs, so the config's file, which every load reads
+first, names every file of the bundle in a block that never runs: a model loaded with one Auto class saves the
+whole bundle again, every entry point auto_map lists. Only the standard library is imported here: this module is
+bundled too.
 """
 
 from __future__ import annotations
@@ -102,6 +105,16 @@ def _rewrite(node: ast.stmt, module: str) -> tuple[list[str], list[str]] | None:
     return None
 
 
+def with_every_file_named(sources: dict[str, str]) -> dict[str, str]:
+    """The bundle with the config's file naming the other files as transformers' loader reads imports (a
+    regular expression over `from .name import` lines); the block never runs, the imports would be circular."""
+    config_file = flat_name(AUTO_MAP["AutoConfig"][0]) + ".py"
+    block = ["", "", "", "if False:  # names every file of the bundle, so that the loader copies them all"]
+    block += [f"    from .{Path(name).stem} import __name__ as _  # noqa: F401"
+              for name in sorted(sources) if name != config_file]
+    return sources | {config_file: sources[config_file].rstrip("\n") + "\n".join(block) + "\n"}
+
+
 def bundle_sources(entry_modules: list[str]) -> dict[str, str]:
     """{file name: rewritten source} of the entry modules and every convattn module they import."""
     sources, pending = {}, list(entry_modules)
@@ -137,7 +150,7 @@ def write_remote_code(save_directory: str | os.PathLike, config_module: str) -> 
     trust_remote_code (convattn not installed) the bundle's own files are copied as they are."""
     directory = Path(save_directory)
     if _ours(config_module):
-        sources = bundle_sources(sorted({module for module, _ in AUTO_MAP.values()}))
+        sources = with_every_file_named(bundle_sources(sorted({module for module, _ in AUTO_MAP.values()})))
     else:
         folder = Path(sys.modules[config_module].__file__).parent
         sources = {p.name: p.read_text(encoding="utf-8") for p in folder.glob(f"{PACKAGE}_*.py")}
