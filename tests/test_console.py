@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.tiny import save_tiny_checkpoint
 
 from convattn.cli import main
 from convattn.data.squad import load_squad_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "squad"
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,6 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def squad(checkpoint: Path, out: Path, *extra: str) -> int:
-    torch.set_num_threads(1)
     return main(["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file",
                  str(FIXTURES / "train-v1.1.json"), "--dev-file", str(FIXTURES / "dev-v1.1.json"), "--output-dir",
                  str(out), "--seeds", "1", "--max-steps", "3", "--batch-size", "4", "--max-length", "64",
