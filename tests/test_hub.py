@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from helpers.remote import run_without_convattn
 from helpers.tiny import randomize_, tiny_config
 from safetensors.torch import load_file, save_file
 
 from convattn import ConvAttnForMaskedLM
 from convattn.remote_code import AUTO_MAP
-
-# a meta-path finder that makes every `convattn` import fail, as in an environment without it installed
-BLOCK_CONVATTN = textwrap.dedent('''
-    import sys
-
-    class _NoConvattn:
-        def find_spec(self, name, path=None, target=None):
-            if name == "convattn" or name.startswith("convattn."):
-                raise ModuleNotFoundError(f"No module named {name!r}")
-            return None
-
-    sys.meta_path.insert(0, _NoConvattn())
-''')
 
 LOAD_AND_RUN = textwrap.dedent('''
     import sys, torch
@@ -55,17 +40,6 @@ LOAD_AND_RUN = textwrap.dedent('''
     assert "convattn" not in sys.modules
     save_file(outputs, out)
 ''')
-
-
-def run_without_convattn(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
-    blocker = tmp_path / "block"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(BLOCK_CONVATTN)
-    (tmp_path / "script.py").write_text(script)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(blocker), HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    return subprocess.run([sys.executable, str(tmp_path / "script.py"), *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_the_blocker_really_hides_convattn(tmp_path):

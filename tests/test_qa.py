@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from helpers.tiny import randomize_, tiny_config
+from helpers.tiny import randomize_, tiny_config, tiny_wordpiece_tokenizer
 
 from convattn import ConvAttnConfig
 from convattn.model import ConvAttnForQuestionAnswering
-from convattn.qa import ANSWERABLE_WEIGHT, MASK_PENALTY, JointSpanHead, default_answer_mask
+from convattn.qa import ANSWERABLE_WEIGHT, MASK_PENALTY, JointSpanHead, default_answer_mask, span_candidates
 
 
 def gelu(x: float) -> float:
@@ -95,6 +95,11 @@ def test_prediction_beam_matches_the_loops(head_and_inputs):
             torch.testing.assert_close(out.end_top_log_probs[b, i], torch.tensor([end_lp[j] for j in best],
                                                                                  dtype=torch.float64))
         assert out.answerable_logits[b].item() == pytest.approx(answerable)
+        # end_logits: the end given the most likely start, ends before that start masked
+        s = top[0]
+        expected_end = [v - MASK_PENALTY * (j < s) for j, v in enumerate(end[s])]
+        torch.testing.assert_close(out.end_logits[b], torch.tensor(expected_end, dtype=torch.float64))
+        assert out.end_logits[b].argmax() >= out.start_logits[b].argmax()
 
 
 def test_the_model_takes_either_head():
@@ -110,3 +115,44 @@ def test_the_model_takes_either_head():
         assert sorted(row) == [0, 4, 5, 6, 7, 8, 9, 10]
     with pytest.raises(ValueError, match="qa_head"):
         ConvAttnConfig(qa_head="beam")
+
+
+CONTEXT = ("the cat sat on the mat while the dog ran in the park . later the bird sang a song in the old tree "
+           "and the children played near the river until the sun went down .")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_wordpiece_tokenizer([CONTEXT, "who sat on the mat ?", "where did the dog run ?"] * 20, vocab_size=120)
+
+
+@pytest.mark.parametrize("head", ["span", "joint"])
+def test_answer_reads_the_best_span_of_the_context(tokenizer, head):
+    torch.manual_seed(0)
+    config = tiny_config("chang2021-small/composite", qa_head=head, vocab_size=len(tokenizer),
+                         pad_token_id=tokenizer.pad_token_id)
+    model = ConvAttnForQuestionAnswering(config).eval()
+    randomize_(model)
+    question = "where did the dog run ?"
+    result = model.answer(question, CONTEXT, tokenizer=tokenizer)
+    assert set(result) == {"answer", "score", "start", "end"} and 0 < result["score"] <= 1
+    assert result["answer"] and CONTEXT[result["start"]:result["end"]] == result["answer"]
+
+    # one window holding the whole context: the answer is the best-scoring span inside the context
+    encoded = tokenizer(question, CONTEXT, return_offsets_mapping=True, return_tensors="pt")
+    offsets = encoded.pop("offset_mapping")[0].tolist()
+    with torch.no_grad():
+        outputs = model(**encoded)
+    context = [i for i, sequence in enumerate(encoded.sequence_ids(0)) if sequence == 1]
+    log_prob, s, e = max((lp, s, e) for lp, s, e in span_candidates(outputs, 0)
+                         if s in context and e in context and s <= e < s + 30)
+    assert model.answer(question, CONTEXT, tokenizer=tokenizer, max_length=200) == pytest.approx(
+        {"answer": CONTEXT[offsets[s][0]:offsets[e][1]], "score": math.exp(log_prob), "start": offsets[s][0],
+         "end": offsets[e][1]})
+
+    # a context longer than one window is read in overlapping windows
+    windows = tokenizer(question, CONTEXT, truncation="only_second", max_length=24, stride=8,
+                        return_overflowing_tokens=True)
+    assert len(windows["input_ids"]) > 2
+    short = model.answer(question, CONTEXT, tokenizer=tokenizer, max_length=24)
+    assert short["answer"] and CONTEXT[short["start"]:short["end"]] == short["answer"]

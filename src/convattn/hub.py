@@ -47,6 +47,26 @@ def training_data(options: dict) -> str:
     return "convattn's embedded default corpus (installed Python and library documentation)"
 
 
+def _fine_tuned_usage(pipeline_tag: str, folder: Path) -> list[str]:
+    """The card's usage lines: a text-classification pipeline, or (transformers has no question-answering
+    pipeline) the QA model's `answer` method."""
+    if pipeline_tag == "text-classification":
+        return ["```python", "from transformers import pipeline",
+                f'model = pipeline("text-classification", model={str(folder)!r}, trust_remote_code=True)', "```", ""]
+    return [
+        "```python",
+        "from transformers import AutoModelForQuestionAnswering",
+        f"model = AutoModelForQuestionAnswering.from_pretrained({str(folder)!r}, trust_remote_code=True)",
+        'model.answer("Where did the dog run?", "The cat sat on the mat while the dog ran in the park.")',
+        "# {'answer': ..., 'score': ..., 'start': ..., 'end': ...}",
+        "```", "",
+        "`answer` reads a long context in overlapping windows and returns the best span, its probability and its "
+        "character offsets. `model(**inputs)` gives `start_logits` and `end_logits` as any question-answering "
+        "model does (ELECTRA's joint head: the end given the most likely start) and, with the joint head, its beam "
+        "of starts and ends (`start_top_index`, `end_top_index`) and the no-answer logit (`answerable_logits`).", "",
+    ]
+
+
 def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline_tag: str,
                     published_as: str | os.PathLike | None = None) -> Path:
     """README.md of a published fine-tuned model: the task, the seed and its dev scores, how to load it.
@@ -63,11 +83,6 @@ def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline
             "metrics": [{"type": name, "name": f"dev {name}", "value": value} for name, value in scores.items()],
         }]}],
     }
-    loader = ("from transformers import pipeline",
-              f'model = pipeline("text-classification", model={str(published)!r}, trust_remote_code=True)')
-    if pipeline_tag != "text-classification":
-        loader = ("from transformers import AutoModelForQuestionAnswering",
-                  f"model = AutoModelForQuestionAnswering.from_pretrained({str(published)!r}, trust_remote_code=True)")
     lines = [
         *_front_matter(metadata),
         f"# {task}: {published.name}", "",
@@ -76,7 +91,7 @@ def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline
         "## Dev scores", "",
         *(f"- {name}: {value:.2f}" for name, value in scores.items()), "",
         "## Usage", "",
-        "```python", *loader, "```", "",
+        *_fine_tuned_usage(pipeline_tag, published),
     ]
     path = folder / CARD
     write_text_atomic(path, "\n".join(lines))

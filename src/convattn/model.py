@@ -28,7 +28,7 @@ from transformers.utils.generic import can_return_tuple
 from convattn.attention import TokenMask, build_attention
 from convattn.config import ConvAttnConfig
 from convattn.files import follow_umask
-from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, default_answer_mask
+from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
 
 
 class ConvAttnEmbeddings(nn.Module):
@@ -486,3 +486,12 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
                     + F.cross_entropy(end_logits.float(), end, ignore_index=-100)) / 2
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                             hidden_states=encoded.hidden_states, attentions=encoded.attentions)
+
+    def answer(self, question: str, context: str, tokenizer=None, **options) -> dict:
+        """The most likely answer to `question` in `context`: {"answer", "score", "start", "end"} (`qa.answer`);
+        the tokenizer saved with the model unless one is given."""
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, trust_remote_code=True)  # as the model
+        return answer(self, tokenizer, question, context, **options)

@@ -13,6 +13,7 @@ Loss: (start cross-entropy + end cross-entropy) / 2 + 0.5 x answerable cross-ent
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,8 @@ BEAM = 20
 class JointQuestionAnsweringOutput(ModelOutput):
     loss: Tensor | None = None
     start_logits: Tensor | None = None          # (batch, n), masked
-    end_logits: Tensor | None = None            # (batch, n) given the gold start (training only)
+    end_logits: Tensor | None = None            # (batch, n) given the gold start (training), else the most
+                                                # likely start, positions before it masked
     start_top_log_probs: Tensor | None = None   # (batch, beam)
     start_top_index: Tensor | None = None       # (batch, beam)
     end_top_log_probs: Tensor | None = None     # (batch, beam, beam): row i for start start_top_index[:, i]
@@ -90,5 +92,53 @@ class JointSpanHead(nn.Module):
         k = min(beam, hidden.shape[1])
         out.start_top_log_probs, out.start_top_index = start_logits.log_softmax(-1).topk(k)
         states = hidden.gather(1, out.start_top_index[..., None].expand(-1, -1, hidden.shape[-1]))
-        out.end_top_log_probs, out.end_top_index = self.end_logits(states, hidden, penalty).log_softmax(-1).topk(k)
+        end_logits = self.end_logits(states, hidden, penalty)
+        out.end_top_log_probs, out.end_top_index = end_logits.log_softmax(-1).topk(k)
+        # so that start_logits.argmax() and end_logits.argmax() read a span, as with any QA head
+        before_start = torch.arange(hidden.shape[1], device=hidden.device) < out.start_top_index[:, :1]
+        out.end_logits = end_logits[:, 0] - before_start * MASK_PENALTY
         return out
+
+
+def span_candidates(outputs, window: int, beam: int = BEAM) -> list[tuple[float, int, int]]:
+    """(log-probability, start, end) of the spans one window's outputs rank highest: the joint head's beam, or
+    the span head's `beam` best starts with its `beam` best ends."""
+    if getattr(outputs, "start_top_index", None) is not None:
+        starts, ends = outputs.start_top_index[window].tolist(), outputs.end_top_index[window].tolist()
+        start_lp, end_lp = outputs.start_top_log_probs[window].tolist(), outputs.end_top_log_probs[window].tolist()
+        return [(start_lp[i] + end_lp[i][j], s, e) for i, s in enumerate(starts) for j, e in enumerate(ends[i])]
+    k = min(beam, outputs.start_logits.shape[-1])
+    start_lp, starts = outputs.start_logits[window].float().log_softmax(-1).topk(k)
+    end_lp, ends = outputs.end_logits[window].float().log_softmax(-1).topk(k)
+    return [(float(a + b), s, e) for a, s in zip(start_lp, starts.tolist(), strict=True)
+            for b, e in zip(end_lp, ends.tolist(), strict=True)]
+
+
+def answer(model, tokenizer, question: str, context: str, max_length: int | None = None,
+           max_answer_length: int = 30) -> dict:
+    """The most likely answer to `question` in `context`, as transformers' question-answering pipeline gave it:
+    {"answer", "score" (its probability in its window), "start", "end" (character offsets in `context`)}. A long
+    context is read in windows of `max_length` tokens overlapping by a third. Always a span: SQuAD 2.0's "no
+    answer" is the model's `answerable_logits` (joint head) or the span at [CLS] (span head)."""
+    if max_length is None:
+        max_length = min(384, tokenizer.model_max_length, model.config.max_position_embeddings)
+    encoded = tokenizer(question, context, truncation="only_second", max_length=max_length, stride=max_length // 3,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, padding=True,
+                        return_tensors="pt")
+    offsets = encoded.pop("offset_mapping").tolist()
+    encoded.pop("overflow_to_sample_mapping", None)
+    with torch.no_grad():
+        outputs = model(**{name: value.to(model.device) for name, value in encoded.items()})
+    best = None
+    for window in range(len(offsets)):
+        in_context = [sequence == 1 for sequence in encoded.sequence_ids(window)]
+        for log_prob, s, e in span_candidates(outputs, window):
+            if in_context[s] and in_context[e] and s <= e < s + max_answer_length and (best is None or
+                                                                                       log_prob > best[0]):
+                best = (log_prob, offsets[window][s][0], offsets[window][e][1])
+    if best is None:
+        return {"answer": "", "score": 0.0, "start": 0, "end": 0}
+    log_prob, start, end = best
+    text = context[start:end]
+    start += len(text) - len(text.lstrip())  # metaspace tokenizers count the space before a word
+    return {"answer": text.strip(), "score": math.exp(log_prob), "start": start, "end": start + len(text.strip())}

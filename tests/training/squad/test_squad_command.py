@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.published import staging_folder_mentions
+from helpers.remote import run_without_convattn
 from helpers.tiny import save_tiny_checkpoint
 
 from convattn.cli import main
@@ -20,6 +22,18 @@ QUICK = ["--seeds", "1", "--max-steps", "4", "--batch-size", "4", "--max-length"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+# the python block of a model card, run as written; its last expression's value printed as JSON
+RUN_THE_CARD = textwrap.dedent('''
+    import ast, json, sys
+
+    code = open(sys.argv[1]).read().split("```python\\n")[1].split("```")[0]
+    *body, last = ast.parse(code).body
+    namespace = {}
+    exec(compile(ast.Module(body, []), "card", "exec"), namespace)
+    print(json.dumps(eval(compile(ast.Expression(last.value), "card", "eval"), namespace)))
+    assert "convattn" not in sys.modules
+''')
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +89,16 @@ def test_fine_tunes_scores_and_resumes(checkpoint, tmp_path, capsys, version):
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     model = AutoModelForQuestionAnswering.from_pretrained(published)
-    outputs = model(**AutoTokenizer.from_pretrained(published)("who sat?", "the cat sat .", return_tensors="pt"))
+    inputs = AutoTokenizer.from_pretrained(published)("who sat?", "the cat sat .", return_tensors="pt")
+    outputs = model(**inputs)
     assert all(value.isfinite().all() for value in outputs.values())  # the joint head's or the span head's
+    assert outputs.start_logits.shape == outputs.end_logits.shape == inputs["input_ids"].shape
+    if version == "1.1":  # the card's usage, as written, where convattn is not installed
+        result = run_without_convattn(tmp_path, RUN_THE_CARD, str(published / "README.md"))
+        assert result.returncode == 0, result.stderr[-2000:]
+        answer = json.loads(result.stdout.splitlines()[-1])
+        context = "The cat sat on the mat while the dog ran in the park."  # the card's example
+        assert answer["answer"] and answer["answer"] == context[answer["start"]:answer["end"]]
 
 
 def test_changed_settings_or_another_model_are_refused(checkpoint, tmp_path, capsys):
