@@ -147,6 +147,12 @@ def band_tiles(start, n, SIZE: tl.constexpr, OTHER: tl.constexpr, REACH: tl.cons
 
 
 @triton.jit
+def start_of(batch, head, first, s_b, s_h, s_s):
+    """Where (batch, head)'s sequence starts in an operand with those strides (first: its packed offset)."""
+    return batch * s_b + head * s_h + first * s_s
+
+
+@triton.jit
 def sequence(CU, batch, seqlen, VARLEN: tl.constexpr):
     if VARLEN:
         first = tl.load(CU + batch)
@@ -168,12 +174,12 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
     i0 = block * BLOCK_M
     if i0 >= n:
         return
-    Q += batch * sq_b + head * sq_h + first * sq_s
-    K += batch * sk_b + head * sk_h + first * sk_s
-    V += batch * sv_b + head * sv_h + first * sv_s
-    OUT += batch * so_b + head * so_h + first * so_s
-    A += batch * sa_b + head * sa_h + first * sa_s
-    B += batch * sb_b + head * sb_h + first * sb_s
+    Q += start_of(batch, head, first, sq_b, sq_h, sq_s)
+    K += start_of(batch, head, first, sk_b, sk_h, sk_s)
+    V += start_of(batch, head, first, sv_b, sv_h, sv_s)
+    OUT += start_of(batch, head, first, so_b, so_h, so_s)
+    A += start_of(batch, head, first, sa_b, sa_h, sa_s)
+    B += start_of(batch, head, first, sb_b, sb_h, sb_s)
     KEEP += batch * skeep_b
     LSE += batch * sl_b + head * sl_h + first
     i = i0 + tl.arange(0, BLOCK_M)
@@ -291,15 +297,15 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
     i0 = block * BLOCK_M
     if i0 >= n:
         return
-    offset_q = batch * sq_b + head * sq_h + first * sq_s
+    offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
     Q += offset_q
     DO += offset_q
     DQ += offset_q
-    K += batch * sk_b + head * sk_h + first * sk_s
-    V += batch * sv_b + head * sv_h + first * sv_s
-    A += batch * sa_b + head * sa_h + first * sa_s
-    B += batch * sb_b + head * sb_h + first * sb_s
-    DA += batch * sda_b + head * sda_h + first * sda_s
+    K += start_of(batch, head, first, sk_b, sk_h, sk_s)
+    V += start_of(batch, head, first, sv_b, sv_h, sv_s)
+    A += start_of(batch, head, first, sa_b, sa_h, sa_s)
+    B += start_of(batch, head, first, sb_b, sb_h, sb_s)
+    DA += start_of(batch, head, first, sda_b, sda_h, sda_s)
     KEEP += batch * skeep_b
     LSE += batch * sl_b + head * sl_h + first
     DELTA += batch * sl_b + head * sl_h + first
@@ -381,18 +387,18 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     j0 = block * BLOCK_N
     if j0 >= n:
         return
-    offset_q = batch * sq_b + head * sq_h + first * sq_s
+    offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
     Q += offset_q
     DO += offset_q
-    offset_k = batch * sk_b + head * sk_h + first * sk_s
+    offset_k = start_of(batch, head, first, sk_b, sk_h, sk_s)
     K += offset_k
     DK += offset_k
-    offset_v = batch * sv_b + head * sv_h + first * sv_s
+    offset_v = start_of(batch, head, first, sv_b, sv_h, sv_s)
     V += offset_v
     DV += offset_v
-    A += batch * sa_b + head * sa_h + first * sa_s
-    B += batch * sb_b + head * sb_h + first * sb_s
-    DB += batch * sdb_b + head * sdb_h + first * sdb_s
+    A += start_of(batch, head, first, sa_b, sa_h, sa_s)
+    B += start_of(batch, head, first, sb_b, sb_h, sb_s)
+    DB += start_of(batch, head, first, sdb_b, sdb_h, sdb_s)
     KEEP += batch * skeep_b
     LSE += batch * sl_b + head * sl_h + first
     DELTA += batch * sl_b + head * sl_h + first
