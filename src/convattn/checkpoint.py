@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, listed
 
 CONFIG_FILE = "config.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -162,11 +162,6 @@ def check_shards_present(folder: Path) -> None:
         raise UsageError(f"{index} is not a safetensors index (JSON with a \"weight_map\")") from None
     if missing := sorted(s for s in shards if not (folder / s).is_file()):
         raise UsageError(f"{folder} lacks the weight shards {', '.join(missing)} listed in {index.name}")
-
-
-def listed(names: list[str]) -> str:
-    """The first three names, and how many more."""
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def check_weight_file(file: Path) -> None:

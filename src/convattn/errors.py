@@ -18,6 +18,11 @@ def option(field: str) -> str:
     return f"{_MARK}{field}{_MARK}"
 
 
+def listed(names: list[str]) -> str:
+    """The first three names, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 class UsageError(Exception):
     """Bad input from the user (a flag, a file, a corpus): the message says what to change."""
 

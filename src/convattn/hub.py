@@ -9,21 +9,14 @@ from pathlib import Path
 import yaml
 
 from convattn.errors import UsageError
-from convattn.files import write_text_atomic
+from convattn.files import read_json, write_text_atomic
+from convattn.runs.pretrain import CHECKPOINTS, OPTIONS_FILE, TENSORBOARD, read_metrics
 
 CARD = "README.md"
 FINE_TUNED_RECORD = "fine_tuned.json"  # beside a model glue or squad published: its task, seed and dev scores
 RUN_FILES = ("config.json", "model.safetensors")
 # what a run folder holds that is not for the Hub (resumable state, logs are kept: metrics.jsonl, *.png)
-NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", ".*"]
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _metrics_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+NOT_UPLOADED = [f"{CHECKPOINTS}/*", f"{TENSORBOARD}/*", ".*"]
 
 
 def _tags(config: dict, *extra: str) -> list[str]:
@@ -73,7 +66,7 @@ def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline
     `published_as`: the folder the card names, where `folder` (a staging folder) is moved once written."""
     folder = Path(folder)
     published = Path(published_as or folder)
-    config = _read_json(folder / "config.json")
+    config = read_json(folder / "config.json") or {}
     scores = {name: value for name, value in record.get("scores", {}).items() if isinstance(value, int | float)}
     metadata = {
         "library_name": "transformers", "pipeline_tag": pipeline_tag,
@@ -101,11 +94,11 @@ def fine_tuned_card(folder: str | os.PathLike, task: str, record: dict, pipeline
 def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
     """The README.md text of a saved run, from its config.json, pretrain_options.json and metrics.jsonl."""
     run = Path(run_dir)
-    config = _read_json(run / "config.json")
+    config = read_json(run / "config.json") or {}
     if not config:
         raise FileNotFoundError(f"{run} has no config.json: not a saved convattn model")
-    options = _read_json(run / "pretrain_options.json")
-    rows = _metrics_rows(run / "metrics.jsonl")
+    options = read_json(run / OPTIONS_FILE) or {}
+    rows = read_metrics(run)
     final = rows[-1] if rows else {}
     data = training_data(options)
     architecture = (config.get("architectures") or ["ConvAttnForMaskedLM"])[0]

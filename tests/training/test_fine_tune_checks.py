@@ -15,7 +15,7 @@ from helpers.tiny import save_tiny_checkpoint, tiny_wordpiece_tokenizer
 from transformers import BertConfig, BertForMaskedLM
 
 from convattn.cli import main
-from convattn.training.run_folder import run_folder_lock
+from convattn.runs.folder import run_folder_lock
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GLUE_DATA = FIXTURES / "glue_data"

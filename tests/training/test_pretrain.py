@@ -20,7 +20,8 @@ from transformers import (
 
 from convattn.cli import main
 from convattn.commands.pretrain import options_from_args
-from convattn.training.pretrain import complete_checkpoints, pretrain
+from convattn.runs.pretrain import complete_checkpoints
+from convattn.training.pretrain import pretrain
 
 
 @pytest.fixture(scope="module")

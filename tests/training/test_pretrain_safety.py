@@ -13,7 +13,7 @@ import pytest
 from helpers.pretrain import InterruptAt, main_offline, tiny_args, write_corpus
 
 from convattn.cli import main
-from convattn.training.run_folder import LOCK_FILE, run_folder_lock
+from convattn.runs.folder import LOCK_FILE, run_folder_lock
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from convattn.cli import main
 from convattn.errors import UsageError
 from convattn.files import write_json_atomic, write_text_atomic
-from convattn.training.run_folder import changed_options, check_removable
+from convattn.runs.folder import changed_options, check_removable
 from convattn.training.seeds import format_mean_sem, mean_sem
 
 

@@ -1,4 +1,4 @@
-"""Loading checkpoints for analysis (figures are written with `convattn.training.run_folder.save_figure`)."""
+"""Loading checkpoints for analysis (figures are written with `convattn.files.save_figure`)."""
 
 from __future__ import annotations
 

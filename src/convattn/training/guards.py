@@ -14,8 +14,7 @@ import math
 import torch
 from torch import nn
 
-from convattn.checkpoint import listed
-from convattn.errors import UsageError
+from convattn.errors import UsageError, listed
 
 
 class NonFiniteTraining(UsageError):

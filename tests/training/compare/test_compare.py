@@ -182,7 +182,7 @@ def test_a_folder_holding_the_users_files_is_refused_and_left_alone(corpus, tmp_
 
 
 def test_a_folder_another_convattn_process_writes_is_refused(corpus, tmp_path, capsys):
-    from convattn.training.run_folder import run_folder_lock
+    from convattn.runs.folder import run_folder_lock
 
     out = tmp_path / "busy"
     with run_folder_lock(out):  # a pretrain (or another compare) writing there

@@ -11,9 +11,9 @@ from transformers import TrainerCallback
 
 from convattn.cli import main
 from convattn.errors import UsageError
+from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
 from convattn.training.pretrain.budget import lr_factor, parse_duration, time_spent
-from convattn.training.pretrain.options import complete_checkpoints
 from convattn.training.pretrain.resolve import resolve_options
 from convattn.training.recipes import STEP_CAP, resolve_recipe
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from convattn.errors import UsageError, option
 from convattn.files import read_json, save_figure, write_json_atomic, write_text_atomic
-from convattn.training.compare.options import CompareOptions, is_finished, say
+from convattn.runs.pretrain import FINISHED, run_state
+from convattn.training.compare.options import CompareOptions, say
 from convattn.training.seeds import format_mean_sem, mean_sem
 
 LENGTHS_FILE = "length_eval.json"
@@ -65,7 +66,7 @@ def evaluate_lengths(options: CompareOptions, lengths: list[int]) -> dict[str, d
     for spec in options.grid.runs:
         for seed in range(options.seeds):
             path = options.run_path(spec, seed)
-            if not is_finished(path):
+            if run_state(path) != FINISHED:
                 continue
             say(f"{spec.name} seed {seed}: eval perplexity at lengths {','.join(map(str, lengths))}")
             scores.setdefault(spec.name, {})[seed] = seed_scores(path, lengths, files)["results"]

@@ -1,5 +1,5 @@
 """What a comparison is asked to do (`CompareOptions`, with its GLUE and SQuAD requests), each run's pretraining
-options (recipe file < grid < the run's own fields < command line), and the state of a run's folder."""
+options (recipe file < grid < the run's own fields < command line)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convattn.console import say as say_as
+from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
+from convattn.runs.pretrain import OPTIONS_FILE
 from convattn.training.compare.grids import Grid, RunSpec
-from convattn.training.pretrain import METRICS_FILE, OPTIONS_FILE, PretrainOptions
+from convattn.training.pretrain import PretrainOptions
 from convattn.training.recipes import Recipe, recipe_for_preset, resolve_recipe
-from convattn.training.run_folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
 
 MEMORY_FILE = "memory.json"
 
@@ -77,20 +78,16 @@ def tokenizer_dir(options: CompareOptions) -> Path:
     return Path(options.data["tokenizer"]) if options.data.get("tokenizer") else options.output_dir / "tokenizer"
 
 
-def run_options(options: CompareOptions, spec: RunSpec, seed: int) -> PretrainOptions:
+def run_options(options: CompareOptions, spec: RunSpec, seed: int, resume: bool = False,
+                overwrite: bool = False) -> PretrainOptions:
     data = {**options.data, "tokenizer": str(tokenizer_dir(options).resolve())}
     return PretrainOptions(recipe=run_recipe(options, spec, seed), output_dir=options.run_path(spec, seed),
                            precision=options.precision, compile=options.compile, log_every=options.log_every,
-                           **data)
+                           resume=resume, overwrite=overwrite, **data)
 
 
 def say(message: str) -> None:
     say_as("compare", message)
-
-
-def is_finished(path: Path) -> bool:
-    """A run is finished once its final model and metrics are written (pretrain saves the model last)."""
-    return (path / "model.safetensors").is_file() and (path / METRICS_FILE).is_file()
 
 
 def check_same_settings(options: PretrainOptions) -> None:

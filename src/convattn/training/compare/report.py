@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import read_json, write_json_atomic, write_text_atomic
+from convattn.runs.pretrain import OPTIONS_FILE
 from convattn.training.compare.cells import (
     TEXT_COLUMNS,
     clear_winner,
@@ -31,7 +32,6 @@ from convattn.training.compare.results import (
     write_metrics_csv,
     write_summary_csv,
 )
-from convattn.training.pretrain import OPTIONS_FILE
 from convattn.training.pretrain.budget import EVALUATIONS, format_duration
 
 # ---------------------------------------------------------------------------------- report

@@ -1,5 +1,5 @@
 """The results of a comparison, read back from its run directories: per-run metrics, GLUE scores, the CSVs and
-the perplexity figure (`compare_report.py` turns them into report.md / report.html).
+the perplexity figure (`report.py` turns them into report.md / report.html).
 
 See `convattn.training.compare` for the directory layout.
 """
@@ -14,17 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import save_figure, write_text_atomic
+from convattn.runs.pretrain import FINISHED, read_metrics, run_state
 from convattn.training.compare.grids import RunSpec
-from convattn.training.compare.options import MEMORY_FILE, CompareOptions, is_finished
-from convattn.training.pretrain import METRICS_FILE
+from convattn.training.compare.options import MEMORY_FILE, CompareOptions
 from convattn.training.seeds import mean_sem
 
 MIB = 2**20
-
-
-def read_metrics(path: Path) -> list[dict]:
-    file = path / METRICS_FILE
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
 
 
 @dataclass
@@ -101,7 +96,7 @@ def collect_results(options: CompareOptions) -> list[RunResult]:
             rows = read_metrics(path)
             if rows:
                 metrics[seed] = rows
-            if rows and is_finished(path):
+            if rows and run_state(path) == FINISHED:
                 finished.append(seed)
             if scores := read_downstream(path):
                 downstream[seed] = scores

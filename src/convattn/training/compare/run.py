@@ -15,19 +15,19 @@ import torch
 from convattn.console import log_to
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic
+from convattn.runs.folder import check_output_folder, check_own_folder, run_folder_lock
+from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, run_state
 from convattn.training.compare.grids import RunSpec, check_runs
 from convattn.training.compare.memory import update_memory
 from convattn.training.compare.options import (
     CompareOptions,
     check_same_settings,
-    is_finished,
     run_options,
     run_recipe,
     say,
     tokenizer_dir,
 )
-from convattn.training.pretrain import PretrainOptions, check_options, complete_checkpoints, pretrain, sequence_length
-from convattn.training.run_folder import check_output_folder, check_own_folder, run_folder_lock
+from convattn.training.pretrain import PretrainOptions, check_options, pretrain, sequence_length
 
 TOKENIZER_RECORD = "compare_tokenizer.json"  # beside the shared tokenizer: what it was trained for
 COMPARE_RECORD = "compare.json"  # written first: the folder is a comparison's, which a later compare continues
@@ -111,10 +111,8 @@ def validate(options: CompareOptions) -> int:
 
 
 def train_one(pretrain_options: PretrainOptions, label: str) -> tuple[bool, int | None]:
-    """Train, resume or restart one run; returns (interrupted, CUDA peak bytes or None)."""
-    path = pretrain_options.output_dir
-    pretrain_options.resume = bool(complete_checkpoints(path / "checkpoints"))
-    pretrain_options.overwrite = not pretrain_options.resume and path.exists()
+    """Train, resume or restart one run (`pretrain_options` says which); returns (interrupted, CUDA peak bytes or
+    None)."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     summary = pretrain(pretrain_options, label=label)
@@ -137,13 +135,15 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
         cuda_peaks = {}
         for seed in range(options.seeds):
             number = index * options.seeds + seed + 1
-            pretrain_options = run_options(options, spec, seed)
-            if is_finished(pretrain_options.output_dir):
+            path = options.run_path(spec, seed)
+            state = run_state(path)
+            if state == FINISHED:
                 say(f"[{number}/{total}] {spec.name} seed {seed}: finished earlier, reused")
                 outcome.reused += 1
                 continue
-            state = "resuming" if complete_checkpoints(pretrain_options.output_dir / "checkpoints") else "training"
-            say(f"[{number}/{total}] {spec.name} seed {seed}: {state} -> {pretrain_options.output_dir}")
+            resume = state == IN_PROGRESS
+            pretrain_options = run_options(options, spec, seed, resume=resume, overwrite=not resume and path.exists())
+            say(f"[{number}/{total}] {spec.name} seed {seed}: {'resuming' if resume else 'training'} -> {path}")
             interrupted, peak = train_one(pretrain_options, f"{spec.name} seed {seed}")
             outcome.trained += 1
             if peak is not None:
@@ -160,7 +160,7 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
 def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
     for seed in range(options.seeds):
         path = options.run_path(spec, seed)
-        model = path / "discriminator" if (path / "discriminator").is_dir() else path  # ELECTRA: the discriminator
+        model = path / DISCRIMINATOR if (path / DISCRIMINATOR).is_dir() else path
         if request := options.glue:
             from convattn.training.glue import run_glue
 

@@ -13,8 +13,8 @@ from convattn.checkpoint import ModelFolder, check_model_folder
 from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, write_json_atomic
+from convattn.runs.folder import check_own_folder
 from convattn.training.finetune.settings import BASE_HIDDEN_SIZE
-from convattn.training.run_folder import check_own_folder
 
 # transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable
 OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",

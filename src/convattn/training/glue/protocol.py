@@ -9,6 +9,7 @@ from pathlib import Path
 from convattn.console import log_to
 from convattn.data.glue import get_task
 from convattn.errors import UsageError, option
+from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, finished_run
@@ -16,7 +17,6 @@ from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, mnli_model_dir, predict_ax
 from convattn.training.glue.settings import GlueSettings, load_glue_recipe, resolve_settings
-from convattn.training.run_folder import check_output_folder, run_folder_lock, seed_dir
 
 MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
-from convattn.training.run_folder import seed_dir
+from convattn.runs.folder import seed_dir
 from convattn.training.seeds import format_mean_sem, mean_sem
 
 

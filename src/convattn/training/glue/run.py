@@ -27,6 +27,7 @@ from transformers import (
 from convattn.checkpoint import load_checked
 from convattn.data.glue import GlueTask
 from convattn.files import write_json_atomic, write_text_atomic
+from convattn.runs.folder import seed_dir
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.pretrained import check_unchanged
 from convattn.training.finetune.trainer import RUN_FILE, quiet_trainer, train, training_arguments
@@ -34,7 +35,6 @@ from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
 from convattn.training.glue.settings import GlueSettings
 from convattn.training.guards import check_finite_weights
-from convattn.training.run_folder import seed_dir
 
 
 def mnli_model_dir(output_dir: Path, seed: int) -> Path:

@@ -8,26 +8,15 @@
     run.py        `pretrain(options)`: one run, start to finish or resumed
 
 Everything the user can get wrong (files, vocabulary, sequence length, preset, output directory) is
-checked before the output directory is touched. The output directory then holds:
-
-    config.json, model.safetensors, tokenizer files   the final model (AutoModelForMaskedLM loads it)
-    metrics.jsonl                                     one row per evaluation
-    perplexity.png                                    eval perplexity vs steps
-    tensorboard/                                      TensorBoard event files
-    checkpoints/checkpoint-N/                         for --resume (Trainer's own checkpoints)
-    pretrain_options.json                             what was run (checked again on --resume)
-    pretrain_data.json                                a fingerprint of its text (checked again on --resume)
+checked before the output directory is touched. What the output directory then holds: `convattn.runs.pretrain`.
 
 Eval perplexity is exp(total token loss / total masked tokens) over the whole eval set; masks are drawn
 from a generator seeded by each batch's tokens, so every evaluation scores the same positions.
 """
 
 from convattn.training.pretrain.options import (
-    METRICS_FILE,
-    OPTIONS_FILE,
     PretrainOptions,
     check_options,
-    complete_checkpoints,
     default_cache_dir,
     per_device_batch,
     sequence_length,
@@ -35,6 +24,5 @@ from convattn.training.pretrain.options import (
 from convattn.training.pretrain.run import PretrainSummary, pretrain
 from convattn.training.pretrain.trainer import build_model
 
-__all__ = ["METRICS_FILE", "OPTIONS_FILE", "PretrainOptions", "PretrainSummary", "build_model", "check_options",
-           "complete_checkpoints", "default_cache_dir", "per_device_batch", "pretrain",
-           "sequence_length"]
+__all__ = ["PretrainOptions", "PretrainSummary", "build_model", "check_options", "default_cache_dir",
+           "per_device_batch", "pretrain", "sequence_length"]

@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from convattn.errors import UsageError, option
+from convattn.runs.pretrain import TRAINER_STATE
 
 EVALUATIONS = 10  # evaluations (each with a checkpoint) per budget, the last at the deadline
 UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -99,7 +100,7 @@ def _same_on_every_rank(value: float) -> float:
 
 def time_spent(checkpoint: Path) -> float:
     """The training time a checkpoint's run had spent (0 for a checkpoint without a clock)."""
-    saved = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("stateful_callbacks", {})
+    saved = json.loads((Path(checkpoint) / TRAINER_STATE).read_text()).get("stateful_callbacks", {})
     clock = saved.get(TrainingClock.__name__)
     if isinstance(clock, list):
         clock = clock[0] if clock else None

@@ -10,7 +10,7 @@ from pathlib import Path
 from transformers import ProgressCallback, TrainerCallback
 
 from convattn.files import save_figure, write_text_atomic
-from convattn.training.pretrain.options import METRICS_FILE
+from convattn.runs.pretrain import METRICS_FILE, PLOT_FILE, read_metrics
 
 
 class ThroughputMeter(TrainerCallback):
@@ -46,8 +46,8 @@ class MetricsWriter(TrainerCallback):
 
     def __init__(self, output_dir: Path):
         self.path = output_dir / METRICS_FILE
-        self.plot_path = output_dir / "perplexity.png"
-        self.rows = [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+        self.plot_path = output_dir / PLOT_FILE
+        self.rows = read_metrics(output_dir)
         self._train: list[dict] = []
         self._started = time.perf_counter()
 

@@ -6,35 +6,36 @@ import dataclasses
 import json
 import math
 import os
-import re
-import shutil
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from convattn.checkpoint import check_weight_file
 from convattn.config import ConvAttnConfig
-from convattn.console import LOG_FILE
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError, option
 from convattn.files import read_json
+from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
+from convattn.runs.pretrain import (
+    DATA_FILE,
+    EMPTY,
+    FINAL_MODEL,
+    OPTIONS_FILE,
+    RNG_STATE,
+    TRAINER_STATE,
+    UNSTARTED,
+    checkpoint_step,
+    checkpoints_dir,
+    complete_checkpoints,
+    foreign_files,
+    run_state,
+)
 from convattn.training.pretrain.budget import time_spent
 from convattn.training.recipes import Recipe, warmup_steps
-from convattn.training.run_folder import (
-    BOOKKEEPING_OPTIONS,
-    LOCK_FILE,
-    check_removable,
-    check_same_options,
-    holds_only_lock,
-)
 
 OBJECTIVES = ("mlm", "electra")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-OPTIONS_FILE = "pretrain_options.json"
-DATA_FILE = "pretrain_data.json"  # the text the run started with (its fingerprint), checked on --resume
-METRICS_FILE = "metrics.jsonl"
-CARD_FILE = "README.md"
 # options that may change between a run and its --resume without changing what is computed
 RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
@@ -168,98 +169,12 @@ def per_device_batch(recipe: Recipe) -> int:
     return recipe.batch_size // processes
 
 
-def complete_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints whose trainer state was written (Trainer writes it last), oldest first."""
-    if not directory.is_dir():
-        return []
-    found = [p for p in directory.glob("checkpoint-*")
-             if p.name.removeprefix("checkpoint-").isdigit() and (p / "trainer_state.json").exists()]
-    return sorted(found, key=lambda p: int(p.name.removeprefix("checkpoint-")))
-
-
-def checkpoint_step(checkpoint: Path) -> int:
-    return int(checkpoint.name.removeprefix("checkpoint-"))
-
-
-# what a model folder holds: the final model, a checkpoint, discriminator/ (`save_pretrained` of a model and of a
-# tokenizer, ours or any HF one given with --tokenizer)
-MODEL_FILES = frozenset({
-    "config.json", "generation_config.json", "model.safetensors", "training_args.bin",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
-})
-# what a checkpoint holds beyond that: the Trainer's state (and rng_state.pth, or one rng_state_<rank>.pth a process)
-TRAINER_STATE_FILES = frozenset({"optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json"})
-RNG_STATE = re.compile(r"rng_state(_\d+)?\.pth")
-CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
-# an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
-REPLACED, PARTIAL = ".replaced-run", ".replaced-run.partial"
-# what a pretraining run writes into its folder: all that --overwrite may remove
-RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, DATA_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, "perplexity.png",
-                             "tensorboard", "checkpoints", "discriminator", ".final.tmp", LOCK_FILE, REPLACED, PARTIAL}
-
-
-def is_code_or_temp(name: str) -> bool:
-    """The modeling code saved with a model, or the temporary file of an atomic write (a kill can leave one)."""
-    return (name.startswith("convattn_") and name.endswith(".py")) or \
-        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
-
-
-def written_by_run(entry: Path) -> bool:
-    """Whether a file or folder in a run folder is one a pretraining run writes (a user's notes are not)."""
-    name = entry.name
-    if name == CARD_FILE:
-        return is_model_card(entry)
-    return name in RUN_ENTRIES or is_code_or_temp(name)
-
-
-def written_inside_run(entry: Path, out: Path) -> bool:
-    """`written_by_run` at any depth: inside tensorboard/ only event files, inside checkpoints/ only checkpoint
-    folders, inside those and discriminator/ only a model's files (a user's notes anywhere are not the run's)."""
-    parts, name = entry.relative_to(out).parts, entry.name
-    if len(parts) == 1:
-        return written_by_run(entry)
-    top = parts[0]
-    if top in (REPLACED, PARTIAL):
-        return True
-    if top == "tensorboard":
-        return len(parts) == 2 and entry.is_file() and name.startswith("events.out.tfevents.")
-    if top == "checkpoints" and len(parts) == 2:
-        return entry.is_dir() and CHECKPOINT_NAME.fullmatch(name) is not None
-    in_model = len(parts) == 3 if top == "checkpoints" else len(parts) == 2 and top in ("discriminator", ".final.tmp")
-    return in_model and entry.is_file() and (name in MODEL_FILES or name in TRAINER_STATE_FILES or
-                                             RNG_STATE.fullmatch(name) is not None or is_code_or_temp(name))
-
-
-def foreign_files(out: Path) -> list[str]:
-    """What `out` holds that a pretraining run does not write, at any depth, relative to `out` (a folder is named
-    with a trailing /, not what it holds)."""
-    foreign = []
-    folders = [out]
-    while folders:
-        for entry in sorted(folders.pop().iterdir()):
-            if not written_inside_run(entry, out):
-                foreign.append(str(entry.relative_to(out)) + ("/" if entry.is_dir() else ""))
-            elif entry.is_dir() and not entry.is_symlink():
-                folders.append(entry)
-    return sorted(foreign)
-
-
-def is_model_card(path: Path) -> bool:
-    """The README.md convattn writes (Hub metadata naming convattn), not one the user wrote."""
-    if not path.is_file():
-        return False
-    text = path.read_text(errors="replace")
-    metadata = text.split("---", 2)[1] if text.startswith("---") and text.count("---") >= 2 else ""
-    return "- convattn" in metadata
-
-
 @dataclass
 class OutputPlan:
     """What the run does with its output directory."""
 
     resume_from: Path | None = None  # the checkpoint to continue from
-    finished: bool = False  # --resume of a run that already reached its last step
+    schedule_ended: bool = False  # --resume of a run whose last checkpoint is its last step (or spent budget)
     replace: bool = False  # remove the old run's files once the new run is ready to write
 
 
@@ -269,11 +184,10 @@ def check_output_dir(options: PretrainOptions) -> OutputPlan:
     out = options.output_dir
     if options.resume:
         return resume_plan(options)
-    if not out.is_dir() or holds_only_lock(out):
+    state = run_state(out)
+    if state == EMPTY:
         return OutputPlan()
-    unstarted = (out / OPTIONS_FILE).is_file() and not complete_checkpoints(out / "checkpoints") and \
-        not (out / "model.safetensors").exists()
-    if not options.overwrite and not unstarted:
+    if not options.overwrite and state != UNSTARTED:
         raise UsageError(f"{option('output_dir')} {out} is not empty; continue that run with {option('resume')}, "
                          f"replace it with {option('overwrite')}, or choose another {option('output_dir')}")
     flag = option("overwrite") if options.overwrite else option("output_dir")
@@ -289,7 +203,7 @@ def check_output_dir(options: PretrainOptions) -> OutputPlan:
 def resume_plan(options: PretrainOptions) -> OutputPlan:
     out, recipe = options.output_dir, options.recipe
     resume, max_steps = option("resume"), option("max_steps")
-    checkpoints = complete_checkpoints(out / "checkpoints")
+    checkpoints = complete_checkpoints(checkpoints_dir(out))
     if not checkpoints:
         if out.is_dir() and (out / OPTIONS_FILE).is_file():
             raise UsageError(f"{resume}: the run in {out} stopped before its first checkpoint, so there is nothing to "
@@ -306,11 +220,11 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
     check_checkpoint(checkpoints)
     spent = time_spent(checkpoints[-1])
     budget_spent = recipe.time_budget is not None and spent >= recipe.time_budget
-    return OutputPlan(resume_from=checkpoints[-1], finished=reached == recipe.max_steps or budget_spent)
+    return OutputPlan(resume_from=checkpoints[-1], schedule_ended=reached == recipe.max_steps or budget_spent)
 
 
 # what --resume reads from a checkpoint besides rng_state*.pth: without one it would continue differently
-CHECKPOINT_NEEDS = ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
+CHECKPOINT_NEEDS = (FINAL_MODEL, "optimizer.pt", "scheduler.pt", TRAINER_STATE)
 
 
 def is_whole(file: Path) -> bool:
@@ -335,10 +249,10 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
     rng_states = sorted(p for p in checkpoint.iterdir() if RNG_STATE.fullmatch(p.name))
     if missing or not rng_states:
         return f"{(missing or ['rng_state.pth'])[0]} is missing"
-    state = read_json_or_none(checkpoint / "trainer_state.json")
+    state = read_json_or_none(checkpoint / TRAINER_STATE)
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
-        return "trainer_state.json is not a trainer state"
-    for file in (checkpoint / "model.safetensors", checkpoint / "optimizer.pt", checkpoint / "scheduler.pt",
+        return f"{TRAINER_STATE} is not a trainer state"
+    for file in (checkpoint / FINAL_MODEL, checkpoint / "optimizer.pt", checkpoint / "scheduler.pt",
                  *rng_states):
         if not is_whole(file):
             return f"{file.name} is truncated or corrupt"
@@ -362,18 +276,6 @@ def check_checkpoint(checkpoints: list[Path]) -> None:
     way_on = (f"delete that folder to resume from {earlier.name}" if earlier else
               f"start the run again with {option('overwrite')}")
     raise UsageError(f"{option('resume')}: {checkpoints[-1]} is damaged ({damage}); {way_on}")
-
-
-def remove_run_files(out: Path) -> None:
-    """Remove what a run wrote into `out` (`check_output_dir` made sure nothing else is there), but the lock and
-    an old run kept aside."""
-    for entry in out.iterdir():
-        if entry.name in (LOCK_FILE, REPLACED, PARTIAL) or not written_by_run(entry):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def check_same_data(out: Path, corpus: str, fingerprint: str) -> None:

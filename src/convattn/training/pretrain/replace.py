@@ -13,15 +13,8 @@ import shutil
 from pathlib import Path
 
 from convattn.console import say
-from convattn.training.pretrain.options import (
-    LOCK_FILE,
-    OPTIONS_FILE,
-    PARTIAL,
-    REPLACED,
-    complete_checkpoints,
-    remove_run_files,
-    written_by_run,
-)
+from convattn.runs.folder import LOCK_FILE
+from convattn.runs.pretrain import OPTIONS_FILE, PARTIAL, REPLACED, has_saved, remove_run_files, written_by_run
 
 
 def move_aside(out: Path) -> None:
@@ -34,16 +27,11 @@ def move_aside(out: Path) -> None:
     partial.rename(out / REPLACED)
 
 
-def stands(out: Path) -> bool:
-    """The new run has saved something to continue from: a complete checkpoint or its final model."""
-    return bool(complete_checkpoints(out / "checkpoints")) or (out / "model.safetensors").is_file()
-
-
 def options_record(out: Path) -> Path:
     """The options file of the run `out` holds: the old run's while a replacement that does not stand yet keeps it
     aside (the replacement, if killed, gives it back: `recover_replaced_run`)."""
     aside = out / REPLACED / OPTIONS_FILE
-    return aside if aside.is_file() and not stands(out) else out / OPTIONS_FILE
+    return aside if aside.is_file() and not has_saved(out) else out / OPTIONS_FILE
 
 
 def drop_replaced(out: Path) -> None:
@@ -71,7 +59,7 @@ def move_back(out: Path) -> None:
 
 def recover_replaced_run(out: Path) -> None:
     """Finish what a killed --overwrite left: drop the old run if the new one stands, else bring it back."""
-    if (out / REPLACED).is_dir() and stands(out):
+    if (out / REPLACED).is_dir() and has_saved(out):
         drop_replaced(out)
     elif (out / REPLACED).is_dir() or (out / PARTIAL).is_dir():
         restore_replaced(out)

@@ -17,28 +17,40 @@ from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 from convattn.console import log_to, main_process, say
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.hub import write_model_card
+from convattn.runs.folder import check_output_folder, run_folder_lock
+from convattn.runs.pretrain import (
+    DATA_FILE,
+    DISCRIMINATOR,
+    FINAL_MODEL,
+    FINAL_TMP,
+    METRICS_FILE,
+    OPTIONS_FILE,
+    PLOT_FILE,
+    REPLACED,
+    TENSORBOARD,
+    TRAINER_STATE,
+    checkpoint_step,
+    checkpoints_dir,
+    complete_checkpoints,
+    has_saved,
+    read_metrics,
+    remove_run_files,
+)
 from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
-    DATA_FILE,
-    OPTIONS_FILE,
-    REPLACED,
     OutputPlan,
     PretrainOptions,
     check_options,
     check_output_dir,
     check_same_data,
-    checkpoint_step,
-    complete_checkpoints,
     is_whole,
-    remove_run_files,
     sequence_length,
 )
 from convattn.training.pretrain.replace import drop_replaced, move_aside, recover_replaced_run, restore_replaced
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
 from convattn.training.recipes import STEP_CAP, warmup_steps
-from convattn.training.run_folder import check_output_folder, run_folder_lock
 
 
 @dataclass
@@ -60,7 +72,7 @@ class PretrainSummary:
     def lines(self) -> list[str]:
         if self.already_finished:
             return [f"pretraining already finished: {self.steps:,} steps; nothing to do",
-                    f"  outputs         {self.output_dir}/ (model + tokenizer, metrics.jsonl, perplexity.png)"]
+                    f"  outputs         {self.output_dir}/ (model + tokenizer, {METRICS_FILE}, {PLOT_FILE})"]
         ppl = (f"{self.first_perplexity:,.1f} -> {self.final_perplexity:,.1f}"
                if self.first_perplexity is not None and self.final_perplexity is not None else "n/a")
         state = "interrupted" if self.interrupted else "done"
@@ -75,8 +87,8 @@ class PretrainSummary:
             ended = "reached" if self.spent >= self.budget else f"{self.spent / self.budget:.0%} spent"
             lines.append(f"  time budget     {format_duration(self.budget)} of training, {ended}")
         if not self.interrupted:
-            return [*lines, f"  outputs         {self.output_dir}/ (model + tokenizer, metrics.jsonl, perplexity.png, "
-                            "tensorboard/)"]
+            return [*lines, f"  outputs         {self.output_dir}/ (model + tokenizer, {METRICS_FILE}, {PLOT_FILE}, "
+                            f"{TENSORBOARD}/)"]
         if self.checkpoint is None:
             return [*lines, "  nothing saved   (stopped before the first checkpoint); run the same command again to "
                             "start over"]
@@ -94,8 +106,8 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
         if main_process():
             recover_replaced_run(options.output_dir)
         plan = check_output_dir(options)
-        final = options.output_dir / "model.safetensors"
-        if plan.finished and final.is_file():
+        final = options.output_dir / FINAL_MODEL
+        if plan.schedule_ended and final.is_file():
             if is_whole(final):
                 return finished_summary(options)
             say("pretrain", f"{final} is truncated or corrupt: saving the final model again from {plan.resume_from}")
@@ -149,13 +161,13 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
     if args.process_index == 0:
         from torch.utils.tensorboard import SummaryWriter
 
-        trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(out / "tensorboard"))))
+        trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(out / TENSORBOARD))))
 
     interrupted = False
     try:
-        if plan.finished:  # the last checkpoint is the end of the schedule: only the final save is missing
+        if plan.schedule_ended:  # the last checkpoint is the end of the schedule: only the final save is missing
             trainer._load_from_checkpoint(str(plan.resume_from))
-            trainer.state = TrainerState.load_from_json(str(plan.resume_from / "trainer_state.json"))
+            trainer.state = TrainerState.load_from_json(str(plan.resume_from / TRAINER_STATE))
         else:
             trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
     except BaseException as stop:  # Ctrl-C / SIGTERM ends the run with a summary; anything else is raised on
@@ -167,7 +179,7 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
         interrupted = True
     if not interrupted:
         save_final(trainer, out)
-    checkpoints = complete_checkpoints(out / "checkpoints")
+    checkpoints = complete_checkpoints(checkpoints_dir(out))
     rows = metrics.rows
     return PretrainSummary(
         output_dir=out, parameters=model.num_parameters(), tokens_seen=trainer.state.num_input_tokens_seen,
@@ -198,7 +210,7 @@ def discard_if_unsaved(out: Path) -> None:
     """A run that stopped before its first checkpoint saved nothing worth keeping: remove what it wrote, so the
     same command starts it again (nothing else is in the folder: `check_output_dir` made sure), and give back the
     run it was replacing, if any."""
-    if not complete_checkpoints(out / "checkpoints") and not (out / "model.safetensors").exists():
+    if not has_saved(out):
         remove_run_files(out)
         restore_replaced(out)
 
@@ -217,8 +229,8 @@ class DropReplacedRun(TrainerCallback):
 def finished_summary(options: PretrainOptions) -> PretrainSummary:
     """--resume of a run that already reached --max-steps: nothing is touched."""
     out = options.output_dir
-    rows = MetricsWriter(out).rows
-    steps = checkpoint_step(complete_checkpoints(out / "checkpoints")[-1])
+    rows = read_metrics(out)
+    steps = checkpoint_step(complete_checkpoints(checkpoints_dir(out))[-1])
     return PretrainSummary(
         output_dir=out, parameters=0, tokens_seen=rows[-1].get("tokens_seen", 0) if rows else 0, steps=steps,
         first_perplexity=rows[0]["perplexity"] if rows else None,
@@ -229,13 +241,13 @@ def finished_summary(options: PretrainOptions) -> PretrainSummary:
 def save_final(trainer: Trainer, out: Path) -> None:
     """Model, config and tokenizer into `out`, written to a temporary folder then moved in. ELECTRA
     runs also get `discriminator/`: the encoder to fine-tune, loadable with any AutoModel class."""
-    tmp = out / ".final.tmp"
+    tmp = out / FINAL_TMP
     trainer.save_model(str(tmp))  # saves on the main process only, and the tokenizer with it
     if trainer.args.process_index == 0:
         model = trainer.accelerator.unwrap_model(trainer.model)
         if hasattr(model, "save_discriminator"):
-            model.save_discriminator(tmp / "discriminator")
-            trainer.processing_class.save_pretrained(tmp / "discriminator")
+            model.save_discriminator(tmp / DISCRIMINATOR)
+            trainer.processing_class.save_pretrained(tmp / DISCRIMINATOR)
         for item in tmp.iterdir():
             target = out / item.name
             if target.is_dir():

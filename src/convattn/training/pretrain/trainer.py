@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, se
 from convattn.config import ConvAttnConfig
 from convattn.errors import UsageError, option
 from convattn.model import masked_lm_loss
+from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch, world_size
@@ -135,7 +136,7 @@ def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArgu
     warmup = recipe.warmup if recipe.warmup < 1 else int(recipe.warmup)
     flags = precision_flags(options.precision)
     return TrainingArguments(
-        output_dir=str(options.output_dir / "checkpoints"),
+        output_dir=str(checkpoints_dir(options.output_dir)),
         max_steps=recipe.max_steps,
         per_device_train_batch_size=per_device_batch(recipe),
         per_device_eval_batch_size=per_device_batch(recipe) * recipe.gradient_accumulation,

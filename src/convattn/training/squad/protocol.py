@@ -9,10 +9,10 @@ from pathlib import Path
 from convattn.console import log_to, say
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
+from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, finished_run
-from convattn.training.run_folder import check_output_folder, run_folder_lock
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
 from convattn.training.squad.run import SquadData, fine_tune, squad_seed_dir

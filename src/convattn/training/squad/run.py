@@ -24,11 +24,11 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding,
 from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
 from convattn.files import write_json_atomic
+from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import MODEL_DIR
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.trainer import RUN_FILE, train, training_arguments
 from convattn.training.guards import check_finite_weights
-from convattn.training.run_folder import seed_dir
 from convattn.training.squad.features import Progress
 from convattn.training.squad.metrics import squad_scores
 from convattn.training.squad.postprocess import best_answers

@@ -1,4 +1,4 @@
-"""A run folder: who may write it, what it records, how it is laid out.
+"""Any run folder (pretraining, fine-tuning, comparison): who may write it, what it records, how it is laid out.
 
 * one writer: `run_folder_lock`, `fcntl.flock` on `<folder>/.convattn.lock`, so the operating system releases it
   when the process ends, however it ends (a kill -9 leaves no stale lock, only a lock file that the next run takes
@@ -22,9 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from convattn.checkpoint import listed
 from convattn.console import main_process
-from convattn.errors import UsageError, option
+from convattn.errors import UsageError, listed, option
 from convattn.files import read_json
 
 LOCK_FILE = ".convattn.lock"

@@ -1,0 +1,165 @@
+"""A pretraining run's folder: the names of what it writes, its checkpoints, its metrics, and the state it is in.
+
+    config.json, model.safetensors, tokenizer files   the final model (saved last)
+    metrics.jsonl                                     one row per evaluation
+    perplexity.png                                    eval perplexity vs steps
+    tensorboard/                                      TensorBoard event files
+    checkpoints/checkpoint-N/                         for --resume (the Trainer's own checkpoints)
+    pretrain_options.json                             what was run (written before training starts)
+    pretrain_data.json                                a fingerprint of its text
+    .replaced-run/                                    the run an --overwrite replaces, until the new one stands
+
+`run_state` is the one answer to "what state is this run in"; `remove_run_files` removes only what a run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from convattn.console import LOG_FILE
+from convattn.runs.folder import LOCK_FILE, holds_only_lock
+
+OPTIONS_FILE = "pretrain_options.json"
+DATA_FILE = "pretrain_data.json"  # the text the run started with (its fingerprint), checked on --resume
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "perplexity.png"
+CARD_FILE = "README.md"
+FINAL_MODEL = "model.safetensors"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+DISCRIMINATOR = "discriminator"  # ELECTRA runs: the encoder to fine-tune
+FINAL_TMP = ".final.tmp"  # the final model while it is written
+TRAINER_STATE = "trainer_state.json"  # in each checkpoint; the Trainer writes it last
+# an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
+REPLACED, PARTIAL = ".replaced-run", ".replaced-run.partial"
+
+# what a model folder holds: the final model, a checkpoint, discriminator/ (`save_pretrained` of a model and of a
+# tokenizer, ours or any HF one given with --tokenizer)
+MODEL_FILES = frozenset({
+    "config.json", "generation_config.json", FINAL_MODEL, "training_args.bin",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+})
+# what a checkpoint holds beyond that: the Trainer's state (and rng_state.pth, or one rng_state_<rank>.pth a process)
+TRAINER_STATE_FILES = frozenset({"optimizer.pt", "scheduler.pt", "scaler.pt", TRAINER_STATE})
+RNG_STATE = re.compile(r"rng_state(_\d+)?\.pth")
+CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
+# what a pretraining run writes into its folder: all that --overwrite may remove
+RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, DATA_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, PLOT_FILE, TENSORBOARD,
+                             CHECKPOINTS, DISCRIMINATOR, FINAL_TMP, LOCK_FILE, REPLACED, PARTIAL}
+
+EMPTY, UNSTARTED, IN_PROGRESS, FINISHED = "empty", "unstarted", "in progress", "finished"
+NOT_A_RUN = "not a run"
+
+
+def run_state(out: Path) -> str:
+    """EMPTY: no folder, or only a lock file. FINISHED: the final model is saved (a run saves it last).
+    IN_PROGRESS: a complete checkpoint to --resume from. UNSTARTED: the options are recorded, nothing is saved
+    (a run that stopped before its first checkpoint: the same command starts it again). NOT_A_RUN: anything else."""
+    out = Path(out)
+    if not out.is_dir() or holds_only_lock(out):
+        return EMPTY
+    if (out / FINAL_MODEL).is_file():
+        return FINISHED
+    if complete_checkpoints(checkpoints_dir(out)):
+        return IN_PROGRESS
+    return UNSTARTED if (out / OPTIONS_FILE).is_file() else NOT_A_RUN
+
+
+def has_saved(out: Path) -> bool:
+    """The run saved something to continue from or to use: a complete checkpoint or its final model."""
+    return run_state(out) in (IN_PROGRESS, FINISHED)
+
+
+def checkpoints_dir(out: Path) -> Path:
+    return Path(out) / CHECKPOINTS
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """The checkpoints in `directory` (a run's `checkpoints_dir`) whose trainer state was written (the Trainer
+    writes it last), oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.glob("checkpoint-*")
+             if p.name.removeprefix("checkpoint-").isdigit() and (p / TRAINER_STATE).exists()]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("checkpoint-"))
+
+
+def read_metrics(out: Path) -> list[dict]:
+    """The rows of the run's METRICS_FILE (one per evaluation); [] before the first."""
+    file = Path(out) / METRICS_FILE
+    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
+
+
+def is_code_or_temp(name: str) -> bool:
+    """The modeling code saved with a model, or the temporary file of an atomic write (a kill can leave one)."""
+    return (name.startswith("convattn_") and name.endswith(".py")) or \
+        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
+
+
+def written_by_run(entry: Path) -> bool:
+    """Whether a file or folder in a run folder is one a pretraining run writes (a user's notes are not)."""
+    name = entry.name
+    if name == CARD_FILE:
+        return is_model_card(entry)
+    return name in RUN_ENTRIES or is_code_or_temp(name)
+
+
+def written_inside_run(entry: Path, out: Path) -> bool:
+    """`written_by_run` at any depth: inside tensorboard/ only event files, inside checkpoints/ only checkpoint
+    folders, inside those and discriminator/ only a model's files (a user's notes anywhere are not the run's)."""
+    parts, name = entry.relative_to(out).parts, entry.name
+    if len(parts) == 1:
+        return written_by_run(entry)
+    top = parts[0]
+    if top in (REPLACED, PARTIAL):
+        return True
+    if top == TENSORBOARD:
+        return len(parts) == 2 and entry.is_file() and name.startswith("events.out.tfevents.")
+    if top == CHECKPOINTS and len(parts) == 2:
+        return entry.is_dir() and CHECKPOINT_NAME.fullmatch(name) is not None
+    in_model = len(parts) == 3 if top == CHECKPOINTS else len(parts) == 2 and top in (DISCRIMINATOR, FINAL_TMP)
+    return in_model and entry.is_file() and (name in MODEL_FILES or name in TRAINER_STATE_FILES or
+                                             RNG_STATE.fullmatch(name) is not None or is_code_or_temp(name))
+
+
+def foreign_files(out: Path) -> list[str]:
+    """What `out` holds that a pretraining run does not write, at any depth, relative to `out` (a folder is named
+    with a trailing /, not what it holds)."""
+    foreign = []
+    folders = [out]
+    while folders:
+        for entry in sorted(folders.pop().iterdir()):
+            if not written_inside_run(entry, out):
+                foreign.append(str(entry.relative_to(out)) + ("/" if entry.is_dir() else ""))
+            elif entry.is_dir() and not entry.is_symlink():
+                folders.append(entry)
+    return sorted(foreign)
+
+
+def is_model_card(path: Path) -> bool:
+    """The README.md convattn writes (Hub metadata naming convattn), not one the user wrote."""
+    if not path.is_file():
+        return False
+    text = path.read_text(errors="replace")
+    metadata = text.split("---", 2)[1] if text.startswith("---") and text.count("---") >= 2 else ""
+    return "- convattn" in metadata
+
+
+def remove_run_files(out: Path) -> None:
+    """Remove what a run wrote into `out` (`check_output_dir` made sure nothing else is there), but the lock and
+    an old run kept aside."""
+    for entry in out.iterdir():
+        if entry.name in (LOCK_FILE, REPLACED, PARTIAL) or not written_by_run(entry):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
