@@ -13,7 +13,7 @@ import torch
 from convattn.files import read_json, write_json_atomic
 from convattn.training.compare.grids import RunSpec
 from convattn.training.compare.options import MEMORY_FILE, CompareOptions, run_recipe, say
-from convattn.training.pretrain import build_model, per_device_batch, sequence_length
+from convattn.training.pretrain import build_model, model_config, per_device_batch, sequence_length
 from convattn.training.recipes import Recipe
 
 
@@ -52,7 +52,7 @@ def training_memory(recipe: Recipe, tokenizer) -> dict:
 
     Allocator overhead and short-lived buffers are left out: a lower bound that ranks models.
     """
-    model = build_model(recipe, tokenizer).train()
+    model = build_model(recipe, model_config(recipe), tokenizer).train()
     config = model.config
     seq_len = sequence_length(recipe, config)
     batch = per_device_batch(recipe)

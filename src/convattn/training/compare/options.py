@@ -3,6 +3,7 @@ options (recipe file < grid < the run's own fields < command line)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,8 +71,7 @@ def run_recipe(options: CompareOptions, spec: RunSpec, seed: int) -> Recipe:
                                   paper_of=options.grid.runs[0].preset)
     if note and seed == 0:
         say(f"{spec.name}: {note}")
-    recipe.seed = seed
-    return recipe
+    return dataclasses.replace(recipe, seed=seed)
 
 
 def tokenizer_dir(options: CompareOptions) -> Path:

@@ -18,6 +18,7 @@ from convattn.training.pretrain.options import (
     PretrainOptions,
     check_options,
     default_cache_dir,
+    model_config,
     per_device_batch,
     sequence_length,
 )
@@ -25,4 +26,4 @@ from convattn.training.pretrain.run import PretrainSummary, pretrain
 from convattn.training.pretrain.trainer import build_model
 
 __all__ = ["PretrainOptions", "PretrainSummary", "build_model", "check_options", "default_cache_dir",
-           "per_device_batch", "pretrain", "sequence_length"]
+           "model_config", "per_device_batch", "pretrain", "sequence_length"]

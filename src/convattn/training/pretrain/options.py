@@ -101,7 +101,7 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
                          "of the run, e.g. 0.06)")
     if options.tokenizer is None:
         check_vocab_size(recipe.vocab_size)
-    config = ConvAttnConfig.from_preset(recipe.preset, **recipe.model)
+    config = model_config(recipe)
     seq_len = sequence_length(recipe, config)
     if seq_len > config.max_position_embeddings:
         raise UsageError(
@@ -147,6 +147,11 @@ def check_numbers(recipe: Recipe) -> None:
                              "a fraction of its budget: give a fraction below 1, e.g. 0.06")
     if not 0 <= recipe.seed <= MAX_SEED:
         raise UsageError(f"{option('seed')} {recipe.seed} must be in [0, {MAX_SEED}]")
+
+
+def model_config(recipe: Recipe) -> ConvAttnConfig:
+    """The model config of a run: the recipe's preset and config fields (the tokenizer's come in `build_model`)."""
+    return ConvAttnConfig.from_preset(recipe.preset, **recipe.model)
 
 
 def sequence_length(recipe: Recipe, config: ConvAttnConfig) -> int:

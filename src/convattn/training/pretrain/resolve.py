@@ -4,6 +4,7 @@ changed)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from convattn.console import say
@@ -24,20 +25,14 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
     defaults to runs/pretrain-<recipe>."""
     data = {name: value for name, value in (data or {}).items() if value}
     if resume and output_dir is not None and options_record(output_dir).is_file():
-        options = saved_options(options_record(output_dir))
-        if preset:
-            options.recipe.preset = preset
-        options.recipe.model = {**options.recipe.model, **(model or {})}
-        for name, value in (training or {}).items():
-            setattr(options.recipe, name, value)
-        for name, value in data.items():
-            setattr(options, name, Path(value) if name == "cache_dir" else value)
-        if precision not in (None, "auto"):
-            options.precision = precision
-        options.compile = compile or options.compile
-        options.output_dir, options.resume, options.overwrite = output_dir, True, overwrite
-        options.allow_schedule_change = allow_schedule_change
-        return options
+        saved = saved_options(options_record(output_dir))
+        recipe_fields = {"preset": preset} if preset else {}
+        recipe_fields |= {"model": {**saved.recipe.model, **(model or {})}, **(training or {})}
+        data = {name: Path(value) if name == "cache_dir" else value for name, value in data.items()}
+        return dataclasses.replace(
+            saved, recipe=dataclasses.replace(saved.recipe, **recipe_fields), **data,
+            precision=saved.precision if precision in (None, "auto") else precision, compile=compile or saved.compile,
+            output_dir=output_dir, resume=True, overwrite=overwrite, allow_schedule_change=allow_schedule_change)
     resolved, note = resolve_recipe(preset, recipe, model, training)
     if note:
         say("pretrain", note)

@@ -14,6 +14,7 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerStat
 from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
+from convattn.config import ConvAttnConfig
 from convattn.console import log_to, main_process, say
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.hub import write_model_card
@@ -111,13 +112,14 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
             if is_whole(final):
                 return finished_summary(options)
             say("pretrain", f"{final} is truncated or corrupt: saving the final model again from {plan.resume_from}")
-        return train(options, sequence_length(options.recipe, config), plan, callbacks, label)
+        return train(options, config, plan, callbacks, label)
 
 
-def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
+def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
           callbacks: Sequence[TrainerCallback], label: str | None = None) -> PretrainSummary:
     started = time.perf_counter()
     recipe, out = options.recipe, options.output_dir
+    seq_len = sequence_length(recipe, config)
     args = training_arguments(options, resuming=plan.resume_from is not None)
     clock = None
     if recipe.time_budget is not None:
@@ -127,7 +129,7 @@ def train(options: PretrainOptions, seq_len: int, plan: OutputPlan,
         data = prepare_data(options, seq_len, plan.resume_from)
     if plan.resume_from is not None:
         check_same_data(out, data.corpus, data.fingerprint)
-    model = build_model(recipe, data.tokenizer)
+    model = build_model(recipe, config, data.tokenizer)
     # the tokenizer states the length the model takes: any length for relative positions (no overflow warnings)
     data.tokenizer.model_max_length = model.config.max_input_length or VERY_LARGE_INTEGER
 

@@ -9,8 +9,9 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
 from convattn.config import ConvAttnConfig
+from convattn.electra import ConvAttnForPreTraining
 from convattn.errors import UsageError, option
-from convattn.model import masked_lm_loss
+from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
 from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
@@ -20,21 +21,12 @@ from convattn.training.recipes import STEP_CAP, Recipe
 EVAL_SEED = 1234
 
 
-def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerBase):
-    config = ConvAttnConfig.from_preset(
-        recipe.preset, **{**recipe.model, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-                          "mask_token_id": tokenizer.mask_token_id},
-    )
+def build_model(recipe: Recipe, config: ConvAttnConfig, tokenizer: PreTrainedTokenizerBase):
+    """The run's model from its config (`model_config`), given the tokenizer's vocabulary and special ids."""
+    config.update({"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                   "mask_token_id": tokenizer.mask_token_id})
     set_seed(recipe.seed)
-    if recipe.objective == "electra":
-        try:
-            from convattn.electra import ConvAttnForPreTraining
-        except ImportError as err:
-            raise UsageError(f"{option('objective')} electra is not available in this install ({err})") from None
-        return ConvAttnForPreTraining(config)
-    from convattn.model import ConvAttnForMaskedLM
-
-    return ConvAttnForMaskedLM(config)
+    return ConvAttnForPreTraining(config) if recipe.objective == "electra" else ConvAttnForMaskedLM(config)
 
 
 class PretrainTrainer(FiniteTraining, Trainer):

@@ -1,0 +1,38 @@
+"""A pretraining run resolves its options once: the model config is built once and passed on."""
+
+from __future__ import annotations
+
+import sys
+
+from helpers.pretrain import tiny_args, write_corpus
+
+import convattn.config
+from convattn.cli import main
+from convattn.config import ConvAttnConfig
+
+CONVATTN = str(convattn.config.__file__).rsplit("/", 1)[0]
+
+
+def caller_outside_config() -> str:
+    """file:line of the code that asked for a config (from_preset, in config.py, stands for its caller)."""
+    frame = sys._getframe(2)
+    while frame.f_code.co_filename == convattn.config.__file__:
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def test_a_pretraining_run_builds_its_config_once(tmp_path, monkeypatch):
+    """transformers builds default configs of its own (to write only the fields that differ): not counted."""
+    built = []
+    init = ConvAttnConfig.__init__
+
+    def counted(self, *args, **kwargs):
+        caller = caller_outside_config()
+        if caller.startswith(CONVATTN):
+            built.append(caller)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConvAttnConfig, "__init__", counted)
+    assert main(tiny_args(write_corpus(tmp_path), tmp_path / "run", "--max-steps", "4")) == 0
+    assert len(built) == 1, built
+
