@@ -152,10 +152,6 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
         super().set_attn_implementation(attn_implementation)
         self.generator.config._attn_implementation = self.config._attn_implementation
 
-    def discriminator_model(self) -> ConvAttnModel:
-        """The discriminator encoder, the model to fine-tune."""
-        return self.convattn
-
     def save_discriminator(self, save_directory: str | os.PathLike, **kwargs) -> None:
         """Save the discriminator encoder alone (a `ConvAttnModel` checkpoint, no generator or heads)."""
         self.convattn.save_pretrained(save_directory, **kwargs)

@@ -174,8 +174,8 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
         """Every attention module reads `config._attn_implementation` at each forward, so
-        `set_attn_implementation` switches a built model (transformers' own test looks for its
-        AttentionInterface in this file's source)."""
+        `set_attn_implementation` switches a built model (transformers' own check would read this file's source
+        for its AttentionInterface, which convattn's mechanisms do not use)."""
         return True
 
     def save_pretrained(self, save_directory, *args, **kwargs):

@@ -198,7 +198,7 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     interrupted.unlink()
     capsys.readouterr()
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "sst2: all 2 seeds already finished" in printed and "cola seed 1: fine-tuning" in printed
     assert "cola seed 0: fine-tuning" not in printed
     assert interrupted.is_file()

@@ -33,7 +33,6 @@ from convattn.data.cache import cache_entry, check_cache_dir
 from convattn.data.hub_access import load_hub_dataset
 from convattn.errors import UsageError, option
 
-EMBEDDED = "embedded"
 EMBEDDED_VERSION = 1
 # packages whose docstrings join the standard library's in the embedded corpus (all dependencies)
 EMBEDDED_PACKAGES = ("numpy", "sklearn")

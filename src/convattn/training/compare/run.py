@@ -13,11 +13,16 @@ from pathlib import Path
 import torch
 
 from convattn.console import log_to
+from convattn.data.corpus import load_corpus
+from convattn.data.glue import get_task
+from convattn.data.squad import read_squad_json
+from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic
 from convattn.runs.folder import check_output_folder, check_own_folder, run_folder_lock
 from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, run_state
 from convattn.training.compare.grids import RunSpec, check_runs
+from convattn.training.compare.lengths import write_length_report
 from convattn.training.compare.memory import update_memory
 from convattn.training.compare.options import (
     CompareOptions,
@@ -27,7 +32,11 @@ from convattn.training.compare.options import (
     say,
     tokenizer_dir,
 )
+from convattn.training.compare.report import REPORT_RUNS, Report, write_report
+from convattn.training.compare.results import seeds_in_output
+from convattn.training.glue import check_data, run_glue
 from convattn.training.pretrain import PretrainOptions, check_options, pretrain, sequence_length
+from convattn.training.squad import run_squad
 
 TOKENIZER_RECORD = "compare_tokenizer.json"  # beside the shared tokenizer: what it was trained for
 COMPARE_RECORD = "compare.json"  # written first: the folder is a comparison's, which a later compare continues
@@ -36,17 +45,12 @@ COMPARE_RECORD = "compare.json"  # written first: the folder is a comparison's, 
 def check_comparison_folder(options: CompareOptions) -> None:
     """The output folder is new, empty or a comparison's (one written before COMPARE_RECORD existed is known by its
     report or its shared tokenizer): a folder holding anything else is someone else's, and is refused."""
-    from convattn.training.compare.report import REPORT_RUNS
-
     check_own_folder(options.output_dir, (COMPARE_RECORD, REPORT_RUNS, f"tokenizer/{TOKENIZER_RECORD}"))
 
 
 def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
     """The tokenizer of every run: --tokenizer, or one trained once on the train text and saved in the output
     (with a record of what it was trained for, checked when the comparison continues)."""
-    from convattn.data.corpus import load_corpus
-    from convattn.data.tokenizer import trained_tokenizer
-
     directory = tokenizer_dir(options)
     if options.data.get("tokenizer"):
         return directory
@@ -97,13 +101,8 @@ def validate(options: CompareOptions) -> int:
             seq_len = max(seq_len, sequence_length(pretrain_options.recipe, config))
             check_same_settings(pretrain_options)
     if options.glue:
-        from convattn.data.glue import get_task
-        from convattn.training.glue import check_data
-
         check_data([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
     if options.squad:
-        from convattn.data.squad import read_squad_json
-
         for file in (options.squad.train_file, options.squad.dev_file):
             if file is not None:
                 read_squad_json(file)  # missing, empty or not JSON: said before any training
@@ -122,8 +121,6 @@ def train_one(pretrain_options: PretrainOptions, label: str) -> tuple[bool, int 
 
 def run_compare(options: CompareOptions) -> CompareOutcome:
     """Train (or reuse) every run and seed and fine-tune on GLUE if asked (`write_report` then reports)."""
-    from convattn.data.tokenizer import load_tokenizer
-
     seq_len = validate(options)
     if not (options.output_dir / COMPARE_RECORD).is_file():
         write_json_atomic(options.output_dir / COMPARE_RECORD, {"written_by": "convattn compare"})
@@ -162,14 +159,10 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
         path = options.run_path(spec, seed)
         model = path / DISCRIMINATOR if (path / DISCRIMINATOR).is_dir() else path
         if request := options.glue:
-            from convattn.training.glue import run_glue
-
             say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
             run_glue(str(model), request.tasks, path / "glue", data_dir=request.data_dir, recipe=request.recipe,
                      seeds=request.seeds, overrides=request.overrides, save_models="none")
         if request := options.squad:
-            from convattn.training.squad import run_squad
-
             say(f"{spec.name} seed {seed}: SQuAD v{request.version}")
             run_squad(str(model), request.version, path / "squad", train_file=request.train_file,
                       dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides, save_models="none")
@@ -185,9 +178,6 @@ def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths:
 
 
 def compare_in_folder(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None) -> int:
-    from convattn.training.compare.report import Report, write_report
-    from convattn.training.compare.results import seeds_in_output
-
     interrupted = False
     if report_only:
         check_runs(options.grid.runs)
@@ -202,8 +192,6 @@ def compare_in_folder(options: CompareOptions, report_only: bool, eval_lengths: 
     results, folder = write_report(options)
     print("\n".join(Report(options, results, figure=None).summary_lines()))
     if eval_lengths:
-        from convattn.training.compare.lengths import write_length_report
-
         print("\n".join(write_length_report(options, eval_lengths)))
     print(f"report: {folder / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
     if interrupted:

@@ -8,6 +8,7 @@ from pathlib import Path
 from datasets import Dataset, Value
 from transformers import PreTrainedTokenizerBase
 
+from convattn.console import say
 from convattn.data.glue import GlueTask, has_split, load_split
 from convattn.training.glue.settings import GlueSettings
 
@@ -47,7 +48,7 @@ def load_task_data(task: GlueTask, data_dir: Path | None, tokenizer: PreTrainedT
     dev = {split: prepared(split) for split in task.dev_columns}
     test = {split: prepared(split) for split in task.test_files if has_split(task, split, data_dir)}
     if data_dir is not None and len(test) < len(task.test_files):
-        print(f"[glue] {task.name}: no test file in {data_dir / task.folder}; no test predictions")
+        say("glue", f"{task.name}: no test file in {data_dir / task.folder}; no test predictions")
     return TaskData(train, dev, test)
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from convattn.console import log_to
+from convattn.console import log_to, say
 from convattn.data.glue import get_task
 from convattn.errors import UsageError, option
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
@@ -103,7 +103,7 @@ def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[
     task = get_task(name)
     pending = [s for s in range(seeds) if finished_run(seed_dir(output_dir, name, s)) is None]
     if not pending:
-        print(f"[glue] {name}: all {seeds} seeds already finished, skipping")
+        say("glue", f"{name}: all {seeds} seeds already finished, skipping")
         return
     tokenizer = pretrained.tokenizer
     data = load_task_data(task, data_dir, tokenizer, settings[name], pretrained.token_types)
@@ -111,13 +111,13 @@ def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[
         path = seed_dir(output_dir, name, seed)
         if path.exists():
             shutil.rmtree(path)  # an interrupted run: start it again
-        print(f"[glue] {name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
+        say("glue", f"{name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
         if task.trains:
             from_mnli = settings[name].from_mnli
             source = str(mnli_model_dir(output_dir, seed)) if from_mnli else model
             run = fine_tune(task, seed, settings[name], data, source, tokenizer, path,
                             save_model=save_model or name == "mnli", identity=None if from_mnli else identity)
             scores = ", ".join(f"{column} {score:.1f}" for column, score in run["scores"].items())
-            print(f"[glue] {name} seed {seed}: {scores}")
+            say("glue", f"{name} seed {seed}: {scores}")
         else:
             predict_ax(task, seed, data, output_dir, tokenizer, path)
