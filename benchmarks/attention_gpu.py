@@ -1,8 +1,8 @@
-"""Relative attention on a CUDA GPU: the path paths.py takes by default against plain SDPA with the same dropout.
+"""Relative attention on a CUDA GPU: the path dispatch.py takes by default against plain SDPA with the same dropout.
 
 For each attention dropout (0 and 0.1), width and shape, bfloat16, forward+backward, in training mode:
   layer none             CompositeSelfAttention without relative terms: plain SDPA, the baseline of the layers,
-  layer <preset>         the relative terms on the path paths.py chooses (the line above the table names it),
+  layer <preset>         the relative terms on the path dispatch.py chooses (the line above the table names it),
   layer <preset> flex    the same terms as a FlexAttention score_mod (attn_implementation="flex_attention";
                          no dropout, so only at dropout 0),
   encoder bert-sdpa      `transformers`' BertModel with SDPA, the baseline of the encoders,
@@ -34,7 +34,7 @@ import convattn  # noqa: F401  (registers the model type)
 from convattn import ConvAttnConfig, ConvAttnModel
 from convattn.attention import TokenMask
 from convattn.attention.composite import CompositeSelfAttention
-from convattn.attention.relative import paths
+from convattn.attention.relative import dispatch
 
 PRESETS = ["composite", "composite+key"]
 WIDTHS = {"small": {}, "base": dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)}
@@ -47,12 +47,12 @@ def padded_keep(batch: int, n: int, device: str = "cuda", dtype=torch.bool):
 
 
 def on_path(step, path: str | None):
-    """`step` with the relative terms forced onto `path` (paths.RELATIVE_PATHS), or as paths.py chooses."""
+    """`step` with the relative terms forced onto `path` (dispatch.RELATIVE_PATHS), or as dispatch.py chooses."""
     if path is None:
         return step
 
     def forced():
-        with paths.forced_path(path):
+        with dispatch.forced_path(path):
             step()
     return forced
 
@@ -161,7 +161,7 @@ def main() -> int:
         parser.error("needs a CUDA GPU")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     probe = torch.empty(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
-    path = paths.relative_path(probe, "sdpa", 0.1, False)
+    path = dispatch.relative_path(probe, "sdpa", 0.1, False)
     lines = [
         "# Relative attention on a CUDA GPU: the default path vs plain SDPA with the same dropout", "",
         f"Command: `python benchmarks/attention_gpu.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",

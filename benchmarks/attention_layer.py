@@ -29,7 +29,7 @@ from common import machine_line, status_bytes, write_atomic
 from convattn import ConvAttnConfig
 from convattn.attention import TokenMask
 from convattn.attention.composite import CompositeSelfAttention
-from convattn.attention.relative import paths
+from convattn.attention.relative import dispatch
 
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
 
@@ -79,10 +79,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--decomposed-from", type=int,
-                        help="override paths.CPU_DECOMPOSED_MIN_LENGTH and paths.CPU_BLOCKWISE_MIN_LENGTH (tokens)")
+                        help="override dispatch.CPU_DECOMPOSED_MIN_LENGTH and CPU_BLOCKWISE_MIN_LENGTH (tokens)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the probabilities (relative terms then run blockwise from "
-                             "paths.CPU_BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
+                             "dispatch.CPU_BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each layer (inductor); the first step compiles and is not timed, and "
                              "memory is not measured")
@@ -94,7 +94,7 @@ def main() -> int:
     torch._dynamo.config.recompile_limit = 64  # every arm and shape compiles the same forward functions anew
     torch.set_num_threads(args.threads)
     if args.decomposed_from is not None:
-        paths.CPU_DECOMPOSED_MIN_LENGTH = paths.CPU_BLOCKWISE_MIN_LENGTH = args.decomposed_from
+        dispatch.CPU_DECOMPOSED_MIN_LENGTH = dispatch.CPU_BLOCKWISE_MIN_LENGTH = args.decomposed_from
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.arm:
         print(json.dumps(measure_memory(args.arm, *shapes[0], args.attention_dropout)))
@@ -109,8 +109,8 @@ def main() -> int:
         "[min, max] of all arms taking turns in one process, ratio to `none` (plain SDPA, no bias). "
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
         "after building layer and inputs), ratio of growth to `none`. Relative terms take the decomposed path "
-        f"from n = {paths.CPU_DECOMPOSED_MIN_LENGTH} on (blockwise with dropout from "
-        f"{paths.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below."
+        f"from n = {dispatch.CPU_DECOMPOSED_MIN_LENGTH} on (blockwise with dropout from "
+        f"{dispatch.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below."
         + (" Every layer under torch.compile (inductor), memory not measured." if args.compile else ""), "",
         "| n | batch | arm | ms median [min, max] | time ratio | peak RSS MiB | step growth MiB | growth ratio |",
         "|---|---|---|---|---|---|---|---|",

@@ -1,10 +1,10 @@
 """One GPU session in one command (issue 37): the fused relative-attention kernel and the decomposition against
 plain SDPA, in stages of priority order, each time-boxed and writing its result file as soon as it exists:
 
-  tests     one pytest: every test of the kernel (tests/attention/test_triton_attention.py, where it exists), then
+  tests     one pytest: every test of the kernel (tests/attention/relative/test_triton_attention.py), then
             the CUDA tests of the decomposition and its inductor step (test_decomposition.py, test_compile.py)
   layer     one CompositeSelfAttention, forward + backward, training mode: the kernel ("triton"), the decomposition
-            ("decomposed") and the dense bias ("dense"), each forced with paths.forced_path, against plain SDPA
+            ("decomposed") and the dense bias ("dense"), each forced with dispatch.forced_path, against plain SDPA
             (preset "none", the baseline of the same dropout); composite and composite+key, small and base width,
             four lengths, attention dropout 0 and 0.1; the bars' rows (the kernel and SDPA, n >= 512) first
   encoder   the chang2021-small/composite encoder (the preset's dropout) through the kernel and through the
@@ -54,11 +54,11 @@ from common import write_atomic
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from convattn.attention.relative import paths
+from convattn.attention.relative import dispatch
 
 ROOT = Path(__file__).resolve().parents[1]
 # the kernel's first: its tests may not exist yet
-TEST_FILES = ("tests/attention/test_triton_attention.py", "tests/attention/test_decomposition.py",
+TEST_FILES = ("tests/attention/relative/test_triton_attention.py", "tests/attention/relative/test_decomposition.py",
               "tests/test_compile.py")
 PRESETS = ("composite", "composite+key")
 DROPOUTS = (0.0, 0.1)
@@ -140,7 +140,7 @@ def forced(arm: str) -> str | None:
 
 
 def kernel_only(step):
-    """`step`, whose first call raises where paths.py serves the forced "triton" path with one of the other paths
+    """`step`, whose first call raises where dispatch.py serves the forced "triton" path with one of the other paths
     (as it did before the kernel was wired in), so that a kernel arm never times something else."""
     others = ("attend", "decomposed_relative_attention", "blockwise_relative_attention", "flex_relative_attention")
     checked = False
@@ -154,14 +154,14 @@ def kernel_only(step):
         nonlocal checked
         if checked:
             return step()
-        originals = {name: getattr(paths, name) for name in others}
+        originals = {name: getattr(dispatch, name) for name in others}
         try:
             for name in others:
-                setattr(paths, name, refuse(name))
+                setattr(dispatch, name, refuse(name))
             step()
         finally:
             for name, function in originals.items():
-                setattr(paths, name, function)
+                setattr(dispatch, name, function)
         checked = True
     return first_checked
 

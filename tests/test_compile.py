@@ -9,7 +9,7 @@ from helpers.tiny import randomize_, tiny_config
 from torch._dynamo.backends.common import aot_autograd
 
 from convattn import ConvAttnForMaskedLM
-from convattn.attention.relative.paths import CPU_DECOMPOSED_MIN_LENGTH
+from convattn.attention.relative.dispatch import CPU_DECOMPOSED_MIN_LENGTH
 from convattn.electra import ConvAttnForPreTraining
 from convattn.model import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
 

@@ -33,7 +33,7 @@ def register_auto_classes() -> None:
     AttentionInterface as "convattn_triton"."""
     import transformers
 
-    from convattn.attention.relative.paths import TRITON_IMPLEMENTATION, triton_interface_attention
+    from convattn.attention.relative.dispatch import TRITON_IMPLEMENTATION, triton_interface_attention
     from convattn.config import ConvAttnConfig
     from convattn.remote_code import AUTO_MAP
 

@@ -11,7 +11,7 @@ import torch
 from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnConfig, ConvAttnModel
-from convattn.attention.relative import paths
+from convattn.attention.relative import dispatch
 from convattn.electra import ConvAttnForPreTraining
 
 
@@ -19,8 +19,8 @@ from convattn.electra import ConvAttnForPreTraining
 def recorded_paths(monkeypatch):
     """The path each relative-attention call took."""
     taken = []
-    original = paths.relative_path
-    monkeypatch.setattr(paths, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
+    original = dispatch.relative_path
+    monkeypatch.setattr(dispatch, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
     return taken
 
 
@@ -39,7 +39,7 @@ def saved_model(tmp_path, preset="chang2021-small/composite", **overrides):
 def test_set_attn_implementation_switches_a_loaded_model_at_run_time(tmp_path, recorded_paths, preset, overrides):
     model = ConvAttnModel.from_pretrained(saved_model(tmp_path, preset, **overrides)).eval()
     assert model.config._attn_implementation == "sdpa"
-    n = paths.CPU_DECOMPOSED_MIN_LENGTH + 45  # long enough for "sdpa" to take the decomposition on CPU
+    n = dispatch.CPU_DECOMPOSED_MIN_LENGTH + 45  # long enough for "sdpa" to take the decomposition on CPU
     ids = torch.randint(5, 101, (2, n), generator=torch.Generator().manual_seed(0))
     attention_mask = torch.ones(2, n, dtype=torch.long)
     attention_mask[1, 200:] = 0

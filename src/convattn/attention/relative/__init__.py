@@ -1,10 +1,10 @@
 """Relative position terms as lightweight convolutions (Chang et al. 2021), one engine for every mechanism.
 
-tables.py holds the O(n x (2r + 1)) tables; decomposition.py, blockwise.py, flex.py and the dense bias compute
-attention with them; kernels.py has the fused kernels decomposition.py calls per device; paths.py chooses.
+bias.py holds the O(n x (2r + 1)) tables; decomposition.py, blockwise.py, flex.py and the dense bias compute
+attention with them; kernels.py has the fused kernels decomposition.py calls per device; dispatch.py chooses.
 """
 
-from convattn.attention.relative.paths import relative_attention, relative_path
-from convattn.attention.relative.tables import RelativePositionBias, relative_columns
+from convattn.attention.relative.bias import RelativePositionBias, relative_columns
+from convattn.attention.relative.dispatch import relative_attention, relative_path
 
 __all__ = ["RelativePositionBias", "relative_attention", "relative_columns", "relative_path"]

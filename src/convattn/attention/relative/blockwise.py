@@ -15,8 +15,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from convattn.attention.core import TokenMask, attend
+from convattn.attention.relative.bias import RelativePositionBias
 from convattn.attention.relative.decomposition import block_size
-from convattn.attention.relative.tables import RelativePositionBias
 
 
 def _attend_rows(q_rows: Tensor, k: Tensor, v: Tensor, key_table: Tensor | None, relative: RelativePositionBias,

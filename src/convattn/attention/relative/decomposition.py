@@ -1,6 +1,6 @@
 """Exact attention with relative-position scores, never holding an n x n bias or probability matrix.
 
-Relative terms (tables.py) give the score s_ij = q_i . k_j / sqrt(d) + b_ij where b_ij depends on i, j only
+Relative terms (bias.py) give the score s_ij = q_i . k_j / sqrt(d) + b_ij where b_ij depends on i, j only
 through a table column c(j - i): b_ij = band[i, j - i + r] on the band |j - i| <= r, and off it, in "clip"
 mode, a constant per query row plus one per key, different left (j < i - r) and right (j > i + r) of the
 band; in "zero" mode b_ij = 0 off the band.

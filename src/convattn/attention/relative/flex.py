@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 
-from convattn.attention.relative.tables import RelativePositionBias
+from convattn.attention.relative.bias import RelativePositionBias
 
 
 @cache

@@ -1,7 +1,7 @@
 """Attention with relative terms in one fused Triton kernel, forward and backward (attn_implementation
 "convattn_triton"; the CUDA default).
 
-The score of query i and key j (Chang et al. 2021, Eqs. 4-6; tables.py) is
+The score of query i and key j (Chang et al. 2021, Eqs. 4-6; bias.py) is
 
     s_ij = q_i . k_j * scale + A[i, c(j - i)] + B[j, c(i - j)],    c(t) = clamp(t, -r, r) + r,
 

@@ -15,7 +15,7 @@ from helpers.relative import TERMS, MathKernel, batch, make_convbert_layer, make
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from convattn.attention import TokenMask
-from convattn.attention.relative import RelativePositionBias, decomposition, kernels, paths
+from convattn.attention.relative import RelativePositionBias, decomposition, dispatch, kernels
 from convattn.attention.relative.decomposition import decomposed_relative_attention
 from convattn.attention.relative.kernels import CPU_FLASH, CUDA_FLASH, CpuFlashKernel
 
@@ -34,8 +34,8 @@ KERNELS = {"cpu flash, blocks": CPU_FLASH, "cpu flash, causal": cpu_flash_causal
 def use_kernel(monkeypatch):
     """Route every relative-attention call of the layers through the decomposition with the given kernel."""
     def use(kernel):
-        monkeypatch.setattr(paths, "relative_path", lambda *args: "decomposed")
-        monkeypatch.setattr(paths, "fused_kernel", lambda device, dtype: kernel)
+        monkeypatch.setattr(dispatch, "relative_path", lambda *args: "decomposed")
+        monkeypatch.setattr(dispatch, "fused_kernel", lambda device, dtype: kernel)
     return use
 
 
@@ -134,7 +134,7 @@ def test_default_blocks_match_the_dense_bias(out_of_window):
     assert decomposition.block_size(n, reach, "blocks") < n // 2
     layer = make_layer(TERMS["composite+key"], out_of_window, reach=reach, dtype=torch.float64)
     x, keep = batch((n, 260, 3), n, torch.float64)
-    assert paths.relative_path(layer.query(x).view(3, n, 4, 8).transpose(1, 2), "sdpa", 0.0, False) == "decomposed"
+    assert dispatch.relative_path(layer.query(x).view(3, n, 4, 8).transpose(1, 2), "sdpa", 0.0, False) == "decomposed"
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
     layer.config._attn_implementation = "eager"
     expected, dense_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -215,9 +215,9 @@ def test_relative_heads_never_build_an_n_by_n_tensor_on_cpu(make, monkeypatch):
 
     for builder in ("forward", "bias"):
         monkeypatch.setattr(RelativePositionBias, builder, dense)
-    monkeypatch.setattr(paths, "attend", dense)
+    monkeypatch.setattr(dispatch, "attend", dense)
     layer = make(TERMS["composite+key"], reach=8)
-    for n in (paths.CPU_DECOMPOSED_MIN_LENGTH, 600):
+    for n in (dispatch.CPU_DECOMPOSED_MIN_LENGTH, 600):
         x, keep = batch((n, n // 3), n, torch.float32)
         with LargestShapes() as recorded:
             layer(x, TokenMask(keep))[0].sum().backward()
@@ -386,8 +386,8 @@ def test_cuda_float32_outputs_and_all_gradients_match_loop_reference(terms, out_
     expected, ref_grads = output_and_grads(layer, x, keep, lambda x, keep: composite_attention_loops(layer, x, keep))
     layer.cuda()
     q = torch.zeros(1, 4, 37, 16, device="cuda")
-    assert paths.fused_kernel(q.device, q.dtype) is CUDA_FLASH
-    with paths.forced_path("decomposed"):
+    assert dispatch.fused_kernel(q.device, q.dtype) is CUDA_FLASH
+    with dispatch.forced_path("decomposed"):
         ours, our_grads = output_and_grads(layer, x, keep,
                                            lambda x, keep: layer(x.cuda(), TokenMask(keep.cuda()))[0].cpu())
     names = ["input", *(name for name, _ in layer.named_parameters())]
@@ -420,7 +420,7 @@ def test_cuda_backward_replays_the_forward_dropout_masks():
     layer = make_layer(TERMS["composite+key"], "clip", hidden_size=64).cuda()
     x, keep = batch((45, 20), 45, torch.float32, width=64)
     x, keep = x.detach().cuda().requires_grad_(), keep.cuda()
-    with paths.forced_path("decomposed"):
+    with dispatch.forced_path("decomposed"):
         analytic, numeric, _ = directional_derivatives(layer, x, keep, 0.3, eps=1e-3)
     # float32 on an H200: eps 1e-2 left 6 % (the central difference's own error, as without dropout: 4.5 %), 1e-3
     # 0.08 % (benchmarks/results/gpu_session/dropout_diag.txt)

@@ -10,7 +10,7 @@ from helpers.relative import TERMS, batch, make_layer, output_and_grads
 
 from convattn.attention import TokenMask
 from convattn.attention.core import split_heads
-from convattn.attention.relative import RelativePositionBias, blockwise, paths
+from convattn.attention.relative import RelativePositionBias, blockwise, dispatch
 from convattn.attention.relative.blockwise import _attend_rows, blockwise_relative_attention
 
 
@@ -18,13 +18,13 @@ from convattn.attention.relative.blockwise import _attend_rows, blockwise_relati
 def small_blocks(monkeypatch):
     """Blocks of 4 query rows (a partial last one at n = 13), from any length on."""
     monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 4)
-    monkeypatch.setattr(paths, "CPU_BLOCKWISE_MIN_LENGTH", 0)
+    monkeypatch.setattr(dispatch, "CPU_BLOCKWISE_MIN_LENGTH", 0)
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
 def test_without_dropout_matches_loop_reference(terms, out_of_window, monkeypatch):
-    monkeypatch.setattr(paths, "relative_path", lambda *args: "blockwise")
+    monkeypatch.setattr(dispatch, "relative_path", lambda *args: "blockwise")
     layer = make_layer(TERMS[terms], out_of_window)
     x, keep = batch((13, 7, 1), 13, torch.float32)
     ours, our_grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
@@ -72,6 +72,6 @@ def test_dropout_takes_it_and_never_builds_the_whole_bias(monkeypatch):
     layer(x, TokenMask(keep))[0].sum().backward()
     assert rows and max(rows) == 4  # forward and the backward's recompute, block by block
     q = split_heads(layer.query(x), 4)
-    assert paths.relative_path(q, "sdpa", 0.1, False) == "blockwise"
-    assert paths.relative_path(q, "sdpa", 0.1, True) == "dense"  # attention maps
-    assert paths.relative_path(q, "eager", 0.1, False) == "dense"
+    assert dispatch.relative_path(q, "sdpa", 0.1, False) == "blockwise"
+    assert dispatch.relative_path(q, "sdpa", 0.1, True) == "dense"  # attention maps
+    assert dispatch.relative_path(q, "eager", 0.1, False) == "dense"

@@ -1,4 +1,4 @@
-"""Which computation attention with relative terms takes (attention/relative/paths.py), and FlexAttention's."""
+"""Which computation attention with relative terms takes (attention/relative/dispatch.py), and FlexAttention's."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from helpers.reference import composite_attention_loops
 from helpers.relative import TERMS, batch, make_layer, output_and_grads
 
 from convattn.attention import TokenMask
-from convattn.attention.relative import flex, paths
+from convattn.attention.relative import dispatch, flex
 
-SHORT, LONG, LONGEST = paths.CPU_DECOMPOSED_MIN_LENGTH - 1, paths.CPU_DECOMPOSED_MIN_LENGTH, \
-    paths.CPU_BLOCKWISE_MIN_LENGTH
+SHORT, LONG, LONGEST = dispatch.CPU_DECOMPOSED_MIN_LENGTH - 1, dispatch.CPU_DECOMPOSED_MIN_LENGTH, \
+    dispatch.CPU_BLOCKWISE_MIN_LENGTH
 
 
 @pytest.mark.parametrize("n, d, dtype, implementation, dropout_p, need_weights, path", [
@@ -33,7 +33,7 @@ SHORT, LONG, LONGEST = paths.CPU_DECOMPOSED_MIN_LENGTH - 1, paths.CPU_DECOMPOSED
 ])
 def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
     q = torch.empty(1, 1, n, d, dtype=dtype)
-    assert paths.relative_path(q, implementation, dropout_p, need_weights) == path
+    assert dispatch.relative_path(q, implementation, dropout_p, need_weights) == path
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
@@ -43,7 +43,7 @@ def test_flex_forward_matches_loop_reference_on_cpu(terms, out_of_window, monkey
     layer = make_layer(TERMS[terms], out_of_window, hidden_size=64, attn_implementation="flex_attention").eval()
     x, keep = batch((13, 7, 1), 13, torch.float32, width=64)
     calls = []
-    monkeypatch.setattr(paths, "flex_relative_attention",
+    monkeypatch.setattr(dispatch, "flex_relative_attention",
                         lambda *args: calls.append(1) or flex.flex_relative_attention(*args))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice

@@ -12,11 +12,11 @@ import torch
 from torch import Tensor
 
 from convattn.attention.core import TokenMask, attend
+from convattn.attention.relative.bias import RelativePositionBias
 from convattn.attention.relative.blockwise import blockwise_relative_attention
 from convattn.attention.relative.decomposition import decomposed_relative_attention
 from convattn.attention.relative.flex import flex_relative_attention
 from convattn.attention.relative.kernels import fused_kernel
-from convattn.attention.relative.tables import RelativePositionBias
 
 # Below this length the dense bias with SDPA's math kernel is as fast on CPU (one attention layer, 2
 # threads, forward+backward vs plain SDPA, composite / composite+key, minimum of 7 steps: n = 64 dense

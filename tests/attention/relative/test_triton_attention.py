@@ -15,8 +15,8 @@ from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnModel
 from convattn.attention import TokenMask
-from convattn.attention.relative import paths
-from convattn.attention.relative.tables import RelativePositionBias
+from convattn.attention.relative import dispatch
+from convattn.attention.relative.bias import RelativePositionBias
 
 pytest.importorskip("triton")
 from convattn.attention.relative import triton_attention
@@ -223,8 +223,8 @@ def test_layers_take_the_kernel_by_name_and_match_eager(make, monkeypatch):
     x = torch.randn(2, 19, 128, generator=torch.Generator().manual_seed(0)).to(DEVICE).requires_grad_()
     keep = (torch.arange(19)[None, :] < torch.tensor([19, 12])[:, None]).to(DEVICE)
     taken = []
-    original = paths.relative_path
-    monkeypatch.setattr(paths, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
+    original = dispatch.relative_path
+    monkeypatch.setattr(dispatch, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
     results = {}
     for implementation in ("convattn_triton", "eager"):
         layer.config._attn_implementation = implementation
