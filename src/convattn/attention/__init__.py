@@ -6,7 +6,8 @@ Every mechanism is an `nn.Module` built from a `ConvAttnConfig` (and the layer i
 probabilities when asked. `mask` is a `TokenMask`; every branch must honour it.
 
 Which class a layer uses is read off the config (`attention_kind`) and looked up in `ATTENTION_CLASSES`,
-as transformers picks a model's attention class: one explicit table, no registration.
+as transformers picks a model's attention class: one explicit table, no registration. Linformer's layers
+are built apart, with their index and the projections they may share.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from convattn.attention.linformer import LinformerSelfAttention
 ATTENTION_CLASSES: dict[str, type[nn.Module]] = {
     "self": CompositeSelfAttention,  # absolute, relative, composite, conv projections (Chang et al. 2021)
     "convbert": ConvBertMixedAttention,  # span-based dynamic convolution heads (Jiang et al. 2020)
-    "linformer": LinformerSelfAttention,  # sequence-projected keys/values (Wang et al. 2020; Conv-Linformer)
 }
 
 
 def attention_kind(config, layer_idx: int) -> str:
-    """The `ATTENTION_CLASSES` key of a layer, read off the config's fields."""
+    """"self", "convbert" (the `ATTENTION_CLASSES` keys) or "linformer" (sequence-projected keys and values, Wang
+    et al. 2020; Conv-Linformer), read off the config's fields."""
     if config.layer_projections[layer_idx] != "none":
         return "linformer"
     if config.uses_convbert:

@@ -1,6 +1,6 @@
 """Relative-position attention with FlexAttention, for attn_implementation="flex_attention".
 
-A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as relative.py and
+A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as bias.py builds and
 masks pad keys. (A BlockMask could skip whole blocks of pad keys, but building one per batch,
 create_block_mask, cost 4-6 ms on an H100: more than the attention itself at n = 512 and 2048.)
 On CUDA the compiled kernel never forms an n x n matrix; on CPU, flex_attention runs eagerly
