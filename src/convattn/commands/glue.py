@@ -8,6 +8,7 @@ from pathlib import Path
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
 from convattn.commands.requests import fine_tune_overrides, model_output_dir
 from convattn.errors import UsageError
+from convattn.runs.finetune import GLUE_RESULTS
 from convattn.training.recipes import glue_recipe_names
 
 EXAMPLES = """\
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     glue = results["glue"]
     if "mean" in glue:
         print(f"GLUE score{'' if glue['complete'] else ' (partial)'}: {glue['mean']:.1f}")
-    print(f"results: {output_dir / 'glue_results.json'}")
+    print(f"results: {output_dir / GLUE_RESULTS}")
     if results["models"]:
         print(f"models:  {output_dir / 'models'}/ ({', '.join(results['models'])}: the best dev seed of each, ready "
               "for pipelines, `convattn push` and `convattn export`)")

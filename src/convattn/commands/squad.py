@@ -8,6 +8,7 @@ from pathlib import Path
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
 from convattn.commands.requests import fine_tune_overrides, model_output_dir
 from convattn.errors import UsageError
+from convattn.runs.finetune import SQUAD_RESULTS
 from convattn.training.recipes import squad_recipe_names
 
 EXAMPLES = """\
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                         overrides={**fine_tune_overrides(args, SPAN_FLAGS), "head": args.head},
                         save_models=args.save_models)
     print((output_dir / "squad_results.md").read_text())
-    print(f"results: {output_dir / 'squad_results.json'}")
+    print(f"results: {output_dir / SQUAD_RESULTS}")
     if results.get("model_dir"):
         print(f"model:   {results['model_dir']}/ (the best dev seed; AutoModelForQuestionAnswering loads it)")
     return 0 if results["seeds"] else 1

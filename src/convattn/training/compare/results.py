@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import save_figure, write_text_atomic
+from convattn.runs.finetune import GLUE_RESULTS, SQUAD_RESULTS, glue_dir, squad_dir
 from convattn.runs.pretrain import FINISHED, read_metrics, run_state
 from convattn.training.compare.grids import RunSpec
 from convattn.training.compare.options import MEMORY_FILE, CompareOptions
@@ -72,11 +73,11 @@ class RunResult:
 def read_downstream(path: Path) -> dict[str, float]:
     """A pretraining seed's fine-tuning results (means over fine-tuning seeds): GLUE columns, SQuAD EM and F1."""
     scores = {}
-    glue = path / "glue" / "glue_results.json"
+    glue = glue_dir(path) / GLUE_RESULTS
     if glue.is_file():
         columns = json.loads(glue.read_text())["columns"]
         scores.update({f"GLUE {column}": stat["mean"] for column, stat in columns.items()})
-    squad = path / "squad" / "squad_results.json"
+    squad = squad_dir(path) / SQUAD_RESULTS
     if squad.is_file():
         results = json.loads(squad.read_text())
         version = results["version"]

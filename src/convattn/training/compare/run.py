@@ -19,6 +19,7 @@ from convattn.data.squad import read_squad_json
 from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic
+from convattn.runs.finetune import glue_dir, squad_dir
 from convattn.runs.folder import check_output_folder, check_own_folder, run_folder_lock
 from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, run_state
 from convattn.training.compare.grids import RunSpec, check_runs
@@ -160,11 +161,11 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
         model = path / DISCRIMINATOR if (path / DISCRIMINATOR).is_dir() else path
         if request := options.glue:
             say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
-            run_glue(str(model), request.tasks, path / "glue", data_dir=request.data_dir, recipe=request.recipe,
+            run_glue(str(model), request.tasks, glue_dir(path), data_dir=request.data_dir, recipe=request.recipe,
                      seeds=request.seeds, overrides=request.overrides, save_models="none")
         if request := options.squad:
             say(f"{spec.name} seed {seed}: SQuAD v{request.version}")
-            run_squad(str(model), request.version, path / "squad", train_file=request.train_file,
+            run_squad(str(model), request.version, squad_dir(path), train_file=request.train_file,
                       dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides, save_models="none")
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
+from convattn.runs.finetune import GLUE_RESULTS
 from convattn.runs.folder import seed_dir
 from convattn.training.seeds import format_mean_sem, mean_sem
 
@@ -67,7 +68,7 @@ def aggregate(output_dir: Path) -> dict:
         "glue": glue,
         "submission": collect_submission(output_dir, runs, tasks),
     }
-    write_json_atomic(output_dir / "glue_results.json", results)
+    write_json_atomic(output_dir / GLUE_RESULTS, results)
     write_text_atomic(output_dir / "glue_results.md", results_markdown(results))
     return results
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from convattn.files import write_json_atomic, write_text_atomic
+from convattn.runs.finetune import SQUAD_RESULTS
 from convattn.training.seeds import format_mean_sem, mean_sem
 
 # the columns of the table, as the official evaluators name them (v2.0: best_* use the threshold chosen on dev)
@@ -44,7 +45,7 @@ def aggregate(output_dir: Path, version: str) -> dict:
         "best_seed": max(seeds, key=lambda s: (runs[s]["scores"].get("best_f1", runs[s]["scores"]["f1"]), -s))
         if seeds else None,
     }
-    write_json_atomic(output_dir / "squad_results.json", results)
+    write_json_atomic(output_dir / SQUAD_RESULTS, results)
     write_text_atomic(output_dir / "squad_results.md", results_markdown(results))
     return results
 
