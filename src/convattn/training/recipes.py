@@ -8,12 +8,14 @@ eps 1e-6 and weight decay 0.01, linear warmup then linear decay, gradient clippi
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from convattn import configs
 from convattn.errors import UsageError, option
 
 STEP_CAP = 10**9  # max_steps of a run that only its time budget ends
+QUICK_RECIPE = "default"  # `convattn pretrain`'s own quick run, sized for minutes: a shorter run keeps its settings
 
 
 @dataclass
@@ -66,20 +68,63 @@ def recipe_for_preset(preset: str | None) -> str:
 
 def resolve_recipe(preset: str | None, recipe: str | None = None, model: dict | None = None,
                    training: dict | None = None, paper_of: str | None = None) -> tuple[Recipe, str | None]:
-    """The recipe of one run, and the note `apply_overrides` returns: the recipe file `recipe` (default: the paper
-    of `paper_of`, else of `preset`), for `preset`, with config fields `model` and recipe fields `training` on top.
+    """The recipe of one run, and a one-line note of what applies unasked (the recipe's values, its warmup and grid
+    fitted to the run's length), or None: the recipe file `recipe` (default: the paper of `paper_of`, else of
+    `preset`), for `preset`, with config fields `model` and recipe fields `training` on top.
     The default recipe's model size belongs to its own preset: another preset keeps its size."""
     name = recipe or recipe_for_preset(paper_of or preset)
     resolved = load_recipe(name)
+    paper = dataclasses.replace(resolved)
     if preset:
         resolved.preset = preset
         if recipe is None and name == "default":
             resolved.model = {}
     resolved.model = {**resolved.model, **(model or {})}
     note = apply_overrides(resolved, training or {})
+    grids = shortened_grids(paper, resolved, training or {}) if name != QUICK_RECIPE else None
     if resolved.time_budget is not None and "max_steps" not in (training or {}):
         note = budget_schedule(resolved, given_warmup="warmup" in (training or {}))
-    return resolved, note
+    values = recipe_values(name, resolved, training or {}) if name != QUICK_RECIPE else None
+    return resolved, "; ".join(line for line in (values, note, grids) if line) or None
+
+
+def recipe_values(name: str, recipe: Recipe, given: dict) -> str | None:
+    """For a run whose length the user chose (--max-steps, --time-budget): the recipe's values that set the time a
+    step takes and still apply, nothing on the command line having replaced them; None otherwise."""
+    if "max_steps" not in given and "time_budget" not in given:
+        return None
+    values = {"batch_size": ("--batch-size", f"batch {recipe.batch_size:,}"),
+              "vocab_size": ("--vocab-size", f"vocabulary {recipe.vocab_size:,}"),
+              "seq_len": ("--seq-len", f"sequence length {recipe.seq_len:,}" if recipe.seq_len else None)}
+    kept = [(flag, text) for field_name, (flag, text) in values.items() if text and field_name not in given]
+    if not kept:
+        return None
+    return (f"recipe {name}: {', '.join(text for _, text in kept)} "
+            f"(give {', '.join(flag for flag, _ in kept)} to change)")
+
+
+SHORT_RUN_POINTS = 10  # a shortened run evaluates, and saves, up to this many times where the recipe's share is more
+
+
+def shortened_grids(paper: Recipe, recipe: Recipe, given: dict) -> str | None:
+    """A run shorter than its recipe's evaluates and saves on the recipe's grid scaled to the run's length, but no
+    more often than SHORT_RUN_POINTS times a run unless the recipe's own grid is finer (5,000 of 125,000 steps ->
+    every 30 of 300, not 12; 10,000 of 1M -> every 10,000 of 200k); returns a note saying so, or None. A grid given
+    on the command line is kept, as is a time budget's (the clock's)."""
+    if recipe.time_budget is not None or recipe.max_steps >= paper.max_steps:
+        return None
+    scaled = []
+    for field_name, label in (("eval_every", "evaluation"), ("save_every", "checkpoint")):
+        if field_name not in given:
+            every = getattr(paper, field_name)
+            share = round(every * recipe.max_steps / paper.max_steps)
+            setattr(recipe, field_name, max(share, min(every, math.ceil(recipe.max_steps / SHORT_RUN_POINTS)), 1))
+            scaled.append(f"{label} every {getattr(recipe, field_name):,}")
+    if not scaled:
+        return None
+    grid = " and ".join(dict.fromkeys(f"{every:,}" for every in (paper.eval_every, paper.save_every)))
+    return (f"{' and '.join(scaled)} steps for --max-steps {recipe.max_steps:,} (the recipe's every {grid} of "
+            f"{paper.max_steps:,} steps; give --eval-every / --save-every to choose)")
 
 
 def budget_schedule(recipe: Recipe, given_warmup: bool) -> str | None:
