@@ -98,6 +98,7 @@ def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path,
     assert max(rates) > 0 and rates[-1] < 0.35 * max(rates)
     evaluations = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(evaluations) >= 4  # step 0 and the budget's grid
+    assert evaluations[-1]["training_seconds"] == pytest.approx(spent, abs=0.1)  # the clock, for compare's figure
     assert (out / "model.safetensors").is_file()
 
 
@@ -120,6 +121,9 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys)
     printed = capsys.readouterr()
     assert "already spent" in printed.err
     assert time_spent(last_checkpoint(out)) >= 4.0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for clock in ("elapsed_seconds", "training_seconds"):  # both go on after the resume
+        assert [row[clock] for row in rows] == sorted(row[clock] for row in rows)
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0  # finished: nothing to do
     assert "already finished" in capsys.readouterr().out
 
@@ -155,6 +159,7 @@ def test_compare_gives_every_row_the_same_budget_and_reports_what_it_bought(corp
     assert header.split()[:4] == ["run", "params", "tok/s", "steps"]
     report = (out / "report.md").read_text()
     assert "Steps reached" in report and "3 s of training (evaluation not counted)" in report
+    assert "](perplexity_cost.png)" in report and (out / "perplexity_cost.png").is_file()
     runs = sorted((out / "runs").glob("*/seed0"))
     assert len(runs) == 2
     for run in runs:

@@ -11,6 +11,7 @@ seeds (seed k sets initialisation, data order and masking). Layout of the output
     runs/<run>/memory.json      the run's training-memory measurement
     report.md, report.html      one table row per run, settings, the figure  (report.py, results.py)
     perplexity.png              eval perplexity vs training step, one line per run
+    perplexity_cost.png         under a time budget: the same vs training time and vs tokens seen
     metrics.csv                 one row per run x seed x evaluation
     summary.csv                 one row per run
 
@@ -18,6 +19,6 @@ A run directory whose final model and metrics exist is reused as it is; one with
 it; anything else starts again.
 
 Modules: grids.py (what to compare), options.py (each run's options), run.py (train, resume or reuse every run),
-memory.py (training memory), results.py and report.py (the report), lengths.py (perplexity at other input
-lengths), kernel_size.py (ConvBERT's kernel-size sweep).
+memory.py (training memory), results.py, curves.py (seeds' curves on one grid) and report.py (the report),
+lengths.py (perplexity at other input lengths), kernel_size.py (ConvBERT's kernel-size sweep).
 """

@@ -28,6 +28,7 @@ from convattn.training.compare.results import (
     RunResult,
     collect_results,
     downstream_columns,
+    plot_perplexity_by_cost,
     plot_perplexity_curves,
     write_metrics_csv,
     write_summary_csv,
@@ -36,6 +37,12 @@ from convattn.training.pretrain.budget import EVALUATIONS, format_duration
 
 # ---------------------------------------------------------------------------------- report
 REPORT_RUNS = "report_runs.json"  # beside a report: the runs it covers
+CURVES_NOTE = ("One line per run: the mean over its finished seeds (all seeds while none has finished), each seed's "
+               "curve interpolated onto the points any seed evaluated at within the range every seed covers; the "
+               "band spans the seeds' minimum and maximum there. Seeds that reach different steps (a time budget) "
+               "end the line at the last step all of them reach.")
+COST_NOTE = ("The same curves against training time (the budget's clock: training steps only, stopped at the "
+             "deadline, so the line ends at the reported mean) and against the tokens each seed had seen.")
 
 
 def report_dir(options: CompareOptions) -> Path:
@@ -49,8 +56,8 @@ def report_dir(options: CompareOptions) -> Path:
 
 
 def write_report(options: CompareOptions) -> tuple[list[RunResult], Path]:
-    """report.md, report.html, perplexity.png, metrics.csv and summary.csv from the run directories; returns the
-    results and the folder they went to (`report_dir`)."""
+    """report.md, report.html, perplexity.png (and perplexity_cost.png for a time budget), metrics.csv and
+    summary.csv from the run directories; returns the results and the folder they went to (`report_dir`)."""
     results = collect_results(options)
     out = report_dir(options)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +69,9 @@ def write_report(options: CompareOptions) -> tuple[list[RunResult], Path]:
         title = f"Eval perplexity vs training step: {options.grid.name}"
         plot_perplexity_curves(results, title, out / "perplexity.png")
     report = Report(options, results, figure="perplexity.png" if has_curves else None)
+    if report.cost_figure:
+        plot_perplexity_by_cost(results, f"Eval perplexity vs training time and tokens: {options.grid.name}",
+                                report.budget, out / report.cost_figure)
     write_text_atomic(out / "report.md", report.markdown())
     write_text_atomic(out / "report.html", report.html())
     return results, out
@@ -79,6 +89,16 @@ class Report:
     def timed(self) -> bool:
         """Runs trained to a time budget: steps and tokens are what differ between them."""
         return any(run.get("time_budget") for run in self.run_settings())
+
+    @property
+    def budget(self) -> float | None:
+        """The time budget (seconds) every run trained to; None for a step budget."""
+        return self.run_settings()[0].get("time_budget")
+
+    @property
+    def cost_figure(self) -> str | None:
+        """A time budget's figure against training time and tokens (runs differ in steps, not in time)."""
+        return "perplexity_cost.png" if self.figure and self.budget else None
 
     def run_settings(self) -> list[dict]:
         """Each run's options as its directory saved them (what it was really trained with), else as they
@@ -221,8 +241,10 @@ class Report:
         if self.figure:
             lines += ["## Eval perplexity vs training step", "",
                       f"![eval perplexity vs training step]({self.figure})", "",
-                      "One line per run: the mean over seeds at each evaluation; the band spans the seeds' "
-                      "minimum and maximum.", ""]
+                      CURVES_NOTE, ""]
+        if self.cost_figure:
+            lines += ["## Eval perplexity vs training time and tokens", "",
+                      f"![eval perplexity vs training time and tokens]({self.cost_figure})", "", COST_NOTE, ""]
         header, rows = self.seed_rows()
         lines += ["## Final eval perplexity per seed", "", *markdown_table(header, rows), ""]
         lines += ["Raw numbers: `metrics.csv` (one row per run, seed and evaluation), `summary.csv` (one row per "
@@ -259,8 +281,11 @@ class Report:
             parts += ["<h2>Eval perplexity vs training step</h2>",
                       f'<img src="{escape(self.figure)}" alt="eval perplexity vs training step" '
                       'style="max-width:100%">',
-                      "<p>One line per run: the mean over seeds at each evaluation; the band spans the seeds' minimum "
-                      "and maximum.</p>"]
+                      f"<p>{escape(CURVES_NOTE)}</p>"]
+        if self.cost_figure:
+            parts += ["<h2>Eval perplexity vs training time and tokens</h2>",
+                      f'<img src="{escape(self.cost_figure)}" alt="eval perplexity vs training time and tokens" '
+                      'style="max-width:100%">', f"<p>{escape(COST_NOTE)}</p>"]
         parts += ["<h2>Final eval perplexity per seed</h2>", table(header, rows),
                   "<p>Raw numbers: <code>metrics.csv</code>, <code>summary.csv</code>; each run's own output is in "
                   "<code>runs/&lt;run&gt;/seed&lt;k&gt;/</code>.</p>", "</body></html>"]

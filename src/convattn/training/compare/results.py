@@ -16,6 +16,7 @@ from pathlib import Path
 from convattn.files import save_figure, write_text_atomic
 from convattn.runs.finetune import GLUE_RESULTS, SQUAD_RESULTS, glue_dir, squad_dir
 from convattn.runs.pretrain import FINISHED, read_metrics, run_state
+from convattn.training.compare.curves import align_seeds
 from convattn.training.compare.grids import RunSpec
 from convattn.training.compare.options import MEMORY_FILE, CompareOptions
 from convattn.training.seeds import mean_sem
@@ -34,6 +35,11 @@ class RunResult:
     @property
     def final_perplexity(self) -> dict | None:
         return mean_sem([self.metrics[seed][-1]["perplexity"] for seed in self.finished])
+
+    @property
+    def curve_seeds(self) -> list[int]:
+        """The seeds a run's curves average: the finished ones (those of its final perplexity), else all so far."""
+        return self.finished or sorted(self.metrics)
 
     @property
     def final_step(self) -> int | None:
@@ -132,7 +138,7 @@ def _csv_text(header: list[str], rows: list[list]) -> str:
 
 
 METRIC_COLUMNS = ("step", "perplexity", "eval_loss", "train_loss", "tokens_per_second", "tokens_seen",
-                  "learning_rate", "elapsed_seconds")
+                  "learning_rate", "elapsed_seconds", "training_seconds")
 
 
 def write_metrics_csv(results: list[RunResult], path: Path) -> None:
@@ -171,13 +177,44 @@ def _round(value: float | None, digits: int) -> float | None:
 
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "x")
+BAND_NOTE = "line: mean over seeds, each seed's curve interpolated onto common points; band: the seeds' min to max"
 
 
 def perplexity_figure(results: list[RunResult], title: str):
     """One line per run: mean eval perplexity over seeds at each step, shaded between the seeds' min and max;
     log-scale y (the Conv-Linformer paper's Figure 1) with plain-number tick labels."""
-    import matplotlib
     from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 5))
+    ax = fig.subplots()
+    draw_perplexity_curves(ax, results, lambda row: row["step"])
+    ax.set(xlabel="training step", title=f"{title}\n({BAND_NOTE})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+def perplexity_cost_figure(results: list[RunResult], title: str, budget: float):
+    """A time-budget comparison's curves against what the runs spent: training time (the budget's clock, which
+    stops at the deadline, so every seed's last evaluation falls on it) and tokens seen."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 5))
+    by_time, by_tokens = fig.subplots(1, 2, sharey=True)
+    draw_perplexity_curves(by_time, results, lambda row: min(row["training_seconds"], budget) / 60
+                           if "training_seconds" in row else None)
+    draw_perplexity_curves(by_tokens, results, lambda row: row.get("tokens_seen"))
+    by_time.set(xlabel="training time (minutes; evaluation not counted)")
+    by_tokens.set(xlabel="tokens seen (non-padding)", ylabel="")
+    fig.suptitle(f"{title}\n({BAND_NOTE})")
+    by_tokens.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.subplots_adjust(top=0.85)
+    return fig
+
+
+def draw_perplexity_curves(ax, results: list[RunResult], x_of) -> None:
+    """One line per run on `ax`: the seeds' mean eval perplexity against x_of(metrics row) (rows it gives None
+    are left out), shaded between their min and max; log-scale y with plain-number tick labels."""
+    import matplotlib
     from matplotlib.ticker import LogFormatter
 
     class PlainLogFormatter(LogFormatter):
@@ -186,33 +223,31 @@ def perplexity_figure(results: list[RunResult], title: str):
         def _num_to_string(self, x, vmin, vmax):
             return f"{x:,.0f}" if x >= 1 else f"{x:.2g}"
 
-    fig = Figure(figsize=(9, 5))
-    ax = fig.subplots()
     shown = [result for result in results if result.metrics]
     cmap = matplotlib.colormaps["tab20" if len(shown) > 10 else "tab10"]
     for index, result in enumerate(shown):
-        by_step: dict[int, list[float]] = {}
-        for rows in result.metrics.values():
-            for row in rows:
-                by_step.setdefault(row["step"], []).append(row["perplexity"])
-        steps = sorted(by_step)
-        mean = [statistics.fmean(by_step[s]) for s in steps]
+        seeds = result.curve_seeds
+        curves = [[(x, row["perplexity"]) for row in result.metrics[seed] if (x := x_of(row)) is not None]
+                  for seed in seeds]
+        band = align_seeds(curves)
+        if band is None:
+            continue
         color = cmap(index % cmap.N)
         # line style and marker change with the colour, so runs whose curves coincide stay visible
-        ax.plot(steps, mean, color=color, linewidth=1.5, linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+        ax.plot(band.x, band.mean, color=color, linewidth=1.5, linestyle=LINE_STYLES[index % len(LINE_STYLES)],
                 marker=MARKERS[index % len(MARKERS)], markersize=3.5, markerfacecolor="none",
-                label=f"{result.spec.name} ({len(result.metrics)} seed{'s' if len(result.metrics) > 1 else ''})")
-        if len(result.metrics) > 1:
-            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
-                            alpha=0.18, linewidth=0)
-    ax.set(xlabel="training step", ylabel="eval perplexity (log scale)", yscale="log",
-           title=f"{title}\n(line: mean over seeds; band: the seeds' min to max)")
+                label=f"{result.spec.name} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+        if len(seeds) > 1:
+            ax.fill_between(band.x, band.low, band.high, color=color, alpha=0.18, linewidth=0)
+    ax.set(ylabel="eval perplexity (log scale)", yscale="log")
     for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         set_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    return fig
 
 
 def plot_perplexity_curves(results: list[RunResult], title: str, path: Path) -> Path:
     return save_figure(perplexity_figure(results, title), path)
+
+
+def plot_perplexity_by_cost(results: list[RunResult], title: str, budget: float, path: Path) -> Path:
+    return save_figure(perplexity_cost_figure(results, title, budget), path)

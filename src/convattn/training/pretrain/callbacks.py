@@ -42,18 +42,23 @@ class ThroughputMeter(TrainerCallback):
 
 
 class MetricsWriter(TrainerCallback):
-    """metrics.jsonl (one row per evaluation) and perplexity.png, rewritten after each evaluation."""
+    """metrics.jsonl (one row per evaluation) and perplexity.png, rewritten after each evaluation. A time-budget
+    run (`clock`, a `TrainingClock`) also records its training time."""
 
-    def __init__(self, output_dir: Path):
+    def __init__(self, output_dir: Path, clock=None):
         self.path = output_dir / METRICS_FILE
         self.plot_path = output_dir / PLOT_FILE
         self.rows = read_metrics(output_dir)
+        self.clock = clock
         self._train: list[dict] = []
         self._started = time.perf_counter()
 
     def keep_until(self, step: int) -> None:
-        """On resume: forget rows after the checkpoint (they will be computed again)."""
+        """On resume: forget rows after the checkpoint (they will be computed again); elapsed_seconds goes on
+        from the last row kept."""
         self.rows = [row for row in self.rows if row["step"] <= step]
+        if self.rows and self.rows[-1].get("elapsed_seconds") is not None:
+            self._started = time.perf_counter() - self.rows[-1]["elapsed_seconds"]
         self._write()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -73,6 +78,8 @@ class MetricsWriter(TrainerCallback):
                 "tokens_seen": state.num_input_tokens_seen,
                 "elapsed_seconds": round(time.perf_counter() - self._started, 1),
             }
+            if self.clock is not None:
+                row["training_seconds"] = round(self.clock.spent, 1)
             row |= {k.removeprefix("eval_"): round(v, 5) for k, v in logs.items()
                     if k.startswith("eval_") and k.removeprefix("eval_") in ("generator_loss", "discriminator_loss",
                                                                              "discriminator_accuracy")}

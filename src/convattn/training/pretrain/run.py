@@ -142,7 +142,7 @@ def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
         if plan.resume_from is None:
             write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint})
         log_to(out)
-    metrics = MetricsWriter(out)
+    metrics = MetricsWriter(out, clock)
     if plan.resume_from is not None and args.process_index == 0:
         metrics.keep_until(checkpoint_step(plan.resume_from))
     throughput = ThroughputMeter()

@@ -1,0 +1,31 @@
+"""metrics.jsonl rows: elapsed_seconds goes on after a resume; a time-budget run records its training clock."""
+
+import json
+from types import SimpleNamespace
+
+from convattn.training.pretrain.budget import TrainingClock
+from convattn.training.pretrain.callbacks import MetricsWriter
+
+
+def evaluate(writer: MetricsWriter, step: int) -> dict:
+    state = SimpleNamespace(is_world_process_zero=True, global_step=step, num_input_tokens_seen=step * 100)
+    writer.on_log(None, state, None, logs={"loss": 2.0, "tokens_per_second": 50.0, "learning_rate": 1e-4})
+    writer.on_log(None, state, None, logs={"eval_loss": 1.5, "eval_perplexity": 4.48})
+    return writer.rows[-1]
+
+
+def test_elapsed_seconds_continues_from_the_checkpoint_after_a_resume(tmp_path):
+    rows = [{"step": 10, "perplexity": 9.0, "elapsed_seconds": 100.0},
+            {"step": 20, "perplexity": 8.0, "elapsed_seconds": 200.0},
+            {"step": 30, "perplexity": 7.0, "elapsed_seconds": 300.0}]  # after the checkpoint: computed again
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    writer = MetricsWriter(tmp_path)
+    writer.keep_until(20)
+    row = evaluate(writer, 30)
+    assert 200.0 <= row["elapsed_seconds"] < 260.0
+    assert "training_seconds" not in row  # a step budget has no training clock
+
+
+def test_a_time_budget_run_records_its_training_time(tmp_path):
+    writer = MetricsWriter(tmp_path, TrainingClock(budget=60.0, spent=42.04))
+    assert evaluate(writer, 5)["training_seconds"] == 42.0
