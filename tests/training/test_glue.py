@@ -162,6 +162,8 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
         assert results["columns"][column]["mean"] == pytest.approx(stat["mean"])
     glue = results["glue"]
     assert glue["columns"] == ["CoLA", "SST"] and not glue["complete"]
+    runs = [json.loads(marker.read_text()) for marker in out.glob("runs/*/seed*/run.json")]
+    assert all(isinstance(run["warnings"], list) for run in runs) and isinstance(results["warnings"], list)
     assert glue["mean"] == pytest.approx((results["columns"]["CoLA"]["mean"] + results["columns"]["SST"]["mean"]) / 2)
 
     table = (out / "glue_results.md").read_text()

@@ -21,6 +21,16 @@ def score_predictions(task: GlueTask, predictions: np.ndarray, labels: np.ndarra
     return {name: 100 * float(compute[name]()) for name in task.metrics}
 
 
+def one_class_warning(task: GlueTask, split: str, predictions: np.ndarray) -> str | None:
+    """The warning for a classifier that gives every dev example the same class (a collapsed model: its accuracy
+    is that class's share, its MCC 0), else None."""
+    classes = np.unique(predictions)
+    if task.is_regression or len(classes) != 1:
+        return None
+    return (f"{split}: predicts {task.id2label[int(classes[0])]!r} for every one of the {len(predictions):,} dev "
+            "examples (the score is that class's share); fine-tune longer or with another learning rate")
+
+
 def logits_to_predictions(task: GlueTask, logits: np.ndarray) -> np.ndarray:
     return logits.reshape(-1) if task.is_regression else logits.argmax(-1)
 

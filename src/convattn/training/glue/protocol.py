@@ -119,5 +119,7 @@ def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[
                             save_model=save_model or name == "mnli", identity=None if from_mnli else identity)
             scores = ", ".join(f"{column} {score:.1f}" for column, score in run["scores"].items())
             say("glue", f"{name} seed {seed}: {scores}")
+            for warning in run["warnings"]:
+                say("glue", f"{name} seed {seed}: warning: {warning}")
         else:
             predict_ax(task, seed, data, output_dir, tokenizer, path)

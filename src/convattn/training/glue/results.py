@@ -67,6 +67,8 @@ def aggregate(output_dir: Path) -> dict:
         "columns": columns,
         "glue": glue,
         "submission": collect_submission(output_dir, runs, tasks),
+        "warnings": [f"{name} seed {seed}: {warning}" for name, task_runs in runs.items()
+                     for seed, run in sorted(task_runs.items()) for warning in run.get("warnings", [])],
     }
     write_json_atomic(output_dir / GLUE_RESULTS, results)
     write_text_atomic(output_dir / "glue_results.md", results_markdown(results))
@@ -114,6 +116,8 @@ def results_markdown(results: dict) -> str:
     ]
     if "mean" in glue and not glue["complete"]:
         lines += ["", f"\\* partial GLUE score: mean of {', '.join(glue['columns'])} only."]
+    if results["warnings"]:
+        lines += ["", "## Warnings", "", *(f"- {warning}" for warning in results["warnings"])]
     lines += ["", "## Per metric", "", "| Task | Dev set | Metric | Mean ± SEM | Seeds | Best seed |",
               "|---|---|---|---:|---:|---:|"]
     for name, entry in results["tasks"].items():

@@ -32,7 +32,13 @@ from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.pretrained import check_unchanged
 from convattn.training.finetune.trainer import RUN_FILE, quiet_trainer, train, training_arguments
 from convattn.training.glue.data import TaskData
-from convattn.training.glue.metrics import column_score, logits_to_predictions, score_predictions, submission_text
+from convattn.training.glue.metrics import (
+    column_score,
+    logits_to_predictions,
+    one_class_warning,
+    score_predictions,
+    submission_text,
+)
 from convattn.training.glue.settings import GlueSettings
 from convattn.training.guards import check_finite_weights
 
@@ -70,10 +76,12 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
     )
     train_output = train(trainer)
     check_finite_weights(model, f"the {task.name} model of seed {seed} after fine-tuning")
-    metrics = {}
+    metrics, warnings = {}, []
     for split, dataset in data.dev.items():
-        logits = trainer.predict(dataset).predictions
-        metrics[split] = score_predictions(task, logits_to_predictions(task, logits), np.asarray(dataset["label"]))
+        predictions = logits_to_predictions(task, trainer.predict(dataset).predictions)
+        metrics[split] = score_predictions(task, predictions, np.asarray(dataset["label"]))
+        if warning := one_class_warning(task, split, predictions):
+            warnings.append(warning)
     files = predict_test_sets(trainer, task, data, path, task)
     if save_model:
         staging = path / "model.partial"
@@ -87,6 +95,7 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
         "encoder_params": model.base_model.num_parameters(),
         "metrics": metrics,
         "scores": {task.dev_columns[split]: column_score(m) for split, m in metrics.items()},
+        "warnings": warnings,
         "train": {"steps": train_output.global_step, "loss": train_output.training_loss,
                   "examples": len(data.train)},
         "test_predictions": files,

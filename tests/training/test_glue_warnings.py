@@ -1,0 +1,35 @@
+"""A GLUE classifier that gives every dev example one class is named in the results (synthetic runs)."""
+
+import json
+
+import numpy as np
+
+from convattn.data.glue import get_task
+from convattn.training.glue.metrics import one_class_warning
+from convattn.training.glue.results import aggregate
+
+
+def test_one_class_for_every_dev_example_is_warned_about():
+    sst2 = get_task("sst2")
+    warning = one_class_warning(sst2, "dev", np.array([1, 1, 1, 1]))
+    assert warning.startswith("dev: predicts 'positive' for every one of the 4 dev examples")
+    assert one_class_warning(sst2, "dev", np.array([0, 1, 1, 1])) is None
+    assert one_class_warning(get_task("stsb"), "dev", np.array([2.5, 2.5])) is None  # regression: no classes
+
+
+def write_run(output_dir, task: str, seed: int, warnings: list[str]) -> None:
+    run = {"task": task, "seed": seed, "model": "m", "init": "pretrained", "settings": None, "encoder_params": 10,
+           "metrics": {"dev": {"accuracy": 50.0}}, "scores": {"SST": 50.0}, "test_predictions": [],
+           "warnings": warnings}
+    folder = output_dir / "runs" / task / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(run))
+
+
+def test_the_results_list_each_runs_warnings(tmp_path):
+    write_run(tmp_path, "sst2", 0, ["dev: predicts 'positive' for every one of the 872 dev examples"])
+    write_run(tmp_path, "sst2", 1, [])
+    results = aggregate(tmp_path)
+    assert results["warnings"] == ["sst2 seed 0: dev: predicts 'positive' for every one of the 872 dev examples"]
+    table = (tmp_path / "glue_results.md").read_text()
+    assert "## Warnings\n\n- sst2 seed 0: dev: predicts 'positive'" in table
