@@ -31,6 +31,15 @@ def follow_umask(path: str | os.PathLike) -> None:
     os.chmod(path, 0o666 & ~_umask())
 
 
+def staging_dir(target: Path) -> Path:
+    """A new empty folder beside `target`, to fill and then rename to it, with the permissions `mkdir` would give
+    (0777 less the umask), not the 0700 of a private temporary folder."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    os.chmod(staging, 0o777 & ~_umask())
+    return staging
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path beside `path` to write to; renamed to `path` when the block ends without error,

@@ -65,13 +65,26 @@ class CompareOptions:
 
 def run_recipe(options: CompareOptions, spec: RunSpec, seed: int) -> Recipe:
     """The recipe of one run: recipe file < grid < the run's own fields < command line; the seed is the run's."""
-    recipe, note = resolve_recipe(spec.preset, options.recipe or options.grid.recipe,
-                                  model={**options.grid.model, **spec.model, **options.model},
-                                  training={**options.grid.training, **options.training},
-                                  paper_of=options.grid.runs[0].preset)
-    if note and seed == 0:
-        say(f"{spec.name}: {note}")
-    return dataclasses.replace(recipe, seed=seed)
+    return dataclasses.replace(recipe_and_note(options, spec)[0], seed=seed)
+
+
+def recipe_and_note(options: CompareOptions, spec: RunSpec) -> tuple[Recipe, str | None]:
+    """A run's recipe and the note of what it applies unasked (`resolve_recipe`)."""
+    return resolve_recipe(spec.preset, options.recipe or options.grid.recipe,
+                          model={**options.grid.model, **spec.model, **options.model},
+                          training={**options.grid.training, **options.training},
+                          paper_of=options.grid.runs[0].preset)
+
+
+def say_recipe_notes(options: CompareOptions) -> None:
+    """Each run's recipe note, once (the recipe is resolved again for every seed, report and measurement); a note
+    that every run shares is one line."""
+    notes = {spec.name: recipe_and_note(options, spec)[1] for spec in options.grid.runs}
+    if len(notes) > 1 and len(set(notes.values())) == 1:
+        notes = {"every run": next(iter(notes.values()))}
+    for name, note in notes.items():
+        if note:
+            say(f"{name}: {note}")
 
 
 def tokenizer_dir(options: CompareOptions) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from convattn.data.glue import get_task
 from convattn.data.squad import read_squad_json
 from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
 from convattn.errors import UsageError, option
-from convattn.files import write_json_atomic
+from convattn.files import staging_dir, write_json_atomic
 from convattn.runs.finetune import glue_dir, squad_dir
 from convattn.runs.folder import check_output_folder, check_own_folder, run_folder_lock
 from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, run_state
@@ -31,6 +30,7 @@ from convattn.training.compare.options import (
     run_options,
     run_recipe,
     say,
+    say_recipe_notes,
     tokenizer_dir,
 )
 from convattn.training.compare.report import REPORT_RUNS, Report, write_report
@@ -70,8 +70,7 @@ def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
     corpus = load_corpus(data["dataset"], data["dataset_config"], data["train_files"], data["eval_files"],
                          data["cache_dir"])
     tokenizer = trained_tokenizer(corpus.train, corpus.identity, wanted["vocab_size"], seq_len, data["cache_dir"])
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+    tmp = staging_dir(directory)
     try:
         tokenizer.save_pretrained(str(tmp))
         (tmp / TOKENIZER_RECORD).write_text(json.dumps(wanted, indent=2) + "\n")
@@ -94,6 +93,7 @@ def validate(options: CompareOptions) -> int:
     check_runs(options.grid.runs)
     if options.seeds < 1:
         raise UsageError(f"{option('seeds')} {options.seeds} must be at least 1")
+    say_recipe_notes(options)
     seq_len = 0
     for spec in options.grid.runs:
         for seed in range(options.seeds):

@@ -7,11 +7,10 @@ seeds' models are removed. Seeds whose model another run needs (GLUE's MNLI mode
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 from convattn.errors import UsageError, option
-from convattn.files import read_json, write_json_atomic
+from convattn.files import read_json, staging_dir, write_json_atomic
 from convattn.hub import FINE_TUNED_RECORD, fine_tuned_card
 
 SAVE_MODELS = ("best", "all", "none")  # which fine-tuned models a run keeps
@@ -37,8 +36,7 @@ def publish_best(output_dir: Path, task: str, seed_dirs: dict[int, Path], best: 
               "source": str(seed_dirs[best] / MODEL_DIR)}
     source = seed_dirs[best] / MODEL_DIR
     if save_models != "none" and (source / "config.json").is_file() and read_json(target / RECORD) != record:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{task}.", suffix=".tmp"))
+        staging = staging_dir(target)
         try:
             shutil.copytree(source, staging, dirs_exist_ok=True)
             write_json_atomic(staging / RECORD, record)
