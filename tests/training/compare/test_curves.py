@@ -4,13 +4,19 @@ training): under a time budget seeds evaluate at different steps."""
 import statistics
 
 import pytest
+from helpers.pretrain import TINY, main_offline, write_corpus
 
 from convattn.training.compare import report as report_module
 from convattn.training.compare.curves import align_seeds
 from convattn.training.compare.grids import Grid, RunSpec
 from convattn.training.compare.options import CompareOptions
 from convattn.training.compare.report import write_report
-from convattn.training.compare.results import RunResult, perplexity_cost_figure, perplexity_figure
+from convattn.training.compare.results import (
+    RunResult,
+    collect_results,
+    perplexity_cost_figure,
+    perplexity_figure,
+)
 
 BUDGET = 600.0
 
@@ -96,3 +102,21 @@ def test_a_step_budget_report_has_no_time_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(report_module, "collect_results", lambda _options: [timed_result()])
     _results, folder = write_report(options)
     assert (folder / "perplexity.png").is_file() and not (folder / "perplexity_cost.png").exists()
+
+
+@pytest.mark.slow
+def test_a_two_seed_time_budget_comparison_plots_its_reported_mean(tmp_path_factory, capsys):
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
+    out = tmp_path_factory.mktemp("compare") / "out"
+    tiny = [arg for i, arg in enumerate(TINY) if not {arg, TINY[i - 1]} & {"--max-steps", "--warmup", "--preset"}]
+    args = ["compare", "--presets", "chang2021-small/absolute", "--seeds", "2", *tiny, "--train-file",
+            str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"), "--output-dir", str(out),
+            "--time-budget", "2s", "--warmup", "0.2"]
+    assert main_offline(args, tmp_path_factory) == 0
+    assert "](perplexity_cost.png)" in (out / "report.md").read_text()
+    options = CompareOptions(Grid("g", [RunSpec("chang2021-small/absolute", "chang2021-small/absolute")]), out,
+                             data={}, seeds=2)
+    [result] = collect_results(options)
+    assert result.finished == [0, 1] and all("training_seconds" in row for row in result.metrics[0])
+    line = perplexity_cost_figure([result], "test", 2.0).axes[0].get_lines()[0]
+    assert line.get_ydata()[-1] == pytest.approx(result.final_perplexity["mean"], rel=1e-6)
