@@ -14,16 +14,17 @@ from convattn.training.recipes import apply_overrides, load_recipe, resolve_reci
 def test_paper_warmup_keeps_its_share_of_a_shorter_run():
     recipe = load_recipe("chang2021-small")
     assert (recipe.warmup, recipe.max_steps) == (10000, 125000)
-    note = apply_overrides(recipe, {"max_steps": 300})
+    recipe, note = apply_overrides(recipe, {"max_steps": 300})
     assert recipe.warmup == 24 and warmup_steps(recipe) == 24  # 8 % of the run, as in the paper
     assert "24 steps" in note and "10,000 of 125,000" in note
 
 
 def test_given_warmup_and_fractions_are_kept():
     recipe = load_recipe("chang2021-small")
-    assert apply_overrides(recipe, {"max_steps": 300, "warmup": 50}) is None and recipe.warmup == 50
-    default = load_recipe("default")
-    assert apply_overrides(default, {"max_steps": 100}) is None and warmup_steps(default) == 6
+    recipe, note = apply_overrides(recipe, {"max_steps": 300, "warmup": 50})
+    assert note is None and recipe.warmup == 50
+    default, note = apply_overrides(load_recipe("default"), {"max_steps": 100})
+    assert note is None and warmup_steps(default) == 6
 
 
 def parsed(*argv: str) -> argparse.Namespace:

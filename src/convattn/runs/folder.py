@@ -24,7 +24,6 @@ from pathlib import Path
 
 from convattn.console import main_process
 from convattn.errors import UsageError, listed, option
-from convattn.files import read_json
 
 LOCK_FILE = ".convattn.lock"
 # options that say where and how verbosely a run is written, not what it computes: they may differ between a
@@ -136,9 +135,9 @@ def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKK
     return ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
 
 
-def check_same_options(saved_file: Path, current: dict, allowed: tuple[str, ...], problem: str) -> None:
-    """Raise UsageError '<problem> (<changes>); <...>' when the options in `saved_file` differ from `current`."""
-    saved = read_json(saved_file)
+def check_same_options(saved: dict | None, current: dict, allowed: tuple[str, ...], problem: str) -> None:
+    """Raise UsageError '<problem> (<changes>); <...>' when the `saved` options (None: none recorded) differ from
+    `current`."""
     if saved is None:
         return
     if details := changed_options(saved, current, allowed):

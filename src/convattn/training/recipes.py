@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from convattn import configs
 from convattn.errors import UsageError, option
 
-STEP_CAP = 10**9  # max_steps of a run that only its time budget ends
 QUICK_RECIPE = "default"  # `convattn pretrain`'s own quick run, sized for minutes: a shorter run keeps its settings
 
 
@@ -34,7 +33,7 @@ class Recipe:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     warmup: float = 10000  # steps, or a fraction of max_steps when below 1
-    max_steps: int = 125000
+    max_steps: int | None = 125000  # None: no step limit (a time-budget run, which its clock ends)
     time_budget: float | None = None  # seconds of training: the schedule follows the clock (pretrain/budget.py)
     max_grad_norm: float = 1.0
     mlm_probability: float = 0.15
@@ -73,18 +72,16 @@ def resolve_recipe(preset: str | None, recipe: str | None = None, model: dict | 
     `preset`), for `preset`, with config fields `model` and recipe fields `training` on top.
     The default recipe's model size belongs to its own preset: another preset keeps its size."""
     name = recipe or recipe_for_preset(paper_of or preset)
-    resolved = load_recipe(name)
-    paper = dataclasses.replace(resolved)
-    if preset:
-        resolved.preset = preset
-        if recipe is None and name == "default":
-            resolved.model = {}
-    resolved.model = {**resolved.model, **(model or {})}
-    note = apply_overrides(resolved, training or {})
-    grids = shortened_grids(paper, resolved, training or {}) if name != QUICK_RECIPE else None
-    if resolved.time_budget is not None and "max_steps" not in (training or {}):
-        note = budget_schedule(resolved, given_warmup="warmup" in (training or {}))
-    values = recipe_values(name, resolved, training or {}) if name != QUICK_RECIPE else None
+    paper, given = load_recipe(name), training or {}
+    sized = paper.model if not preset or recipe is not None or name != "default" else {}
+    resolved = dataclasses.replace(paper, preset=preset or paper.preset, model={**sized, **(model or {})})
+    resolved, note = apply_overrides(resolved, given)
+    grids = None
+    if name != QUICK_RECIPE:
+        resolved, grids = shortened_grids(paper, resolved, given)
+    if resolved.time_budget is not None and "max_steps" not in given:
+        resolved, note = budget_schedule(resolved, given_warmup="warmup" in given)
+    values = recipe_values(name, resolved, given) if name != QUICK_RECIPE else None
     return resolved, "; ".join(line for line in (values, note, grids) if line) or None
 
 
@@ -106,38 +103,38 @@ def recipe_values(name: str, recipe: Recipe, given: dict) -> str | None:
 SHORT_RUN_POINTS = 10  # a shortened run evaluates, and saves, up to this many times where the recipe's share is more
 
 
-def shortened_grids(paper: Recipe, recipe: Recipe, given: dict) -> str | None:
+def shortened_grids(paper: Recipe, recipe: Recipe, given: dict) -> tuple[Recipe, str | None]:
     """A run shorter than its recipe's evaluates and saves on the recipe's grid scaled to the run's length, but no
     more often than SHORT_RUN_POINTS times a run unless the recipe's own grid is finer (5,000 of 125,000 steps ->
     every 30 of 300, not 12; 10,000 of 1M -> every 10,000 of 200k); returns a note saying so, or None. A grid given
     on the command line is kept, as is a time budget's (the clock's)."""
     if recipe.time_budget is not None or recipe.max_steps >= paper.max_steps:
-        return None
-    scaled = []
+        return recipe, None
+    grid, scaled = {}, []
     for field_name, label in (("eval_every", "evaluation"), ("save_every", "checkpoint")):
         if field_name not in given:
             every = getattr(paper, field_name)
             share = round(every * recipe.max_steps / paper.max_steps)
-            setattr(recipe, field_name, max(share, min(every, math.ceil(recipe.max_steps / SHORT_RUN_POINTS)), 1))
-            scaled.append(f"{label} every {getattr(recipe, field_name):,}")
+            grid[field_name] = max(share, min(every, math.ceil(recipe.max_steps / SHORT_RUN_POINTS)), 1)
+            scaled.append(f"{label} every {grid[field_name]:,}")
     if not scaled:
-        return None
-    grid = " and ".join(dict.fromkeys(f"{every:,}" for every in (paper.eval_every, paper.save_every)))
-    return (f"{' and '.join(scaled)} steps for --max-steps {recipe.max_steps:,} (the recipe's every {grid} of "
-            f"{paper.max_steps:,} steps; give --eval-every / --save-every to choose)")
+        return recipe, None
+    paper_grid = " and ".join(dict.fromkeys(f"{every:,}" for every in (paper.eval_every, paper.save_every)))
+    return dataclasses.replace(recipe, **grid), (
+        f"{' and '.join(scaled)} steps for --max-steps {recipe.max_steps:,} (the recipe's every {paper_grid} of "
+        f"{paper.max_steps:,} steps; give --eval-every / --save-every to choose)")
 
 
-def budget_schedule(recipe: Recipe, given_warmup: bool) -> str | None:
-    """A time budget without --max-steps: only the clock ends the run, and a recipe's warmup in steps becomes the
-    same share of the budget (e.g. 10k of 125k steps -> 8%); returns a note saying so, or None."""
-    note = None
-    if recipe.warmup >= 1 and not given_warmup:
-        share = recipe.warmup / recipe.max_steps
-        note = (f"warmup: the recipe's {recipe.warmup:,g} of {recipe.max_steps:,} steps, as the same share "
-                f"({share:.1%}) of the time budget (give --warmup to choose)")
-        recipe.warmup = share
-    recipe.max_steps = STEP_CAP
-    return note
+def budget_schedule(recipe: Recipe, given_warmup: bool) -> tuple[Recipe, str | None]:
+    """A time budget without --max-steps: only the clock ends the run (no step limit), and a recipe's warmup in
+    steps becomes the same share of the budget (e.g. 10k of 125k steps -> 8%); returns the recipe and a note saying
+    so, or None."""
+    if recipe.warmup < 1 or given_warmup:
+        return dataclasses.replace(recipe, max_steps=None), None
+    share = recipe.warmup / recipe.max_steps
+    note = (f"warmup: the recipe's {recipe.warmup:,g} of {recipe.max_steps:,} steps, as the same share "
+            f"({share:.1%}) of the time budget (give --warmup to choose)")
+    return dataclasses.replace(recipe, warmup=share, max_steps=None), note
 
 
 def fine_tune_recipe_names(kind: str) -> list[str]:
@@ -153,18 +150,17 @@ def squad_recipe_names() -> list[str]:
     return fine_tune_recipe_names("squad")
 
 
-def apply_overrides(recipe: Recipe, fields: dict) -> str | None:
-    """Set recipe fields from the command line. A paper's warmup in steps keeps its share of the run when
-    --max-steps changes (e.g. 10k of 125k steps -> 24 of 300), unless warmup is itself given; returns a note
-    saying so, or None."""
-    paper_steps, paper_warmup = recipe.max_steps, recipe.warmup
-    for name, value in fields.items():
-        setattr(recipe, name, value)
-    if "warmup" in fields or paper_warmup < 1 or recipe.max_steps == paper_steps:
-        return None
-    recipe.warmup = round(paper_warmup * recipe.max_steps / paper_steps)
-    return (f"warmup scaled to {recipe.warmup:,} steps: the recipe's {paper_warmup:,g} of {paper_steps:,} steps, "
-            f"as the same share of --max-steps {recipe.max_steps:,} (give --warmup to choose)")
+def apply_overrides(recipe: Recipe, fields: dict) -> tuple[Recipe, str | None]:
+    """`recipe` with fields from the command line. A paper's warmup in steps keeps its share of the run when
+    --max-steps changes (e.g. 10k of 125k steps -> 24 of 300), unless warmup is itself given; returns the recipe
+    and a note saying so, or None."""
+    given = dataclasses.replace(recipe, **fields)
+    if "warmup" in fields or recipe.warmup < 1 or given.max_steps == recipe.max_steps:
+        return given, None
+    scaled = dataclasses.replace(given, warmup=round(recipe.warmup * given.max_steps / recipe.max_steps))
+    return scaled, (f"warmup scaled to {scaled.warmup:,} steps: the recipe's {recipe.warmup:,g} of "
+                    f"{recipe.max_steps:,} steps, as the same share of --max-steps {scaled.max_steps:,} (give --warmup "
+                    "to choose)")
 
 
 def warmup_steps(recipe: Recipe) -> int:

@@ -15,7 +15,7 @@ from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
 from convattn.training.pretrain.budget import lr_factor, parse_duration, time_spent
 from convattn.training.pretrain.resolve import resolve_options
-from convattn.training.recipes import STEP_CAP, resolve_recipe
+from convattn.training.recipes import resolve_recipe
 
 # the tiny run without its step schedule: the budget sets it
 BUDGET_TINY = [arg for i, arg in enumerate(TINY) if arg not in ("--max-steps", "--warmup")
@@ -78,7 +78,7 @@ def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
 
 def test_a_budget_without_steps_keeps_the_recipes_warmup_share():
     recipe, note = resolve_recipe("chang2021-small/composite", training={"time_budget": 60.0})
-    assert recipe.max_steps == STEP_CAP
+    assert recipe.max_steps is None
     assert recipe.warmup == pytest.approx(10000 / 125000)
     assert "8.0%" in note
     capped, _ = resolve_recipe("chang2021-small/composite", training={"time_budget": 60.0, "max_steps": 50})

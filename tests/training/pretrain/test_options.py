@@ -1,4 +1,5 @@
-"""A pretraining run resolves its options once: the model config is built once and passed on."""
+"""A pretraining run resolves its options once: the recipe is never changed in place, the model config is built
+once and passed on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from helpers.pretrain import tiny_args, write_corpus
 import convattn.config
 from convattn.cli import main
 from convattn.config import ConvAttnConfig
+from convattn.training.recipes import apply_overrides, load_recipe
 
 CONVATTN = str(convattn.config.__file__).rsplit("/", 1)[0]
 
@@ -36,3 +38,9 @@ def test_a_pretraining_run_builds_its_config_once(tmp_path, monkeypatch):
     assert main(tiny_args(write_corpus(tmp_path), tmp_path / "run", "--max-steps", "4")) == 0
     assert len(built) == 1, built
 
+
+def test_overrides_leave_the_recipe_they_start_from_as_it_was():
+    paper = load_recipe("chang2021-small")
+    recipe, note = apply_overrides(paper, {"max_steps": 300})
+    assert (recipe.max_steps, recipe.warmup) == (300, 24) and "24 steps" in note
+    assert (paper.max_steps, paper.warmup) == (125000, 10000)

@@ -12,6 +12,7 @@ from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_same_options, seed_d
 from convattn.runs.pretrain import OPTIONS_FILE
 from convattn.training.compare.grids import Grid, RunSpec
 from convattn.training.pretrain import PretrainOptions
+from convattn.training.pretrain.options import recorded_options
 from convattn.training.recipes import Recipe, recipe_for_preset, resolve_recipe
 
 MEMORY_FILE = "memory.json"
@@ -105,6 +106,7 @@ def say(message: str) -> None:
 
 def check_same_settings(options: PretrainOptions) -> None:
     """An existing run directory must come from the same settings (budget included), or the comparison is off."""
-    check_same_options(options.output_dir / OPTIONS_FILE, options.to_json(), (*BOOKKEEPING_OPTIONS, "compile"),
+    check_same_options(recorded_options(options.output_dir / OPTIONS_FILE), options.to_json(),
+                       (*BOOKKEEPING_OPTIONS, "compile"),
                        f"{options.output_dir} was trained with other settings ({{details}}); use another "
                        "--output-dir, or delete that run directory to train it again")

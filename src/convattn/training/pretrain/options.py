@@ -42,6 +42,18 @@ RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_sc
 SCHEDULE_CHANGES = ("max_steps", "time_budget")
 
 
+# max_steps of a time-budget run that no step count ends, as its options file said before it said null
+LEGACY_NO_STEP_LIMIT = 10**9
+
+
+def recorded_options(file: Path) -> dict | None:
+    """The options a run recorded in `file` (None: no such file), as this version writes them."""
+    saved = read_json(file)
+    if saved is not None and saved.get("time_budget") is not None and saved.get("max_steps") == LEGACY_NO_STEP_LIMIT:
+        return {**saved, "max_steps": None}
+    return saved
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("CONVATTN_CACHE", Path.home() / ".cache" / "convattn"))
 
@@ -91,11 +103,13 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
                          f"{', '.join(PRECISIONS)}")
     counts = {name: getattr(recipe, name) for name in ("batch_size", "max_steps", "eval_every", "save_every",
                                                         "gradient_accumulation")}
+    if recipe.max_steps is None and recipe.time_budget is None:
+        raise UsageError(f"give {option('max_steps')} or {option('time_budget')}: a run ends at a step or a time")
     for name, value in {**counts, "log_every": options.log_every}.items():
-        if value < 1:
+        if value is not None and value < 1:
             raise UsageError(f"{option(name)} {value} must be at least 1")
     check_numbers(recipe)
-    if warmup_steps(recipe) >= recipe.max_steps:
+    if recipe.max_steps is not None and warmup_steps(recipe) >= recipe.max_steps:
         raise UsageError(f"{option('warmup')} {recipe.warmup:g} is not below {option('max_steps')} {recipe.max_steps}: "
                          f"the learning rate would never reach its peak; lower {option('warmup')} (or give a fraction "
                          "of the run, e.g. 0.06)")
@@ -215,11 +229,11 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
                              f"continue; run the same command without {resume} to start it again")
         raise UsageError(f"{resume}: {out} holds no run to continue; drop {resume} to start one")
     allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
-    check_same_options(out / OPTIONS_FILE, options.to_json(), allowed,
+    check_same_options(recorded_options(out / OPTIONS_FILE), options.to_json(), allowed,
                        f"{resume}: options differ from the run in {out} ({{details}}); drop those flags (the run's "
                        f"own options are read from it), or add {option('allow_schedule_change')} to change {max_steps}")
     reached = checkpoint_step(checkpoints[-1])
-    if reached > recipe.max_steps:
+    if recipe.max_steps is not None and reached > recipe.max_steps:
         raise UsageError(f"{max_steps} {recipe.max_steps} is below step {reached}, which the run in {out} has already "
                          f"reached; give {max_steps} {reached} or more")
     check_checkpoint(checkpoints)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from convattn.console import say
 from convattn.errors import UsageError, option
-from convattn.files import read_json
-from convattn.training.pretrain.options import PretrainOptions
+from convattn.training.pretrain.options import PretrainOptions, recorded_options
 from convattn.training.pretrain.replace import options_record
 from convattn.training.recipes import recipe_for_preset, resolve_recipe
 
@@ -47,7 +46,7 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
 def saved_options(path: Path) -> PretrainOptions:
     """The options a run was started with, read back from its record."""
     try:
-        return PretrainOptions.from_json(read_json(path))
+        return PretrainOptions.from_json(recorded_options(path))
     except (ValueError, KeyError, TypeError) as err:
         raise UsageError(f"{option('resume')}: {path} is damaged or not written by convattn "
                          f"({type(err).__name__}: {str(err)[:80]}); start a new run in another "

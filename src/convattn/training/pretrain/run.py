@@ -51,7 +51,7 @@ from convattn.training.pretrain.options import (
 )
 from convattn.training.pretrain.replace import drop_replaced, move_aside, recover_replaced_run, restore_replaced
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
-from convattn.training.recipes import STEP_CAP, warmup_steps
+from convattn.training.recipes import warmup_steps
 
 
 @dataclass
@@ -203,7 +203,7 @@ def schedule_line(recipe, clock: TrainingClock | None) -> str:
             f"every {format_duration(clock.budget / EVALUATIONS)}")
     if clock.spent:
         line += f"; {format_duration(clock.spent)} already spent"
-    if recipe.max_steps < STEP_CAP:
+    if recipe.max_steps is not None:
         line += f"; stops at step {recipe.max_steps:,} if that comes first"
     return line
 

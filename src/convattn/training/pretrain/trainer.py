@@ -16,9 +16,11 @@ from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch, world_size
-from convattn.training.recipes import STEP_CAP, Recipe
+from convattn.training.recipes import Recipe
 
 EVAL_SEED = 1234
+# the Trainer's step count for a run that only its clock ends, evaluates and saves: one it never reaches
+CLOCK_ONLY_STEPS = 10**9
 
 
 def build_model(recipe: Recipe, config: ConvAttnConfig, tokenizer: PreTrainedTokenizerBase):
@@ -129,7 +131,7 @@ def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArgu
     flags = precision_flags(options.precision)
     return TrainingArguments(
         output_dir=str(checkpoints_dir(options.output_dir)),
-        max_steps=recipe.max_steps,
+        max_steps=CLOCK_ONLY_STEPS if recipe.max_steps is None else recipe.max_steps,
         per_device_train_batch_size=per_device_batch(recipe),
         per_device_eval_batch_size=per_device_batch(recipe) * recipe.gradient_accumulation,
         gradient_accumulation_steps=recipe.gradient_accumulation,
@@ -145,11 +147,11 @@ def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArgu
         seed=recipe.seed,
         data_seed=recipe.seed,
         eval_strategy="steps",
-        eval_steps=STEP_CAP if recipe.time_budget else recipe.eval_every,  # a budget's grid is the clock's
+        eval_steps=CLOCK_ONLY_STEPS if recipe.time_budget else recipe.eval_every,  # a budget's grid is the clock's
         eval_on_start=not resuming,
         logging_steps=min(options.log_every, recipe.eval_every),
         save_strategy="steps",
-        save_steps=STEP_CAP if recipe.time_budget else recipe.save_every,
+        save_steps=CLOCK_ONLY_STEPS if recipe.time_budget else recipe.save_every,
         save_total_limit=2,
         include_num_input_tokens_seen="non_padding",
         remove_unused_columns=False,
