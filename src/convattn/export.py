@@ -1,4 +1,5 @@
-"""`torch.export` and ONNX export of a saved model, with dynamic batch and sequence axes."""
+"""`torch.export` and ONNX export of a saved model, with dynamic batch and sequence axes (Linformer: dynamic batch,
+its one fixed length)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,14 @@ def load_saved(model_dir: str | os.PathLike, attn_implementation: str | None = N
                         attn_implementation=attn_implementation).eval()
 
 
-def example_inputs(config, batch: int = 2, n: int = 16) -> tuple[Tensor, Tensor]:
+def fixed_length(config) -> int | None:
+    """The one length a model takes, or None: Linformer's E/F are sized to max_position_embeddings, and its
+    projections slice and pad to it, a branch on the length that an exported graph cannot keep symbolic."""
+    return config.max_position_embeddings if any(p != "none" for p in config.layer_projections) else None
+
+
+def example_inputs(config, batch: int = 2) -> tuple[Tensor, Tensor]:
+    n = fixed_length(config) or 16
     ids = torch.randint(5, config.vocab_size, (batch, n))
     keep = torch.ones_like(ids)
     keep[-1, n // 2:] = 0
@@ -46,18 +54,15 @@ def example_inputs(config, batch: int = 2, n: int = 16) -> tuple[Tensor, Tensor]
 
 def dynamic_shapes(config) -> dict:
     # sizes 0 and 1 are specialised by torch.export, so the symbolic ranges start at 2
-    batch = Dim("batch", min=1, max=4096)
-    seq = Dim("sequence", min=2, max=config.max_input_length or 1 << 20)
-    return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    axes = {0: Dim("batch", min=1, max=4096)}
+    if fixed_length(config) is None:
+        axes[1] = Dim("sequence", min=2, max=config.max_input_length or 1 << 20)
+    return {"input_ids": axes, "attention_mask": axes}
 
 
 def export_program(model: nn.Module) -> ExportedProgram:
-    """The model (in eval mode) as an ExportedProgram taking (input_ids, attention_mask) of any batch and length."""
-    if any(p != "none" for p in model.config.layer_projections):
-        raise ValueError(
-            "sequence_projection (Linformer) models cannot be exported with a dynamic sequence axis: their "
-            "projections slice and pad to max_position_embeddings, a branch on the length"
-        )
+    """The model (in eval mode) as an ExportedProgram taking (input_ids, attention_mask) of any batch and length
+    (a Linformer model: any batch, its `fixed_length`; inputs padded to it)."""
     wrapped = LogitsOnly(model.eval())
     return torch.export.export(wrapped, example_inputs(model.config), dynamic_shapes=dynamic_shapes(model.config))
 

@@ -1,4 +1,5 @@
-"""`convattn export`: a saved model as an ONNX graph with dynamic batch and sequence axes."""
+"""`convattn export`: a saved model as an ONNX graph with dynamic batch and sequence axes (Linformer: its one
+length)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 from pathlib import Path
 
 NAME = "export"
-HELP = "export a saved model to ONNX (dynamic batch and sequence axes)"
+HELP = "export a saved model to ONNX (dynamic batch and sequence axes; Linformer at its fixed length)"
 DESCRIPTION = (
     "Export a saved model (any head) to ONNX through torch.export: inputs input_ids and "
     "attention_mask, output the head's logits. Needs the [onnx] extra (onnx, onnxscript)."
