@@ -282,7 +282,7 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
 
 
 @triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
-def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed, p_drop, scale, seqlen,
+def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, seed, p_drop, scale, seqlen,
                           rng_stride, heads, length_bucket, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                           sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s,
                           REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
@@ -290,7 +290,8 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
                           DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           PRECISION: tl.constexpr):
-    """dQ and the row table's gradient of one query block; DO and DQ are laid out as Q."""
+    """dQ and the row table's gradient of one query block, and D_i = dO_i . O_i of its rows, which the key kernel
+    (launched after this one) reads; DO, OUT and DQ are laid out as Q."""
     block, bh = tl.program_id(0), tl.program_id(1)
     batch, head = bh // heads, bh % heads
     first, n = sequence(CU, batch, seqlen, VARLEN)
@@ -300,6 +301,7 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
     offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
     Q += offset_q
     DO += offset_q
+    OUT += offset_q
     DQ += offset_q
     K += start_of(batch, head, first, sk_b, sk_h, sk_s)
     V += start_of(batch, head, first, sv_b, sv_h, sv_s)
@@ -312,10 +314,12 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DQ, DA, seed,
     i = i0 + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
-    q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+    out = tl.load(OUT + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
+    tl.store(DELTA + i, delta, mask=i < n)
+    q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     lse = tl.load(LSE + i, mask=i < n, other=0.0)
-    delta = tl.load(DELTA + i, mask=i < n, other=0.0)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     da_low = tl.zeros((BLOCK_M,), tl.float32)
     da_high = tl.zeros((BLOCK_M,), tl.float32)
@@ -568,21 +572,21 @@ def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     """(dq, dk, dv, d row table, d key table), the tables' in float32 per (sequence, head, position)."""
     problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale,
                        int(seed))
-    if grad_out.stride() != q.stride():
-        grad_out = torch.empty_like(q).copy_(grad_out)
-    delta = (grad_out.float() * out.float()).sum(-1)
-    delta = delta.transpose(0, 1).contiguous() if problem.varlen else delta
+    # the query kernel reads dO and O with q's strides
+    grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
+    delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_row, grad_key = (problem.table_gradient(table, q.device) for table in (row_table, key_table))
-    common = [*problem.operands(q), grad_out, lse, delta]
     strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
                *problem.table_strides()]
     _launcher("query", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_M"), q, k, v, *common, grad_q, grad_row if row_table is not None else q,
+        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), grad_out, out, lse, delta, grad_q,
+        grad_row if row_table is not None else q,
         *problem.scalars(), *strides, *_strides(grad_row if row_table is not None else None, problem.varlen),
         **problem.constants)
     _launcher("key", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_N"), q, k, v, *common, grad_k, grad_v, grad_key if key_table is not None else q,
+        problem.grid("BLOCK_N"), q, k, v, *problem.operands(q), grad_out, lse, delta, grad_k, grad_v,
+        grad_key if key_table is not None else q,
         *problem.scalars(), *strides, *_strides(grad_key if key_table is not None else None, problem.varlen),
         **problem.constants)
     return grad_q, grad_k, grad_v, grad_row, grad_key
