@@ -143,6 +143,12 @@ def bert_config_over_convattn_weights(folder: Path) -> None:
                num_attention_heads=2, intermediate_size=64).save_pretrained(folder)
 
 
+def larger_tokenizer(folder: Path) -> None:
+    """A tokenizer with more pieces than the model has embeddings (ids past them would index out of range)."""
+    words = [f"word{i} extra{i}" for i in range(400)]
+    tiny_wordpiece_tokenizer(SENTENCES + words, vocab_size=2000).save_pretrained(folder)
+
+
 BAD_FOLDERS = [
     (nan_weights, "non-finite (NaN or infinite) weights"),
     (lambda f: config_with(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite"),
@@ -152,6 +158,7 @@ BAD_FOLDERS = [
     (lambda f: (f / "model.safetensors").write_bytes(b""), "truncated or corrupt"),
     (lambda f: config_with(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
     (bert_config_over_convattn_weights, "weights are missing from the file"),
+    (larger_tokenizer, "more than the model's"),
 ]
 
 

@@ -6,7 +6,7 @@
     tensorboard/                                      TensorBoard event files
     checkpoints/checkpoint-N/                         for --resume (the Trainer's own checkpoints)
     pretrain_options.json                             what was run (written before training starts)
-    pretrain_data.json                                a fingerprint of its text
+    pretrain_data.json                                a fingerprint of its text, the vocabulary size built
     .replaced-run/                                    the run an --overwrite replaces, until the new one stands
 
 `run_state` is the one answer to "what state is this run in"; `remove_run_files` removes only what a run wrote.

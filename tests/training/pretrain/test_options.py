@@ -3,6 +3,7 @@ once and passed on."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from helpers.pretrain import tiny_args, write_corpus
@@ -44,3 +45,20 @@ def test_overrides_leave_the_recipe_they_start_from_as_it_was():
     recipe, note = apply_overrides(paper, {"max_steps": 300})
     assert (recipe.max_steps, recipe.warmup) == (300, 24) and "24 steps" in note
     assert (paper.max_steps, paper.warmup) == (125000, 10000)
+
+
+def test_the_vocabulary_built_is_said_and_recorded_when_smaller_than_asked(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny_args(write_corpus(tmp_path), out, "--max-steps", "4", "--vocab-size", "5000")) == 0
+    built = json.loads((out / "config.json").read_text())["vocab_size"]
+    assert built < 5000 and json.loads((out / "pretrain_data.json").read_text())["vocab_size"] == built
+    said = [line for line in capsys.readouterr().err.splitlines() if "fewer than the 5,000 asked" in line]
+    assert len(said) == 1 and f"{built:,} pieces built" in said[0] and "--vocab-size" in said[0]
+
+
+def test_vocab_size_with_a_given_tokenizer_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(tiny_args(write_corpus(tmp_path), out, "--tokenizer", str(tmp_path)))  # TINY gives --vocab-size
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "--vocab-size" in err[-1] and "--tokenizer" in err[-1] and len(err) == 1, err
+    assert not out.exists()

@@ -50,11 +50,15 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
     say(f"corpus: {corpus.description}; {len(corpus.train):,} train / {len(corpus.eval):,} eval lines")
     if options.tokenizer:
         tokenizer = load_tokenizer(options.tokenizer)
+        say(f"tokenizer: {options.tokenizer}, {len(tokenizer):,} pieces")
     elif resume_from is not None and (resume_from / "tokenizer.json").exists():
         tokenizer = load_tokenizer(resume_from)
     else:
-        say(f"tokenizer: unigram, {recipe.vocab_size:,} pieces (trained once per corpus, then cached)")
+        say(f"tokenizer: unigram, up to {recipe.vocab_size:,} pieces (trained once per corpus, then cached)")
         tokenizer = trained_tokenizer(corpus.train, corpus.identity, recipe.vocab_size, seq_len, cache)
+        if len(tokenizer) < recipe.vocab_size:
+            say(f"tokenizer: {len(tokenizer):,} pieces built, fewer than the {recipe.vocab_size:,} asked with "
+                f"--vocab-size (this corpus holds no more); the model's vocabulary is {len(tokenizer):,}")
     key = cache_key(corpus.identity, tokenizer_fingerprint(tokenizer), recipe.format, seq_len)
     directory = cache / "formatted" / key
     say(f"formatting: {recipe.format}, {seq_len} tokens (cached in {directory})")

@@ -23,6 +23,9 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
     the recipe's; `data`: the PretrainOptions data fields given (None or empty: not given). The output folder
     defaults to runs/pretrain-<recipe>."""
     data = {name: value for name, value in (data or {}).items() if value}
+    if "vocab_size" in (training or {}) and data.get("tokenizer"):
+        raise UsageError(f"{option('vocab_size')} sizes a tokenizer to train, and {option('tokenizer')} gives one "
+                         f"({data['tokenizer']}); leave out one of them")
     if resume and output_dir is not None and options_record(output_dir).is_file():
         saved = saved_options(options_record(output_dir))
         recipe_fields = {"preset": preset} if preset else {}

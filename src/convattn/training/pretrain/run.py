@@ -140,7 +140,8 @@ def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
             move_aside(out)
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
         if plan.resume_from is None:
-            write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint})
+            write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint,
+                                                 "vocab_size": len(data.tokenizer)})
         log_to(out)
     metrics = MetricsWriter(out, clock)
     if plan.resume_from is not None and args.process_index == 0:
