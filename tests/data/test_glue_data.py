@@ -133,3 +133,26 @@ def test_empty_or_misshapen_tsv_is_one_clear_error(tmp_path, text, needle):
     (tmp_path / "SST-2" / "train.tsv").write_text(text)
     with pytest.raises(ValueError, match=needle):
         load_split(get_task("sst2"), "train", tmp_path)
+
+
+STSB_HEADER = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
+               "score"]
+
+
+@pytest.mark.parametrize("score", ["99", "-0.5", "nan", "abc"])
+def test_an_stsb_score_outside_0_to_5_names_the_line_and_the_range(tmp_path, score):
+    rows = [["0", "g", "f", "y", "0", "n", "n", "A man plays.", "A man is playing.", value] for value in ("0", "5")]
+    write_tsv(tmp_path / "STS-B" / "train.tsv", [STSB_HEADER, *rows, [*rows[0][:-1], score]])
+    with pytest.raises(ValueError, match=rf"STS-B/train\.tsv:4: stsb score '{score}' is not a number from 0 to 5"):
+        load_split(get_task("stsb"), "train", tmp_path)
+    write_tsv(tmp_path / "STS-B" / "train.tsv", [STSB_HEADER, *rows])
+    assert load_split(get_task("stsb"), "train", tmp_path)["label"] == [0.0, 5.0]
+
+
+def test_a_test_index_given_twice_names_both_lines(tmp_path):
+    write_tsv(tmp_path / "SST-2" / "test.tsv", [["index", "sentence"], ["0", "good ."], ["1", "bad ."], ["0", "ok ."]])
+    with pytest.raises(ValueError, match=r"SST-2/test\.tsv:4: index 0 is given twice \(first at .*test\.tsv:2\)"):
+        load_split(get_task("sst2"), "test", tmp_path)
+    write_tsv(tmp_path / "SST-2" / "test.tsv", [["index", "sentence"], ["x", "good ."]])
+    with pytest.raises(ValueError, match=r"test\.tsv:2: index 'x' is not a whole number"):
+        load_split(get_task("sst2"), "test", tmp_path)

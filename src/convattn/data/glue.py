@@ -130,9 +130,21 @@ def read_tsv(path: Path, fieldnames: tuple[str, ...] | None = None) -> list[dict
         return list(reader)
 
 
+# the range of a regression task's scores (STS-B: similarity from 0 to 5)
+SCORE_RANGE = (0.0, 5.0)
+
+
 def _label_value(task: GlueTask, raw: str | None, where: str) -> int | float:
     if task.is_regression:
-        return float(raw)
+        low, high = SCORE_RANGE
+        try:
+            score = float(raw)
+        except ValueError:
+            score = None
+        if score is None or not low <= score <= high:  # NaN fails the comparison too
+            raise ValueError(f"{where}: {task.name} {task.tsv_label_column} {raw!r} is not a number from {low:g} to "
+                             f"{high:g}")
+        return score
     if raw not in task.labels:
         raise ValueError(f"{where}: unknown {task.name} label {raw!r} (expected one of {', '.join(task.labels)})")
     return task.labels.index(raw)
@@ -151,6 +163,7 @@ def load_tsv_split(task: GlueTask, split: str, data_dir: Path) -> Dataset:
         raise ValueError(f"{path} has no data rows; give the {task.name} {split} file in the GLUE TSV layout")
     columns: dict[str, list] = {"text_a": [], "text_b": [], "idx": [], "label": []}
     needed = (*task.tsv_text_columns, *([task.tsv_label_column] if labelled else []))
+    seen: dict[int, int] = {}  # index -> its line
     for line, row in enumerate(rows):
         where = f"{path}:{line + first_line}"
         if None in row or None in row.values():  # DictReader's marks of extra or missing fields
@@ -163,7 +176,16 @@ def load_tsv_split(task: GlueTask, split: str, data_dir: Path) -> Dataset:
         columns["text_a"].append(row[task.tsv_text_columns[0]])
         if len(task.tsv_text_columns) > 1:
             columns["text_b"].append(row[task.tsv_text_columns[1]])
-        columns["idx"].append(int(row.get("index") or row.get("id") or line))
+        index = row.get("index") or row.get("id") or line
+        try:
+            index = int(index)
+        except ValueError:
+            raise ValueError(f"{where}: index {index!r} is not a whole number") from None
+        if not labelled and index in seen:  # a test file: each index is one row of the submission
+            raise ValueError(f"{where}: index {index} is given twice (first at {path}:{seen[index]}); each test row "
+                             "needs its own index")
+        seen[index] = line + first_line
+        columns["idx"].append(index)
         if labelled:
             columns["label"].append(_label_value(task, row[task.tsv_label_column], where))
     return Dataset.from_dict({k: v for k, v in columns.items() if v or (k == "label" and labelled)})
