@@ -74,6 +74,8 @@ BAD_VALUES = {
         (["--max-length", "1"], "--max-length 1 leaves no room for the text: give at least"),
         (["--max-length", "0"], "--max-length 0 must be"),
         (["--task-lr", "sst2=nan"], "--task-lr sst2=nan"),
+        (["--task-lr", "mrpc=1e-4"], "--task-lr mrpc=0.0001: mrpc is not fine-tuned in this job; give it for one of "
+                                     "the tasks run (sst2), or add mrpc to --task"),
         (["--seeds", "0"], "--seeds 0 must be"),
     ],
     "squad": [

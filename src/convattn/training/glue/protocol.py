@@ -61,6 +61,11 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     task_lr = task_lr or {}
     for name in task_lr:
         get_task(name)
+        if name not in tasks or not get_task(name).trains:
+            trained = [t for t in tasks if get_task(t).trains]
+            raise UsageError(f"{option('task_lr')} {name}={task_lr[name]:g}: {name} is not fine-tuned in this job; "
+                             f"give it for one of the tasks run ({', '.join(trained) or 'none'}), or add {name} to "
+                             f"{option('task')}")
     check_data([get_task(t) for t in tasks], data_dir)
     check_output_folder(output_dir)
     pretrained = load_pretrained(model, "glue", "fine-tuning it with its own transformers classification head")
