@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from convattn.errors import UsageError
 from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
 from convattn.training.pretrain.budget import lr_factor, parse_duration, time_spent
+from convattn.training.pretrain.options import check_numbers
 from convattn.training.pretrain.resolve import resolve_options
-from convattn.training.recipes import resolve_recipe
+from convattn.training.recipes import Recipe, resolve_recipe
 
 # the tiny run without its step schedule: the budget sets it
 BUDGET_TINY = [arg for i, arg in enumerate(TINY) if arg not in ("--max-steps", "--warmup")
@@ -65,6 +67,15 @@ def test_durations_read_as_seconds(text, seconds):
 def test_bad_durations_are_refused_naming_the_option(text):
     with pytest.raises(UsageError, match="time_budget"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["1e300", "366d", "9000h"])
+def test_a_budget_past_a_year_is_refused_naming_the_option_and_the_maximum(text):
+    with pytest.raises(UsageError, match=rf"`time_budget` {text} is more than 365 days; give a duration up to 365d"):
+        parse_duration(text)
+    with pytest.raises(UsageError, match="is more than 365 days"):  # given as a number, not through the parser
+        check_numbers(dataclasses.replace(Recipe(preset="chang2021-small/composite"), time_budget=1e300, warmup=0.1))
+    assert parse_duration("365d") == 365 * 86400
 
 
 def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():

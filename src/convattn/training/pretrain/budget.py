@@ -25,6 +25,7 @@ from convattn.runs.pretrain import TRAINER_STATE
 EVALUATIONS = 10  # evaluations (each with a checkpoint) per budget, the last at the deadline
 UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|s)")
+MAX_BUDGET = 365 * UNITS["d"]  # a year: past it a budget is a typo, not a plan
 
 
 def parse_duration(text: str) -> float:
@@ -40,7 +41,14 @@ def parse_duration(text: str) -> float:
         seconds = sum(float(number) * UNITS[unit] for number, unit in parts)
     if not (math.isfinite(seconds) and seconds > 0):
         raise UsageError(f"{option('time_budget')} {text!r} must be a positive duration, e.g. 30m")
+    check_budget(seconds, text)
     return seconds
+
+
+def check_budget(seconds: float, given: object) -> None:
+    if seconds > MAX_BUDGET:
+        raise UsageError(f"{option('time_budget')} {given} is more than {MAX_BUDGET // UNITS['d']} days; give a "
+                         "duration up to 365d, e.g. 30m, 12h or 7d")
 
 
 def format_duration(seconds: float) -> str:

@@ -31,7 +31,7 @@ from convattn.runs.pretrain import (
     foreign_files,
     run_state,
 )
-from convattn.training.pretrain.budget import time_spent
+from convattn.training.pretrain.budget import check_budget, time_spent
 from convattn.training.recipes import Recipe, warmup_steps
 
 OBJECTIVES = ("mlm", "electra")
@@ -156,6 +156,7 @@ def check_numbers(recipe: Recipe) -> None:
         if not (isinstance(recipe.time_budget, int | float) and math.isfinite(recipe.time_budget) and
                 recipe.time_budget > 0):
             raise UsageError(f"{option('time_budget')} {recipe.time_budget} must be a positive number of seconds")
+        check_budget(recipe.time_budget, recipe.time_budget)
         if recipe.warmup >= 1:
             raise UsageError(f"{option('warmup')} {recipe.warmup:g} is in steps, but a time-budget run warms up over "
                              "a fraction of its budget: give a fraction below 1, e.g. 0.06")
