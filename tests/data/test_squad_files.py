@@ -44,6 +44,9 @@ def squad_file(tmp_path: Path, qa: dict | None = None, *, version: str | None = 
     (lambda d: squad_file(d, paragraphs=["a string"]), "article 0, paragraph 0: needs a \"context\" string"),
     (lambda d: squad_file(d, paragraphs=[{"context": "c", "qas": ["q"]}]), "must be a question object"),
     (lambda d: squad_file(d, version="v2.0"), "is a SQuAD 2.0 file (its \"version\" is 'v2.0'); use `version` 2.0"),
+    (lambda d: squad_file(d, version="3.0"), "its \"version\" is '3.0', which convattn does not read; SQuAD files "
+                                             "say \"1.1\" or \"v2.0\" (the versions of `version`: 1.1, 2.0)"),
+    (lambda d: squad_file(d, version=["1.1"]), "its \"version\" is ['1.1'], which convattn does not read"),
     (lambda d: squad_file(d, context="x " * (MAX_CONTEXT_CHARACTERS // 2 + 1)),
      f"convattn reads contexts of up to {MAX_CONTEXT_CHARACTERS:,}"),
 ])

@@ -78,6 +78,10 @@ def check_file_version(data: dict, version: str, source: str) -> None:
     """A v1.1 file read as --version 2.0 (or the reverse) is refused: its "version" field, or, without one, the
     absence of any "is_impossible" field, tells."""
     said = file_version(data)
+    if data.get("version") is not None and said not in VERSIONS:
+        raise UsageError(f"{source}: its \"version\" is {data['version']!r}, which convattn does not read; SQuAD "
+                         f"files say \"1.1\" or \"v2.0\" (the versions of {option('version')}: "
+                         f"{', '.join(VERSIONS)})")
     if said in VERSIONS and said != version:
         raise UsageError(f"{source} is a SQuAD {said} file (its \"version\" is {data['version']!r}); use "
                          f"{option('version')} {said}")
