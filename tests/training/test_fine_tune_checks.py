@@ -215,3 +215,16 @@ def test_an_output_dir_that_is_a_file_is_refused(checkpoint, tmp_path, capsys, c
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     code = run(command, checkpoint, tmp_path / "dangling")
     assert_one_line_exit_2(code, capsys.readouterr().err, command, "is a symbolic link to nothing")
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_fewer_seeds_than_a_folder_holds_are_refused(checkpoint, tmp_path, capsys, command):
+    """The results average every finished seed: --seeds 1 into a folder of 2 would report 2."""
+    out = tmp_path / "out"
+    assert run(command, checkpoint, out, "--seeds", "2") == 0
+    results = {path: path.read_bytes() for path in out.glob("*_results.*")}
+    capsys.readouterr()
+    code = run(command, checkpoint, out, "--seeds", "1")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "--seeds 1: ", "also holds finished seed(s) 1",
+                           "give --seeds 2 or another --output-dir")
+    assert results and {path: path.read_bytes() for path in out.glob("*_results.*")} == results

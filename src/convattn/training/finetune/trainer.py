@@ -32,6 +32,17 @@ def check_finished_settings(path: Path, settings: FineTuneSettings) -> None:
                          "delete that run")
 
 
+def check_no_more_seeds(run_folder: Path, seeds: int) -> None:
+    """The results average every finished seed of `run_folder` (`<output>/runs/<task>/seed<k>`): seeds past
+    `seeds`, left by an earlier job, would be averaged in with settings never checked, so they are refused."""
+    extra = sorted(int(path.name[4:]) for path in run_folder.glob("seed*")
+                   if path.name[4:].isdigit() and int(path.name[4:]) >= seeds and (path / RUN_FILE).is_file())
+    if extra:
+        raise UsageError(f"{option('seeds')} {seeds}: {run_folder} also holds finished seed(s) "
+                         f"{', '.join(map(str, extra))}, which the results would average in; give {option('seeds')} "
+                         f"{extra[-1] + 1} or another {option('output_dir')}")
+
+
 def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
     return TrainingArguments(
         output_dir=str(path),

@@ -12,7 +12,7 @@ from convattn.errors import UsageError, option
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
-from convattn.training.finetune.trainer import check_finished_settings, finished_run
+from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.glue.data import check_data, load_task_data
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, mnli_model_dir, predict_ax
@@ -23,6 +23,7 @@ MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
 
 def check_finished_runs(output_dir: Path, settings: dict[str, GlueSettings], seeds: int) -> None:
     for task, task_settings in settings.items():
+        check_no_more_seeds(seed_dir(output_dir, task), seeds)
         for seed in range(seeds):
             check_finished_settings(seed_dir(output_dir, task, seed), task_settings)
 

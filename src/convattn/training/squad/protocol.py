@@ -12,7 +12,7 @@ from convattn.errors import UsageError
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
-from convattn.training.finetune.trainer import check_finished_settings, finished_run
+from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
 from convattn.training.squad.run import SquadData, fine_tune, squad_seed_dir
@@ -24,6 +24,7 @@ MODEL_FILE = "squad_model.json"  # the model every seed of the folder fine-tuned
 def check_finished_runs(output_dir: Path, version: str, settings: SquadSettings, seeds: int) -> None:
     for seed in range(seeds):
         check_finished_settings(squad_seed_dir(output_dir, version, seed), settings)
+    check_no_more_seeds(squad_seed_dir(output_dir, version, 0).parent, seeds)
 
 
 def load_data(version: str, train_file: Path | None, dev_file: Path | None, tokenizer, settings: SquadSettings,
