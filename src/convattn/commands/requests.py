@@ -164,9 +164,12 @@ def squad_request(args: argparse.Namespace):
 def compare_options(args: argparse.Namespace, grid, default_output: Path):
     """CompareOptions from the shared run arguments (`add_run_arguments`) and a grid."""
     from convattn.training.compare.options import CompareOptions
+    from convattn.training.pretrain.resolve import check_vocabulary_source
 
+    data, training = data_options(args), recipe_overrides(args)
+    check_vocabulary_source(training, data["tokenizer"])
     return CompareOptions(
-        grid=grid, output_dir=args.output_dir or default_output, data=data_options(args), seeds=args.seeds,
-        recipe=args.recipe, model=config_overrides(args), training=recipe_overrides(args), precision=args.precision,
+        grid=grid, output_dir=args.output_dir or default_output, data=data, seeds=args.seeds,
+        recipe=args.recipe, model=config_overrides(args), training=training, precision=args.precision,
         compile=args.compile, log_every=args.log_every, glue=glue_request(args), squad=squad_request(args),
     )

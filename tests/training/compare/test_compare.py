@@ -320,3 +320,17 @@ def test_perplexity_figure_reads_plain_numbers_and_labels_every_line():
     assert any(labels) and not any("e+" in label or "times" in label for label in labels)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["chang2021-small/none (2 seeds)", "chang2021-small/composite (2 seeds)"]
+
+
+def test_the_report_names_the_vocabulary_built_not_the_one_asked(compared):
+    built = json.loads((compared / "runs" / PRESETS[0].replace("/", "--") / "seed0" / "config.json").read_text())
+    report = (compared / "report.md").read_text()
+    assert built["vocab_size"] < 150 and f"(unigram, {built['vocab_size']:,} pieces" in report
+    assert "150 pieces" not in report
+
+
+def test_vocab_size_with_a_given_tokenizer_is_refused(corpus, tmp_path, capsys):
+    assert main(compare_args(corpus, tmp_path / "out", "--tokenizer", str(corpus))) == 2  # TINY gives --vocab-size
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--vocab-size" in err[0] and "--tokenizer" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -124,8 +124,11 @@ class Report:
         length = (f"{format_duration(budget)} of training (evaluation not counted)" if budget
                   else f"{first['max_steps']:,} steps")
         given = Path(first["tokenizer"]) != (self.options.output_dir / "tokenizer").resolve()
+        # the vocabulary built, as the first run's model has it (--vocab-size is what was asked: at most that)
+        model = read_json(self.options.run_path(self.results[0].spec, 0) / "config.json") or {}
+        pieces = model.get("vocab_size", first["vocab_size"])
         tokenizer = first["tokenizer"] + (" (given; shared by all runs)" if given else
-                                          f" (unigram, {first['vocab_size']:,} pieces, trained once on the train "
+                                          f" (unigram, {pieces:,} pieces, trained once on the train "
                                           "text; shared by all runs)")
         return [
             ("recipe", f"{self.options.recipe_name} ({first['objective']}, {first['format']} format)"),

@@ -66,10 +66,13 @@ def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
             raise UsageError(f"{directory} was trained for other text or vocabulary ({json.dumps(trained_for)}); "
                              f"use another {option('output_dir')}, or delete that directory")
         return directory
-    say(f"training the shared tokenizer (unigram, {wanted['vocab_size']:,} pieces) -> {directory}")
+    say(f"training the shared tokenizer (unigram, up to {wanted['vocab_size']:,} pieces) -> {directory}")
     corpus = load_corpus(data["dataset"], data["dataset_config"], data["train_files"], data["eval_files"],
                          data["cache_dir"])
     tokenizer = trained_tokenizer(corpus.train, corpus.identity, wanted["vocab_size"], seq_len, data["cache_dir"])
+    if len(tokenizer) < wanted["vocab_size"]:
+        say(f"the shared tokenizer has {len(tokenizer):,} pieces, fewer than the {wanted['vocab_size']:,} asked with "
+            f"--vocab-size (this corpus holds no more); every run's vocabulary is {len(tokenizer):,}")
     tmp = staging_dir(directory)
     try:
         tokenizer.save_pretrained(str(tmp))

@@ -23,9 +23,7 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
     the recipe's; `data`: the PretrainOptions data fields given (None or empty: not given). The output folder
     defaults to runs/pretrain-<recipe>."""
     data = {name: value for name, value in (data or {}).items() if value}
-    if "vocab_size" in (training or {}) and data.get("tokenizer"):
-        raise UsageError(f"{option('vocab_size')} sizes a tokenizer to train, and {option('tokenizer')} gives one "
-                         f"({data['tokenizer']}); leave out one of them")
+    check_vocabulary_source(training, data.get("tokenizer"))
     if resume and output_dir is not None and options_record(output_dir).is_file():
         saved = saved_options(options_record(output_dir))
         recipe_fields = {"preset": preset} if preset else {}
@@ -44,6 +42,13 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
         **data, precision=precision or "auto", compile=compile, resume=resume, overwrite=overwrite,
         allow_schedule_change=allow_schedule_change, **extra,
     )
+
+
+def check_vocabulary_source(training: dict | None, tokenizer: str | None) -> None:
+    """--vocab-size sizes a tokenizer to train; with --tokenizer none is trained, so it would be ignored."""
+    if tokenizer and (training or {}).get("vocab_size") is not None:
+        raise UsageError(f"{option('vocab_size')} sizes a tokenizer to train, and {option('tokenizer')} gives one "
+                         f"({tokenizer}); leave out one of them")
 
 
 def saved_options(path: Path) -> PretrainOptions:
