@@ -487,6 +487,21 @@ def _strides(x: Tensor | None, varlen: bool) -> tuple[int, int, int]:
     return (0 if x.shape[0] == 1 else x.stride(0)), x.stride(1), x.stride(2)
 
 
+def _stats_shape(q: Tensor, varlen: bool) -> tuple[int, ...]:
+    """The log-sum-exp's and D's shape: (heads, total) packed, (batch, heads, n) padded."""
+    return (q.shape[1], q.shape[0]) if varlen else tuple(q.shape[:3])
+
+
+def _table_gradient(table: Tensor | None, q: Tensor, varlen: bool) -> Tensor:
+    """float32, one row per (sequence, head, position), also where the table is broadcast; zeros, as the kernels
+    write only the columns that have a partner (near the ends of a sequence some have none). An empty tensor for
+    an absent table (an operator returns no None)."""
+    if table is None:
+        return q.new_empty(0, dtype=torch.float32)
+    shape = table.shape if varlen else (q.shape[0], *table.shape[1:])
+    return q.new_zeros(shape, dtype=torch.float32)
+
+
 class _Problem:
     """Shapes, strides and constexprs shared by the three kernels of one call."""
 
@@ -494,13 +509,13 @@ class _Problem:
                  cu_seqlens: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float, scale: float,
                  seed: int):
         self.varlen = cu_seqlens is not None
+        self.stats_shape = _stats_shape(q, self.varlen)
         if self.varlen:
             total, self.heads, self.head_dim = q.shape
             self.batch, self.seqlen = cu_seqlens.numel() - 1, max_seqlen
-            self.stats_shape, self.stats_strides = (self.heads, total), (0, total)
+            self.stats_strides = (0, total)
         else:
             self.batch, self.heads, self.seqlen, self.head_dim = q.shape
-            self.stats_shape = (self.batch, self.heads, self.seqlen)
             self.stats_strides = (self.heads * self.seqlen, self.seqlen)
         self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
         self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
@@ -529,15 +544,6 @@ class _Problem:
     def grid(self, along: str):
         return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
 
-    def table_gradient(self, table: Tensor | None, device: torch.device) -> Tensor:
-        """float32, one row per (sequence, head, position), also where the table is broadcast; zeros, as the
-        kernels write only the columns that have a partner (near the ends of a sequence some have none). An empty
-        tensor for an absent table (an operator returns no None)."""
-        if table is None:
-            return torch.empty(0, dtype=torch.float32, device=device)
-        shape = table.shape if self.varlen else (self.batch, *table.shape[1:])
-        return torch.zeros(shape, dtype=torch.float32, device=device)
-
 
 # The kernels as two operators (torch.library), so that torch.compile keeps them whole in its graphs; the seed is a
 # CPU tensor drawn in the graph, so a compiled step draws a fresh one each time instead of a constant.
@@ -560,8 +566,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_tabl
 
 @_forward.register_fake
 def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale):
-    stats = (q.shape[1], q.shape[0]) if cu_seqlens is not None else q.shape[:3]
-    return torch.empty_like(q), q.new_empty(stats, dtype=torch.float32)
+    return torch.empty_like(q), q.new_empty(_stats_shape(q, cu_seqlens is not None), dtype=torch.float32)
 
 
 @torch.library.custom_op("convattn::triton_relative_attention_backward", mutates_args=())
@@ -576,7 +581,7 @@ def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    grad_row, grad_key = (problem.table_gradient(table, q.device) for table in (row_table, key_table))
+    grad_row, grad_key = (_table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
     strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
                *problem.table_strides()]
     _launcher("query", problem.head_dim, q.dtype)(
@@ -595,13 +600,9 @@ def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 @_backward.register_fake
 def _(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip,
       dropout_p, scale):
-    def table_gradient(table):
-        if table is None:
-            return q.new_empty(0, dtype=torch.float32)
-        shape = table.shape if cu_seqlens is not None else (q.shape[0], *table.shape[1:])
-        return q.new_empty(shape, dtype=torch.float32)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table_gradient(row_table),
-            table_gradient(key_table))
+    varlen = cu_seqlens is not None
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _table_gradient(row_table, q, varlen),
+            _table_gradient(key_table, q, varlen))
 
 
 def _setup_context(ctx, inputs, output):
