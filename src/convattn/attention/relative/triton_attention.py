@@ -36,6 +36,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from convattn.attention.core import is_tracing
+
 
 def interpreting() -> bool:
     """Whether triton runs kernels on the CPU (TRITON_INTERPRET=1, read when this module is imported)."""
@@ -59,11 +61,14 @@ def band_bias(A, B, i, j, n, sa_s, sb_s, REACH: tl.constexpr, CLIP: tl.constexpr
     return bias
 
 
+LOG2E: tl.constexpr = 1.4426950408889634
+
+
 @triton.jit
 def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
-    """T[rows, COLUMN] in float32, 0 where absent."""
+    """T[rows, COLUMN] in float32 and log2 units (times log2 e), 0 where absent."""
     if HAS:
-        return tl.load(T + rows * s_s + COLUMN, mask=rows < n, other=0.0).to(tl.float32)
+        return tl.load(T + rows * s_s + COLUMN, mask=rows < n, other=0.0).to(tl.float32) * LOG2E
     return (rows * 0).to(tl.float32)
 
 
@@ -94,14 +99,14 @@ def key_valid(KEEP, j, n, HAS_KEEP: tl.constexpr):
 def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE: tl.constexpr,
                REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                PRECISION: tl.constexpr):
-    """Scores (in log2 units) of queries i (BLOCK_M,) and keys j (BLOCK_N,): MODE 0 keys left of the band,
-    1 touching it, 2 right of it."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    """Scores in log2 units (times log2 e, for exp2) of queries i (BLOCK_M,) and keys j (BLOCK_N,): MODE 0 keys
+    left of the band, 1 touching it, 2 right of it; the edges come in log2 units."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (scale * LOG2E)
     if MODE == 1:
-        s += band_bias(A, B, i[:, None], j[None, :], n, sa_s, sb_s, REACH, CLIP, HAS_ROW, HAS_KEY)
+        s += band_bias(A, B, i[:, None], j[None, :], n, sa_s, sb_s, REACH, CLIP, HAS_ROW, HAS_KEY) * LOG2E
     elif CLIP and (HAS_ROW or HAS_KEY):
         s += row_edge[:, None] + key_edge[None, :]
-    return s * 1.4426950408889634
+    return s
 
 
 @triton.jit
@@ -119,7 +124,8 @@ def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, 
         s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP,
                        HAS_ROW, HAS_KEY, PRECISION)
         # a masked score loses to every real one without the NaN of (-inf) - (-inf) on a wholly masked tile
-        s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
+        if HAS_KEEP or start + BLOCK_N > n:
+            s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -161,9 +167,9 @@ def sequence(CU, batch, seqlen, VARLEN: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
-def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqlen, rng_stride, heads, length_bucket,
+def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqlen, rng_stride, heads,
                    sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_s,
-                   sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h,
+                   sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, length_bucket,
                    REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -219,7 +225,8 @@ def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge
     """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile."""
     s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
                    HAS_KEY, PRECISION)
-    s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
+    if HAS_KEEP or key_start + j.shape[0] > n:
+        s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
     p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:
@@ -283,8 +290,8 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
 
 @triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
 def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, seed, p_drop, scale, seqlen,
-                          rng_stride, heads, length_bucket, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                          sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s,
+                          rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                          sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, length_bucket,
                           REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
                           HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr,
                           DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -378,8 +385,8 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, key_edge, Q, DO, LS
 
 @triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
 def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, seed, p_drop, scale, seqlen,
-                        rng_stride, heads, length_bucket, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                        sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s,
+                        rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                        sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s, length_bucket,
                         REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
                         HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -457,18 +464,32 @@ def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, 
 _AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
 
 
+# what the autotuner keys a tiling on, beside the length bucket
+TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT")
+
+
 @cache
 def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
-    """The jitted kernel, autotuned over _configs on a GPU (keyed by the length bucket and the constexprs)."""
+    """launch(grid, *args, length_bucket=.., **constexprs): the jitted kernel, autotuned over _configs on a GPU
+    (keyed by the length bucket and TUNING_KEY). The autotuner times the tilings at a key's first call; later
+    calls launch its pick directly, without the autotuner's per-call work on the host."""
     function = {"forward": forward_kernel, "query": query_gradient_kernel, "key": key_gradient_kernel}[kernel]
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                for m, n, w, s in _configs(kernel, head_dim, dtype)]
     if interpreting():
         config = configs[0]
         return lambda grid, *args, **kwargs: function[grid](*args, **config.all_kwargs(), **kwargs)
-    key = ["length_bucket", "REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT"]
-    tuned = _AUTOTUNERS[kernel, head_dim, dtype] = triton.autotune(configs=configs, key=key)(function)
-    return lambda grid, *args, **kwargs: tuned[grid](*args, **kwargs)
+    tuned = _AUTOTUNERS[kernel, head_dim, dtype] = triton.autotune(configs=configs,
+                                                                    key=["length_bucket", *TUNING_KEY])(function)
+    picked: dict[tuple, dict] = {}
+
+    def launch(grid, *args, length_bucket: int, **constants):
+        key = (length_bucket, *(constants[name] for name in TUNING_KEY))
+        if key in picked:
+            return function[grid](*args, length_bucket=length_bucket, **constants, **picked[key])
+        tuned[grid](*args, length_bucket=length_bucket, **constants)
+        picked[key] = tuned.best_config.all_kwargs()
+    return launch
 
 
 def autotuned_configs() -> list[str]:
@@ -530,11 +551,14 @@ class _Problem:
         return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
 
     def scalars(self) -> list:
-        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: four keys each),
-        heads and length_bucket: the next power of two of the length, which the kernels ignore and the autotuner
-        keys on (one tuning per bucket, not per length)."""
-        return [self.seed, self.dropout_p, self.scale, self.seqlen, -(-self.seqlen // 4), self.heads,
-                self.length_bucket]
+        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: four keys each) and
+        heads."""
+        return [self.seed, self.dropout_p, self.scale, self.seqlen, -(-self.seqlen // 4), self.heads]
+
+    def keywords(self) -> dict:
+        """The constexprs, and length_bucket: the next power of two of the length, which the kernels ignore and the
+        autotuner keys on (one tuning per bucket, not per length)."""
+        return dict(length_bucket=self.length_bucket, **self.constants)
 
     def table_strides(self) -> list[int]:
         keep_stride = self.keep.stride(0) if self.keep is not None else 0
@@ -545,6 +569,46 @@ class _Problem:
         return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
 
 
+def _run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
+                 keep: Tensor | None, cu_seqlens: Tensor | None, seed: int, max_seqlen: int, reach: int, clip: bool,
+                 dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+    """(out, log2-sum-exp of every query row in float32)."""
+    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale, seed)
+    out = torch.empty_like(q)
+    lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
+    _launcher("forward", problem.head_dim, q.dtype)(
+        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
+        *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+        *_strides(out, problem.varlen), *problem.table_strides(), **problem.keywords())
+    return out, lse
+
+
+def _run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                  row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None,
+                  seed: int, max_seqlen: int, reach: int, clip: bool, dropout_p: float,
+                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d row table, d key table), the tables' in float32 per (sequence, head, position)."""
+    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale, seed)
+    # the query kernel reads dO and O with q's strides
+    grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
+    delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grad_row, grad_key = (_table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
+    strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+               *problem.table_strides()]
+    _launcher("query", problem.head_dim, q.dtype)(
+        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), grad_out, out, lse, delta, grad_q,
+        grad_row if row_table is not None else q,
+        *problem.scalars(), *strides, *_strides(grad_row if row_table is not None else None, problem.varlen),
+        **problem.keywords())
+    _launcher("key", problem.head_dim, q.dtype)(
+        problem.grid("BLOCK_N"), q, k, v, *problem.operands(q), grad_out, lse, delta, grad_k, grad_v,
+        grad_key if key_table is not None else q,
+        *problem.scalars(), *strides, *_strides(grad_key if key_table is not None else None, problem.varlen),
+        **problem.keywords())
+    return grad_q, grad_k, grad_v, grad_row, grad_key
+
+
 # The kernels as two operators (torch.library), so that torch.compile keeps them whole in its graphs; the seed is a
 # CPU tensor drawn in the graph, so a compiled step draws a fresh one each time instead of a constant.
 
@@ -552,16 +616,8 @@ class _Problem:
 def _forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
              keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, max_seqlen: int, reach: int, clip: bool,
              dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
-    """(out, log2-sum-exp of every query row in float32)."""
-    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale,
-                       int(seed))
-    out = torch.empty_like(q)
-    lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-    _launcher("forward", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
-        *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-        *_strides(out, problem.varlen), *problem.table_strides(), **problem.constants)
-    return out, lse
+    return _run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, int(seed), max_seqlen, reach, clip,
+                        dropout_p, scale)
 
 
 @_forward.register_fake
@@ -574,27 +630,8 @@ def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
               key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor,
               max_seqlen: int, reach: int, clip: bool, dropout_p: float,
               scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, d row table, d key table), the tables' in float32 per (sequence, head, position)."""
-    problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale,
-                       int(seed))
-    # the query kernel reads dO and O with q's strides
-    grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
-    delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
-    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    grad_row, grad_key = (_table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
-    strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-               *problem.table_strides()]
-    _launcher("query", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), grad_out, out, lse, delta, grad_q,
-        grad_row if row_table is not None else q,
-        *problem.scalars(), *strides, *_strides(grad_row if row_table is not None else None, problem.varlen),
-        **problem.constants)
-    _launcher("key", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_N"), q, k, v, *problem.operands(q), grad_out, lse, delta, grad_k, grad_v,
-        grad_key if key_table is not None else q,
-        *problem.scalars(), *strides, *_strides(grad_key if key_table is not None else None, problem.varlen),
-        **problem.constants)
-    return grad_q, grad_k, grad_v, grad_row, grad_key
+    return _run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, int(seed), max_seqlen,
+                         reach, clip, dropout_p, scale)
 
 
 @_backward.register_fake
@@ -608,23 +645,50 @@ def _(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed,
 def _setup_context(ctx, inputs, output):
     q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed)
-    ctx.table_shapes = [None if t is None else (t.shape, t.dtype) for t in (row_table, key_table)]
+    ctx.table_shapes = _shapes(row_table, key_table)
 
 
 def _differentiate(ctx, grad_out, grad_lse):
     q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed = ctx.saved_tensors
-    grad_q, grad_k, grad_v, grad_row, grad_key = _backward(grad_out, q, k, v, out, lse, row_table, key_table, keep,
-                                                           cu_seqlens, seed, *ctx.options)
-    grad_row, grad_key = (_as_table(grad, shape) for grad, shape in zip((grad_row, grad_key), ctx.table_shapes,
-                                                                          strict=True))
-    return grad_q, grad_k, grad_v, grad_row, grad_key, None, None, None, None, None, None, None, None
+    grads = _backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, *ctx.options)
+    return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None
 
 
 _forward.register_autograd(_differentiate, setup_context=_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The operators' twin outside graphs: the same kernels behind an autograd.Function, which costs the host less
+    per call than a custom operator's dispatch and autograd wrapper (pytorch/pytorch#139500)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, row_table, key_table, keep, cu_seqlens, seed: int, *options):
+        out, lse = _run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, *options)
+        ctx.save_for_backward(q, k, v, out, lse, row_table, key_table, keep, cu_seqlens)
+        ctx.seed, ctx.options, ctx.table_shapes = seed, options, _shapes(row_table, key_table)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, row_table, key_table, keep, cu_seqlens = ctx.saved_tensors
+        grads = _run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, ctx.seed,
+                              *ctx.options)
+        return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None
+
+
+def _shapes(*tables: Tensor | None) -> list:
+    return [None if t is None else (t.shape, t.dtype) for t in tables]
+
+
+def _as_inputs(grads: tuple[Tensor, ...], table_shapes: list) -> tuple:
+    """dq, dk, dv and each table's gradient in its own shape and dtype (summed over the batch a broadcast table was
+    shared by; None for an absent table)."""
+    *grad_qkv, grad_row, grad_key = grads
+    return *grad_qkv, *(_as_table(grad, shape) for grad, shape in zip((grad_row, grad_key), table_shapes,
+                                                                        strict=True))
+
+
 def _as_table(grad: Tensor, shape_and_dtype) -> Tensor | None:
-    """A table's gradient in its own shape and dtype (summed over the batch a broadcast table was shared by)."""
     if shape_and_dtype is None:
         return None
     shape, dtype = shape_and_dtype
@@ -658,6 +722,7 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     if keep is not None:
         keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
     seed = torch.randint(0, 2**30, ()) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
-    out, _ = _forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
-                      dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)
-    return out
+    options = (max_seqlen or 0, reach, clip, dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_tracing():
+        return _forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, *options)[0]
+    return _EagerAttention.apply(q, k, v, row_table, key_table, keep, cu_seqlens, int(seed), *options)
