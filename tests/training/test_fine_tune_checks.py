@@ -228,3 +228,36 @@ def test_fewer_seeds_than_a_folder_holds_are_refused(checkpoint, tmp_path, capsy
     assert_one_line_exit_2(code, capsys.readouterr().err, command, "--seeds 1: ", "also holds finished seed(s) 1",
                            "give --seeds 2 or another --output-dir")
     assert results and {path: path.read_bytes() for path in out.glob("*_results.*")} == results
+
+
+def glue_data_with(tmp_path: Path, train_tsv: bytes) -> Path:
+    """The fixture's glue_data with SST-2's train.tsv replaced."""
+    data = Path(shutil.copytree(GLUE_DATA, tmp_path / "glue_data"))
+    (data / "SST-2" / "train.tsv").write_bytes(train_tsv)
+    return data
+
+
+BAD_GLUE_DATA = [  # (SST-2 train.tsv, the line's fragments): found before anything is written
+    (b"sentence\tlabel\ncaf\xe9 au lait\t1\n", ["train.tsv:2: not UTF-8 (byte 0xe9)", "iconv -f latin1"]),
+    (b"sentence\tlabel\nhello world\tabc\n", ["train.tsv:2: unknown sst2 label 'abc'"]),
+    (b"sentence\tlabel\nhello\tworld\t1\n", ["train.tsv:2: 3 tab-separated columns, expected 2"]),
+    (b"sentence\tlabel\n", ["train.tsv has no data rows"]),
+]
+
+
+@pytest.mark.parametrize(("train_tsv", "fragments"), BAD_GLUE_DATA)
+def test_bad_glue_files_are_refused_before_anything_is_written(checkpoint, tmp_path, capsys, train_tsv, fragments):
+    out = tmp_path / "out"
+    code = run("glue", checkpoint, out, "--data-dir", str(glue_data_with(tmp_path, train_tsv)))
+    assert_one_line_exit_2(code, capsys.readouterr().err, "glue", *fragments)
+    assert not out.exists()  # no glue_model.json, no log.txt: a later run of another model is not refused
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_a_hub_id_without_the_hub_is_one_line(tmp_path, capsys, command):
+    code = run(command, "no-such-org/no-such-model", tmp_path / "out")
+    err = capsys.readouterr().err
+    assert_one_line_exit_2(code, err, command, "no-such-org/no-such-model", "the hub does not answer",
+                           "give a local model folder")
+    assert len(err.strip().splitlines()) == 1  # no retry lines before it
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ GLUE download script) or from the HF hub (`nyu-mll/glue`). Either way a split be
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,9 +126,20 @@ def parse_task_list(spec: str) -> list[str]:
 
 def read_tsv(path: Path, fieldnames: tuple[str, ...] | None = None) -> list[dict[str, str]]:
     """Rows of a GLUE TSV file (no quoting: GLUE sentences contain bare quote characters)."""
-    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig: MRPC starts with a BOM
-        reader = csv.DictReader(f, fieldnames=fieldnames, delimiter="\t", quoting=csv.QUOTE_NONE)
-        return list(reader)
+    reader = csv.DictReader(io.StringIO(read_utf8(path), newline=""), fieldnames=fieldnames, delimiter="\t",
+                            quoting=csv.QUOTE_NONE)
+    return list(reader)
+
+
+def read_utf8(path: Path) -> str:
+    """A file's text (utf-8-sig: MRPC starts with a BOM); one line naming the file and line that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 (byte {data[err.start]:#04x}); GLUE files are UTF-8: convert it, "
+                         f"e.g. iconv -f latin1 -t utf-8 {path.name}") from None
 
 
 # the range of a regression task's scores (STS-B: similarity from 0 to 5)

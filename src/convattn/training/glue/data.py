@@ -34,22 +34,36 @@ def encode(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
     return encoded
 
 
-def load_task_data(task: GlueTask, data_dir: Path | None, tokenizer: PreTrainedTokenizerBase,
-                   settings: GlueSettings, token_types: bool) -> TaskData:
-    def prepared(split: str) -> Dataset:
-        return encode(load_split(task, split, data_dir), tokenizer, settings.max_length, token_types)
+@dataclass
+class TaskSplits:
+    """A task's splits as read (text, not yet tokenized): every file checked before anything is written."""
+    train: Dataset | None
+    dev: dict[str, Dataset]
+    test: dict[str, Dataset]
 
+
+def read_task_splits(task: GlueTask, data_dir: Path | None, settings: GlueSettings) -> TaskSplits:
+    """The splits a task uses (the training subset of --max-train-samples), each file read and checked."""
     train = None
     if task.trains:
         train = load_split(task, "train", data_dir)
         if 0 < settings.max_train_samples < len(train):
             train = train.shuffle(seed=0).select(range(settings.max_train_samples))
-        train = encode(train, tokenizer, settings.max_length, token_types)
-    dev = {split: prepared(split) for split in task.dev_columns}
-    test = {split: prepared(split) for split in task.test_files if has_split(task, split, data_dir)}
+    dev = {split: load_split(task, split, data_dir) for split in task.dev_columns}
+    test = {split: load_split(task, split, data_dir) for split in task.test_files if has_split(task, split, data_dir)}
     if data_dir is not None and len(test) < len(task.test_files):
         say("glue", f"{task.name}: no test file in {data_dir / task.folder}; no test predictions")
-    return TaskData(train, dev, test)
+    return TaskSplits(train, dev, test)
+
+
+def encode_task(splits: TaskSplits, tokenizer: PreTrainedTokenizerBase, settings: GlueSettings,
+                token_types: bool) -> TaskData:
+    def encoded(dataset: Dataset) -> Dataset:
+        return encode(dataset, tokenizer, settings.max_length, token_types)
+
+    return TaskData(train=None if splits.train is None else encoded(splits.train),
+                    dev={split: encoded(d) for split, d in splits.dev.items()},
+                    test={split: encoded(d) for split, d in splits.test.items()})
 
 
 def check_data(tasks: list[GlueTask], data_dir: Path | None) -> None:

@@ -13,7 +13,7 @@ from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
-from convattn.training.glue.data import check_data, load_task_data
+from convattn.training.glue.data import TaskSplits, check_data, encode_task, read_task_splits
 from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, mnli_model_dir, predict_ax
 from convattn.training.glue.settings import GlueSettings, load_glue_recipe, resolve_settings
@@ -78,10 +78,14 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     with run_folder_lock(output_dir):
         check_finished_runs(output_dir, settings, seeds)
         check_mnli_available(output_dir, tasks, settings, seeds)
+        pending = {name: pending_seeds(output_dir, name, seeds) for name in tasks}
+        # every file a pending task reads, read and checked before the first write
+        splits = {name: read_task_splits(get_task(name), data_dir, settings[name]) for name in tasks if pending[name]}
         identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
         log_to(output_dir)
         for name in tasks:
-            run_task(name, output_dir, data_dir, settings, seeds, model, identity, pretrained, save_models != "none")
+            run_task(name, output_dir, splits.get(name), settings, pending[name], seeds, model, identity, pretrained,
+                     save_models != "none")
         results = aggregate(output_dir)
         results["models"] = publish_models(output_dir, results, save_models)
         return results
@@ -102,17 +106,22 @@ def publish_models(output_dir: Path, results: dict, save_models: str) -> list[st
     return published
 
 
-def run_task(name: str, output_dir: Path, data_dir: Path | None, settings: dict[str, GlueSettings], seeds: int,
-             model: str, identity: str, pretrained: PretrainedModel, save_model: bool) -> None:
-    """Every unfinished seed of one task (an interrupted seed starts again), each from `model` as it was when the
-    job started (`identity`: its fingerprint) or from the same seed's MNLI model."""
+def pending_seeds(output_dir: Path, name: str, seeds: int) -> list[int]:
+    """The seeds of a task without a finished run (an interrupted one starts again)."""
+    return [s for s in range(seeds) if finished_run(seed_dir(output_dir, name, s)) is None]
+
+
+def run_task(name: str, output_dir: Path, splits: TaskSplits | None, settings: dict[str, GlueSettings],
+             pending: list[int], seeds: int, model: str, identity: str, pretrained: PretrainedModel,
+             save_model: bool) -> None:
+    """The `pending` seeds of one task, each from `model` as it was when the job started (`identity`: its
+    fingerprint) or from the same seed's MNLI model."""
     task = get_task(name)
-    pending = [s for s in range(seeds) if finished_run(seed_dir(output_dir, name, s)) is None]
     if not pending:
         say("glue", f"{name}: all {seeds} seeds already finished, skipping")
         return
     tokenizer = pretrained.tokenizer
-    data = load_task_data(task, data_dir, tokenizer, settings[name], pretrained.token_types)
+    data = encode_task(splits, tokenizer, settings[name], pretrained.token_types)
     for seed in pending:
         path = seed_dir(output_dir, name, seed)
         if path.exists():
