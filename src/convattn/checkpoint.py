@@ -211,14 +211,20 @@ def check_hub_model(model: str, flag: str, need_convattn: str | None) -> ModelFo
     from transformers import AutoConfig
 
     import convattn
+    from convattn.data.hub_access import offline_unless_reachable, stay_offline
 
     convattn.register_auto_classes()
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except (OSError, ValueError) as err:
-        message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise UsageError(f"{flag} {model}: no such folder, and no hub model of that name could be loaded "
-                         f"({message})") from None
+    with offline_unless_reachable() as online:
+        try:
+            config = AutoConfig.from_pretrained(model)
+        except (OSError, ValueError) as err:
+            message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            if not online:
+                message = "the hub does not answer (offline?) and the local cache does not hold it"
+            raise UsageError(f"{flag} {model}: no such folder, and no hub model of that name could be loaded "
+                             f"({message}); give a local model folder") from None
+    if not online:
+        stay_offline()  # the tokenizer and the weights come from the cache too, without retries
     folder = ModelFolder(model, config, local=False)
     require_convattn(folder, need_convattn)
     return folder

@@ -47,6 +47,15 @@ def offline_unless_reachable() -> Iterator[bool]:
         constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
+def stay_offline() -> None:
+    """The hub libraries work offline (cache only) for the rest of the process: after the hub did not answer, a
+    model read from the cache is read from it again without half a minute of retries per file."""
+    import datasets
+    from huggingface_hub import constants
+
+    constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+
+
 def load_hub_dataset(*args, **kwargs):
     """`datasets.load_dataset(*args, **kwargs)`, offline when the hub does not answer (see the module)."""
     import datasets
