@@ -1,0 +1,330 @@
+"""The fused relative-attention kernel's host cost per call and its tilings, on a CUDA GPU (issue 37): what a GPU
+session runs after benchmarks/gpu_session.sh when time is left, to choose triton_attention._configs from
+measurements instead of ptxas's register report.
+
+  host    the host's time to issue one call at a small shape (1 x 4 heads x 128 x 64, bfloat16), where the device
+          waits for the host: plain SDPA forward + backward, the kernel's forward + backward through its eager
+          autograd.Function and through its torch.library operators, its forward alone, one forward launch through
+          our launcher, through triton's Autotuner and straight at the jitted kernel, and a three-argument Triton
+          kernel (the floor of a launch); then cProfile's view of 200 calls (host_profile.txt)
+  tilings each kernel (forward, query gradient, key gradient) with one tiling forced at a time, at three shapes
+          (32 x 4 heads x 512, 8 x 4 x 2,048, 2 x 12 x 8,192; 64-channel heads, bfloat16) and two problems:
+          "plain" (no terms, no padding, no dropout; against SDPA's flash kernel) and "composite+key" (both tables,
+          r = 8, clip, 1/8 of one row padded, dropout 0.1; against SDPA with that mask and dropout); the query
+          kernel's tilings are timed with the key kernel at its default and the other way round (backward = both)
+
+Every tiling is compiled first by worker processes in parallel (Triton's disk cache passes them on), then timed
+one after the other: triton.testing.do_bench, the median, the L2 cache flushed between calls. Results go to --out
+as they come: tuning.json, tuning.md, host_profile.txt.
+
+    python benchmarks/triton_tuning.py --out $OUT --deadline $(( $(date +%s) + 300 ))
+    TRITON_INTERPRET=1 python benchmarks/triton_tuning.py --rehearse     # on CPU: tiny shapes, few tilings
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from convattn.attention.relative import triton_attention
+
+KERNELS = ("forward", "query", "key")
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each is today's first pick
+TILINGS = {
+    "forward": [(128, 64, 8, 3), (128, 32, 8, 2), (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3),
+                (128, 128, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2)],
+    "query": [(128, 32, 8, 2), (64, 16, 4, 2), (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 3),
+              (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 2, 3), (128, 16, 4, 3)],
+    "key": [(32, 64, 8, 2), (32, 128, 8, 2), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 64, 4, 3),
+            (32, 64, 4, 3), (16, 128, 4, 3), (64, 128, 4, 2), (16, 64, 2, 3)],
+}
+SHAPES = [(32, 4, 512), (8, 4, 2048), (2, 12, 8192)]  # (batch, heads, n)
+PROBLEMS = ("plain", "composite+key")
+HEAD_DIM, REACH, DROPOUT = 64, 8, 0.1
+
+
+def force(tilings: dict[str, tuple]) -> None:
+    """Make the kernels launch exactly these tilings (one per kernel)."""
+    defaults = {kernel: TILINGS[kernel][0] for kernel in KERNELS}
+    chosen = {**defaults, **tilings}
+    triton_attention._configs = lambda kernel, head_dim, dtype: [chosen[kernel]]
+    triton_attention._launcher.cache_clear()
+
+
+def operands(problem: str, batch: int, heads: int, n: int, device: str, dtype: torch.dtype):
+    """(q, k, v, row_table, key_table, keep, dropout_p) laid out as a layer makes them: q, k, v are views of a
+    (batch, n, heads * d) projection."""
+    generator = torch.Generator(device).manual_seed(0)
+    q, k, v = (torch.randn(batch, n, heads, HEAD_DIM, device=device, dtype=dtype, generator=generator).transpose(1, 2)
+               for _ in range(3))
+    if problem == "plain":
+        return q, k, v, None, None, None, 0.0
+    row, key = (torch.randn(batch, heads, n, 2 * REACH + 1, device=device, dtype=dtype, generator=generator)
+                for _ in range(2))
+    keep = torch.ones(batch, n, dtype=torch.uint8, device=device)
+    keep[0, n - n // 8:] = 0
+    return q, k, v, row, key, keep, DROPOUT
+
+
+def kernel_calls(problem: str, shape: tuple, device: str, dtype: torch.dtype):
+    """forward() and backward() of the kernels on one problem, straight at the runners (no autograd)."""
+    q, k, v, row, key, keep, p = operands(problem, *shape, device, dtype)
+    options = (0, REACH, True, p, HEAD_DIM**-0.5)
+    out, lse = triton_attention._run_forward(q, k, v, row, key, keep, None, 5, *options)
+    grad = torch.randn_like(out)
+
+    def forward():
+        triton_attention._run_forward(q, k, v, row, key, keep, None, 5, *options)
+
+    def backward():
+        triton_attention._run_backward(grad, q, k, v, out, lse, row, key, keep, None, 5, *options)
+    return forward, backward
+
+
+def sdpa_calls(problem: str, shape: tuple, device: str, dtype: torch.dtype):
+    q, k, v, _, _, keep, p = operands(problem, *shape, device, dtype)
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    mask = None
+    if keep is not None:
+        mask = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(keep == 0, float("-inf"))[:, None,
+                                                                                                          None, :]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+    grad = torch.randn_like(out)
+
+    def forward():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+    def both():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p).backward(grad)
+    return forward, both
+
+
+def compile_job(job: tuple) -> tuple:
+    """Run one (kernel, tiling, problem) once at a small shape, so that Triton compiles and caches it."""
+    kernel, tiling, problem, rehearse = job
+    try:
+        device, dtype = ("cpu", torch.float32) if rehearse else ("cuda", torch.bfloat16)
+        force({kernel: tuple(tiling)})
+        forward, backward = kernel_calls(problem, (1, 4 if not rehearse else 2, 64), device, dtype)
+        forward() if kernel == "forward" else backward()
+        return job, None
+    except Exception as error:  # a tiling the GPU cannot hold (shared memory) is recorded, not fatal
+        return job, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+
+
+def bench(fn, rehearse: bool) -> float:
+    """Milliseconds per call, the median."""
+    if rehearse:
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    import triton
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+class Session:
+    def __init__(self, out: Path, deadline: float, rehearse: bool):
+        self.out, self.deadline, self.rehearse = out, deadline, rehearse
+        self.results: dict = {"device": "cpu (rehearsal)" if rehearse else torch.cuda.get_device_name(),
+                              "torch": torch.__version__, "host": {}, "failed": {}, "tilings": [], "sdpa": []}
+        self.device, self.dtype = ("cpu", torch.float32) if rehearse else ("cuda", torch.bfloat16)
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def save(self) -> None:
+        (self.out / "tuning.json").write_text(json.dumps(self.results, indent=1))
+        (self.out / "tuning.md").write_text(self.report())
+
+    # host
+
+    def host_costs(self) -> None:
+        shape = (1, 4, 128) if not self.rehearse else (1, 2, 16)
+        q, k, v, *_ = operands("plain", *shape, self.device, self.dtype)
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        grad = torch.randn_like(q)
+        seed = torch.tensor(5)
+        options = (0, REACH, True, 0.0, HEAD_DIM**-0.5)
+        force({})
+        problem = triton_attention._Problem(q, None, None, None, None, 0, REACH, True, 0.0, HEAD_DIM**-0.5, 5)
+        out = torch.empty_like(q)
+        lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
+        args = [q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
+                *triton_attention._strides(q, False), *triton_attention._strides(k, False),
+                *triton_attention._strides(v, False), *triton_attention._strides(out, False), *problem.table_strides()]
+        launcher = triton_attention._launcher("forward", HEAD_DIM, q.dtype)
+        launcher(problem.grid("BLOCK_M"), *args, **problem.keywords())
+        m, n_, w, s = TILINGS["forward"][0]
+        arms = {
+            "sdpa forward + backward": lambda: F.scaled_dot_product_attention(q, k, v).backward(grad),
+            "kernel forward + backward (eager Function)":
+                lambda: triton_attention.triton_relative_attention(q, k, v, None, None, reach=REACH,
+                                                                   clip=True).backward(grad),
+            "kernel forward + backward (operators)":
+                lambda: triton_attention._forward(q, k, v, None, None, None, None, seed, *options)[0].backward(grad),
+            "kernel forward alone (runner)":
+                lambda: triton_attention._run_forward(q.detach(), k.detach(), v.detach(), None, None, None, None, 5,
+                                                      *options),
+            "one forward launch (our launcher)": lambda: launcher(problem.grid("BLOCK_M"), *args,
+                                                                  **problem.keywords()),
+        }
+        if not self.rehearse:
+            tuner = triton_attention._AUTOTUNERS["forward", HEAD_DIM, q.dtype]
+            arms["one forward launch (triton Autotuner)"] = lambda: tuner[problem.grid("BLOCK_M")](
+                *args, **problem.keywords())
+            arms["one forward launch (jitted kernel)"] = lambda: triton_attention.forward_kernel[
+                problem.grid("BLOCK_M")](*args, **problem.keywords(), BLOCK_M=m, BLOCK_N=n_, num_warps=w,
+                                         num_stages=s)
+            arms["a 3-argument triton kernel"] = trivial_launch()
+        calls = 300 if not self.rehearse else 3
+        for name, fn in arms.items():
+            for _ in range(5):
+                fn()
+            self.sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            issued = time.perf_counter()
+            self.sync()
+            done = time.perf_counter()
+            self.results["host"][name] = {"issue_us": (issued - start) / calls * 1e6,
+                                          "wall_us": (done - start) / calls * 1e6}
+            self.save()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(200 if not self.rehearse else 2):
+            arms["kernel forward + backward (eager Function)"]()
+        profiler.disable()
+        self.sync()
+        text = io.StringIO()
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(35)
+        (self.out / "host_profile.txt").write_text(text.getvalue())
+
+    def sync(self) -> None:
+        if not self.rehearse:
+            torch.cuda.synchronize()
+
+    # tilings
+
+    def precompile(self) -> None:
+        jobs = [(kernel, tiling, problem, self.rehearse) for problem in PROBLEMS for kernel in KERNELS
+                for tiling in self.tilings(kernel)]
+        workers = 2 if self.rehearse else min(14, os.cpu_count() or 1)
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            for (kernel, tiling, problem, _), error in pool.map(compile_job, jobs):
+                if error:
+                    self.results["failed"][f"{problem} {kernel} {tiling}"] = error
+        self.save()
+
+    def tilings(self, kernel: str) -> list[tuple]:
+        return TILINGS[kernel][:2] if self.rehearse else TILINGS[kernel]
+
+    def sweep(self) -> None:
+        shapes = SHAPES if not self.rehearse else [(2, 2, 40)]
+        for problem in PROBLEMS:
+            for shape in shapes:
+                sdpa_forward, sdpa_both = sdpa_calls(problem, shape, self.device, self.dtype)
+                self.results["sdpa"].append({"problem": problem, "shape": shape, "forward_ms": bench(sdpa_forward,
+                                             self.rehearse), "both_ms": bench(sdpa_both, self.rehearse)})
+                for kernel in KERNELS:
+                    for tiling in self.tilings(kernel):
+                        if self.left() < 5:
+                            self.results["unfinished"] = "the deadline came first"
+                            return self.save()
+                        if f"{problem} {kernel} {tiling}" in self.results["failed"]:
+                            continue
+                        force({kernel: tiling})
+                        forward, backward = kernel_calls(problem, shape, self.device, self.dtype)
+                        ms = bench(forward if kernel == "forward" else backward, self.rehearse)
+                        self.results["tilings"].append({"problem": problem, "shape": shape, "kernel": kernel,
+                                                        "tiling": tiling, "ms": ms})
+                self.save()
+
+    def report(self) -> str:
+        r = self.results
+        lines = [f"# The kernel's host cost and tilings: {r['device']}, torch {r['torch']}", ""]
+        if r["host"]:
+            lines += ["## Host time per call (1 x 4 heads x 128 x 64)", "", "| call | issue us | wall us |",
+                      "|---|---|---|"]
+            lines += [f"| {name} | {v['issue_us']:.1f} | {v['wall_us']:.1f} |" for name, v in r["host"].items()]
+            lines.append("")
+        for problem in PROBLEMS:
+            for sdpa in (s for s in r["sdpa"] if s["problem"] == problem):
+                shape = tuple(sdpa["shape"])
+                rows = [t for t in r["tilings"] if t["problem"] == problem and tuple(t["shape"]) == shape]
+                if not rows:
+                    continue
+                backward_sdpa = sdpa["both_ms"] - sdpa["forward_ms"]
+                lines += [f"## {problem}, batch x heads x n = {' x '.join(map(str, shape))}: SDPA forward "
+                          f"{sdpa['forward_ms']:.3f} ms, backward {backward_sdpa:.3f} ms", "",
+                          "| kernel | tiling (M, N, warps, stages) | ms | vs SDPA's forward or backward |",
+                          "|---|---|---|---|"]
+                for row in sorted(rows, key=lambda t: (KERNELS.index(t["kernel"]), t["ms"])):
+                    against = sdpa["forward_ms"] if row["kernel"] == "forward" else backward_sdpa
+                    lines.append(f"| {row['kernel']} | {tuple(row['tiling'])} | {row['ms']:.3f} | "
+                                 f"{row['ms'] / against:.2f}x |")
+                best = {kernel: min((t["ms"] for t in rows if t["kernel"] == kernel), default=float("nan"))
+                        for kernel in KERNELS}
+                lines += ["", f"Best forward {best['forward']:.3f} ms ({best['forward'] / sdpa['forward_ms']:.2f}x); "
+                          f"backward (query or key sweep, best) {min(best['query'], best['key']):.3f} ms "
+                          f"({min(best['query'], best['key']) / backward_sdpa:.2f}x).", ""]
+        if r["failed"]:
+            lines += ["## Tilings that failed to compile or run", ""]
+            lines += [f"- {name}: {error}" for name, error in r["failed"].items()]
+        if r.get("unfinished"):
+            lines += ["", f"Unfinished: {r['unfinished']}."]
+        return "\n".join(lines) + "\n"
+
+
+def trivial_launch():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(X, n, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(X + offsets, tl.load(X + offsets, mask=offsets < n) + 1, mask=offsets < n)
+
+    x = torch.zeros(64, device="cuda")
+    return lambda: add_one[(1,)](x, 64, BLOCK=64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results/triton_tuning")))
+    parser.add_argument("--deadline", type=float, default=time.time() + 300, help="epoch seconds to stop by")
+    parser.add_argument("--rehearse", action="store_true", help="CPU, tiny shapes, two tilings per kernel")
+    args = parser.parse_args()
+    if args.rehearse and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("--rehearse runs the kernels under TRITON_INTERPRET=1: set it in the environment")
+    args.out.mkdir(parents=True, exist_ok=True)
+    session = Session(args.out, args.deadline, args.rehearse)
+    for stage in (session.host_costs, session.precompile, session.sweep):
+        started = time.time()
+        try:
+            stage()
+        except Exception:
+            session.results["failed"][stage.__name__] = traceback.format_exc()[-2000:]
+        print(f"triton_tuning: {stage.__name__} took {time.time() - started:.0f} s", flush=True)
+        session.save()
+    print(session.report())
+
+
+if __name__ == "__main__":
+    main()
