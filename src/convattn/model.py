@@ -25,7 +25,8 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.generic import can_return_tuple
 
-from convattn.attention import TokenMask, build_attention
+from convattn.attention import PackedSequences, TokenMask, attention_kind, build_attention
+from convattn.attention.core import is_tracing
 from convattn.config import ConvAttnConfig
 from convattn.files import follow_umask
 from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
@@ -103,7 +104,7 @@ class ConvAttnAttention(nn.Module):
         self.self = build_attention(config, layer_idx, shared)
         self.output = ConvAttnSelfOutput(config)
 
-    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
         context, probs = self.self(hidden_states, mask, output_attentions)
         return self.output(context, hidden_states), probs
 
@@ -138,7 +139,7 @@ class ConvAttnLayer(GradientCheckpointingLayer):
         self.intermediate = ConvAttnIntermediate(config)
         self.output = ConvAttnOutput(config)
 
-    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
         attention_output, probs = self.attention(hidden_states, mask, output_attentions)
         return self.output(self.intermediate(attention_output), attention_output), probs
 
@@ -151,7 +152,8 @@ class ConvAttnEncoder(nn.Module):
         self.layer = nn.ModuleList(ConvAttnLayer(config, i, self.shared) for i in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions=False, output_hidden_states=False):
+    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions=False,
+                output_hidden_states=False):
         all_hidden = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layer:
@@ -206,8 +208,42 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
+# A padded batch whose real tokens fill less than this fraction of it runs padding-free (`unpadded`): its real
+# tokens packed into one stream, attention and convolutions per sequence. See benchmarks/padding_free.py.
+UNPAD_BELOW_REAL_FRACTION = 0.9
+
+
+def flattened_sequences(batch: int, n: int, position_ids: Tensor | None, cu_seq_lens_q: Tensor | None = None,
+                        max_length_q: int | None = None) -> PackedSequences | None:
+    """The sequences of a flattened batch as transformers lays it out (`DataCollatorWithFlattening`): one row
+    (1, total) whose position_ids restart at every sequence (a token whose position does not follow its
+    predecessor's starts a new one), or explicit `cu_seq_lens_q` offsets (flash-attn's kwargs). None for any
+    other batch."""
+    if cu_seq_lens_q is not None:
+        cu_seqlens = torch.as_tensor(cu_seq_lens_q).flatten().long()
+        if batch != 1 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != n or bool((cu_seqlens.diff() <= 0).any()):
+            raise ValueError(f"cu_seq_lens_q must rise from 0 to the flattened row's {n} tokens in a batch of one "
+                             f"row; got {cu_seqlens.tolist()} for a batch of shape ({batch}, {n})")
+        lengths = cu_seqlens.diff()
+        return PackedSequences(cu_seqlens, int(max_length_q) if max_length_q is not None else int(lengths.max()))
+    if batch != 1 or position_ids is None or n < 2:
+        return None
+    positions = position_ids.reshape(-1)
+    starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
+    if is_tracing() or int(starts.sum()) == 1:
+        return None
+    first = starts.nonzero()[:, 0]
+    return PackedSequences.from_lengths(torch.diff(first, append=first.new_tensor([n])))
+
+
 class ConvAttnModel(ConvAttnPreTrainedModel):
-    """The bare encoder: embeddings -> [Linear(E -> H) if E != H] -> L layers."""
+    """The bare encoder: embeddings -> [Linear(E -> H) if E != H] -> L layers.
+
+    Three layouts of a batch: padded (batch, n) with an attention_mask; flattened (1, total) with position_ids
+    restarting at every sequence (transformers' `DataCollatorWithFlattening`; `flattened_sequences`), each
+    sequence computed as if alone; and a padded batch with enough padding, which runs padding-free inside
+    (`unpadded`) and comes back padded. Linformer's projections need the padded length: it takes padded batches
+    only."""
 
     def __init__(self, config: ConvAttnConfig):
         super().__init__(config)
@@ -215,6 +251,8 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
         if config.embedding_size != config.hidden_size:
             self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)
         self.encoder = ConvAttnEncoder(config)
+        # whether a padded batch with enough padding runs padding-free inside (`unpadding_keeps_outputs`)
+        self.runs_padding_free = True
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -222,6 +260,40 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
+
+    @property
+    def takes_packed_sequences(self) -> bool:
+        """Whether every layer computes packed sequences one by one (all but Linformer's)."""
+        return all(attention_kind(self.config, i) != "linformer" for i in range(self.config.num_hidden_layers))
+
+    def unpadding_keeps_outputs(self, keep: Tensor) -> bool:
+        """Whether running this padded batch padding-free gives its real positions today's outputs: every row is
+        right-padded (its real tokens first, so that relative offsets, convolution neighbours and the position
+        the classification head reads stay where they were), and ConvBERT does not let pads into its convolution
+        (convbert_padding="reference"). The pad positions' outputs are zeros instead; heads that read them (the
+        span QA head's softmax runs over every position) turn `runs_padding_free` off."""
+        if not (self.runs_padding_free and self.takes_packed_sequences):
+            return False
+        if self.config.uses_convbert and self.config.convbert_padding != "masked":
+            return False
+        lengths = keep.sum(1, keepdim=True)
+        right_padded = keep == (torch.arange(keep.shape[1], device=keep.device) < lengths)
+        return bool(right_padded.all() and (lengths > 0).all())
+
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> Tensor:
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        if hasattr(self, "embeddings_project"):
+            hidden = self.embeddings_project(hidden)
+        return hidden
+
+    def check_positions(self, longest: int) -> None:
+        # only absolute position embeddings tie a model to its trained length (Linformer's E/F check their own)
+        if self.config.position_embedding_type == "absolute" and longest > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {longest} exceeds max_position_embeddings={self.config.max_position_embeddings} "
+                "of this model's absolute position embeddings; truncate the input or build the model with a larger "
+                "max_position_embeddings"
+            )
 
     @can_return_tuple
     def forward(
@@ -234,30 +306,81 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cu_seq_lens_q: Tensor | None = None,
+        cu_seq_lens_k: Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
     ) -> BaseModelOutput:
+        """cu_seq_lens_q / max_length_q (and their _k twins, which must equal them): the sequence offsets of a
+        flattened batch as `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` gives them; position_ids
+        restarting at 0 say the same."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if cu_seq_lens_k is not None and (cu_seq_lens_q is None or not torch.equal(
+                torch.as_tensor(cu_seq_lens_k).long(), torch.as_tensor(cu_seq_lens_q).long())):
+            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: an encoder's keys are its queries")
         batch, n = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
-        # only absolute position embeddings tie a model to its trained length (Linformer's E/F check their own)
-        if self.config.position_embedding_type == "absolute" and n > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {n} exceeds max_position_embeddings={self.config.max_position_embeddings} of "
-                "this model's absolute position embeddings; truncate the input or build the model with a larger "
-                "max_position_embeddings"
-            )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
-        if attention_mask is None:
-            keep = torch.ones(batch, n, dtype=torch.bool, device=device)
-        else:
-            keep = attention_mask.bool()
-        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        if hasattr(self, "embeddings_project"):
-            hidden = self.embeddings_project(hidden)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
+        packed = flattened_sequences(batch, n, position_ids, cu_seq_lens_q, max_length_q)
+        if packed is not None:
+            if not self.takes_packed_sequences:
+                raise ValueError(
+                    "Linformer layers project keys and values along a fixed sequence length and cannot take a "
+                    "flattened batch (position_ids restarting inside one row, or cu_seq_lens_q); pass a padded batch "
+                    "with an attention_mask")
+            if attention_mask is not None and not bool(attention_mask.bool().all()):
+                raise ValueError("a flattened batch has no padding: its attention_mask must be all ones or None")
+            self.check_positions(packed.max_seqlen)
+            if position_ids is None:
+                position_ids = self.positions_in_sequences(packed, n, device)
+            hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
+            return self.encoder(hidden, packed, output_attentions, output_hidden_states)
+        self.check_positions(n)
+        if attention_mask is None:
+            keep = torch.ones(batch, n, dtype=torch.bool, device=device)
+        else:
+            keep = attention_mask.bool()
+        mostly_padding = bool(keep.sum() < UNPAD_BELOW_REAL_FRACTION * keep.numel())
+        if mostly_padding and not output_attentions and not is_tracing() and self.unpadding_keeps_outputs(keep):
+            return self.unpadded(keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
+        hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         return self.encoder(hidden, TokenMask(keep), output_attentions, output_hidden_states)
+
+    @staticmethod
+    def positions_in_sequences(packed: PackedSequences, total: int, device: torch.device) -> Tensor:
+        """(1, total): 0, 1, ... within each sequence of a stream."""
+        starts = packed.starts.repeat_interleave(packed.lengths)
+        return (torch.arange(total, device=device) - starts.to(device))[None]
+
+    def unpadded(self, keep: Tensor, input_ids, token_type_ids, position_ids, inputs_embeds,
+                 output_hidden_states: bool) -> BaseModelOutput:
+        """The padded batch computed on its real tokens only, packed into one stream (1, total, H); the hidden
+        states come back padded (batch, n, H), zeros at the pad positions."""
+        batch, n = keep.shape
+        packed = PackedSequences.from_lengths(keep.sum(1))
+        token_index = keep.flatten().nonzero()[:, 0]
+
+        def real_tokens(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.expand(batch, n, *x.shape[2:]).flatten(0, 1)[token_index][None]
+
+        if position_ids is None:
+            position_ids = torch.arange(n, device=keep.device)[None]  # the positions a padded row would have
+        hidden = self.embed(real_tokens(input_ids), real_tokens(token_type_ids), real_tokens(position_ids),
+                            real_tokens(inputs_embeds))
+        encoded = self.encoder(hidden, packed, False, output_hidden_states)
+
+        def padded(stream: Tensor) -> Tensor:
+            rows = stream.new_zeros(batch * n, stream.shape[-1])
+            return rows.index_copy(0, token_index, stream[0]).view(batch, n, -1)
+
+        return BaseModelOutput(
+            last_hidden_state=padded(encoded.last_hidden_state),
+            hidden_states=tuple(padded(h) for h in encoded.hidden_states) if output_hidden_states else None,
+        )
 
 
 class MaskedLMHead(nn.Module):
@@ -276,11 +399,12 @@ class MaskedLMHead(nn.Module):
 
 
 def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_type_ids, position_ids,
-            inputs_embeds, output_attentions, output_hidden_states) -> BaseModelOutput:
+            inputs_embeds, output_attentions, output_hidden_states, sequence_offsets: dict) -> BaseModelOutput:
+    """sequence_offsets: a flattened batch's cu_seq_lens_q / max_length_q (and _k) kwargs, as the heads got them."""
     return model.convattn(
         input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
         position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-        output_hidden_states=output_hidden_states,
+        output_hidden_states=output_hidden_states, **sequence_offsets,
     )
 
 
@@ -365,11 +489,11 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, return_logits: bool = True) -> MaskedLMOutput:
+                return_dict=None, return_logits: bool = True, **sequence_offsets) -> MaskedLMOutput:
         """return_logits=False (with labels): the loss alone, the decoder run only at the labelled positions
         instead of a (tokens x vocabulary) matmul whose result a training step never uses."""
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
+                          output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
         # the HF contract by default: logits come with the loss, as BertForMaskedLM
         logits = self.mlm_head(hidden) if return_logits or labels is None else None
@@ -407,10 +531,15 @@ class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None) -> SequenceClassifierOutput:
+                return_dict=None, **sequence_offsets) -> SequenceClassifierOutput:
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
-        logits = self.classifier(encoded.last_hidden_state)
+                          output_attentions, output_hidden_states, sequence_offsets)
+        hidden = encoded.last_hidden_state
+        packed = flattened_sequences(*hidden.shape[:2], position_ids, sequence_offsets.get("cu_seq_lens_q"),
+                                     sequence_offsets.get("max_length_q"))
+        if packed is not None:
+            hidden = hidden[0, packed.starts][:, None]  # a flattened batch: each sequence's first token
+        logits = self.classifier(hidden)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
@@ -436,9 +565,9 @@ class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None) -> TokenClassifierOutput:
+                return_dict=None, **sequence_offsets) -> TokenClassifierOutput:
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
+                          output_attentions, output_hidden_states, sequence_offsets)
         logits = self.classifier(self.dropout(encoded.last_hidden_state))
         loss = None
         if labels is not None:
@@ -455,6 +584,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
     def __init__(self, config: ConvAttnConfig):
         super().__init__(config)
         self.convattn = ConvAttnModel(config)
+        self.convattn.runs_padding_free = False  # the span head's loss reads the pad positions' logits too
         if config.qa_head == "joint":
             self.qa_joint = JointSpanHead(config.hidden_size)
         else:
@@ -465,10 +595,13 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, answer_mask=None,
-                is_impossible=None) -> QuestionAnsweringModelOutput | JointQuestionAnsweringOutput:
+                is_impossible=None, **sequence_offsets) -> QuestionAnsweringModelOutput | JointQuestionAnsweringOutput:
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_attentions, output_hidden_states)
+                          output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
+        if flattened_sequences(*hidden.shape[:2], position_ids, sequence_offsets.get("cu_seq_lens_q")) is not None:
+            raise ValueError("question answering takes padded batches (its answer positions count within each "
+                             "window); a padded batch with padding runs padding-free inside anyway")
         if self.config.qa_head == "joint":
             if answer_mask is None:
                 answer_mask = default_answer_mask(attention_mask, token_type_ids, hidden.shape[:2]).to(hidden.device)

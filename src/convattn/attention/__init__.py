@@ -3,7 +3,9 @@
 Every mechanism is an `nn.Module` built from a `ConvAttnConfig` (and the layer index) whose
 `forward(hidden_states, mask, output_attentions=False)` maps (batch, n, hidden) to the
 (batch, n, hidden) context that the layer's output projection consumes, plus the attention
-probabilities when asked. `mask` is a `TokenMask`; every branch must honour it.
+probabilities when asked. `mask` is a `TokenMask`; every branch must honour it. Mechanisms that take packed
+sequences (all but Linformer) also accept a stream (1, total, hidden) with its `PackedSequences`, and compute
+each sequence as if it were alone.
 
 Which class a layer uses is read off the config (`attention_kind`) and looked up in `ATTENTION_CLASSES`,
 as transformers picks a model's attention class: one explicit table, no registration. Linformer's layers
@@ -16,7 +18,7 @@ from torch import nn
 
 from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.convbert import ConvBertMixedAttention
-from convattn.attention.core import TokenMask, attend
+from convattn.attention.core import PackedSequences, TokenMask, attend
 from convattn.attention.linformer import LinformerSelfAttention
 
 ATTENTION_CLASSES: dict[str, type[nn.Module]] = {
@@ -43,4 +45,4 @@ def build_attention(config, layer_idx: int, shared: nn.ModuleDict) -> nn.Module:
     return ATTENTION_CLASSES[kind](config)
 
 
-__all__ = ["ATTENTION_CLASSES", "TokenMask", "attend", "attention_kind", "build_attention"]
+__all__ = ["ATTENTION_CLASSES", "PackedSequences", "TokenMask", "attend", "attention_kind", "build_attention"]

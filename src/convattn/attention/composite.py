@@ -12,9 +12,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from convattn.attention.core import TokenMask, attn_implementation, merge_heads, split_heads
+from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
-from convattn.attention.relative import RelativePositionBias, relative_attention
+from convattn.attention.relative import RelativePositionBias, attention_per_sequence
 
 
 class DepthwiseConv1d(nn.Conv1d):
@@ -35,7 +35,8 @@ class DepthwiseConv1d(nn.Conv1d):
 class ConvProjection(nn.Module):
     """Depthwise-separable convolution in the first half of the output, linear in the second:
     concat(pointwise(depthwise(x)), linear(x)). The conv half comes first, so heads 0..h/2-1 are
-    the convolutional ones for Q, K and V alike. Expects pad rows of x already zeroed."""
+    the convolutional ones for Q, K and V alike. The convolution runs along each sequence of `mask`; without
+    one, x is a batch of sequences whose pad rows are already zeroed."""
 
     def __init__(self, hidden_size: int, kernel_size: int):
         super().__init__()
@@ -43,8 +44,12 @@ class ConvProjection(nn.Module):
         self.pointwise = nn.Linear(hidden_size, hidden_size // 2)
         self.linear = nn.Linear(hidden_size, hidden_size // 2)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.cat([self.pointwise(depthwise_over_tokens(self.depthwise, x)), self.linear(x)], dim=-1)
+    def forward(self, x: Tensor, mask: TokenMask | PackedSequences | None = None) -> Tensor:
+        convolved = self.convolve(x) if mask is None else mask.convolve(self.convolve, x)
+        return torch.cat([self.pointwise(convolved), self.linear(x)], dim=-1)
+
+    def convolve(self, x: Tensor) -> Tensor:
+        return depthwise_over_tokens(self.depthwise, x)
 
 
 class CompositeSelfAttention(nn.Module):
@@ -71,20 +76,18 @@ class CompositeSelfAttention(nn.Module):
         )
         self.value_conv = DepthwiseConv1d(hidden, config.relative_kernel_size) if config.value_depthwise_conv else None
 
-    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
+        """hidden_states: a padded batch (batch, n, H) with its TokenMask, or packed sequences (1, total, H)."""
         if self.conv_projection_input:
             # as the paper's code: with convolutional projections, pad rows are zeroed for all of Q, K, V
             hidden_states = mask.zero_pads(hidden_states)
-        values = self.value(hidden_states)
-        q = split_heads(self.query(hidden_states), self.num_heads)
-        k = split_heads(self.key(hidden_states), self.num_heads)
-        v = split_heads(values, self.num_heads)
+        query, key, values = (layer(hidden_states, mask) if isinstance(layer, ConvProjection) else layer(hidden_states)
+                              for layer in (self.query, self.key, self.value))
         dropout_p = self.dropout_p if self.training else 0.0
-        context, probs = relative_attention(q, k, v, self.relative, mask, dropout_p=dropout_p,
-                                            attn_implementation=attn_implementation(self.config),
-                                            need_weights=output_attentions)
-        context = merge_heads(context)
+        context, probs = attention_per_sequence(
+            query, key, values, self.num_heads, self.relative, mask, dropout_p=dropout_p,
+            attn_implementation=attn_implementation(self.config), need_weights=output_attentions)
         if self.value_conv is not None:
             # Eq. 7: a depthwise convolution of the values, added after softmax, dropout and x V
-            context = context + depthwise_over_tokens(self.value_conv, mask.zero_pads(values))
+            context = context + mask.convolve(lambda v: depthwise_over_tokens(self.value_conv, v), values)
         return context, probs

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import initialization as init
 
-from convattn.attention.core import TokenMask, attn_implementation, merge_heads, split_heads
+from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
-from convattn.attention.relative import RelativePositionBias, relative_attention
+from convattn.attention.relative import RelativePositionBias, attention_per_sequence
 
 
 def shifted_taps(x: Tensor, kernel_size: int) -> list[Tensor]:
@@ -147,13 +147,14 @@ class ConvBertMixedAttention(nn.Module):
         out = dynamic_conv(value.unflatten(-1, (self.num_heads, self.head_size)), kernel)
         return out.flatten(-2)
 
-    def forward(self, hidden_states: Tensor, mask: TokenMask, output_attentions: bool = False):
+    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
+        """hidden_states: a padded batch (batch, n, H) with its TokenMask, or packed sequences (1, total, H)."""
         query = self.query(hidden_states)
-        q = split_heads(query, self.num_heads)
-        k = split_heads(self.key(hidden_states), self.num_heads)
-        v = split_heads(self.value(hidden_states), self.num_heads)
         dropout_p = self.dropout_p if self.training else 0.0
-        context, probs = relative_attention(q, k, v, self.relative, mask, dropout_p=dropout_p,
-                                            attn_implementation=attn_implementation(self.config),
-                                            need_weights=output_attentions)
-        return torch.cat([merge_heads(context), self.conv_heads(hidden_states, query, mask)], dim=-1), probs
+        context, probs = attention_per_sequence(query, self.key(hidden_states), self.value(hidden_states),
+                                                self.num_heads, self.relative, mask, dropout_p=dropout_p,
+                                                attn_implementation=attn_implementation(self.config),
+                                                need_weights=output_attentions)
+        # the span convolution runs on one sequence per row (the blocks of packed sequences)
+        conv = self.conv_heads(mask.blocks(hidden_states), mask.blocks(query), mask.block_mask)
+        return torch.cat([context, mask.stream(conv)], dim=-1), probs

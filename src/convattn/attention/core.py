@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,82 @@ class TokenMask:
             return None
         bias = torch.zeros(self.keep.shape, dtype=dtype, device=self.keep.device)
         return bias.masked_fill(~self.keep, torch.finfo(dtype).min)[:, None, None, :]
+
+    # the same interface as PackedSequences, for mechanisms that take either: a padded batch is its own blocks
+    def blocks(self, x: Tensor) -> Tensor:
+        return x
+
+    def stream(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def block_mask(self) -> TokenMask:
+        return self
+
+    def convolve(self, conv: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """conv (along the sequence axis of a (batch, n, channels) tensor) seeing zeros at the pad rows."""
+        return conv(self.zero_pads(x))
+
+
+@dataclass
+class PackedSequences:
+    """Sequences laid end to end in one row, (1, total, ...), with no padding: the padding-free layout.
+
+    Token-wise layers (projections, feed-forward, layer norms) run on the stream as it is; what mixes positions
+    (attention, convolutions) runs on `blocks`, one sequence per row of a zero-padded (batch, longest, ...) tensor,
+    so that nothing reaches across a boundary, and `stream` puts the result back.
+    cu_seqlens: (batch + 1,) offsets of the sequences in the stream, as flash-attn's variable-length API."""
+
+    cu_seqlens: Tensor
+    max_seqlen: int
+    _block_mask: TokenMask | None = field(default=None, init=False, repr=False, compare=False)
+    _block_index: Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_lengths(cls, lengths: Tensor) -> PackedSequences:
+        cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))
+        return cls(cu_seqlens, int(lengths.max()))
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+
+    @property
+    def starts(self) -> Tensor:
+        """The stream index of each sequence's first token."""
+        return self.cu_seqlens[:-1]
+
+    @property
+    def block_mask(self) -> TokenMask:
+        """The real positions of `blocks`: (batch, longest), each sequence from position 0."""
+        if self._block_mask is None:
+            positions = torch.arange(self.max_seqlen, device=self.cu_seqlens.device)
+            self._block_mask = TokenMask(positions[None, :] < self.lengths[:, None])
+        return self._block_mask
+
+    @property
+    def block_index(self) -> Tensor:
+        """(total,): the row of the flattened (batch * longest) blocks that each stream token goes to."""
+        if self._block_index is None:
+            self._block_index = self.block_mask.keep.flatten().nonzero()[:, 0]
+        return self._block_index
+
+    def blocks(self, x: Tensor) -> Tensor:
+        """(1, total, ...) -> (batch, longest, ...), zeros after each sequence."""
+        batch = len(self.cu_seqlens) - 1
+        padded = x.new_zeros(batch * self.max_seqlen, *x.shape[2:])
+        return padded.index_copy(0, self.block_index, x[0]).unflatten(0, (batch, self.max_seqlen))
+
+    def stream(self, x: Tensor) -> Tensor:
+        """(batch, longest, ...) -> (1, total, ...): the inverse of `blocks`."""
+        return x.flatten(0, 1).index_select(0, self.block_index)[None]
+
+    def zero_pads(self, x: Tensor) -> Tensor:
+        return x  # a stream has no pads
+
+    def convolve(self, conv: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """conv along each sequence of the stream x, seeing zeros beyond the sequence's ends."""
+        return self.stream(conv(self.blocks(x)))
 
 
 def attn_implementation(config) -> str:

@@ -5,6 +5,6 @@ attention with them; kernels.py has the fused kernels decomposition.py calls per
 """
 
 from convattn.attention.relative.bias import RelativePositionBias, relative_columns
-from convattn.attention.relative.dispatch import relative_attention, relative_path
+from convattn.attention.relative.dispatch import attention_per_sequence, relative_attention, relative_path
 
-__all__ = ["RelativePositionBias", "relative_attention", "relative_columns", "relative_path"]
+__all__ = ["RelativePositionBias", "attention_per_sequence", "relative_attention", "relative_columns", "relative_path"]

@@ -11,7 +11,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from convattn.attention.core import TokenMask, attend
+from convattn.attention.core import PackedSequences, TokenMask, attend, merge_heads, split_heads
 from convattn.attention.relative.bias import RelativePositionBias
 from convattn.attention.relative.blockwise import blockwise_relative_attention
 from convattn.attention.relative.decomposition import decomposed_relative_attention
@@ -111,6 +111,50 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
         return flex_relative_attention(q, k, v, relative, keep), None
     return attend(q, k, v, bias=relative(q, k), mask=mask, dropout_p=dropout_p,
                   attn_implementation=attn_implementation, need_weights=need_weights)
+
+
+def attention_per_sequence(query: Tensor, key: Tensor, value: Tensor, num_heads: int,
+                           relative: RelativePositionBias | None, mask: TokenMask | PackedSequences, *,
+                           dropout_p: float, attn_implementation: str,
+                           need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """`relative_attention` of the projections (batch, n, heads * d) -> context (batch, n, heads * d), each sequence
+    attending within itself: a padded batch as it is, a packed stream (1, total, heads * d) through the fused
+    kernel's variable-length interface where it serves, otherwise on its zero-padded blocks. The probabilities,
+    when asked, are those of the blocks (batch, heads, longest, longest)."""
+    if isinstance(mask, PackedSequences) and not need_weights and _packed_kernel_serves(query, relative,
+                                                                                         attn_implementation):
+        return _triton_packed(query, key, value, num_heads, relative, mask, dropout_p), None
+    q, k, v = (split_heads(mask.blocks(x), num_heads) for x in (query, key, value))
+    context, probs = relative_attention(q, k, v, relative, mask.block_mask, dropout_p=dropout_p,
+                                        attn_implementation=attn_implementation, need_weights=need_weights)
+    return mask.stream(merge_heads(context)), probs
+
+
+def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, attn_implementation: str) -> bool:
+    """Whether the padded batch would take the fused kernel (`relative_path`'s rule): then packed sequences do too."""
+    if attn_implementation == TRITON_IMPLEMENTATION:
+        return True
+    return (relative is not None and _forced_path is None and attn_implementation not in ("eager", "flex_attention")
+            and query.device.type == "cuda" and query.dtype in TRITON_DTYPES and triton_installed()
+            and not torch.compiler.is_exporting())
+
+
+def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, relative: RelativePositionBias | None,
+                   mask: PackedSequences, dropout_p: float) -> Tensor:
+    from convattn.attention.relative.triton_attention import triton_relative_attention
+
+    total = query.shape[1]
+    q, k, v = (x[0].unflatten(-1, (num_heads, -1)) for x in (query, key, value))  # (total, heads, d)
+    row_table = key_table = None
+    if relative is not None:
+        # the tables are per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
+        row_table, key_table = relative.tables(q.transpose(0, 1)[None], k.transpose(0, 1)[None])
+        row_table, key_table = (None if t is None else t[0].expand(num_heads, total, -1).transpose(0, 1).contiguous()
+                                for t in (row_table, key_table))
+    out = triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach if relative else 0,
+                                    clip=relative.clip if relative else True, dropout_p=dropout_p,
+                                    cu_seqlens=mask.cu_seqlens.to(torch.int32), max_seqlen=mask.max_seqlen)
+    return out.flatten(-2)[None]
 
 
 def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask | None,
