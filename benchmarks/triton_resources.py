@@ -1,7 +1,8 @@
 """What the fused relative-attention kernels cost a Hopper multiprocessor, read without a GPU: each kernel of
 attention/relative/triton_attention.py compiled for sm_90 by Triton's own ptxas, for each tiling the autotuner
 may try, with the registers per thread and the bytes spilled to the stack (local memory) that cuobjdump reports.
-Spills are what to avoid: the configs in triton_attention._configs were picked from this table.
+Spills are what to avoid: triton_attention._configs took its float32 and wide-head tilings from this table (the
+half-precision ones from GPU timings, benchmarks/triton_tuning.py).
 
     python benchmarks/triton_resources.py                       # every tiling below, 64-channel bf16 heads
     python benchmarks/triton_resources.py --tilings 128x64x8x3 --output /tmp/r.md

@@ -61,7 +61,7 @@ def band_bias(A, B, i, j, n, sa_s, sb_s, REACH: tl.constexpr, CLIP: tl.constexpr
     return bias
 
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -448,16 +448,17 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
 
 def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the autotuner to try per kernel ("forward", "query", "key");
-    the first alone when interpreting. Chosen without a GPU from ptxas's report for sm_90 (benchmarks/
-    triton_resources.py): 64-channel bf16 heads, all terms and dropout, these spill 0-24 bytes per thread where
-    4-warp 128 x 64 tiles spill 1-3 KB."""
+    the first alone when interpreting. Half precision with heads of up to 64 channels: the fastest three of ten
+    tilings per kernel, timed on an H200 (benchmarks/triton_tuning.py; results/gpu_session/session2/tuning.md) at
+    n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. float32 and wider heads: from
+    ptxas's register report for sm_90 (benchmarks/triton_resources.py), untimed."""
     if interpreting():
         return [(16, 16, 1, 1)]
     if dtype == torch.float32 or head_dim > 64:
         return [(64, 32, 4, 2), (32, 64, 4, 2)]
-    return {"forward": [(128, 64, 8, 3), (128, 32, 8, 2)],
-            "query": [(128, 32, 8, 2), (64, 16, 4, 2)],
-            "key": [(32, 64, 8, 2), (32, 128, 8, 2)]}[kernel]
+    return {"forward": [(128, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3)],
+            "query": [(64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
+            "key": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3)]}[kernel]
 
 
 # the autotuners made so far, by (kernel, head size, dtype): what they chose is in their caches
