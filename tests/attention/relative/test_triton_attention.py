@@ -200,6 +200,23 @@ def test_dropout_is_replayed_in_backward():
         assert (relative_error(grad_v.double(), expected_grads[2]) < 1e-4) == matches
 
 
+def test_dropout_draws_an_independent_number_per_key():
+    """Eight keys share a Philox call (a 16-bit number each): any two of them, and a key and its neighbour eight
+    keys on (the next call), are dropped together at the rate p^2 of independent draws, not p as a number read
+    twice would give."""
+    batch, heads, n, head_dim, dropout_p = 1, 2, 64, 64, 0.5
+    q, k, _ = operands(batch, heads, n, head_dim)
+    keep = torch.ones(batch, n, dtype=torch.bool, device=DEVICE)
+    dropped = dropped_probabilities(q, k, None, keep, dropout_p, seed=3).double()
+    assert abs(dropped.mean() - dropout_p) < 0.03
+    groups = dropped.reshape(-1, n // 8, 8).flatten(0, 1)  # (rows x calls, the eight keys of one call)
+    together = groups.mT @ groups / groups.shape[0]
+    off_diagonal = together[~torch.eye(8, dtype=torch.bool, device=together.device)]
+    assert (off_diagonal - dropout_p**2).abs().max() < 0.08
+    next_call = (dropped[..., :-8] * dropped[..., 8:]).mean()
+    assert abs(next_call - dropout_p**2) < 0.03
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="half precision runs compiled on a GPU only")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_against_float32(dtype):

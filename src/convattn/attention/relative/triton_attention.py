@@ -12,13 +12,13 @@ adds only A[i, 0] + B[j, 2r], one wholly right (j > i + r) only A[i, 2r] + B[j, 
 the band gathers its columns. The loops over key tiles run in those three ranges, so the gather is paid on
 about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
 
-Dropout draws its mask from Philox (`tl.randint4x`: four numbers a call, one per key) keyed by (seed + batch *
-heads + head, a counter of (i, j // 4)); the backward draws the same numbers. Backward has no atomics
-(FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's gradient over the query
-blocks, another per query block sums dQ and the row table's gradient over the key blocks, with dS_ij = P_ij (dP_ij
-- D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2). A table's gradient at [i, t] is the sum of dS_ij over
-the keys j whose pair falls in column t: one partner inside the band (stored), every one beyond it in the edge
-columns (summed in registers), each entry written once.
+Dropout draws its mask from Philox (`tl.randint4x`: four 32-bit words a call, a 16-bit number per key, eight keys
+a call) keyed by (seed + batch * heads + head, a counter of (i, j // 8)); the backward draws the same numbers.
+Backward has no atomics (FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's
+gradient over the query blocks, another per query block sums dQ and the row table's gradient over the key blocks,
+with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2). A table's gradient at [i, t]
+is the sum of dS_ij over the keys j whose pair falls in column t: one partner inside the band (stored), every one
+beyond it in the edge columns (summed in registers), each entry written once.
 
 Operands are either padded, (batch, heads, n, d) with an optional key mask `keep` (batch, n), or packed
 variable-length sequences, (total, heads, d) with `cu_seqlens` (batch + 1,) as in flash-attn's varlen API.
@@ -75,16 +75,20 @@ def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
 @triton.jit
 def dropout_keep(seed, i, key_start, counters_per_row, p_drop, BLOCK_N: tl.constexpr):
     """Which probabilities of queries i (a column) and keys key_start .. key_start + BLOCK_N - 1 dropout keeps.
-    One Philox call (Salmon et al. 2011) gives four numbers: key j of query i reads number j % 4 of counter
-    i * counters_per_row + j // 4, the same however the kernels tile (key_start is a multiple of 4)."""
-    counter = i * counters_per_row + key_start // 4 + tl.arange(0, BLOCK_N // 4)[None, :]
+    One Philox call (Salmon et al. 2011) gives four 32-bit words, eight 16-bit numbers: key j of query i reads
+    number j % 8 of counter i * counters_per_row + j // 8 (numbers 0-3 the words' low halves, 4-7 their high
+    halves), the same however the kernels tile (key_start is a multiple of 8), and is kept where that number is at
+    least p_drop * 2^16 (p_drop rounded down to a multiple of 2^-16)."""
+    counter = i * counters_per_row + key_start // 8 + tl.arange(0, BLOCK_N // 8)[None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, counter)
-    k0 = tl.random.uint_to_uniform_float(r0) >= p_drop
-    k1 = tl.random.uint_to_uniform_float(r1) >= p_drop
-    k2 = tl.random.uint_to_uniform_float(r2) >= p_drop
-    k3 = tl.random.uint_to_uniform_float(r3) >= p_drop
-    # join(join(k0, k2), join(k1, k3))[.., c, a, b] is number 2a + b of counter c: key 4c + 2a + b
-    return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), (i.shape[0], BLOCK_N))
+    limit = tl.cast(p_drop * 65536.0, tl.uint32)
+    # join appends a last axis of 2: the outermost join picks bit 0 of the number, the innermost (low or high half)
+    # bit 2, so that the (.., c, bit 2, bit 1, bit 0) result reshapes to key 8c + number
+    even = tl.join(tl.join((r0 & 0xFFFF) >= limit, (r0 >> 16) >= limit),
+                   tl.join((r2 & 0xFFFF) >= limit, (r2 >> 16) >= limit))
+    odd = tl.join(tl.join((r1 & 0xFFFF) >= limit, (r1 >> 16) >= limit),
+                  tl.join((r3 & 0xFFFF) >= limit, (r3 >> 16) >= limit))
+    return tl.reshape(tl.join(even, odd), (i.shape[0], BLOCK_N))
 
 
 @triton.jit
@@ -552,9 +556,9 @@ class _Problem:
         return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
 
     def scalars(self) -> list:
-        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: four keys each) and
+        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: eight keys each) and
         heads."""
-        return [self.seed, self.dropout_p, self.scale, self.seqlen, -(-self.seqlen // 4), self.heads]
+        return [self.seed, self.dropout_p, self.scale, self.seqlen, -(-self.seqlen // 8), self.heads]
 
     def keywords(self) -> dict:
         """The constexprs, and length_bucket: the next power of two of the length, which the kernels ignore and the
