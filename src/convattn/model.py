@@ -172,6 +172,9 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flex_attn = True  # relative terms as a FlexAttention score_mod
+    # the heads' **sequence_offsets are a flattened batch's offsets, not loss kwargs: the Trainer must not pass
+    # num_items_in_batch (it would read any ** in forward as accepting them)
+    accepts_loss_kwargs = False
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:

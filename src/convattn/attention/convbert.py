@@ -156,5 +156,5 @@ class ConvBertMixedAttention(nn.Module):
                                                 attn_implementation=attn_implementation(self.config),
                                                 need_weights=output_attentions)
         # the span convolution runs on one sequence per row (the blocks of packed sequences)
-        conv = self.conv_heads(mask.blocks(hidden_states), mask.blocks(query), mask.block_mask)
-        return torch.cat([context, mask.stream(conv)], dim=-1), probs
+        conv = mask.per_block(self.conv_heads, hidden_states, query)
+        return torch.cat([context, conv], dim=-1), probs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,20 +47,52 @@ class TokenMask:
         bias = torch.zeros(self.keep.shape, dtype=dtype, device=self.keep.device)
         return bias.masked_fill(~self.keep, torch.finfo(dtype).min)[:, None, None, :]
 
-    # the same interface as PackedSequences, for mechanisms that take either: a padded batch is its own blocks
-    def blocks(self, x: Tensor) -> Tensor:
-        return x
-
-    def stream(self, x: Tensor) -> Tensor:
-        return x
-
-    @property
-    def block_mask(self) -> TokenMask:
-        return self
+    # the interface of PackedSequences, for mechanisms that take either: a padded batch is its own one block
+    def per_block(self, compute: Callable[..., Tensor], *tensors: Tensor, grouped: bool = True) -> Tensor:
+        return compute(*tensors, self)
 
     def convolve(self, conv: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         """conv (along the sequence axis of a (batch, n, channels) tensor) seeing zeros at the pad rows."""
         return conv(self.zero_pads(x))
+
+
+# Sequences are grouped by length for the blocks: a new group starts where a sequence is shorter than this
+# fraction of its group's longest, up to MAX_LENGTH_GROUPS groups (each costs a few more operator calls).
+GROUP_LENGTH_RATIO = 0.7
+MAX_LENGTH_GROUPS = 4
+
+
+@dataclass
+class SequenceBlocks:
+    """Some sequences of a stream laid out one per row of a zero-padded (count, longest) block."""
+
+    tokens: Tensor | None  # (tokens,) stream positions of their tokens, row by row; None: the whole stream in order
+    slots: Tensor  # (tokens,) the row-major positions of those tokens in the block
+    mask: TokenMask  # (count, longest)
+
+    def gather(self, stream: Tensor) -> Tensor:
+        """(total, ...) stream -> (count, longest, ...) block, zeros after each sequence."""
+        rows = stream if self.tokens is None else stream.index_select(0, self.tokens)
+        count, longest = self.mask.keep.shape
+        block = stream.new_zeros(count * longest, *stream.shape[1:])
+        return block.index_copy_(0, self.slots, rows).unflatten(0, (count, longest))
+
+    def scatter(self, block: Tensor) -> Tensor:
+        """(count, longest, ...) -> (tokens, ...): the real rows, in the order of `tokens`."""
+        return block.flatten(0, 1).index_select(0, self.slots)
+
+
+def sequence_blocks(lengths: Tensor, sequences: Tensor | None, cu_seqlens: Tensor) -> SequenceBlocks:
+    """The blocks of `sequences` (indices into lengths, longest first; None: all, in order)."""
+    chosen = lengths if sequences is None else lengths[sequences]
+    positions = torch.arange(int(chosen.max()), device=lengths.device)
+    keep = positions[None, :] < chosen[:, None]
+    slots = keep.flatten().nonzero()[:, 0]
+    tokens = None
+    if sequences is not None:
+        starts = cu_seqlens[:-1][sequences]
+        tokens = (starts[:, None] + positions[None, :]).flatten()[slots]
+    return SequenceBlocks(tokens, slots, TokenMask(keep))
 
 
 @dataclass
@@ -67,19 +100,18 @@ class PackedSequences:
     """Sequences laid end to end in one row, (1, total, ...), with no padding: the padding-free layout.
 
     Token-wise layers (projections, feed-forward, layer norms) run on the stream as it is; what mixes positions
-    (attention, convolutions) runs on `blocks`, one sequence per row of a zero-padded (batch, longest, ...) tensor,
-    so that nothing reaches across a boundary, and `stream` puts the result back.
-    cu_seqlens: (batch + 1,) offsets of the sequences in the stream, as flash-attn's variable-length API."""
+    (attention, convolutions) runs on blocks of zero-padded rows, one sequence per row (`per_block`), so that
+    nothing reaches across a boundary. Sequences of similar lengths share a block, so that short ones do not pad
+    to the longest. cu_seqlens: (batch + 1,) offsets of the sequences, as flash-attn's variable-length API."""
 
     cu_seqlens: Tensor
     max_seqlen: int
-    _block_mask: TokenMask | None = field(default=None, init=False, repr=False, compare=False)
-    _block_index: Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _groups: list[SequenceBlocks] | None = field(default=None, init=False, repr=False, compare=False)
+    _one_block: SequenceBlocks | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_lengths(cls, lengths: Tensor) -> PackedSequences:
-        cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))
-        return cls(cu_seqlens, int(lengths.max()))
+        return cls(F.pad(lengths.cumsum(0), (1, 0)), int(lengths.max()))
 
     @property
     def lengths(self) -> Tensor:
@@ -91,36 +123,52 @@ class PackedSequences:
         return self.cu_seqlens[:-1]
 
     @property
-    def block_mask(self) -> TokenMask:
-        """The real positions of `blocks`: (batch, longest), each sequence from position 0."""
-        if self._block_mask is None:
-            positions = torch.arange(self.max_seqlen, device=self.cu_seqlens.device)
-            self._block_mask = TokenMask(positions[None, :] < self.lengths[:, None])
-        return self._block_mask
+    def one_block(self) -> SequenceBlocks:
+        """Every sequence in one (batch, longest) block, in order."""
+        if self._one_block is None:
+            self._one_block = sequence_blocks(self.lengths, None, self.cu_seqlens)
+        return self._one_block
 
     @property
-    def block_index(self) -> Tensor:
-        """(total,): the row of the flattened (batch * longest) blocks that each stream token goes to."""
-        if self._block_index is None:
-            self._block_index = self.block_mask.keep.flatten().nonzero()[:, 0]
-        return self._block_index
+    def groups(self) -> list[SequenceBlocks]:
+        """The blocks of sequences of similar length (GROUP_LENGTH_RATIO)."""
+        if self._groups is None:
+            lengths = self.lengths
+            order = torch.argsort(lengths, descending=True, stable=True)
+            ordered = lengths[order].tolist()
+            bounds, longest = [0], ordered[0]
+            for i, length in enumerate(ordered):
+                if length < GROUP_LENGTH_RATIO * longest and len(bounds) < MAX_LENGTH_GROUPS:
+                    bounds.append(i)
+                    longest = length
+            bounds.append(len(ordered))
+            if len(bounds) == 2:
+                self._groups = [self.one_block]
+            else:
+                self._groups = [sequence_blocks(lengths, order[first:end], self.cu_seqlens)
+                                for first, end in itertools.pairwise(bounds)]
+        return self._groups
 
-    def blocks(self, x: Tensor) -> Tensor:
-        """(1, total, ...) -> (batch, longest, ...), zeros after each sequence."""
-        batch = len(self.cu_seqlens) - 1
-        padded = x.new_zeros(batch * self.max_seqlen, *x.shape[2:])
-        return padded.index_copy(0, self.block_index, x[0]).unflatten(0, (batch, self.max_seqlen))
-
-    def stream(self, x: Tensor) -> Tensor:
-        """(batch, longest, ...) -> (1, total, ...): the inverse of `blocks`."""
-        return x.flatten(0, 1).index_select(0, self.block_index)[None]
+    def per_block(self, compute: Callable[..., Tensor], *tensors: Tensor, grouped: bool = True) -> Tensor:
+        """compute(*blocks, block_mask) on the (count, longest, ...) blocks of the streams `tensors` (1, total, ...),
+        its (count, longest, ...) result put back into a stream (1, total, ...). grouped=False: one block of all the
+        sequences in order (for attention maps of the whole batch)."""
+        groups = self.groups if grouped else [self.one_block]
+        pieces = [(group, group.scatter(compute(*(group.gather(x[0]) for x in tensors), group.mask)))
+                  for group in groups]
+        if len(pieces) == 1 and pieces[0][0].tokens is None:
+            return pieces[0][1][None]
+        out = pieces[0][1].new_empty(self.cu_seqlens[-1], *pieces[0][1].shape[1:])
+        for group, rows in pieces:
+            out.index_copy_(0, group.tokens, rows)
+        return out[None]
 
     def zero_pads(self, x: Tensor) -> Tensor:
         return x  # a stream has no pads
 
     def convolve(self, conv: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         """conv along each sequence of the stream x, seeing zeros beyond the sequence's ends."""
-        return self.stream(conv(self.blocks(x)))
+        return self.per_block(lambda block, mask: conv(block), x)
 
 
 def attn_implementation(config) -> str:

@@ -119,15 +119,22 @@ def attention_per_sequence(query: Tensor, key: Tensor, value: Tensor, num_heads:
                            need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
     """`relative_attention` of the projections (batch, n, heads * d) -> context (batch, n, heads * d), each sequence
     attending within itself: a padded batch as it is, a packed stream (1, total, heads * d) through the fused
-    kernel's variable-length interface where it serves, otherwise on its zero-padded blocks. The probabilities,
-    when asked, are those of the blocks (batch, heads, longest, longest)."""
+    kernel's variable-length interface where it serves, otherwise on zero-padded blocks of sequences of similar
+    lengths. The probabilities, when asked, are those of one block of all sequences (batch, heads, longest,
+    longest)."""
     if isinstance(mask, PackedSequences) and not need_weights and _packed_kernel_serves(query, relative,
                                                                                          attn_implementation):
         return _triton_packed(query, key, value, num_heads, relative, mask, dropout_p), None
-    q, k, v = (split_heads(mask.blocks(x), num_heads) for x in (query, key, value))
-    context, probs = relative_attention(q, k, v, relative, mask.block_mask, dropout_p=dropout_p,
-                                        attn_implementation=attn_implementation, need_weights=need_weights)
-    return mask.stream(merge_heads(context)), probs
+    probs = []
+
+    def attend_block(query: Tensor, key: Tensor, value: Tensor, block_mask: TokenMask) -> Tensor:
+        q, k, v = (split_heads(x, num_heads) for x in (query, key, value))
+        context, block_probs = relative_attention(q, k, v, relative, block_mask, dropout_p=dropout_p,
+                                                  attn_implementation=attn_implementation, need_weights=need_weights)
+        probs.append(block_probs)
+        return merge_heads(context)
+
+    return mask.per_block(attend_block, query, key, value, grouped=not need_weights), probs[0]
 
 
 def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, attn_implementation: str) -> bool:
