@@ -142,7 +142,7 @@ def route(monkeypatch):
     """route("padded") / route("padding-free"): which way the next padded batches go."""
 
     def choose(name: str) -> None:
-        monkeypatch.setattr(modeling, "UNPAD_BELOW_REAL_FRACTION", {"padded": 0.0, "padding-free": 1.0}[name])
+        monkeypatch.setattr(modeling, "UNPAD_BELOW_REAL_FRACTION", {"cpu": {"padded": 0.0, "padding-free": 1.0}[name]})
 
     return choose
 

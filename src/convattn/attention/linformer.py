@@ -14,6 +14,11 @@ K and V) are zeroed before the projection, so outputs at real positions do not d
 input of n < n_max tokens behaves exactly as if zero-padded to n_max: the linear projection uses the
 first n columns of E, the convolution treats the missing windows as zeros. The k projected keys are not
 token positions, so no key mask applies.
+
+Padding-free batches: E / F and the strided convolution project a sequence of a fixed length, so a model with
+Linformer layers takes padded batches only; a flattened batch (transformers' `DataCollatorWithFlattening`:
+one row, position_ids restarting per sequence) is refused with an error, and padded batches are computed as
+they are, pad rows included (`ConvAttnModel.takes_packed_sequences`).
 """
 
 from __future__ import annotations
