@@ -10,8 +10,9 @@
 #   bash benchmarks/gpu.sh python3 benchmarks/real_scale.py unpack && bash benchmarks/gpu.sh python3 \
 #       benchmarks/train_throughput.py --device cuda --compile --train-file .gpu-work/corpus/enwiki-2015-sample \
 #       --tokenizer .gpu-kit/tokenizer --output $OUT/train_throughput_cuda.md
-#   bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT   # again until it says "finished"
-# (the real-scale run is to become one call of its own once gpu_session.sh's stages are measured; issue 37).
+#   bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT
+# the real-scale run (issue 37): both models pretrained and brought back in one call, then
+# `python benchmarks/real_scale.py glue --models <the call's files>` here on the CPU.
 # Copy what comes back into benchmarks/results/ and commit it in the same session.
 set -euo pipefail
 cd "$(dirname "$0")/.."

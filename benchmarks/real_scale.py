@@ -1,29 +1,37 @@
-"""The first real-scale run: chang2021-small/composite against chang2021-small/absolute at the papers' width and
-depth (L 12, H 256, 4 heads, n 128, batch 128, the chang2021-small recipe), the same wall-clock training budget
-each on one GPU, then GLUE dev (CoLA, SST-2, MRPC, 3 seeds) of both: one `convattn compare`.
+"""The first real-scale run (issue 37): chang2021-small/composite against chang2021-small/absolute at the papers'
+width and depth (L 12, H 256, 4 heads, n 128, batch 128, the chang2021-small recipe), the same wall-clock training
+budget each on one GPU in ONE device call, the two pretrained models brought back, then GLUE dev (CoLA, SST-2,
+MRPC, 3 seeds) of both on the CPU here.
 
-Two stages, because the GPU machine has no network and no ../shared:
+Three stages, because the GPU machine has no network and no ../shared, and a device call returns at most 8 files
+of at most 16 MiB each (64 MiB in all):
 
   pack  here, beside ../shared/data: writes the kit, .gpu-kit/ (about 40 MB, carried to the GPU machine): the
         training text (62 MB of Wikipedia and 50 MB of books, xz-compressed), WikiText-103 valid for evaluation,
         the GLUE tasks, a 30,004-piece unigram tokenizer trained here on the training text (the recipe's size),
         and the wheels of the Python packages the GPU machine lacks (benchmarks/gpu.sh installs them there).
-  run   on the GPU machine, through benchmarks/gpu.sh: unpacks the kit into .gpu-work/, runs the comparison
-        until --stop-after seconds have passed, then interrupts it the way Ctrl-C does (the next `run`
-        continues it, the training clock included: a row resumes from its last checkpoint with the time it
-        had spent), and copies the report to --out. Its last line says "finished" or "run again".
+  run   on the GPU machine, through benchmarks/gpu.sh: unpacks the kit into .gpu-work/, pretrains both models with
+        one `convattn compare` (no GLUE) until --stop-after seconds have passed (then interrupts it as Ctrl-C
+        does; the same command continues it, the training clock included), and writes to --out the report, a
+        status, the log and each finished model as <row>.tar.xz.partNN (the run folder without checkpoints, its
+        weights in bfloat16, in parts of at most 15 MiB): 7 files. Its last line says "finished" or "run again".
+  glue  here: joins the parts from --models (the device call's files), unpacks each model into .gpu-work/models/
+        with its weights back in float32, and runs `convattn glue` on both (resumable: run it again after a
+        kill), then writes glue.md, the two models' dev scores side by side.
 
     python benchmarks/real_scale.py pack                                     # here (a few minutes)
-    bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT   # there, again until "finished"
+    bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT   # there: one call, carry [".gpu-kit"]
+    python benchmarks/real_scale.py glue --models /work/.device/N --out benchmarks/results/real_scale
 
 STS-B and RTE, which the issue names too, are not in ../shared/data, and the GPU machine cannot reach the hub.
-SST-2 fine-tunes on a fixed random 20,000 of its 67,349 examples by default (--glue-max-train-samples), so that
-both models' GLUE fits in about one device call; CoLA and MRPC are whole.
+SST-2 fine-tunes on a fixed random 20,000 of its 67,349 examples by default (--max-train-samples); CoLA and MRPC
+are whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -36,6 +44,7 @@ import time
 from pathlib import Path
 
 from convattn.files import atomic_path, write_json_atomic
+from convattn.runs.finetune import GLUE_RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -50,8 +59,10 @@ VOCAB_SIZE = 30004  # the chang2021-small recipe's
 # without 0.23.2's bug (truncation with overflowing tokens drops windows, huggingface/tokenizers#2091).
 # Checked in a Python 3.12 environment with the image's versions.
 WHEELS = ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "tokenizers==0.23.3")
-# Files of the comparison's report brought back (the device tool returns at most 8 files from $OUT).
-REPORT_FILES = ("report.md", "summary.csv", "metrics.csv", "perplexity.png")
+# What `run` brings back beside the models (the device tool returns at most 8 files from $OUT, 16 MiB each)
+REPORT_FILES = ("report.md",)
+PART_BYTES = 15 * 2**20
+LEFT_BEHIND = {"checkpoints", "tensorboard", "training_args.bin"}  # of a run folder: not needed to fine-tune
 KIT_MARKER = ".real_scale-kit"  # in a kit folder this script made, which pack may then rewrite
 
 
@@ -59,9 +70,9 @@ def say(message: str) -> None:
     print(f"real_scale: {message}", flush=True)
 
 
-def write_tar(target: Path, members: dict[str, Path]) -> None:
+def write_tar(target: Path, members: dict[str, Path], preset: int = 6) -> None:
     """An xz-compressed tar of `members` (name in the archive -> file), written whole or not at all."""
-    with atomic_path(target) as tmp, tarfile.open(tmp, "w:xz", preset=6) as tar:
+    with atomic_path(target) as tmp, tarfile.open(tmp, "w:xz", preset=preset) as tar:
         for name, path in members.items():
             tar.add(path, arcname=name)
 
@@ -149,14 +160,12 @@ def unpack(kit: Path, work: Path) -> None:
 
 def compare_command(args, work: Path) -> list[str]:
     smoke = ["--layers", "1", "--hidden", "64", "--heads", "2", "--intermediate", "128", "--batch-size", "8",
-             "--eval-samples", "32", "--glue-max-steps", "3"] if args.smoke else []
+             "--eval-samples", "32"] if args.smoke else []
     return [
         sys.executable, "-m", "convattn", "compare", "--presets", PRESETS, "--recipe", "chang2021-small",
         "--time-budget", args.budget, "--warmup", "0.08", "--seeds", "1",
         "--train-file", str(work / "corpus"), "--eval-file", str(work / EVAL_FILE),
         "--tokenizer", str(args.kit / "tokenizer"), "--eval-samples", str(args.eval_samples),
-        "--glue", args.glue, "--glue-data-dir", str(work / "glue_data"), "--glue-seeds", str(args.glue_seeds),
-        "--glue-max-train-samples", str(args.glue_max_train_samples),
         "--output-dir", str(work / "compare"), "--cache-dir", str(work / "cache"),
         *(["--compile"] if args.compile else []), *smoke,
     ]
@@ -209,16 +218,123 @@ def run(args) -> int:
         if (report / name).is_file():
             shutil.copy(report / name, out / name)
     shutil.copy(work / "compare.log", out / "compare.log")
+    brought = bring_back(report, out)
     finished = code == 0
     status = {"finished": finished, "exit_code": code, "seconds": round(time.monotonic() - start, 1),
-              "command": command[1:], "machine": machine()}
+              "models": brought, "command": command[1:], "machine": machine()}
     write_json_atomic(out / "real_scale.json", status)
-    say(f"exit code {code} after {status['seconds']:.0f} s; report in {out}")
+    say(f"exit code {code} after {status['seconds']:.0f} s; report and {len(brought)} models in {out}")
     if finished:
         say("finished")
         return 0
     say("not finished: run the same command again to continue")
     return 3
+
+
+def bring_back(compare_dir: Path, out: Path) -> list[str]:
+    """Each finished row's run folder without its checkpoints, weights in bfloat16, as out/<row>.tar.xz.partNN."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    rows = []
+    for run in sorted((compare_dir / "runs").glob("*/seed0")):
+        if not (run / "model.safetensors").is_file():
+            continue
+        row = run.parent.name
+        with tempfile.TemporaryDirectory() as scratch:
+            weights = Path(scratch) / "model.safetensors"
+            tensors = load_file(run / "model.safetensors")
+            save_file({name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()},
+                      weights, metadata={"format": "pt"})
+            members = {f"{row}/{item.name}": item for item in sorted(run.iterdir())
+                       if item.is_file() and item.name not in LEFT_BEHIND and item.name != "model.safetensors"}
+            members[f"{row}/model.safetensors"] = weights
+            archive = Path(scratch) / f"{row}.tar.xz"
+            write_tar(archive, members, preset=3)
+            split(archive, out)
+        rows.append(row)
+    return rows
+
+
+def split(archive: Path, out: Path) -> None:
+    """archive as out/<name>.part00, .part01, ... of at most PART_BYTES each (older parts of it removed)."""
+    for stale in out.glob(f"{archive.name}.part*"):
+        stale.unlink()
+    with open(archive, "rb") as source:
+        for index, chunk in enumerate(iter(lambda: source.read(PART_BYTES), b"")):
+            with atomic_path(out / f"{archive.name}.part{index:02d}") as tmp:
+                tmp.write_bytes(chunk)
+
+
+def join_models(parts: Path, models: Path) -> list[Path]:
+    """The models of the parts in `parts`, unpacked under `models` (once), their weights back in float32."""
+    from safetensors.torch import load_file, save_file
+
+    archives = sorted({part.name.rsplit(".part", 1)[0] for part in parts.glob("*.tar.xz.part*")})
+    if not archives:
+        sys.exit(f"real_scale glue: no <row>.tar.xz.partNN files in {parts}: give the `run` call's files")
+    models.mkdir(parents=True, exist_ok=True)
+    unpacked = []
+    for name in archives:
+        model = models / name.removesuffix(".tar.xz")
+        if not (model / "model.safetensors").is_file():
+            staged = Path(tempfile.mkdtemp(dir=models, prefix=".unpack-"))
+            joined = staged / name
+            with open(joined, "wb") as target:
+                for part in sorted(parts.glob(f"{name}.part*")):
+                    target.write(part.read_bytes())
+            with tarfile.open(joined) as tar:
+                tar.extractall(staged, filter="data")
+            folder = staged / model.name
+            tensors = load_file(folder / "model.safetensors")
+            save_file({key: t.float() if t.is_floating_point() else t for key, t in tensors.items()},
+                      folder / "model.safetensors", metadata={"format": "pt"})
+            shutil.rmtree(model, ignore_errors=True)
+            folder.replace(model)
+            shutil.rmtree(staged)
+        unpacked.append(model)
+    return unpacked
+
+
+def glue(args) -> int:
+    models = join_models(args.models, args.work / "models")
+    data = args.data_dir or (SHARED / "glue_data")
+    if not data.is_dir():
+        sys.exit(f"real_scale glue: no GLUE data at {data}: give --data-dir")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for model in models:
+        command = [sys.executable, "-m", "convattn", "glue", "--model", str(model), "--task", args.tasks,
+                   "--data-dir", str(data), "--seeds", str(args.seeds), "--output-dir",
+                   str(args.work / "glue" / model.name), "--max-train-samples", str(args.max_train_samples),
+                   *(["--max-steps", str(args.max_steps)] if args.max_steps else [])]
+        say("$ " + " ".join(command))
+        subprocess.run(command, cwd=ROOT, check=True)
+        results[model.name] = json.loads((args.work / "glue" / model.name / GLUE_RESULTS).read_text())
+    write_json_atomic(args.out / "glue.json", results)
+    with atomic_path(args.out / "glue.md") as tmp:
+        tmp.write_text(glue_table(results))
+    say(f"GLUE of {len(models)} models in {args.out / 'glue.md'}")
+    return 0
+
+
+def glue_table(results: dict) -> str:
+    """The models' dev scores side by side: mean +- std over the seeds, x 100."""
+    columns = list(dict.fromkeys(column for result in results.values() for column in result["columns"]))
+    lines = ["# GLUE dev of the real-scale models", "", "`python benchmarks/real_scale.py glue` (mean +- std over "
+             "the fine-tuning seeds, x 100)", "", "| model | " + " | ".join(columns) + " | mean |",
+             "|---|" + "---:|" * (len(columns) + 1)]
+    for row, result in results.items():
+        cells = [score(result["columns"].get(column)) for column in columns]
+        lines.append(f"| {row} | {' | '.join(cells)} | {score(result['glue'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def score(stat: dict | None) -> str:
+    if not stat:
+        return "-"
+    spread = f" +- {100 * stat['std']:.1f}" if stat.get("std") is not None else ""
+    return f"{100 * stat['mean']:.1f}{spread} (n {stat['n']})"
 
 
 def main() -> int:
@@ -232,16 +348,23 @@ def main() -> int:
     running = stages.add_parser("run", help="on the GPU machine: run or continue the comparison")
     running.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", WORK / "out")),
                          help="where the report goes (default: $OUT)")
-    running.add_argument("--budget", default="4m", help="training time of each model (default: 4m)")
-    running.add_argument("--stop-after", type=float, default=540,
-                         help="interrupt after this many seconds (default: 540, inside a 10-minute device call)")
-    running.add_argument("--glue", default=",".join(GLUE_TASKS))
-    running.add_argument("--glue-seeds", type=int, default=3)
-    running.add_argument("--glue-max-train-samples", type=int, default=20000)
+    running.add_argument("--budget", default="3.5m", help="training time of each model (default: 3.5m)")
+    running.add_argument("--stop-after", type=float, default=480,
+                         help="interrupt after this many seconds (default: 480, so that bringing the models back "
+                              "fits a 9-minute device call)")
     running.add_argument("--eval-samples", type=int, default=2048)
     running.add_argument("--compile", action="store_true", help="torch.compile the models")
     running.add_argument("--smoke", action="store_true", help="a tiny model that runs on CPU (tests)")
-    for stage in (unpacking, running):
+    finetuning = stages.add_parser("glue", help="here: GLUE dev of the models a `run` call brought back")
+    finetuning.add_argument("--models", type=Path, required=True, help="the folder holding the run call's files")
+    finetuning.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "real_scale",
+                            help="where glue.md and glue.json go")
+    finetuning.add_argument("--tasks", default=",".join(GLUE_TASKS))
+    finetuning.add_argument("--seeds", type=int, default=3)
+    finetuning.add_argument("--max-train-samples", type=int, default=20000)
+    finetuning.add_argument("--max-steps", type=int, help="fine-tuning steps per run (tests)")
+    finetuning.add_argument("--data-dir", type=Path, help="GLUE TSVs (default: ../shared/data/glue_data)")
+    for stage in (unpacking, running, finetuning):
         stage.add_argument("--work", type=Path, default=WORK)
     for stage in (packing, unpacking, running):
         stage.add_argument("--kit", type=Path, default=KIT)
@@ -249,7 +372,7 @@ def main() -> int:
     if args.stage == "unpack":
         unpack(args.kit, args.work)
         return 0
-    return pack(args) if args.stage == "pack" else run(args)
+    return {"pack": pack, "run": run, "glue": glue}[args.stage](args)
 
 
 if __name__ == "__main__":

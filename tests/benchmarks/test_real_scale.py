@@ -3,12 +3,15 @@ packed from the shared data, unpacked, and the comparison runs (and continues wh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "real_scale.py"
@@ -18,18 +21,24 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data not found at {SHARED}")]
 
 
+def load_script():
+    spec = importlib.util.spec_from_file_location("real_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
 
 
-def test_the_kit_packs_and_the_comparison_runs_to_the_end(tmp_path):
-    kit, work, out = tmp_path / "kit", tmp_path / "work", tmp_path / "out"
+def test_the_kit_packs_the_models_come_back_and_glue_runs_on_them(tmp_path):
+    kit, work, out, results = tmp_path / "kit", tmp_path / "work", tmp_path / "out", tmp_path / "results"
     packed = script("pack", "--kit", str(kit), "--text-mb", "1", "--vocab-size", "1000", "--no-wheels")
     assert packed.returncode == 0, packed.stderr
     assert {p.name for p in kit.iterdir()} == {".real_scale-kit", "corpus.tar.xz", "eval.tar.xz", "tokenizer"}
 
-    run = ["run", "--kit", str(kit), "--work", str(work), "--out", str(out), "--smoke", "--budget", "4s",
-           "--glue", "cola", "--glue-seeds", "1", "--glue-max-train-samples", "64"]
+    run = ["run", "--kit", str(kit), "--work", str(work), "--out", str(out), "--smoke", "--budget", "4s"]
     # a first call stopped early says so and leaves a status; the same command continues it
     first = script(*run, "--stop-after", "10")
     status = json.loads((out / "real_scale.json").read_text())
@@ -44,14 +53,42 @@ def test_the_kit_packs_and_the_comparison_runs_to_the_end(tmp_path):
     assert status["finished"], again.stdout + again.stderr
     assert sorted((work / "corpus").iterdir())  # unpacked once, reused by every call
 
+    rows = ["chang2021-small--absolute", "chang2021-small--composite"]
+    assert status["models"] == rows
+    brought = sorted(p.name for p in out.iterdir())
+    assert brought == sorted(["compare.log", "real_scale.json", "report.md", *(f"{row}.tar.xz.part00" for row in rows)])
+    assert len(brought) <= 8 and all((out / name).stat().st_size <= 16 * 2**20 for name in brought)
     report = (out / "report.md").read_text()
     for preset in ("chang2021-small/absolute", "chang2021-small/composite"):
         assert preset in report
-    assert "CoLA" in report
-    summary = (out / "summary.csv").read_text().splitlines()
-    assert len(summary) == 3  # a header and the two rows
     assert status["command"][2:4] == ["compare", "--presets"]
-    assert "--time-budget" in status["command"]
+    assert "--time-budget" in status["command"] and "--glue" not in status["command"]
+
+    glue = ["glue", "--models", str(out), "--work", str(work), "--out", str(results), "--tasks", "cola", "--seeds",
+            "1", "--max-steps", "2"]
+    finetuned = script(*glue)
+    assert finetuned.returncode == 0, finetuned.stdout + finetuned.stderr
+    table = (results / "glue.md").read_text()
+    assert all(f"| {row} | " in table for row in rows) and "CoLA" in table
+    # the weights came back in bfloat16 and go to fine-tuning in float32, each unpacked once
+    weights = load_file(work / "models" / rows[1] / "model.safetensors")
+    assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
+    again = script(*glue)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_model_comes_back_in_parts_that_join_to_the_same_bytes(tmp_path, monkeypatch):
+    real_scale = load_script()
+    monkeypatch.setattr(real_scale, "PART_BYTES", 1000)
+    archive = tmp_path / "row.tar.xz"
+    archive.write_bytes(bytes(range(256)) * 10)  # 2,560 bytes: three parts
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "row.tar.xz.part07").write_text("stale")
+    real_scale.split(archive, out)
+    parts = sorted(p.name for p in out.iterdir())
+    assert parts == ["row.tar.xz.part00", "row.tar.xz.part01", "row.tar.xz.part02"]
+    assert b"".join((out / name).read_bytes() for name in parts) == archive.read_bytes()
 
 
 def test_pack_leaves_a_folder_it_did_not_make_alone(tmp_path):
