@@ -6,6 +6,7 @@ import argparse
 import errno
 import importlib
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -26,8 +27,35 @@ COMMAND_MODULES = (
 )
 
 
+# argparse's words for a value its type rejected, and what the value must be instead
+TYPE_WORDS = {"int": "a whole number, e.g. 8000", "float": "a number, e.g. 3e-4"}
+INVALID_VALUE = re.compile(r"argument (?P<flag>[^:]+): invalid (?P<type>\w+) value: (?P<value>.*)")
+# a negative number, also in scientific notation (argparse alone takes `--lr -1e-3` for a flag named -1e-3)
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (no usage dump), naming the flag and what it takes; subcommands'
+    parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line_error(message)} (see {self.prog} --help)\n")
+
+
+def one_line_error(message: str) -> str:
+    """argparse's error message, a rejected value said as what the flag takes."""
+    rejected = INVALID_VALUE.fullmatch(message)
+    if rejected and rejected["type"] in TYPE_WORDS:
+        return f"{rejected['flag']} {rejected['value']} is not {TYPE_WORDS[rejected['type']]}"
+    return message.removeprefix("argument ")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="convattn",
         description="Pretrain, fine-tune, compare and analyse BERT-style encoders with convolution-augmented "
                     "attention (composite attention, ConvBERT, Linformer / Conv-Linformer).",
@@ -40,9 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
         command = subparsers.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
                                         epilog=getattr(module, "EXAMPLES", None), formatter_class=HelpFormatter)
         module.add_arguments(command)
-        # argparse lists a parser's actions only in `_actions`: dest -> flag, for naming options in errors
-        command.set_defaults(option_flags={a.dest: a.option_strings[-1] for a in command._actions if a.option_strings})
+        set_option_flags(command)
     return parser
+
+
+def set_option_flags(parser: argparse.ArgumentParser) -> None:
+    """dest -> flag of `parser` and of its own subcommands (`plot kernel-size`), for naming options in errors
+    (argparse lists a parser's actions only in `_actions`)."""
+    parser.set_defaults(option_flags={a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                set_option_flags(child)
 
 
 def flag_namer(args: argparse.Namespace):
@@ -51,6 +88,7 @@ def flag_namer(args: argparse.Namespace):
 
     flags = args.option_flags
     by_field = {field: flags[dest] for dest, field in ARCHITECTURE_FLAGS.items() if dest in flags}
+    by_field |= getattr(args, "field_flags", {})  # a command's own flag for a field (plot kernel-size: the sizes)
     return lambda field: flags.get(field) or by_field.get(field) or field
 
 

@@ -32,8 +32,18 @@ def config_overrides(args: argparse.Namespace) -> dict:
             close = difflib.get_close_matches(name, known, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "run `convattn presets` to see config fields"
             raise UsageError(f"--set {name}: not a config field; {hint}")
-        overrides[name] = checked_value(name, yaml.safe_load(value), getattr(ConvAttnConfig, name, None))
+        overrides[name] = checked_value(name, yaml_value(item, value), getattr(ConvAttnConfig, name, None))
     return overrides
+
+
+def yaml_value(item: str, value: str):
+    """The value of --set FIELD=VALUE, read as YAML."""
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise UsageError(f"--set {item!r}: the value is not valid YAML ({problem}); e.g. --set "
+                         "relative_terms=[fixed,dynamic_query] or --set hidden_dropout_prob=0.1") from None
 
 
 def checked_value(name: str, value, default):
