@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,11 @@ IMPOSSIBLE_VALUES = [
     (["--vocab-size", "1000000000"], "--vocab-size 1,000,000,000 is above 1,000,000"),
     (["--dataset-config", "x"], "--dataset-config x needs --dataset"),
     (["--precision", "fp16"], "--precision fp16 needs a GPU here"),
+    (["--set", "relative_terms=[fixed"], "--set 'relative_terms=[fixed': the value is not valid YAML"),
+    (["--hidden", "4000000"], "--layers 2, --hidden 4000000, --intermediate 64): training needs at least"),
+    (["--preset", "chang2021-small/convbert", "--set", "conv_kernel_size=100001"],
+     "conv_kernel_size 100001 is wider than the 63 taps that reach every token of a 32-token sequence"),
+    (["--lr", "-1e-3"], "--lr -0.001 must be a finite number"),  # a negative value, not a missing one
 ]
 
 
@@ -386,6 +392,9 @@ def truncate(file: Path) -> None:
     (lambda c: (c / "model.safetensors").unlink(), "model.safetensors is missing"),
     (lambda c: truncate(c / "model.safetensors"), "model.safetensors is truncated or corrupt"),
     (lambda c: (c / "trainer_state.json").write_text("{}"), "trainer_state.json is not a trainer state"),
+    (lambda c: (c / "trainer_state.json").write_text("[]"), "trainer_state.json is not a trainer state"),
+    (lambda c: (c / "trainer_state.json").write_text('{"global_step": 3}'),
+     "its trainer_state.json is at step 3, not 4: a copied or renamed folder"),
 ])
 def test_resume_refuses_a_damaged_checkpoint_and_offers_the_one_before(stopped_run, tmp_path, capsys, damage, said):
     import shutil
@@ -416,3 +425,55 @@ def test_a_finished_runs_damaged_final_model_is_named_and_saved_again(finished_r
     assert "already finished" not in printed.out
     check_weight_file(run / "model.safetensors")
     assert (run / "model.safetensors").read_bytes() == (finished_run / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(("damage", "said"), [
+    (lambda run: (run / "pretrain_options.json").write_text("[]"),
+     "pretrain_options.json is damaged or not written by convattn (a JSON list, not the run's options)"),
+    (lambda run: (run / "pretrain_options.json").unlink(),
+     "has checkpoints but no pretrain_options.json (the options it was started with)"),
+    (lambda run: (run / "metrics.jsonl").write_text('{"step": 2}\n{oops\n'),
+     "metrics.jsonl:2: not a metrics row (a JSON object per line)"),
+    (lambda run: shutil.copytree(run / "checkpoints" / "checkpoint-4", run / "checkpoints" / "checkpoint-99"),
+     "checkpoint-99 is damaged (its trainer_state.json is at step 4, not 99: a copied or renamed folder); delete that "
+     "folder to resume from checkpoint-4"),
+])
+def test_resume_of_a_damaged_run_names_the_file_and_changes_nothing(stopped_run, corpus, tmp_path, capsys, damage,
+                                                                    said):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    damage(run)
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--resume")) == 2
+    one_error_line(capsys, said)
+    assert snapshot(run) == before
+
+
+def test_corpus_inputs_that_are_not_text_are_named(corpus, tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "utf16.txt").write_text("hello world\n" * 50, encoding="utf-16")
+    cases = [
+        (["--eval-file", str(fifo)], "not a regular file (a FIFO, socket or device)"),
+        (["--train-file", str(tmp_path / "utf16.txt")], "UTF-16 text, not UTF-8; convert it, e.g. iconv -f UTF-16"),
+    ]
+    for extra, needle in cases:
+        out = tmp_path / "out"
+        assert main(tiny_args(corpus, out, *extra)) == 2
+        one_error_line(capsys, needle)
+        assert not out.exists()
+
+
+def test_a_run_folder_and_a_corpus_folder_stay_apart(corpus, finished_run, tmp_path, capsys):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    shutil.copy(corpus / "train.txt", texts)
+    args = [a for a in tiny_args(corpus, tmp_path / "out") if a not in ("--train-file", str(corpus / "train.txt"))]
+    out = texts / "run"
+    assert main([*args[:-1], str(out), "--train-file", str(texts)]) == 2
+    one_error_line(capsys, f"--output-dir {out} is inside --train-file {texts}", "outside the corpus folder")
+    assert not out.exists()
+    shutil.copytree(finished_run, texts / "old-run")  # a run someone left in the corpus folder
+    assert main([*args, "--train-file", str(texts)]) == 2
+    one_error_line(capsys, f"{texts / 'old-run'} is a convattn run or model folder (it holds pretrain_options.json)")
+    assert not (tmp_path / "out").exists()

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from convattn.console import LOG_FILE
+from convattn.errors import UsageError, option
 from convattn.runs.folder import LOCK_FILE, holds_only_lock
 
 OPTIONS_FILE = "pretrain_options.json"
@@ -95,7 +96,22 @@ def checkpoint_step(checkpoint: Path) -> int:
 def read_metrics(out: Path) -> list[dict]:
     """The rows of the run's METRICS_FILE (one per evaluation); [] before the first."""
     file = Path(out) / METRICS_FILE
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
+    if not file.is_file():
+        return []
+    return [_metrics_row(line, f"{file}:{number}")
+            for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1) if line.strip()]
+
+
+def _metrics_row(line: str, where: str) -> dict:
+    """One row of a metrics file; one line naming the file and line that is not a JSON object."""
+    try:
+        row = json.loads(line)
+    except ValueError as err:
+        row = err
+    if not isinstance(row, dict):
+        raise UsageError(f"{where}: not a metrics row (a JSON object per line); the file is damaged: delete that "
+                         f"line, or start a new run in another {option('output_dir')}")
+    return row
 
 
 def is_code_or_temp(name: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from convattn.checkpoint import check_weight_file
 from convattn.config import ConvAttnConfig
+from convattn.console import world_size
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError, option
@@ -29,6 +30,7 @@ from convattn.runs.pretrain import (
     checkpoints_dir,
     complete_checkpoints,
     foreign_files,
+    read_metrics,
     run_state,
 )
 from convattn.training.pretrain.budget import check_budget, time_spent
@@ -47,8 +49,16 @@ LEGACY_NO_STEP_LIMIT = 10**9
 
 
 def recorded_options(file: Path) -> dict | None:
-    """The options a run recorded in `file` (None: no such file), as this version writes them."""
-    saved = read_json(file)
+    """The options a run recorded in `file` (None: no such file), as this version writes them; one line naming the
+    file when it is not the JSON object convattn writes."""
+    try:
+        saved = read_json(file)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UsageError(f"{file} is damaged or not written by convattn (not JSON: {str(err)[:80]}); restore it, "
+                         f"or start a new run in another {option('output_dir')}") from None
+    if saved is not None and not isinstance(saved, dict):
+        raise UsageError(f"{file} is damaged or not written by convattn (a JSON {type(saved).__name__}, not the "
+                         f"run's options); restore it, or start a new run in another {option('output_dir')}")
     if saved is not None and saved.get("time_budget") is not None and saved.get("max_steps") == LEGACY_NO_STEP_LIMIT:
         return {**saved, "max_steps": None}
     return saved
@@ -124,7 +134,64 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
         )
     if seq_len < 8:
         raise UsageError(f"{option('seq_len')} {seq_len} is too short; use at least 8 tokens (the papers use 128)")
+    check_kernels_fit(config, seq_len)
+    check_fits_memory(config)
+    check_output_outside_corpus(options)
     return config
+
+
+def check_kernels_fit(config: ConvAttnConfig, seq_len: int) -> None:
+    """A convolution centred on a token reaches every other token of a sequence with 2 * seq_len - 1 taps; a wider
+    kernel only adds padding, and its memory grows with the width (100,001 taps: hundreds of GB)."""
+    widest = 2 * seq_len - 1
+    kernels = {"conv_kernel_size": config.conv_kernel_size if config.head_ratio > 1 else 0,
+               "conv_projection_kernel": config.conv_projection_kernel if config.conv_projections else 0}
+    for name, width in kernels.items():
+        if width > widest:
+            raise UsageError(f"{option(name)} {width} is wider than the {widest} taps that reach every token of "
+                             f"a {seq_len}-token sequence ({option('seq_len')}); give at most {widest}")
+
+
+# bytes a trained parameter takes at least: float32 weight, gradient and AdamW's two moments
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def parameters_at_least(config: ConvAttnConfig) -> int:
+    """A lower bound on the model's parameters: its layers' projections and feed-forward, and the token embeddings
+    (what every mechanism has; convolutions and heads come on top)."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    per_layer = 4 * hidden * hidden + 2 * hidden * config.intermediate_size
+    return layers * per_layer + config.vocab_size * config.embedding_size
+
+
+def machine_memory() -> int:
+    """The machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits_memory(config: ConvAttnConfig) -> None:
+    """Refuse, before anything is built, a model whose training cannot fit the machine's memory (building it would
+    take minutes before failing)."""
+    parameters = parameters_at_least(config)
+    needed, available = parameters * TRAINING_BYTES_PER_PARAMETER, machine_memory()
+    if needed > available:
+        raise UsageError(
+            f"the model has at least {parameters:,} parameters ({option('num_hidden_layers')} "
+            f"{config.num_hidden_layers}, {option('hidden_size')} {config.hidden_size}, "
+            f"{option('intermediate_size')} {config.intermediate_size}): training needs at least "
+            f"{needed / 2**30:,.1f} GiB ({TRAINING_BYTES_PER_PARAMETER} bytes a parameter: weights, gradients, AdamW's "
+            f"moments), this machine has {available / 2**30:,.1f} GiB; make the model smaller")
+
+
+def check_output_outside_corpus(options: PretrainOptions) -> None:
+    """A run folder inside a corpus folder would be read as text: its next run, or its --resume, reads models."""
+    out = Path(options.output_dir).resolve()
+    for flag, paths in ((option("train_file"), options.train_files), (option("eval_file"), options.eval_files)):
+        for path in map(Path, paths):
+            if path.is_dir() and out.is_relative_to(path.resolve()):
+                raise UsageError(f"{option('output_dir')} {options.output_dir} is inside {flag} {path}: the run's "
+                                 "models and checkpoints would be read as text; choose an output folder outside the "
+                                 "corpus folder")
 
 
 # recipe field -> (lowest, highest, lowest allowed itself, highest allowed itself); every value must be finite
@@ -172,10 +239,6 @@ def model_config(recipe: Recipe) -> ConvAttnConfig:
 def sequence_length(recipe: Recipe, config: ConvAttnConfig) -> int:
     """Tokens per example: the recipe's, else the model's maximum."""
     return config.max_position_embeddings if recipe.seq_len is None else recipe.seq_len
-
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def per_device_batch(recipe: Recipe) -> int:
@@ -229,15 +292,21 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
             raise UsageError(f"{resume}: the run in {out} stopped before its first checkpoint, so there is nothing to "
                              f"continue; run the same command without {resume} to start it again")
         raise UsageError(f"{resume}: {out} holds no run to continue; drop {resume} to start one")
+    saved = recorded_options(out / OPTIONS_FILE)
+    if saved is None:
+        raise UsageError(f"{resume}: {out} has checkpoints but no {OPTIONS_FILE} (the options it was started with), "
+                         "so what it continues cannot be checked; restore that file, or start a new run in another "
+                         f"{option('output_dir')}")
+    read_metrics(out)  # a damaged metrics file is named now, not once the run is under way
     allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
-    check_same_options(recorded_options(out / OPTIONS_FILE), options.to_json(), allowed,
+    check_same_options(saved, options.to_json(), allowed,
                        f"{resume}: options differ from the run in {out} ({{details}}); drop those flags (the run's "
                        f"own options are read from it), or add {option('allow_schedule_change')} to change {max_steps}")
+    check_checkpoint(checkpoints)
     reached = checkpoint_step(checkpoints[-1])
     if recipe.max_steps is not None and reached > recipe.max_steps:
         raise UsageError(f"{max_steps} {recipe.max_steps} is below step {reached}, which the run in {out} has already "
                          f"reached; give {max_steps} {reached} or more")
-    check_checkpoint(checkpoints)
     spent = time_spent(checkpoints[-1])
     budget_spent = recipe.time_budget is not None and spent >= recipe.time_budget
     return OutputPlan(resume_from=checkpoints[-1], schedule_ended=reached == recipe.max_steps or budget_spent)
@@ -272,6 +341,9 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
     state = read_json_or_none(checkpoint / TRAINER_STATE)
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{TRAINER_STATE} is not a trainer state"
+    if state["global_step"] != checkpoint_step(checkpoint):
+        return (f"its {TRAINER_STATE} is at step {state['global_step']}, not {checkpoint_step(checkpoint)}: a copied "
+                "or renamed folder")
     for file in (checkpoint / FINAL_MODEL, checkpoint / "optimizer.pt", checkpoint / "scheduler.pt",
                  *rng_states):
         if not is_whole(file):
