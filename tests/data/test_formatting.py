@@ -94,3 +94,13 @@ def test_formatting_leaves_no_copy_in_the_datasets_cache(tokenizer, tmp_path):
     texts = datasets.load_from_disk(str(source))
     cached_format(texts, tokenizer, "pairs", 16, tmp_path / "key")
     assert sorted(p.name for p in source.iterdir() if p.name.startswith("cache-")) == []
+
+
+def test_a_pair_of_huge_lines_is_formatted_in_bounded_memory(tokenizer):
+    """The fast tokenizer truncates a pair by keeping every combination of the texts' overflowing pieces (two
+    100,000-token lines took 23 GB): each text is cut before, and the example is the one a short text gives."""
+    huge = " ".join(WORDS[i % len(WORDS)] for i in range(100_000))
+    out = format_dataset(lines(huge, huge), tokenizer, "pairs", 32)
+    head = " ".join(WORDS[i % len(WORDS)] for i in range(100))
+    expected = tokenizer(head, head, truncation="longest_first", max_length=32)["input_ids"]
+    assert out[0]["input_ids"] == expected

@@ -32,6 +32,8 @@ import datasets
 from convattn.data.cache import cache_entry, check_cache_dir
 from convattn.data.hub_access import load_hub_dataset
 from convattn.errors import UsageError, option
+from convattn.runs.folder import LOCK_FILE
+from convattn.runs.pretrain import FINAL_MODEL, OPTIONS_FILE
 
 EMBEDDED_VERSION = 1
 # packages whose docstrings join the standard library's in the embedded corpus (all dependencies)
@@ -39,6 +41,8 @@ EMBEDDED_PACKAGES = ("numpy", "sklearn")
 EMBEDDED_EVAL_EVERY = 20  # about 1 source file in 20 is held out for evaluation
 HOLDOUT_FRACTION = 0.01  # of a local or hub corpus without its own eval split
 HOLDOUT_MAX_ROWS = 5000
+# what marks a folder inside a corpus directory as a run's or a model's, not text
+RUN_RECORDS = (OPTIONS_FILE, LOCK_FILE, FINAL_MODEL)
 MAX_ROW_CHARS = 100_000  # longer lines are split at whitespace into pieces of at most this many characters
 
 
@@ -68,6 +72,9 @@ def resolve_text_files(patterns: list[str], flag: str = "--train-file") -> list[
             if not found:
                 raise UsageError(f"{flag} {pattern}: the pattern matches no files")
             files.extend(found)
+        elif path.exists():
+            raise UsageError(f"{flag} {pattern}: not a regular file (a FIFO, socket or device); give text files or a "
+                             "directory of them")
         else:
             raise UsageError(f"{flag} {pattern}: no such file or directory")
     for file in files:
@@ -86,6 +93,10 @@ def _files_under(directory: Path, flag: str) -> list[Path]:
         unreadable(PermissionError(13, os.strerror(13), str(directory)))
     found = []
     for root, subdirectories, names in os.walk(directory, onerror=unreadable):
+        if record := next((n for n in RUN_RECORDS if n in names), None):
+            raise UsageError(f"{flag} {directory}: {root} is a convattn run or model folder (it holds {record}), "
+                             "whose files are not text; move it out of the corpus folder, or give the text files "
+                             "themselves")
         subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
         found.extend(Path(root, n) for n in names if not n.startswith(".") and Path(root, n).is_file())
     return sorted(found)
@@ -108,6 +119,9 @@ def _scan_text(path: Path, flag: str) -> bool:
     offset, has_text = 0, False
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
+            if offset == 0 and looks_like_utf16(chunk):
+                raise UsageError(f"{flag} {path}: UTF-16 text, not UTF-8; convert it, e.g. iconv -f UTF-16 -t UTF-8 "
+                                 f"{path.name} > {path.stem}.utf8{path.suffix}, or leave it out")
             if (nul := chunk.find(b"\0")) >= 0:
                 raise UsageError(f"{flag} {path}: a binary file, not text (a NUL byte at offset {offset + nul}); "
                                  "leave it out")
@@ -125,6 +139,16 @@ def _scan_text(path: Path, flag: str) -> bool:
         except UnicodeDecodeError:
             raise UsageError(f"{flag} {path}: ends in the middle of a UTF-8 character; fix or leave it out") from None
     return has_text
+
+
+def looks_like_utf16(start: bytes) -> bool:
+    """A UTF-16 byte order mark, or (without one) ASCII text with a NUL byte beside every character."""
+    if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return True
+    sample = start[:4096]
+    halves = sample[0::2], sample[1::2]
+    return len(sample) >= 8 and any(half.count(0) == len(half) for half in halves) and \
+        all(0 < byte < 128 for byte in (halves[1] if halves[0].count(0) == len(halves[0]) else halves[0]))
 
 
 def _files_identity(files: list[Path]) -> str:

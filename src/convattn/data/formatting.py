@@ -28,6 +28,9 @@ from convattn.errors import UsageError, option
 FORMATS = ("pairs", "packed")
 FORMAT_VERSION = 1
 COLUMNS = ["input_ids", "token_type_ids", "special_tokens_mask"]
+# a text of a pair is cut to this many characters per token of the sequence before it is tokenized: the tokens
+# truncation keeps lie well within (real text averages under 10 characters a token), so the examples are the same
+PAIR_CHARS_PER_TOKEN = 16
 TOKENIZER_CHARS = 1_000_000  # text given to the fast tokenizer at once (it holds offsets and strings per token)
 
 
@@ -43,8 +46,19 @@ def _chunks(lengths: list[int], budget: int) -> Iterator[slice]:
         yield slice(start, len(lengths))
 
 
+def _prefix(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, at its last whitespace before the limit if it has one there."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", limit // 2, limit)
+    return text[:cut if cut > 0 else limit]
+
+
 def _pair_lines(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> dict:
-    lines = batch["text"]
+    # the fast tokenizer truncates a pair by keeping every combination of the two texts' overflowing pieces (their
+    # product: two 100,000-token lines took 23 GB), so each text is first cut to what can reach the kept tokens
+    limit = PAIR_CHARS_PER_TOKEN * seq_len
+    lines = [_prefix(text, limit) for text in batch["text"]]
     firsts, seconds = lines[0:len(lines) - 1:2], lines[1::2]
     options = dict(max_length=seq_len, return_token_type_ids=True, return_special_tokens_mask=True)
     rows: dict[str, list] = {column: [] for column in COLUMNS}
