@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -334,3 +335,25 @@ def test_vocab_size_with_a_given_tokenizer_is_refused(corpus, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--vocab-size" in err[0] and "--tokenizer" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def bad_inputs(corpus: Path, tmp_path: Path) -> list[tuple[list[str], str]]:
+    """(flags, what the line says): inputs a comparison reads only after hours of pretraining, checked first."""
+    (tmp_path / "binary.txt").write_bytes(b"text\0more\n")
+    glue_data = Path(__file__).resolve().parents[2] / "fixtures" / "glue_data"
+    bad_glue = Path(shutil.copytree(glue_data, tmp_path / "glue_data"))
+    (bad_glue / "SST-2" / "train.tsv").write_text("sentence\tlabel\nfine words\tmaybe\n")
+    return [
+        (["--train-file", str(tmp_path / "binary.txt")], "binary.txt: a binary file, not text"),
+        (["--glue", "sst2", "--glue-data-dir", str(bad_glue)], "train.tsv:2: unknown sst2 label 'maybe'"),
+        (["--layers", "2", "--hidden", "4000000"], "training needs at least"),
+    ]
+
+
+def test_bad_inputs_are_refused_before_anything_is_written(corpus, tmp_path, capsys):
+    for extra, said in bad_inputs(corpus, tmp_path):
+        out = tmp_path / "out"
+        assert main(compare_args(corpus, out, *extra)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("convattn compare: error:") and said in err[-1], err
+        assert not out.exists()

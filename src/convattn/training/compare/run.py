@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from convattn.console import log_to
-from convattn.data.corpus import load_corpus
+from convattn.data.corpus import load_corpus, resolve_text_files
 from convattn.data.glue import get_task
 from convattn.data.squad import read_squad_json
 from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
@@ -35,7 +35,7 @@ from convattn.training.compare.options import (
 )
 from convattn.training.compare.report import REPORT_RUNS, Report, write_report
 from convattn.training.compare.results import seeds_in_output
-from convattn.training.glue import check_data, run_glue
+from convattn.training.glue import check_task_files, run_glue
 from convattn.training.pretrain import PretrainOptions, check_options, pretrain, sequence_length
 from convattn.training.squad import run_squad
 
@@ -104,8 +104,11 @@ def validate(options: CompareOptions) -> int:
             config = check_options(pretrain_options)
             seq_len = max(seq_len, sequence_length(pretrain_options.recipe, config))
             check_same_settings(pretrain_options)
-    if options.glue:
-        check_data([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
+    for flag, files in (("--train-file", options.data["train_files"]), ("--eval-file", options.data["eval_files"])):
+        if files:
+            resolve_text_files(files, flag)  # each file text: said now, not after the first runs
+    if options.glue:  # read now, not after hours of pretraining
+        check_task_files([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
     if options.squad:
         for file in (options.squad.train_file, options.squad.dev_file):
             if file is not None:
@@ -126,10 +129,10 @@ def train_one(pretrain_options: PretrainOptions, label: str) -> tuple[bool, int 
 def run_compare(options: CompareOptions) -> CompareOutcome:
     """Train (or reuse) every run and seed and fine-tune on GLUE if asked (`write_report` then reports)."""
     seq_len = validate(options)
+    tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))  # reads the corpus: a failure writes nothing
     if not (options.output_dir / COMPARE_RECORD).is_file():
         write_json_atomic(options.output_dir / COMPARE_RECORD, {"written_by": "convattn compare"})
     log_to(options.output_dir)
-    tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))
     outcome = CompareOutcome(trained=0, reused=0)
     total = len(options.grid.runs) * options.seeds
     for index, spec in enumerate(options.grid.runs):

@@ -13,10 +13,10 @@ runs), runs/<task>/seed<k>/ (see run.py), glue_results.json, glue_results.md,
 submission/ (best-dev seed's test predictions per task).
 """
 
-from convattn.training.glue.data import check_data
+from convattn.training.glue.data import check_data, check_task_files
 from convattn.training.glue.metrics import column_score, score_predictions, submission_text
 from convattn.training.glue.protocol import run_glue
 from convattn.training.glue.settings import glue_recipe_names, load_glue_recipe, resolve_settings
 
-__all__ = ["check_data", "column_score", "glue_recipe_names", "load_glue_recipe",
+__all__ = ["check_data", "check_task_files", "column_score", "glue_recipe_names", "load_glue_recipe",
            "resolve_settings", "run_glue", "score_predictions", "submission_text"]

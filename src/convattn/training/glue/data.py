@@ -42,13 +42,14 @@ class TaskSplits:
     test: dict[str, Dataset]
 
 
-def read_task_splits(task: GlueTask, data_dir: Path | None, settings: GlueSettings) -> TaskSplits:
-    """The splits a task uses (the training subset of --max-train-samples), each file read and checked."""
+def read_task_splits(task: GlueTask, data_dir: Path | None, max_train_samples: int = 0) -> TaskSplits:
+    """The splits a task uses (a fixed random subset of `max_train_samples` training examples, 0: all), each file
+    read and checked."""
     train = None
     if task.trains:
         train = load_split(task, "train", data_dir)
-        if 0 < settings.max_train_samples < len(train):
-            train = train.shuffle(seed=0).select(range(settings.max_train_samples))
+        if 0 < max_train_samples < len(train):
+            train = train.shuffle(seed=0).select(range(max_train_samples))
     dev = {split: load_split(task, split, data_dir) for split in task.dev_columns}
     test = {split: load_split(task, split, data_dir) for split in task.test_files if has_split(task, split, data_dir)}
     if data_dir is not None and len(test) < len(task.test_files):
@@ -77,3 +78,12 @@ def check_data(tasks: list[GlueTask], data_dir: Path | None) -> None:
             if not has_split(task, split, data_dir):
                 raise FileNotFoundError(f"no {task.name} {split} data: {task.tsv_path(data_dir, split)} does not "
                                         "exist")
+
+
+def check_task_files(tasks: list[GlueTask], data_dir: Path | None) -> None:
+    """`check_data`, and every local file of the tasks read and checked: for a job that fine-tunes only after
+    hours of pretraining (a comparison)."""
+    check_data(tasks, data_dir)
+    if data_dir is not None:
+        for task in tasks:
+            read_task_splits(task, data_dir)
