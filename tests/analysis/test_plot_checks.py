@@ -43,3 +43,14 @@ def test_bad_checkpoints_are_one_line_and_no_figure(checkpoint, capsys, kind, da
 def test_a_checkpoint_that_is_not_a_folder_is_refused(checkpoint, capsys):
     assert main(["plot", "kernels", str(checkpoint / "config.json")]) == 2
     assert "is not a saved model directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["kernels", "attention"])
+def test_an_output_dir_that_is_a_file_is_refused_before_drawing(checkpoint, tmp_path, capsys, kind):
+    (tmp_path / "file").write_text("mine")
+    for output_dir, message in ((tmp_path / "file", "is a file; give a folder"),
+                                (tmp_path / "file" / "plots", "is a file, so the folder cannot be made")):
+        assert main(["plot", kind, str(checkpoint), "--output-dir", str(output_dir)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("convattn plot: error: --output-dir ") and "\n" not in err and message in err, err
+    assert (tmp_path / "file").read_text() == "mine"

@@ -4,11 +4,12 @@ place; contexts past the stated limit are refused."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from convattn.data.squad import MAX_CONTEXT_CHARACTERS, load_squad_file
+from convattn.data.squad import MAX_CONTEXT_CHARACTERS, load_squad_file, read_squad_json
 from convattn.errors import UsageError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "squad"
@@ -101,3 +102,26 @@ def test_the_shared_sample_trains_with_its_misaligned_questions_skipped(capsys):
     rows = load_squad_file(SHARED_SAMPLE, "1.1", "train")
     assert len(rows) == 393  # 396 questions, 3 of whose answers all miss their answer_start
     assert "3 question(s) without another answer skipped" in capsys.readouterr().err
+
+
+def deeply_nested(tmp_path: Path) -> Path:
+    path = tmp_path / "deep.json"
+    path.write_text('{"data": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    return path
+
+
+def fifo(tmp_path: Path) -> Path:
+    os.mkfifo(tmp_path / "fifo")
+    return tmp_path / "fifo"
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (deeply_nested, "JSON nested deeper than Python reads"),
+    (lambda d: d, "a directory; give the SQuAD JSON file itself, not its folder"),
+    (fifo, "not a regular file (a FIFO, socket or device)"),
+    (lambda d: d / "missing.json", "no such file"),
+])
+def test_what_is_not_a_json_file_is_one_usage_error(tmp_path, build, message):
+    with pytest.raises(UsageError) as caught:
+        read_squad_json(build(tmp_path))
+    assert message in str(caught.value) and "\n" not in str(caught.value)

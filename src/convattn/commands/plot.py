@@ -90,11 +90,20 @@ def register_kernel_size(kinds) -> None:
     what.add_argument("--kernel-sizes", default=DEFAULT_KERNEL_SIZES, metavar="K1,K2,...",
                       help="odd kernel sizes, comma-separated")
     add_run_arguments(sweep, default_output="runs/kernel-size-PRESET")
-    sweep.set_defaults(func=run_kernel_size)
+    sweep.set_defaults(func=run_kernel_size, field_flags={"conv_kernel_size": "--kernel-sizes"})
 
 
 def _output_dir(args) -> Path:
     return args.output_dir or Path(args.checkpoint) / "plots"
+
+
+def _check_output_dir(args) -> None:
+    """A given --output-dir exists or can be made (not a file), checked before the model is loaded (the default,
+    CHECKPOINT/plots, is checked with the checkpoint)."""
+    from convattn.runs.folder import check_output_folder
+
+    if args.output_dir is not None:
+        check_output_folder(args.output_dir, "--output-dir")
 
 
 def _log_to_output_dir(args) -> None:
@@ -122,6 +131,7 @@ def run_kernels(args: argparse.Namespace) -> int:
         plot_layer_head_kernels,
     )
 
+    _check_output_dir(args)
     model = load_encoder(args.checkpoint)
     check_layer(args.layer, model.config.num_hidden_layers)  # before any figure is written
     out, written = _output_dir(args), []
@@ -167,6 +177,7 @@ def run_attention(args: argparse.Namespace) -> int:
     from convattn.analysis.convbert_kernels import position_kernels
     from convattn.analysis.io import load_encoder
 
+    _check_output_dir(args)
     model = load_encoder(args.checkpoint)
     layers = model.config.num_hidden_layers
     encoded, tokens = _encode(args.checkpoint, args.text, model.config.max_position_embeddings)

@@ -35,8 +35,7 @@ def check_version(version: str) -> str:
 def read_squad_json(path: Path) -> dict:
     """The parsed official JSON file (UsageError, one line, when it is missing, empty or not JSON)."""
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+    check_regular_file(path)
     text = path.read_bytes()
     if not text.strip():
         raise UsageError(f"{path}: the file is empty; expected SQuAD JSON ({{\"data\": [...]}})")
@@ -44,9 +43,23 @@ def read_squad_json(path: Path) -> dict:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UsageError(f"{path}: not JSON ({err}); expected the official SQuAD layout") from None
+    except RecursionError:
+        raise UsageError(f"{path}: JSON nested deeper than Python reads (the SQuAD layout is 5 levels deep); expected "
+                         "the official SQuAD layout") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise UsageError(f"{path}: not in the SQuAD layout: expected a JSON object with a \"data\" list of articles")
     return data
+
+
+def check_regular_file(path: Path) -> None:
+    """One line for a path that is not a file to read: missing, a directory, a FIFO or a device."""
+    if path.is_file():
+        return
+    if path.is_dir():
+        raise UsageError(f"{path}: a directory; give the SQuAD JSON file itself, not its folder")
+    if path.exists():
+        raise UsageError(f"{path}: not a regular file (a FIFO, socket or device); give the SQuAD JSON file")
+    raise UsageError(f"{path}: no such file")
 
 
 def shorten(text: str, width: int = 60) -> str:
