@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.errors import UsageError, listed
+from convattn.runs.pretrain import RNG_STATE, TRAINER_STATE_FILES
 
 CONFIG_FILE = "config.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -43,10 +44,10 @@ TRANSFORMERS_FIELDS = frozenset({
 LEGACY_CONVATTN_FIELDS = frozenset({"attention_backend"})
 
 
-def conversion_hint(folder: Path | str) -> str:
+def conversion_hint(folder: Path | str, weights: str = "pytorch_model.bin") -> str:
     """How to turn a pickle-only folder into safetensors, as one shell line."""
     return (f"convert it once with: python -c \"import torch; from safetensors.torch import save_file; "
-            f"save_file(torch.load('{Path(folder) / 'pytorch_model.bin'}', weights_only=True), "
+            f"save_file(torch.load('{Path(folder) / weights}', weights_only=True), "
             f"'{Path(folder) / 'model.safetensors'}')\" (or load it with transformers and save_pretrained)")
 
 
@@ -146,10 +147,19 @@ def weight_files(folder: Path) -> list[Path]:
         check_shards_present(folder)
         return files
     pickles = sorted({p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern)})
+    weights = [name for name in pickles if not is_training_state(name)]
+    if weights:
+        raise UsageError(f"{folder} holds only pickled weights ({', '.join(weights)}); convattn loads safetensors "
+                         f"only (a pickle can run code when loaded): {conversion_hint(folder, weights[0])}")
     if pickles:
-        raise UsageError(f"{folder} holds only pickled weights ({', '.join(pickles)}); convattn loads safetensors "
-                         f"only (a pickle can run code when loaded): {conversion_hint(folder)}")
+        raise UsageError(f"{folder} is a training checkpoint without its model.safetensors (it holds only the "
+                         f"trainer's state: {listed(pickles)}); use an earlier checkpoint or the run's final model")
     raise UsageError(f"{folder} has no model weights (no *.safetensors file); save the model with save_pretrained")
+
+
+def is_training_state(name: str) -> bool:
+    """A file of the Trainer's state in a checkpoint (optimizer, scheduler, RNG, arguments): not weights."""
+    return name in TRAINER_STATE_FILES or name == "training_args.bin" or RNG_STATE.fullmatch(name) is not None
 
 
 def check_shards_present(folder: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers.damage import config_with, nan_weights, pickle_only
 from helpers.tiny import save_tiny_checkpoint, tiny_wordpiece_tokenizer
+from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertForMaskedLM
 
 from convattn.cli import main
@@ -151,6 +152,13 @@ def larger_tokenizer(folder: Path) -> None:
     tiny_wordpiece_tokenizer(SENTENCES + words, vocab_size=2000).save_pretrained(folder)
 
 
+def trainer_state_only(folder: Path) -> None:
+    """A checkpoint whose model.safetensors is gone: the Trainer's pickles are not weights to convert."""
+    (folder / "model.safetensors").unlink()
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"state": 1}, folder / name)
+
+
 BAD_FOLDERS = [
     (nan_weights, "non-finite (NaN or infinite) weights"),
     (lambda f: config_with(f, hidden_dropout_prob=float("nan")), "hidden_dropout_prob must be a finite"),
@@ -161,6 +169,8 @@ BAD_FOLDERS = [
     (lambda f: config_with(f, intermediate_size=48), "has shape [64] in the file but the config asks for [48]"),
     (bert_config_over_convattn_weights, "weights are missing from the file"),
     (larger_tokenizer, "more than the model's"),
+    (trainer_state_only, "is a training checkpoint without its model.safetensors (it holds only the trainer's "
+                         "state: optimizer.pt, rng_state.pth"),
 ]
 
 
@@ -261,3 +271,16 @@ def test_a_hub_id_without_the_hub_is_one_line(tmp_path, capsys, command):
                            "give a local model folder")
     assert len(err.strip().splitlines()) == 1  # no retry lines before it
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_a_loss_that_is_not_finite_before_any_update_does_not_blame_the_learning_rate(checkpoint, tmp_path, capsys,
+                                                                                       command):
+    folder = copy_of(checkpoint, tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    save_file({name: tensor * 1e30 for name, tensor in weights.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    code = run(command, folder, tmp_path / "out")
+    assert_one_line_exit_2(code, capsys.readouterr().err, command, "training stopped at step 1: the loss is nan before "
+                           "any update, so the learning rate is not the cause", "the starting model's weights")
+    assert not list((tmp_path / "out").glob("**/run.json"))

@@ -38,15 +38,18 @@ class FiniteTraining:
     what to change, in the caller's words (e.g. 'lower --lr (now 1e+30)')."""
 
     divergence_hint = "lower the learning rate"
+    # a non-finite loss before the first update comes from the starting weights or the data, never the lr
+    first_step_hint = "check the starting model's weights (huge or damaged values) and the data"
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
         value = float(loss)
+        if not math.isfinite(value) and self.state.global_step == 0:
+            raise NonFiniteTraining(f"training stopped at step 1: the loss is {value} before any update, so the "
+                                    f"learning rate is not the cause; nothing was saved; {self.first_step_hint}")
         if not math.isfinite(value):
-            step = self.state.global_step + 1
-            cause = "at the first step" if self.state.global_step == 0 else "the training diverged"
-            raise NonFiniteTraining(f"training stopped at step {step}: the loss is {value} ({cause}); nothing "
-                                    f"from this step on was saved; {self.divergence_hint}")
+            raise NonFiniteTraining(f"training stopped at step {self.state.global_step + 1}: the loss is {value} (the "
+                                    f"training diverged); nothing from this step on was saved; {self.divergence_hint}")
         return loss
 
     def check_finite_eval(self, loss: float) -> None:
