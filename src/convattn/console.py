@@ -23,6 +23,42 @@ def main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def world_size() -> int:
+    """The processes that joined this run (torch's launchers set WORLD_SIZE; 1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def processes() -> str:
+    """'1 process', '4 processes': for a job's start line."""
+    count = world_size()
+    return f"{count} process{'' if count == 1 else 'es'}"
+
+
+# launchers that say how many processes they started, where torch's WORLD_SIZE says how many joined
+LAUNCHER_SIZES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def launch_warning() -> str | None:
+    """A warning when the environment promises more processes than joined this run, or None."""
+    joined = world_size()
+    for name in LAUNCHER_SIZES:
+        promised = os.environ.get(name, "")
+        if promised.isdigit() and int(promised) > joined:
+            return (f"{name}={promised} says {promised} processes were started, but {joined} joined this run "
+                    "(WORLD_SIZE): each runs alone; launch with torchrun --nproc_per_node N instead")
+    if "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ:
+        return ("MASTER_ADDR is set, as launchers of several processes do, but this process runs alone (no "
+                "WORLD_SIZE): accelerate launch --cpu needs --multi_cpu for several CPU processes (or use torchrun "
+                "--nproc_per_node N)")
+    return None
+
+
+def say_launch(command: str) -> None:
+    """Say the warning of `launch_warning`, if any."""
+    if warning := launch_warning():
+        say(command, f"warning: {warning}")
+
+
 def say(command: str, message: str) -> None:
     """A progress line on stderr ('convattn COMMAND: message'), from the main process only."""
     if main_process():

@@ -30,6 +30,7 @@ def test_two_cpu_processes_train_one_model(tmp_path):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("pretraining done") == 1  # the summary comes from rank 0 only
+    assert "then linear decay; 2 processes" in result.stderr and "warning" not in result.stderr
     checkpoint = out / "checkpoints" / "checkpoint-6"
     assert (checkpoint / "rng_state_0.pth").exists() and (checkpoint / "rng_state_1.pth").exists()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -50,3 +51,27 @@ def test_two_cpu_processes_train_one_model(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     first = json.loads((tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["step"] == 0 and first["perplexity"] == pytest.approx(rows[0]["perplexity"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("environment", "warned"), [
+    ({}, None),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "MASTER_ADDR is set, as launchers of several processes "
+                                                           "do, but this process runs alone"),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE=2 says 2 processes were started, but 1 joined"),
+])
+def test_the_start_line_says_how_many_processes_run(tmp_path, capsys, monkeypatch, environment, warned):
+    """`accelerate launch --cpu --num_processes 2` without --multi_cpu runs one process (with MASTER_ADDR set):
+    said, not silent."""
+    from helpers.pretrain import tiny_args, write_corpus
+
+    from convattn.cli import main
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(tiny_args(write_corpus(tmp_path), tmp_path / "run", "--max-steps", "4")) == 0
+    err = capsys.readouterr().err
+    assert "then linear decay; 1 process\n" in err
+    warnings = [line for line in err.splitlines() if "warning:" in line]
+    assert warnings == ([] if warned is None else [warnings[0]])
+    assert warned is None or (warnings[0].startswith("convattn pretrain: warning: ") and warned in warnings[0])

@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from convattn.console import log_to, say
+from convattn.console import log_to, processes, say, say_launch
 from convattn.data.glue import get_task
 from convattn.errors import UsageError, option
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
@@ -80,9 +80,11 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
         check_mnli_available(output_dir, tasks, settings, seeds)
         pending = {name: pending_seeds(output_dir, name, seeds) for name in tasks}
         # every file a pending task reads, read and checked before the first write
-        splits = {name: read_task_splits(get_task(name), data_dir, settings[name]) for name in tasks if pending[name]}
+        splits = {name: read_task_splits(get_task(name), data_dir, settings[name].max_train_samples)
+                  for name in tasks if pending[name]}
         identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
         log_to(output_dir)
+        say_launch("glue")
         for name in tasks:
             run_task(name, output_dir, splits.get(name), settings, pending[name], seeds, model, identity, pretrained,
                      save_models != "none")
@@ -126,7 +128,7 @@ def run_task(name: str, output_dir: Path, splits: TaskSplits | None, settings: d
         path = seed_dir(output_dir, name, seed)
         if path.exists():
             shutil.rmtree(path)  # an interrupted run: start it again
-        say("glue", f"{name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'}")
+        say("glue", f"{name} seed {seed}: {'predicting' if not task.trains else 'fine-tuning'} on {processes()}")
         if task.trains:
             from_mnli = settings[name].from_mnli
             source = str(mnli_model_dir(output_dir, seed)) if from_mnli else model

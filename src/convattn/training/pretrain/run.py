@@ -15,7 +15,7 @@ from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from convattn.config import ConvAttnConfig
-from convattn.console import log_to, main_process, say
+from convattn.console import log_to, main_process, processes, say, say_launch
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.hub import write_model_card
 from convattn.runs.folder import check_output_folder, run_folder_lock
@@ -124,7 +124,8 @@ def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
     clock = None
     if recipe.time_budget is not None:
         clock = TrainingClock(recipe.time_budget, time_spent(plan.resume_from) if plan.resume_from else 0.0)
-    say("pretrain", schedule_line(recipe, clock))
+    say("pretrain", f"{schedule_line(recipe, clock)}; {processes()}")
+    say_launch("pretrain")
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, plan.resume_from)
     if plan.resume_from is not None:

@@ -9,13 +9,14 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
 from convattn.config import ConvAttnConfig
+from convattn.console import world_size
 from convattn.electra import ConvAttnForPreTraining
 from convattn.errors import UsageError, option
 from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
 from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
-from convattn.training.pretrain.options import PretrainOptions, per_device_batch, world_size
+from convattn.training.pretrain.options import PretrainOptions, per_device_batch
 from convattn.training.recipes import Recipe
 
 EVAL_SEED = 1234

@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from convattn.console import log_to, say
+from convattn.console import log_to, processes, say, say_launch
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
 from convattn.runs.folder import check_output_folder, run_folder_lock
@@ -72,6 +72,7 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
                          pretrained.token_types) if pending else None
         check_same_model(output_dir, model, MODEL_FILE)  # the first write
         log_to(output_dir)
+        say_launch("squad")
         if data:
             say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
                          f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
@@ -94,7 +95,7 @@ def run_seed(version: str, seed: int, settings: SquadSettings, data: SquadData, 
     path = squad_seed_dir(output_dir, version, seed)
     if path.exists():
         shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
-    say("squad", f"v{version} seed {seed}: fine-tuning")
+    say("squad", f"v{version} seed {seed}: fine-tuning on {processes()}")
     run = fine_tune(version, seed, settings, data, model, tokenizer, path, save_model)
     headline = run["scores"].get("best_f1", run["scores"]["f1"])
     em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
