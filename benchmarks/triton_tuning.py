@@ -7,15 +7,19 @@ measurements instead of ptxas's register report.
           autograd.Function and through its torch.library operators, its forward alone, one forward launch through
           our launcher, through triton's Autotuner and straight at the jitted kernel, and a three-argument Triton
           kernel (the floor of a launch); then cProfile's view of 200 calls (host_profile.txt)
+  ladder  forward and backward at the library's first tilings, one feature added at a time (plain; dropout 0.1;
+          1/8 of one row padded; + the row table; + the key table; + dropout: composite+key), each against SDPA
+          with the same padding and dropout: what each feature costs
   tilings each kernel (forward, query gradient, key gradient) with one tiling forced at a time, at three shapes
           (32 x 4 heads x 512, 8 x 4 x 2,048, 2 x 12 x 8,192; 64-channel heads, bfloat16) and two problems:
           "plain" (no terms, no padding, no dropout; against SDPA's flash kernel) and "composite+key" (both tables,
           r = 8, clip, 1/8 of one row padded, dropout 0.1; against SDPA with that mask and dropout); the query
-          kernel's tilings are timed with the key kernel at its default and the other way round (backward = both)
+          kernel's tilings are timed with the key kernel at the library's first tiling and the other way round
+          (backward = both)
 
 Every tiling is compiled first by worker processes in parallel (Triton's disk cache passes them on), then timed
 one after the other: triton.testing.do_bench, the median, the L2 cache flushed between calls. Results go to --out
-as they come: tuning.json, tuning.md, host_profile.txt.
+as they come: tuning.json, tuning.md, host_profile.txt. About 2 minutes on an H200.
 
     python benchmarks/triton_tuning.py --out $OUT --deadline $(( $(date +%s) + 300 ))
     TRITON_INTERPRET=1 python benchmarks/triton_tuning.py --rehearse     # on CPU: tiny shapes, few tilings
@@ -53,14 +57,19 @@ TILINGS = {
             (32, 64, 4, 3), (16, 128, 4, 3), (64, 128, 4, 2), (16, 64, 2, 3)],
 }
 SHAPES = [(32, 4, 512), (8, 4, 2048), (2, 12, 8192)]  # (batch, heads, n)
-PROBLEMS = ("plain", "composite+key")
+# what each problem adds to plain attention: 1/8 of one row padded, the row table, the key table, dropout 0.1
+FEATURES = {"plain": (), "dropout": ("dropout",), "padding": ("padding",), "padding+row": ("padding", "row"),
+            "padding+row+key": ("padding", "row", "key"), "composite+key": ("padding", "row", "key", "dropout")}
+PROBLEMS = ("plain", "composite+key")  # the tilings' sweep
+LADDER = tuple(FEATURES)  # one feature more at a time, at the library's own first tilings
 HEAD_DIM, REACH, DROPOUT = 64, 8, 0.1
+LIBRARY_CONFIGS = triton_attention._configs
 
 
 def force(tilings: dict[str, tuple]) -> None:
-    """Make the kernels launch exactly these tilings (one per kernel)."""
-    defaults = {kernel: TILINGS[kernel][0] for kernel in KERNELS}
-    chosen = {**defaults, **tilings}
+    """Make the kernels launch exactly these tilings (one per kernel; the library's first candidate for the
+    others)."""
+    chosen = {kernel: LIBRARY_CONFIGS(kernel, HEAD_DIM, torch.bfloat16)[0] for kernel in KERNELS} | tilings
     triton_attention._configs = lambda kernel, head_dim, dtype: [chosen[kernel]]
     triton_attention._launcher.cache_clear()
 
@@ -68,16 +77,17 @@ def force(tilings: dict[str, tuple]) -> None:
 def operands(problem: str, batch: int, heads: int, n: int, device: str, dtype: torch.dtype):
     """(q, k, v, row_table, key_table, keep, dropout_p) laid out as a layer makes them: q, k, v are views of a
     (batch, n, heads * d) projection."""
+    features = FEATURES[problem]
     generator = torch.Generator(device).manual_seed(0)
     q, k, v = (torch.randn(batch, n, heads, HEAD_DIM, device=device, dtype=dtype, generator=generator).transpose(1, 2)
                for _ in range(3))
-    if problem == "plain":
-        return q, k, v, None, None, None, 0.0
     row, key = (torch.randn(batch, heads, n, 2 * REACH + 1, device=device, dtype=dtype, generator=generator)
-                for _ in range(2))
-    keep = torch.ones(batch, n, dtype=torch.uint8, device=device)
-    keep[0, n - n // 8:] = 0
-    return q, k, v, row, key, keep, DROPOUT
+                if feature in features else None for feature in ("row", "key"))
+    keep = None
+    if "padding" in features:
+        keep = torch.ones(batch, n, dtype=torch.uint8, device=device)
+        keep[0, n - n // 8:] = 0
+    return q, k, v, row, key, keep, DROPOUT if "dropout" in features else 0.0
 
 
 def kernel_calls(problem: str, shape: tuple, device: str, dtype: torch.dtype):
@@ -118,9 +128,12 @@ def compile_job(job: tuple) -> tuple:
     kernel, tiling, problem, rehearse = job
     try:
         device, dtype = ("cpu", torch.float32) if rehearse else ("cuda", torch.bfloat16)
-        force({kernel: tuple(tiling)})
+        force({kernel: tuple(tiling)} if kernel in KERNELS else {})
         forward, backward = kernel_calls(problem, (1, 4 if not rehearse else 2, 64), device, dtype)
-        forward() if kernel == "forward" else backward()
+        if kernel in ("forward", "all"):
+            forward()
+        if kernel != "forward":
+            backward()
         return job, None
     except Exception as error:  # a tiling the GPU cannot hold (shared memory) is recorded, not fatal
         return job, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
@@ -223,14 +236,32 @@ class Session:
     # tilings
 
     def precompile(self) -> None:
-        jobs = [(kernel, tiling, problem, self.rehearse) for problem in PROBLEMS for kernel in KERNELS
-                for tiling in self.tilings(kernel)]
+        jobs = [("all", None, problem, self.rehearse) for problem in LADDER]
+        jobs += [(kernel, tiling, problem, self.rehearse) for problem in PROBLEMS for kernel in KERNELS
+                 for tiling in self.tilings(kernel)]
         workers = 2 if self.rehearse else min(14, os.cpu_count() or 1)
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             for (kernel, tiling, problem, _), error in pool.map(compile_job, jobs):
                 if error:
                     self.results["failed"][f"{problem} {kernel} {tiling}"] = error
         self.save()
+
+    def ladder(self) -> None:
+        """Each problem at the library's first tilings, forward and backward, against SDPA with the same padding
+        and dropout: what each feature costs."""
+        force({})
+        for shape in SHAPES if not self.rehearse else [(2, 2, 40)]:
+            for problem in LADDER:
+                if self.left() < 5:
+                    self.results["unfinished"] = "the deadline came first"
+                    return
+                forward, backward = kernel_calls(problem, shape, self.device, self.dtype)
+                sdpa_forward, sdpa_both = sdpa_calls(problem, shape, self.device, self.dtype)
+                times = {"forward_ms": bench(forward, self.rehearse), "backward_ms": bench(backward, self.rehearse),
+                         "sdpa_forward_ms": bench(sdpa_forward, self.rehearse)}
+                times["sdpa_backward_ms"] = bench(sdpa_both, self.rehearse) - times["sdpa_forward_ms"]
+                self.results.setdefault("ladder", []).append({"problem": problem, "shape": shape, **times})
+            self.save()
 
     def tilings(self, kernel: str) -> list[tuple]:
         return TILINGS[kernel][:2] if self.rehearse else TILINGS[kernel]
@@ -259,6 +290,14 @@ class Session:
     def report(self) -> str:
         r = self.results
         lines = [f"# The kernel's host cost and tilings: {r['device']}, torch {r['torch']}", ""]
+        if r.get("ladder"):
+            lines += ["## What each feature costs (the library's first tilings; SDPA with the same padding and "
+                      "dropout)", "", "| batch x heads x n | problem | forward ms | vs SDPA | backward ms | vs SDPA |",
+                      "|---|---|---|---|---|---|"]
+            lines += [f"| {' x '.join(map(str, row['shape']))} | {row['problem']} | {row['forward_ms']:.3f} | "
+                      f"{row['forward_ms'] / row['sdpa_forward_ms']:.2f}x | {row['backward_ms']:.3f} | "
+                      f"{row['backward_ms'] / row['sdpa_backward_ms']:.2f}x |" for row in r["ladder"]]
+            lines.append("")
         if r["host"]:
             lines += ["## Host time per call (1 x 4 heads x 128 x 64)", "", "| call | issue us | wall us |",
                       "|---|---|---|"]
@@ -315,7 +354,7 @@ def main() -> None:
         parser.error("--rehearse runs the kernels under TRITON_INTERPRET=1: set it in the environment")
     args.out.mkdir(parents=True, exist_ok=True)
     session = Session(args.out, args.deadline, args.rehearse)
-    for stage in (session.host_costs, session.precompile, session.sweep):
+    for stage in (session.host_costs, session.precompile, session.ladder, session.sweep):
         started = time.time()
         try:
             stage()
