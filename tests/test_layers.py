@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "convattn"
-COMMAND_HELPERS = ("convattn.commands.arguments", "convattn.commands.requests")
+COMMAND_HELPERS = ("convattn.commands.arguments", "convattn.commands.flag_options")
 
 
 def module_name(path: Path) -> str:

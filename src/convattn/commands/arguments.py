@@ -1,5 +1,5 @@
 """The command line's shared vocabulary: one help formatter and the argument groups that several commands use
-(model architecture, data, training recipe, schedule, a comparison's runs, fine-tuning overrides); requests.py
+(model architecture, data, training recipe, schedule, a comparison's runs, fine-tuning overrides); flag_options.py
 reads them back into options. Choices are read from the shipped recipe files, never listed by hand."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from convattn.commands.arguments import add_run_arguments
-from convattn.commands.requests import compare_options, prepare_training_process
+from convattn.commands.flag_options import compare_options, prepare_training_process
 
 EXAMPLES = """\
 examples:

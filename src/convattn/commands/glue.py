@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
-from convattn.commands.requests import fine_tune_overrides, model_output_dir
+from convattn.commands.flag_options import fine_tune_overrides, model_output_dir
 from convattn.errors import UsageError
 from convattn.runs.finetune import GLUE_RESULTS
 from convattn.training.recipes import glue_recipe_names

@@ -214,7 +214,7 @@ def parse_kernel_sizes(text: str) -> list[int]:
 
 
 def run_kernel_size(args: argparse.Namespace) -> int:
-    from convattn.commands.requests import compare_options, prepare_training_process
+    from convattn.commands.flag_options import compare_options, prepare_training_process
     from convattn.training.compare.grids import RunSpec
     from convattn.training.compare.kernel_size import kernel_size_grid, plot_sweep
     from convattn.training.compare.run import compare_and_report

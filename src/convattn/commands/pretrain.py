@@ -13,7 +13,7 @@ from convattn.commands.arguments import (
     add_schedule_arguments,
     add_training_arguments,
 )
-from convattn.commands.requests import config_overrides, data_options, prepare_training_process, recipe_overrides
+from convattn.commands.flag_options import config_overrides, data_options, prepare_training_process, recipe_overrides
 
 EXAMPLES = """\
 examples:

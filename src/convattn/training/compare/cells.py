@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from convattn.training.seeds import format_mean_sem
+from convattn.training.seed_statistics import format_mean_sem
 
 
 def clear_winner(perplexities: list[dict | None]) -> int | None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import read_json, save_figure, write_json_atomic, write_text_atomic
 from convattn.runs.pretrain import FINISHED, run_state
-from convattn.training.compare.options import CompareOptions, say
-from convattn.training.seeds import format_mean_sem, mean_sem
+from convattn.training.compare.options import CompareOptions
+from convattn.training.seed_statistics import format_mean_sem, mean_sem
 
 LENGTHS_FILE = "length_eval.json"
 
@@ -68,7 +69,7 @@ def evaluate_lengths(options: CompareOptions, lengths: list[int]) -> dict[str, d
             path = options.run_path(spec, seed)
             if run_state(path) != FINISHED:
                 continue
-            say(f"{spec.name} seed {seed}: eval perplexity at lengths {','.join(map(str, lengths))}")
+            say("compare", f"{spec.name} seed {seed}: eval perplexity at lengths {','.join(map(str, lengths))}")
             scores.setdefault(spec.name, {})[seed] = seed_scores(path, lengths, files)["results"]
     return scores
 

@@ -19,7 +19,7 @@ from convattn.runs.pretrain import FINISHED, read_metrics, run_state
 from convattn.training.compare.curves import align_seeds
 from convattn.training.compare.grids import RunSpec
 from convattn.training.compare.options import MEMORY_FILE, CompareOptions
-from convattn.training.seeds import mean_sem
+from convattn.training.seed_statistics import mean_sem
 
 MIB = 2**20
 

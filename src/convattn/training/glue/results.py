@@ -12,7 +12,7 @@ from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.runs.finetune import GLUE_RESULTS
 from convattn.runs.folder import seed_dir
-from convattn.training.seeds import format_mean_sem, mean_sem
+from convattn.training.seed_statistics import format_mean_sem, mean_sem
 
 
 def collect_runs(output_dir: Path) -> dict[str, dict[int, dict]]:

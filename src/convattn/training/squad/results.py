@@ -7,7 +7,7 @@ from pathlib import Path
 
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.runs.finetune import SQUAD_RESULTS
-from convattn.training.seeds import format_mean_sem, mean_sem
+from convattn.training.seed_statistics import format_mean_sem, mean_sem
 
 # the columns of the table, as the official evaluators name them (v2.0: best_* use the threshold chosen on dev)
 HEADLINE = {"1.1": (("EM", "exact_match"), ("F1", "f1")),

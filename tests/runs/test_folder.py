@@ -1,4 +1,4 @@
-"""The run-folder helpers shared by pretrain, glue, compare: atomic writes, option diffs, mean/SEM, --overwrite."""
+"""The run-folder helpers shared by pretrain, glue, compare: atomic writes, option diffs, --overwrite."""
 
 from pathlib import Path
 
@@ -8,7 +8,6 @@ from convattn.cli import main
 from convattn.errors import UsageError
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.runs.folder import changed_options, check_removable
-from convattn.training.seeds import format_mean_sem, mean_sem
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
@@ -21,13 +20,6 @@ def test_atomic_write_leaves_no_temporary_file(tmp_path):
 def test_changed_options_leave_out_the_allowed_ones():
     saved, current = {"lr": 1, "output_dir": "a", "seed": 3}, {"lr": 2, "output_dir": "b", "seed": 3, "new": 0}
     assert changed_options(saved, current) == "lr: 1 -> 2, new: None -> 0"
-
-
-def test_mean_sem_and_its_cell():
-    stat = mean_sem([1.0, 2.0, 3.0, 6.0])
-    assert stat["mean"] == 3.0 and stat["std"] == pytest.approx(2.1602469) and stat["sem"] == pytest.approx(1.0801234)
-    assert format_mean_sem(stat) == "3.0 ± 1.1" and format_mean_sem(stat, 2, spread="std") == "3.00 ± 2.16"
-    assert format_mean_sem(mean_sem([1234.5]), thousands=True) == "1,234.5" and format_mean_sem(None) == "–"
 
 
 def test_only_a_convattn_run_may_be_replaced(tmp_path, monkeypatch):

@@ -19,10 +19,10 @@ from convattn.data.glue import get_task, load_split
 from convattn.errors import UsageError
 from convattn.training.finetune.optim import layerwise_param_groups
 from convattn.training.glue import column_score, load_glue_recipe, resolve_settings, score_predictions, submission_text
-from convattn.training.seeds import mean_sem
+from convattn.training.seed_statistics import mean_sem
 
-GLUE_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue_data"
-FIXTURE_GLUE_DATA = Path(__file__).resolve().parents[1] / "fixtures" / "glue_data"  # tiny, ships with the tests
+GLUE_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "glue_data"
+FIXTURE_GLUE_DATA = Path(__file__).resolve().parents[2] / "fixtures" / "glue_data"  # tiny, ships with the tests
 needs_glue_data = pytest.mark.skipif(not GLUE_DATA.is_dir(), reason=f"shared GLUE data not found at {GLUE_DATA}")
 QUICK = ["--seeds", "1", "--max-steps", "3", "--batch-size", "8"]
 
@@ -309,7 +309,7 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
 
 
 def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
-    from convattn.commands.requests import model_output_dir
+    from convattn.commands.flag_options import model_output_dir
     from convattn.training.finetune.pretrained import check_same_model
 
     first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"
