@@ -10,9 +10,10 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from convattn.console import say
 from convattn.files import read_json, write_json_atomic
 from convattn.training.compare.grids import RunSpec
-from convattn.training.compare.options import MEMORY_FILE, CompareOptions, run_recipe, say
+from convattn.training.compare.options import MEMORY_FILE, CompareOptions, run_recipe
 from convattn.training.pretrain import build_model, model_config, per_device_batch, sequence_length
 from convattn.training.recipes import Recipe
 
@@ -83,7 +84,7 @@ def update_memory(options: CompareOptions, spec: RunSpec, tokenizer, cuda_peaks:
     recipe = run_recipe(options, spec, 0)
     record = read_json(path) or {}
     if record.get("recipe") != json.loads(json.dumps(memory_recipe_key(recipe))):
-        say(f"{spec.name}: measuring training memory")
+        say("compare", f"{spec.name}: measuring training memory")
         record = {"recipe": memory_recipe_key(recipe), "estimate": training_memory(recipe, tokenizer),
                   "cuda_peak_bytes": {}}
     record["cuda_peak_bytes"].update({str(seed): peak for seed, peak in cuda_peaks.items()})

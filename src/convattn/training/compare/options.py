@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convattn.console import say as say_as
+from convattn.console import say
 from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
 from convattn.runs.pretrain import OPTIONS_FILE
 from convattn.training.compare.grids import Grid, RunSpec
@@ -85,7 +85,7 @@ def say_recipe_notes(options: CompareOptions) -> None:
         notes = {"every run": next(iter(notes.values()))}
     for name, note in notes.items():
         if note:
-            say(f"{name}: {note}")
+            say("compare", f"{name}: {note}")
 
 
 def tokenizer_dir(options: CompareOptions) -> Path:
@@ -98,10 +98,6 @@ def run_options(options: CompareOptions, spec: RunSpec, seed: int, resume: bool 
     return PretrainOptions(recipe=run_recipe(options, spec, seed), output_dir=options.run_path(spec, seed),
                            precision=options.precision, compile=options.compile, log_every=options.log_every,
                            resume=resume, overwrite=overwrite, **data)
-
-
-def say(message: str) -> None:
-    say_as("compare", message)
 
 
 def check_same_settings(options: PretrainOptions) -> None:

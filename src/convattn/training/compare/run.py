@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from convattn.console import log_to
+from convattn.console import log_to, say
 from convattn.data.corpus import load_corpus, resolve_text_files
 from convattn.data.glue import get_task
 from convattn.data.squad import read_squad_json
@@ -29,7 +29,6 @@ from convattn.training.compare.options import (
     check_same_settings,
     run_options,
     run_recipe,
-    say,
     say_recipe_notes,
     tokenizer_dir,
 )
@@ -66,13 +65,14 @@ def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
             raise UsageError(f"{directory} was trained for other text or vocabulary ({json.dumps(trained_for)}); "
                              f"use another {option('output_dir')}, or delete that directory")
         return directory
-    say(f"training the shared tokenizer (unigram, up to {wanted['vocab_size']:,} pieces) -> {directory}")
+    say("compare", f"training the shared tokenizer (unigram, up to {wanted['vocab_size']:,} pieces) -> {directory}")
     corpus = load_corpus(data["dataset"], data["dataset_config"], data["train_files"], data["eval_files"],
                          data["cache_dir"])
     tokenizer = trained_tokenizer(corpus.train, corpus.identity, wanted["vocab_size"], seq_len, data["cache_dir"])
     if len(tokenizer) < wanted["vocab_size"]:
-        say(f"the shared tokenizer has {len(tokenizer):,} pieces, fewer than the {wanted['vocab_size']:,} asked with "
-            f"--vocab-size (this corpus holds no more); every run's vocabulary is {len(tokenizer):,}")
+        say("compare", f"the shared tokenizer has {len(tokenizer):,} pieces, fewer than the "
+                       f"{wanted['vocab_size']:,} asked with --vocab-size (this corpus holds no more); every run's "
+                       f"vocabulary is {len(tokenizer):,}")
     tmp = staging_dir(directory)
     try:
         tokenizer.save_pretrained(str(tmp))
@@ -142,12 +142,13 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
             path = options.run_path(spec, seed)
             state = run_state(path)
             if state == FINISHED:
-                say(f"[{number}/{total}] {spec.name} seed {seed}: finished earlier, reused")
+                say("compare", f"[{number}/{total}] {spec.name} seed {seed}: finished earlier, reused")
                 outcome.reused += 1
                 continue
             resume = state == IN_PROGRESS
             pretrain_options = run_options(options, spec, seed, resume=resume, overwrite=not resume and path.exists())
-            say(f"[{number}/{total}] {spec.name} seed {seed}: {'resuming' if resume else 'training'} -> {path}")
+            doing = "resuming" if resume else "training"
+            say("compare", f"[{number}/{total}] {spec.name} seed {seed}: {doing} -> {path}")
             interrupted, peak = train_one(pretrain_options, f"{spec.name} seed {seed}")
             outcome.trained += 1
             if peak is not None:
@@ -166,11 +167,11 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
         path = options.run_path(spec, seed)
         model = path / DISCRIMINATOR if (path / DISCRIMINATOR).is_dir() else path
         if request := options.glue:
-            say(f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
+            say("compare", f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
             run_glue(str(model), request.tasks, glue_dir(path), data_dir=request.data_dir, recipe=request.recipe,
                      seeds=request.seeds, overrides=request.overrides, save_models="none")
         if request := options.squad:
-            say(f"{spec.name} seed {seed}: SQuAD v{request.version}")
+            say("compare", f"{spec.name} seed {seed}: SQuAD v{request.version}")
             run_squad(str(model), request.version, squad_dir(path), train_file=request.train_file,
                       dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides, save_models="none")
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from convattn.console import say as say_as
+from convattn.console import say
 from convattn.data.corpus import load_corpus
 from convattn.data.formatting import cache_key, cached_format
 from convattn.data.tokenizer import load_tokenizer, tokenizer_fingerprint, trained_tokenizer
@@ -38,35 +38,33 @@ def text_fingerprint(*datasets) -> str:
     return digest.hexdigest()[:16]
 
 
-def say(message: str) -> None:
-    say_as("pretrain", message)
-
-
 def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | None) -> PretrainData:
     recipe, cache = options.recipe, options.cache_dir
-    say("reading the corpus" + ("" if options.dataset or options.train_files else
+    say("pretrain", "reading the corpus" + ("" if options.dataset or options.train_files else
                                 " (the embedded default: installed documentation, extracted once and cached)"))
     corpus = load_corpus(options.dataset, options.dataset_config, options.train_files, options.eval_files, cache)
-    say(f"corpus: {corpus.description}; {len(corpus.train):,} train / {len(corpus.eval):,} eval lines")
+    say("pretrain", f"corpus: {corpus.description}; {len(corpus.train):,} train / {len(corpus.eval):,} eval lines")
     if options.tokenizer:
         tokenizer = load_tokenizer(options.tokenizer)
-        say(f"tokenizer: {options.tokenizer}, {len(tokenizer):,} pieces")
+        say("pretrain", f"tokenizer: {options.tokenizer}, {len(tokenizer):,} pieces")
     elif resume_from is not None and (resume_from / "tokenizer.json").exists():
         tokenizer = load_tokenizer(resume_from)
     else:
-        say(f"tokenizer: unigram, up to {recipe.vocab_size:,} pieces (trained once per corpus, then cached)")
+        say("pretrain", f"tokenizer: unigram, up to {recipe.vocab_size:,} pieces (trained once per corpus, then "
+                        "cached)")
         tokenizer = trained_tokenizer(corpus.train, corpus.identity, recipe.vocab_size, seq_len, cache)
         if len(tokenizer) < recipe.vocab_size:
-            say(f"tokenizer: {len(tokenizer):,} pieces built, fewer than the {recipe.vocab_size:,} asked with "
-                f"--vocab-size (this corpus holds no more); the model's vocabulary is {len(tokenizer):,}")
+            say("pretrain", f"tokenizer: {len(tokenizer):,} pieces built, fewer than the {recipe.vocab_size:,} "
+                            f"asked with --vocab-size (this corpus holds no more); the model's vocabulary is "
+                            f"{len(tokenizer):,}")
     key = cache_key(corpus.identity, tokenizer_fingerprint(tokenizer), recipe.format, seq_len)
     directory = cache / "formatted" / key
-    say(f"formatting: {recipe.format}, {seq_len} tokens (cached in {directory})")
+    say("pretrain", f"formatting: {recipe.format}, {seq_len} tokens (cached in {directory})")
     train = cached_format(corpus.train, tokenizer, recipe.format, seq_len, directory / "train")
     evaluation = cached_format(corpus.eval, tokenizer, recipe.format, seq_len, directory / "eval")
     if recipe.eval_samples:
         evaluation = evaluation.select(range(min(recipe.eval_samples, len(evaluation))))
-    say(f"data: {len(train):,} train / {len(evaluation):,} eval examples")
+    say("pretrain", f"data: {len(train):,} train / {len(evaluation):,} eval examples")
     return PretrainData(tokenizer, train, evaluation, corpus.description, seq_len,
                         text_fingerprint(corpus.train, corpus.eval))
 
