@@ -18,7 +18,7 @@ from transformers import BertConfig, BertForMaskedLM
 from convattn.cli import main
 from convattn.runs.folder import run_folder_lock
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 GLUE_DATA = FIXTURES / "glue_data"
 SQUAD = FIXTURES / "squad"
 SENTENCES = ["a dog runs in the park .", "the cat sat on the mat .", "where does the river elm rise ?",
