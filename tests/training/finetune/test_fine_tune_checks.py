@@ -284,3 +284,19 @@ def test_a_loss_that_is_not_finite_before_any_update_does_not_blame_the_learning
     assert_one_line_exit_2(code, capsys.readouterr().err, command, "training stopped at step 1: the loss is nan before "
                            "any update, so the learning rate is not the cause", "the starting model's weights")
     assert not list((tmp_path / "out").glob("**/run.json"))
+
+
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_a_model_record_without_finished_runs_is_replaced(checkpoint, tmp_path, capsys, command):
+    """A record an earlier version left when it refused a job (no run finished) names no runs to keep apart."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"{command}_model.json").write_text(json.dumps({"model": "other", "identity": "0123456789abcdef"}))
+    (out / "log.txt").write_text("")
+    assert run(command, checkpoint, out) == 0
+    assert json.loads((out / f"{command}_model.json").read_text())["model"] == str(checkpoint)
+    capsys.readouterr()
+    other = copy_of(checkpoint, tmp_path)
+    config_with(other, hidden_dropout_prob=0.05)  # another fingerprint
+    assert run(command, other, out) == 2
+    assert "holds 1 finished run(s) of another model" in capsys.readouterr().err

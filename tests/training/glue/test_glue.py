@@ -323,7 +323,9 @@ def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
     out = tmp_path / "glue"
     check_same_model(out, str(first), "glue_model.json")
     check_same_model(out, str(first), "glue_model.json")  # the same model again: its finished runs are reused
-    with pytest.raises(UsageError, match="another model"):
+    (out / "runs" / "sst2" / "seed0").mkdir(parents=True)
+    (out / "runs" / "sst2" / "seed0" / "run.json").write_text("{}")  # a finished run of the first model
+    with pytest.raises(UsageError, match="holds 1 finished run"):
         check_same_model(out, str(second), "glue_model.json")
 
 

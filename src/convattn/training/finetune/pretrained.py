@@ -15,6 +15,7 @@ from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, write_json_atomic
 from convattn.runs.folder import check_own_folder
 from convattn.training.finetune.settings import BASE_HIDDEN_SIZE
+from convattn.training.finetune.trainer import RUN_FILE
 
 # transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable
 OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
@@ -88,14 +89,30 @@ def check_same_model(output_dir: Path, model: str, record_file: str) -> str:
     """Finished runs are reused only for the model that made them (weights + config, not the folder's name):
     `record_file` records it, written before the first run. Returns its fingerprint (`check_unchanged`)."""
     record = {"model": model, "identity": model_identity(model)}
-    saved = read_json(output_dir / record_file)
+    saved = read_record(output_dir / record_file)
+    if saved is not None and saved.get("identity") == record["identity"]:
+        return record["identity"]
     if saved is None:
         check_own_folder(output_dir, (record_file,))
-        write_json_atomic(output_dir / record_file, record)
-    elif saved["identity"] != record["identity"]:
-        raise UsageError(f"{output_dir} holds runs of another model ({saved['model']}, fingerprint "
-                         f"{saved['identity']}; {model} is {record['identity']}); use another {option('output_dir')}")
+    elif finished := sorted(output_dir.glob(f"runs/*/seed*/{RUN_FILE}")):
+        raise UsageError(f"{output_dir} holds {len(finished)} finished run(s) of another model "
+                         f"({saved.get('model')}, fingerprint {saved.get('identity')}; {model} is "
+                         f"{record['identity']}); use another {option('output_dir')}")
+    # (a record without finished runs was left by a job that stopped before any: it is replaced)
+    write_json_atomic(output_dir / record_file, record)
     return record["identity"]
+
+
+def read_record(file: Path) -> dict | None:
+    """A model record (None: none), one line naming it when damaged."""
+    try:
+        saved = read_json(file)
+    except ValueError:
+        saved = []
+    if saved is not None and not isinstance(saved, dict):
+        raise UsageError(f"{file} is damaged or not written by convattn (not a JSON object); delete it, or use "
+                         f"another {option('output_dir')}")
+    return saved
 
 
 def check_unchanged(model: str, identity: str) -> None:
