@@ -135,7 +135,8 @@ OS_ERRORS = {
     errno.EISDIR: "the path is a directory where a file is needed; choose another path",
     errno.ELOOP: "the path has a symbolic-link loop; choose another path",
 }
-DISK_FULL_TEXTS = ("No space left on device", "StorageFull", "file write failed")  # torch / safetensors wordings
+# torch / safetensors wordings (torch's zip writer says "unexpected pos" when a write came up short)
+DISK_FULL_TEXTS = ("No space left on device", "StorageFull", "file write failed", "unexpected pos")
 
 
 def known_cause(err: BaseException) -> str | None:

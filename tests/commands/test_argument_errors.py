@@ -42,3 +42,11 @@ def test_a_negative_number_is_a_value(tmp_path, monkeypatch, capsys, value):
     err = capsys.readouterr().err.strip()
     assert err.startswith("convattn pretrain: error: --lr -") and "must be a finite number" in err, err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_short_write_of_torch_is_said_as_a_full_disk():
+    """torch's zip writer reports a write cut short by a full disk as 'unexpected pos' (a checkpoint's save)."""
+    from convattn.cli import known_cause
+
+    err = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1536 vs 1430")
+    assert "the disk is full; free some space" in known_cause(err)
