@@ -55,6 +55,10 @@ def test_vocabulary_must_exceed_the_special_tokens():
 def test_bad_tokenizer_directory(tmp_path):
     with pytest.raises(UsageError, match="no such directory"):
         load_tokenizer(tmp_path / "nope")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(UsageError, match="not a directory; give the directory a tokenizer was saved to"):
+        load_tokenizer(tmp_path / "tokenizer.json")  # a file of it, not "no such directory"
+    (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(UsageError, match="cannot load a tokenizer"):
         load_tokenizer(tmp_path)
 

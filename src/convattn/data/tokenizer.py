@@ -132,6 +132,9 @@ def train_tokenizer(texts: datasets.Dataset, vocab_size: int, max_length: int,
 def load_tokenizer(directory: str | Path, flag: str = "--tokenizer") -> PreTrainedTokenizerBase:
     """A tokenizer saved by `convattn pretrain` or any pretrained HF tokenizer directory; errors name `flag`."""
     path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {directory}: not a directory; give the directory a tokenizer was saved to "
+                         "(tokenizer.json and its config), not a file in it")
     if not path.is_dir():
         raise UsageError(f"{flag} {directory}: no such directory; give a directory saved by a tokenizer")
     try:
