@@ -341,12 +341,16 @@ def bad_inputs(corpus: Path, tmp_path: Path) -> list[tuple[list[str], str]]:
     """(flags, what the line says): inputs a comparison reads only after hours of pretraining, checked first."""
     (tmp_path / "binary.txt").write_bytes(b"text\0more\n")
     glue_data = Path(__file__).resolve().parents[2] / "fixtures" / "glue_data"
+    squad = glue_data.parent / "squad"
     bad_glue = Path(shutil.copytree(glue_data, tmp_path / "glue_data"))
     (bad_glue / "SST-2" / "train.tsv").write_text("sentence\tlabel\nfine words\tmaybe\n")
     return [
         (["--train-file", str(tmp_path / "binary.txt")], "binary.txt: a binary file, not text"),
         (["--glue", "sst2", "--glue-data-dir", str(bad_glue)], "train.tsv:2: unknown sst2 label 'maybe'"),
         (["--layers", "2", "--hidden", "4000000"], "training needs at least"),
+        (["--glue", "sst2"], "could not load nyu-mll/glue (sst2, train) from the HF hub"),  # offline in the tests
+        (["--squad", "2.0", "--squad-train-file", str(squad / "train-v1.1.json"), "--squad-dev-file",
+          str(squad / "dev-v1.1.json")], "is a SQuAD 1.1 file"),
     ]
 
 

@@ -14,7 +14,7 @@ import torch
 from convattn.console import log_to, say
 from convattn.data.corpus import load_corpus, resolve_text_files
 from convattn.data.glue import get_task
-from convattn.data.squad import read_squad_json
+from convattn.data.squad import load_squad
 from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
 from convattn.errors import UsageError, option
 from convattn.files import staging_dir, write_json_atomic
@@ -109,10 +109,9 @@ def validate(options: CompareOptions) -> int:
             resolve_text_files(files, flag)  # each file text: said now, not after the first runs
     if options.glue:  # read now, not after hours of pretraining
         check_task_files([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
-    if options.squad:
-        for file in (options.squad.train_file, options.squad.dev_file):
-            if file is not None:
-                read_squad_json(file)  # missing, empty or not JSON: said before any training
+    if options.squad:  # read now (a local file or the hub), not after hours of pretraining
+        for split, file in (("train", options.squad.train_file), ("dev", options.squad.dev_file)):
+            load_squad(options.squad.version, split, file)
     return seq_len
 
 

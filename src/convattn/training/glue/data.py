@@ -81,9 +81,8 @@ def check_data(tasks: list[GlueTask], data_dir: Path | None) -> None:
 
 
 def check_task_files(tasks: list[GlueTask], data_dir: Path | None) -> None:
-    """`check_data`, and every local file of the tasks read and checked: for a job that fine-tunes only after
-    hours of pretraining (a comparison)."""
+    """`check_data`, and every split of the tasks read and checked (local files, or the hub's): for a job that
+    fine-tunes only after hours of pretraining (a comparison)."""
     check_data(tasks, data_dir)
-    if data_dir is not None:
-        for task in tasks:
-            read_task_splits(task, data_dir)
+    for task in tasks:
+        read_task_splits(task, data_dir)
