@@ -154,7 +154,9 @@ PADDED = {}  # no device runs padded batches padding-free: today's computation
 
 
 def measure(task: str, arms: dict, task_batches: list[list[dict]], reps: int) -> dict[str, float]:
-    """Median examples/s of each arm over `reps` passes through the batches, the arms taking turns batch by batch."""
+    """examples/s of each arm: the sum over the batches of each batch's median step time over `reps` passes. The arms
+    take turns step by step, in an order that rotates from batch to batch, so that a busy phase of the machine
+    hits every arm alike."""
     layouts = {"padded": [padded(b) for b in task_batches], "flattened": [flattened(b) for b in task_batches]}
     # the Trainer's default optimizer (adamw_torch_fused), which `convattn glue` steps with
     optimizers = {
@@ -162,21 +164,24 @@ def measure(task: str, arms: dict, task_batches: list[list[dict]], reps: int) ->
     }
     for model, _, _ in arms.values():
         model.train()
-    seconds = {name: [] for name in arms}
+    names = list(arms)
+    seconds = {(name, index): [] for name in names for index in range(len(task_batches))}
     for rep in range(reps + 1):  # the first pass warms up every arm
-        spent = dict.fromkeys(arms, 0.0)
         for index in range(len(task_batches)):
-            for name, (model, layout, padding_free) in arms.items():
+            turn = (rep * len(task_batches) + index) % len(names)
+            for name in names[turn:] + names[:turn]:
+                model, layout, padding_free = arms[name]
                 step = step_function(model, optimizers[name], layouts[layout][index], padding_free)
                 start = time.perf_counter()
                 step()
-                spent[name] += time.perf_counter() - start
-        if rep:
-            for name in arms:
-                seconds[name].append(spent[name])
+                if rep:
+                    seconds[name, index].append(time.perf_counter() - start)
     examples = sum(len(b) for b in task_batches)
     modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
-    return {name: examples / statistics.median(values) for name, values in seconds.items()}
+    return {
+        name: examples / sum(statistics.median(seconds[name, index]) for index in range(len(task_batches)))
+        for name in names
+    }
 
 
 def masked_lm_steps(model, optimizer, batches: list[dict], route: dict):
@@ -268,7 +273,8 @@ def main() -> int:
         "",
         f"{machine_line()}; transformers {transformers.__version__}. A step: forward + backward + AdamW (fused) of a "
         f"sequence classifier, train mode, batch {args.batch_size}, {args.batches} batches of real training "
-        f"examples per task, median of {args.reps} passes, arms interleaved batch by batch in one process.",
+        f"examples per task; each batch's median step time over {args.reps} passes, summed; the arms take turns "
+        "step by step in one process, in an order rotating from batch to batch.",
         "",
     ]
     if args.note:

@@ -149,7 +149,7 @@ def route(monkeypatch):
 
 @pytest.mark.parametrize("preset", PACKABLE_PRESETS)
 def test_a_padded_batch_run_padding_free_gives_todays_outputs_and_gradients(preset, route):
-    model = tiny_model(preset)
+    model = tiny_model(preset).train()  # the tiny configs have no dropout
     batch = padded(sequences(), extra=3)
     keep = batch["attention_mask"].bool()
     weights = torch.randn(*keep.shape, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -166,7 +166,7 @@ def test_a_padded_batch_run_padding_free_gives_todays_outputs_and_gradients(pres
 
 
 def test_hidden_states_come_back_padded_and_token_types_and_positions_follow_their_tokens(route):
-    model = tiny_model("chang2021-small/absolute")
+    model = tiny_model("chang2021-small/absolute").train()
     batch = padded(sequences(), extra=2)
     keep = batch["attention_mask"].bool()
     batch["token_type_ids"] = (torch.arange(keep.shape[1]) > 4).long().expand_as(keep)
@@ -183,15 +183,17 @@ def test_hidden_states_come_back_padded_and_token_types_and_positions_follow_the
 
 
 def test_batches_whose_pads_matter_stay_padded(route):
-    """Left padding, ConvBERT's reference padding (pads reach its convolution), attention maps asked for, and the
-    span QA head (its loss reads every position) keep today's padded computation, pad rows included."""
+    """Left padding, ConvBERT's reference padding (pads reach its convolution), attention maps asked for,
+    evaluation and inference, and the span QA head (its loss reads every position) keep today's padded
+    computation, pad rows included."""
     route("padding-free")
     batch = padded(sequences())
     left = {k: v.flip(1) for k, v in batch.items()}
     cases = [
-        (tiny_model("chang2021-small/composite"), left, {}),
-        (tiny_model("convbert/small", convbert_padding="reference"), batch, {}),
-        (tiny_model("chang2021-small/composite"), batch, {"output_attentions": True}),
+        (tiny_model("chang2021-small/composite").train(), left, {}),
+        (tiny_model("convbert/small", convbert_padding="reference").train(), batch, {}),
+        (tiny_model("chang2021-small/composite").train(), batch, {"output_attentions": True}),
+        (tiny_model("chang2021-small/composite").eval(), batch, {}),  # evaluation gives every position as before
     ]
     for model, inputs, options in cases:
         with torch.no_grad():
@@ -202,7 +204,7 @@ def test_batches_whose_pads_matter_stay_padded(route):
 
 
 def test_batches_with_little_padding_stay_padded():
-    model = tiny_model("chang2021-small/composite")
+    model = tiny_model("chang2021-small/composite").train()
     batch = padded(sequences([20, 20, 20, 19]))
     with torch.no_grad():
         out = model(**batch).last_hidden_state

@@ -248,8 +248,8 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
 
     Three layouts of a batch: padded (batch, n) with an attention_mask; flattened (1, total) with position_ids
     restarting at every sequence (transformers' `DataCollatorWithFlattening`; `flattened_sequences`), each
-    sequence computed as if alone; and a padded batch with enough padding, which runs padding-free inside
-    (`unpadded`) and comes back padded. Linformer's projections need the padded length: it takes padded batches
+    sequence computed as if alone; and, in training, a padded batch with enough padding, which runs padding-free
+    inside (`unpadded`) and comes back padded. Linformer's projections need the padded length: it takes padded batches
     only."""
 
     def __init__(self, config: ConvAttnConfig):
@@ -272,6 +272,17 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
     def takes_packed_sequences(self) -> bool:
         """Whether every layer computes packed sequences one by one (all but Linformer's)."""
         return all(attention_kind(self.config, i) != "linformer" for i in range(self.config.num_hidden_layers))
+
+    def worth_unpadding(self, keep: Tensor) -> bool:
+        """Whether to run this padded batch padding-free: in training (a training step only reads the real
+        positions' outputs, while evaluation and inference give back every position's, pads included, exactly as
+        before), with enough padding on a device where that measured faster (UNPAD_BELOW_REAL_FRACTION), the same
+        outputs at the real positions (`unpadding_keeps_outputs`), and no graph being traced (torch.compile,
+        export), which cannot branch on the data."""
+        if not self.training or is_tracing() or keep.device.type not in UNPAD_BELOW_REAL_FRACTION:
+            return False
+        mostly_padding = bool(keep.sum() < UNPAD_BELOW_REAL_FRACTION[keep.device.type] * keep.numel())
+        return mostly_padding and self.unpadding_keeps_outputs(keep)
 
     def unpadding_keeps_outputs(self, keep: Tensor) -> bool:
         """Whether running this padded batch padding-free gives its real positions today's outputs: every row is
@@ -351,9 +362,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
             keep = torch.ones(batch, n, dtype=torch.bool, device=device)
         else:
             keep = attention_mask.bool()
-        threshold = UNPAD_BELOW_REAL_FRACTION.get(keep.device.type, 0.0)
-        mostly_padding = bool(keep.sum() < threshold * keep.numel())
-        if mostly_padding and not output_attentions and not is_tracing() and self.unpadding_keeps_outputs(keep):
+        if not output_attentions and self.worth_unpadding(keep):
             return self.unpadded(keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         return self.encoder(hidden, TokenMask(keep), output_attentions, output_hidden_states)
@@ -383,7 +392,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
 
         def padded(stream: Tensor) -> Tensor:
             rows = stream.new_zeros(batch * n, stream.shape[-1])
-            return rows.index_copy(0, token_index, stream[0]).view(batch, n, -1)
+            return rows.index_copy_(0, token_index, stream.flatten(0, 1)).view(batch, n, -1)
 
         return BaseModelOutput(
             last_hidden_state=padded(encoded.last_hidden_state),

@@ -154,7 +154,8 @@ class PackedSequences:
         its (count, longest, ...) result put back into a stream (1, total, ...). grouped=False: one block of all the
         sequences in order (for attention maps of the whole batch)."""
         groups = self.groups if grouped else [self.one_block]
-        pieces = [(group, group.scatter(compute(*(group.gather(x[0]) for x in tensors), group.mask)))
+        # flatten(0, 1), a view, drops the stream's batch axis of 1 (x[0] would copy in backward)
+        pieces = [(group, group.scatter(compute(*(group.gather(x.flatten(0, 1)) for x in tensors), group.mask)))
                   for group in groups]
         if len(pieces) == 1 and pieces[0][0].tokens is None:
             return pieces[0][1][None]

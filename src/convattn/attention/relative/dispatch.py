@@ -151,7 +151,7 @@ def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, re
     from convattn.attention.relative.triton_attention import triton_relative_attention
 
     total = query.shape[1]
-    q, k, v = (x[0].unflatten(-1, (num_heads, -1)) for x in (query, key, value))  # (total, heads, d)
+    q, k, v = (x.flatten(0, 1).unflatten(-1, (num_heads, -1)) for x in (query, key, value))  # (total, heads, d)
     row_table = key_table = None
     if relative is not None:
         # the tables are per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
