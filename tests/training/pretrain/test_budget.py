@@ -109,7 +109,8 @@ def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path,
     assert spent >= 4.0
     rates = logged_learning_rates(out)
     peak = rates.index(max(rates))
-    assert max(rates) > 0 and rates[peak:] == sorted(rates[peak:], reverse=True)  # warm-up, then only decay
+    # warm-up, then only decay (a machine that fits one logged step into 4 s logs only the first, at lr 0)
+    assert rates and rates[peak:] == sorted(rates[peak:], reverse=True)
     evaluations = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(evaluations) >= 2  # step 0 and the deadline
     assert evaluations[-1]["training_seconds"] == pytest.approx(spent, abs=0.1)  # the clock, for compare's figure
