@@ -92,6 +92,18 @@ def flag_namer(args: argparse.Namespace):
     return lambda field: flags.get(field) or by_field.get(field) or field
 
 
+FIELD_VALUE = re.compile(r"(?P<field>\w+)=(?P<rest>.*)", re.DOTALL)
+
+
+def with_flag(message: str, name) -> str:
+    """A config error 'num_hidden_layers=-2 must be ...' as '--layers -2 must be ...' where a flag sets the field
+    (`name`: field -> flag, or the field itself)."""
+    found = FIELD_VALUE.fullmatch(message)
+    if found is None or name(found["field"]) == found["field"]:
+        return message
+    return f"{name(found['field'])} {found['rest']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -107,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"convattn {args.command}: error: {err.describe(flag_namer(args))}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as err:
-        print(f"convattn {args.command}: error: {err}", file=sys.stderr)
+        print(f"convattn {args.command}: error: {with_flag(str(err), flag_namer(args))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`convattn presets | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
