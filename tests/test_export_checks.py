@@ -59,6 +59,14 @@ def test_an_onnx_path_that_is_a_folder_or_under_a_file_is_refused(model, tmp_pat
     assert leftovers(tmp_path) == ["file", "out"] and not any((tmp_path / "out").iterdir())
 
 
+def test_an_onnx_path_over_another_file_is_refused(model, tmp_path, capsys):
+    """No export writes over one of its inputs (the model's weights) or a file that is not a graph."""
+    weights = model / "model.safetensors"
+    before = weights.read_bytes()
+    assert_refused(export(model, weights), capsys.readouterr().err, "is an existing file that is not an ONNX graph")
+    assert weights.read_bytes() == before
+
+
 @pytest.mark.parametrize(("damage", "message"), [
     (nan_weights, "non-finite (NaN or infinite) weights"),
     (lambda f: config_with(f, not_a_field=1), "fields convattn does not know: not_a_field"),

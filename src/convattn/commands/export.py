@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_opset(args.opset)
     check_onnx_path(args.onnx)
+    if args.onnx.is_file() and args.onnx.suffix != ".onnx":  # the model's own weights, a user's file
+        raise UsageError(f"--onnx {args.onnx} is an existing file that is not an ONNX graph, which the export would "
+                         "replace; give a new file name ending in .onnx")
     if not args.model_dir.is_dir():
         raise UsageError(f"{args.model_dir} is not a folder: give the folder of a saved model")
     check_model_folder(args.model_dir, flag="model_dir", need_convattn="convattn export writes convattn models only")
