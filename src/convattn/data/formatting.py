@@ -31,6 +31,7 @@ COLUMNS = ["input_ids", "token_type_ids", "special_tokens_mask"]
 # a text of a pair is cut to this many characters per token of the sequence before it is tokenized: the tokens
 # truncation keeps lie well within (real text averages under 10 characters a token), so the examples are the same
 PAIR_CHARS_PER_TOKEN = 16
+PAIR_TOKEN_SLOTS = 50_000  # pair tokens (overflowing pieces included) the fast tokenizer holds at once
 TOKENIZER_CHARS = 1_000_000  # text given to the fast tokenizer at once (it holds offsets and strings per token)
 
 
@@ -62,8 +63,10 @@ def _pair_lines(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -
     firsts, seconds = lines[0:len(lines) - 1:2], lines[1::2]
     options = dict(max_length=seq_len, return_token_type_ids=True, return_special_tokens_mask=True)
     rows: dict[str, list] = {column: [] for column in COLUMNS}
-    # a pair is encoded whole before truncation: a bounded slice of text at a time bounds the tokenizer's memory
-    for part in _chunks([len(a) + len(b) for a, b in zip(firsts, seconds, strict=True)], TOKENIZER_CHARS):
+    # a pair is encoded whole before truncation, with the product of its texts' overflowing pieces: a bounded
+    # number of those at a time bounds the tokenizer's memory (a character is at most a token)
+    costs = [(len(a) // seq_len + 1) * (len(b) // seq_len + 1) * seq_len for a, b in zip(firsts, seconds, strict=True)]
+    for part in _chunks(costs, PAIR_TOKEN_SLOTS):
         encoded = tokenizer(firsts[part], seconds[part], truncation="longest_first", **options)
         for column in COLUMNS:
             rows[column].extend(encoded[column])
