@@ -74,6 +74,7 @@ IMPOSSIBLE_VALUES = [
      "conv_kernel_size 100001 is wider than the 63 taps that reach every token of a 32-token sequence"),
     (["--lr", "-1e-3"], "--lr -0.001 must be a finite number"),  # a negative value, not a missing one
     (["--layers", "-2"], "error: --layers -2 must be an integer >= 1"),  # the config's field, named by its flag
+    (["--batch-size", "400000000000"], "GiB of activations for the backward pass"),
 ]
 
 

@@ -136,6 +136,7 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
         raise UsageError(f"{option('seq_len')} {seq_len} is too short; use at least 8 tokens (the papers use 128)")
     check_kernels_fit(config, seq_len)
     check_fits_memory(config)
+    check_batch_fits_memory(recipe, config, seq_len)
     check_output_outside_corpus(options)
     return config
 
@@ -181,6 +182,20 @@ def check_fits_memory(config: ConvAttnConfig) -> None:
             f"{option('intermediate_size')} {config.intermediate_size}): training needs at least "
             f"{needed / 2**30:,.1f} GiB ({TRAINING_BYTES_PER_PARAMETER} bytes a parameter: weights, gradients, AdamW's "
             f"moments), this machine has {available / 2**30:,.1f} GiB; make the model smaller")
+
+
+def check_batch_fits_memory(recipe: Recipe, config: ConvAttnConfig, seq_len: int) -> None:
+    """Refuse a micro-batch whose activations cannot fit the machine's memory: at least one float32 hidden state
+    per token and layer is kept for the backward pass."""
+    micro_batch = per_device_batch(recipe)
+    needed = micro_batch * seq_len * config.hidden_size * config.num_hidden_layers * 4
+    if needed > machine_memory():
+        raise UsageError(
+            f"a micro-batch of {micro_batch:,} examples x {seq_len} tokens ({option('batch_size')} "
+            f"{recipe.batch_size} over {world_size()} process(es) x {recipe.gradient_accumulation} accumulation "
+            f"step(s)) keeps at least {needed / 2**30:,.1f} GiB of activations for the backward pass, this machine "
+            f"has {machine_memory() / 2**30:,.1f} GiB; lower {option('batch_size')} or raise "
+            f"{option('gradient_accumulation')}")
 
 
 def check_output_outside_corpus(options: PretrainOptions) -> None:
