@@ -97,6 +97,7 @@ POSITIVE_FLAGS = ("max_steps", "batch_size", "max_train_samples")
 
 
 MAX_EPOCHS = 10_000
+MAX_STEPS = 10**9  # years of training at any speed
 
 
 def fine_tune_overrides(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict:
@@ -113,6 +114,7 @@ def fine_tune_overrides(args: argparse.Namespace, extra: tuple[str, ...] = ()) -
         "epochs": (lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS:,}]"),
         "max_length": (lambda v: v >= 1, "an integer >= 1 (tokens per input)"),
         **{name: (lambda v: v >= 1, "an integer >= 1") for name in (*POSITIVE_FLAGS, *extra)},
+        "max_steps": (lambda v: 1 <= v <= MAX_STEPS, f"an integer from 1 to {MAX_STEPS:,}"),
     }
     for name, (allowed, words) in ranges.items():
         value = getattr(args, name, None)

@@ -72,6 +72,7 @@ BAD_VALUES = {
         (["--max-train-samples", "0"], "--max-train-samples 0 must be an integer >= 1"),
         (["--batch-size", "0"], "--batch-size 0 must be"),
         (["--max-steps", "-3"], "--max-steps -3 must be"),
+        (["--max-steps", "100000000000000"], "--max-steps 100000000000000 must be an integer from 1 to 1,000,000,000"),
         (["--max-length", "1"], "--max-length 1 leaves no room for the text: give at least"),
         (["--max-length", "0"], "--max-length 0 must be"),
         (["--task-lr", "sst2=nan"], "--task-lr sst2=nan"),

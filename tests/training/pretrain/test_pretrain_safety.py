@@ -75,6 +75,7 @@ IMPOSSIBLE_VALUES = [
     (["--lr", "-1e-3"], "--lr -0.001 must be a finite number"),  # a negative value, not a missing one
     (["--layers", "-2"], "error: --layers -2 must be an integer >= 1"),  # the config's field, named by its flag
     (["--batch-size", "400000000000"], "GiB of activations for the backward pass"),
+    (["--max-steps", "100000000000000"], "--max-steps 100000000000000 is above 1,000,000,000"),
 ]
 
 

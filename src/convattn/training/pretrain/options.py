@@ -46,6 +46,7 @@ SCHEDULE_CHANGES = ("max_steps", "time_budget")
 
 # max_steps of a time-budget run that no step count ends, as its options file said before it said null
 LEGACY_NO_STEP_LIMIT = 10**9
+MAX_STEPS = 10**9  # years of training at any speed
 
 
 def recorded_options(file: Path) -> dict | None:
@@ -118,6 +119,9 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
     for name, value in {**counts, "log_every": options.log_every}.items():
         if value is not None and value < 1:
             raise UsageError(f"{option(name)} {value} must be at least 1")
+    if recipe.max_steps is not None and recipe.max_steps > MAX_STEPS:
+        raise UsageError(f"{option('max_steps')} {recipe.max_steps} is above {MAX_STEPS:,} (years of training at any "
+                         f"speed); give fewer steps, or {option('time_budget')} to train for a time")
     check_numbers(recipe)
     if recipe.max_steps is not None and warmup_steps(recipe) >= recipe.max_steps:
         raise UsageError(f"{option('warmup')} {recipe.warmup:g} is not below {option('max_steps')} {recipe.max_steps}: "
