@@ -134,6 +134,11 @@ def model_output_dir(command: str, model: str) -> Path:
     return Path(command) / f"{Path(model).name}-{model_identity(model)[:8]}"
 
 
+def check_step_limit(flag: str, steps: int | None) -> None:
+    if steps is not None and steps > MAX_STEPS:
+        raise UsageError(f"{flag} {steps} must be an integer from 1 to {MAX_STEPS:,}")
+
+
 def glue_request(args: argparse.Namespace):
     from convattn.data.glue import parse_task_list
     from convattn.training.compare.options import GlueRequest
@@ -149,6 +154,7 @@ def glue_request(args: argparse.Namespace):
                         ("--glue-max-train-samples", args.glue_max_train_samples)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value} must be at least 1")
+    check_step_limit("--glue-max-steps", args.glue_max_steps)
     overrides = {"max_steps": args.glue_max_steps, "max_train_samples": args.glue_max_train_samples}
     return GlueRequest(parse_task_list(args.glue), args.glue_data_dir, args.glue_recipe, args.glue_seeds, overrides)
 
@@ -169,6 +175,7 @@ def squad_request(args: argparse.Namespace):
                         ("--squad-max-length", args.squad_max_length)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value} must be at least 1")
+    check_step_limit("--squad-max-steps", args.squad_max_steps)
     overrides = {"max_steps": args.squad_max_steps, "max_length": args.squad_max_length}
     return SquadRequest(args.squad, args.squad_train_file, args.squad_dev_file, args.squad_seeds, overrides)
 

@@ -154,6 +154,8 @@ def test_report_only_of_a_subset_leaves_the_full_report_alone(compared, monkeypa
         (["--presets", " , "], "no runs to compare"),
         (["--presets", "chang2021-small/nope"], "chang2021-small/{none,absolute,"),
         (["--presets", "chang2021-small/none,chang2021-small/none"], "listed more than once"),
+        (["--presets", "chang2021-small/none", "--glue", "sst2", "--glue-max-steps", "10000000000"],
+         "--glue-max-steps 10000000000 must be an integer from 1 to 1,000,000,000"),
     ],
 )
 def test_bad_selection_exits_2_with_one_line(tmp_path, capsys, selection, needle):
