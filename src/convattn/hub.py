@@ -10,10 +10,11 @@ import yaml
 
 from convattn.errors import UsageError
 from convattn.files import read_json, write_text_atomic
+from convattn.runs.finetune import PUBLISHED_RECORD
 from convattn.runs.pretrain import CHECKPOINTS, OPTIONS_FILE, TENSORBOARD, read_metrics
 
 CARD = "README.md"
-FINE_TUNED_RECORD = "fine_tuned.json"  # beside a model glue or squad published: its task, seed and dev scores
+FINE_TUNED_RECORD = PUBLISHED_RECORD  # beside a model glue or squad published: its task, seed and dev scores
 RUN_FILES = ("config.json", "model.safetensors")
 # what a run folder holds that is not for the Hub (resumable state, logs are kept: metrics.jsonl, *.png)
 NOT_UPLOADED = [f"{CHECKPOINTS}/*", f"{TENSORBOARD}/*", ".*"]

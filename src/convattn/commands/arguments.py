@@ -221,4 +221,7 @@ def add_fine_tune_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--save-models", choices=("best", "all", "none"), default="best",
                         help="fine-tuned models to keep: the best dev seed's as OUTPUT_DIR/models/<task>/ (best), "
                              "also every seed's in its run folder (all), or none")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results --output-dir holds (never anything else): kept until the new job "
+                             "finishes its first seed, given back if it fails or is stopped before")
     return hyper

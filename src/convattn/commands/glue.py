@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = fine_tune_overrides(args)
     output_dir = args.output_dir or model_output_dir("glue", args.model)
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
-                       overrides=overrides, task_lr=task_lr, from_mnli=args.from_mnli, save_models=args.save_models)
+                       overrides=overrides, task_lr=task_lr, from_mnli=args.from_mnli, save_models=args.save_models,
+                       overwrite=args.overwrite)
     print((output_dir / "glue_results.md").read_text())
     glue = results["glue"]
     if "mean" in glue:

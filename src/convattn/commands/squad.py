@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_squad(args.model, args.version, output_dir, train_file=args.train_file, dev_file=args.dev_file,
                         recipe=args.recipe, seeds=args.seeds,
                         overrides={**fine_tune_overrides(args, SPAN_FLAGS), "head": args.head},
-                        save_models=args.save_models)
+                        save_models=args.save_models, overwrite=args.overwrite)
     print((output_dir / "squad_results.md").read_text())
     print(f"results: {output_dir / SQUAD_RESULTS}")
     if results.get("model_dir"):

@@ -3,4 +3,6 @@
     folder.py    any run folder: its one writer (the lock), the checks before anything is written, the options
                  record compared, `seed_dir`
     pretrain.py  a pretraining run's folder: file names, checkpoints, metrics, `run_state`, removing what it wrote
+    finetune.py  a fine-tuning job's folder (glue, squad): what it writes at any depth, when a replacement stands
+    replace.py   --overwrite of any job: the old run kept aside until the new one stands, given back otherwise
 """

@@ -1,12 +1,40 @@
-"""A fine-tuning job's folder (glue, squad): the results it writes, and where a comparison fine-tunes each of its
-pretraining seeds (`<seed folder>/glue/`, `<seed folder>/squad/`)."""
+"""A fine-tuning job's folder (glue, squad): the files it writes, at any depth, what --overwrite may replace and
+when a replacement stands (its first finished seed), and where a comparison fine-tunes each of its pretraining
+seeds (`<seed folder>/glue/`, `<seed folder>/squad/`).
+
+    glue_model.json / squad_model.json     the model every seed of the folder fine-tuned (written first)
+    glue_results.json, glue_results.md     (squad_results.*) every finished seed, aggregated
+    submission/<TASK>.tsv                  glue: the best dev seed's test predictions
+    runs/<task>/seed<k>/                   one seed: run.json (written last), log.json, predictions, model/
+    models/<task>/                         the best dev seed's model, its record and model card
+    log.txt                                the libraries' output
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+from convattn.console import LOG_FILE
+from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, foreign_entries
+from convattn.runs.pretrain import MODEL_FILES, is_code_or_temp, is_model_card
+from convattn.runs.replace import JobLayout
 
 GLUE_RESULTS = "glue_results.json"
 SQUAD_RESULTS = "squad_results.json"
+GLUE_MODEL_RECORD = "glue_model.json"
+SQUAD_MODEL_RECORD = "squad_model.json"
+SEED_RUN_FILE = "run.json"  # written last: a seed folder without it is an interrupted seed
+PUBLISHED_RECORD = "fine_tuned.json"  # beside a published model: its task, seed and dev scores
+
+# what a job writes at the top of its folder
+GLUE_ENTRIES = frozenset({GLUE_MODEL_RECORD, GLUE_RESULTS, "glue_results.md", "submission", "runs", "models"})
+SQUAD_ENTRIES = frozenset({SQUAD_MODEL_RECORD, SQUAD_RESULTS, "squad_results.md", "runs", "models"})
+COMMON_ENTRIES = frozenset({LOG_FILE, LOCK_FILE, REPLACED, PARTIAL})
+# what a seed's folder holds (glue and squad)
+SEED_FILES = frozenset({SEED_RUN_FILE, "log.json", "predictions.json", "nbest_predictions.json", "null_odds.json"})
+SEED_FOLDERS = frozenset({"predictions", "model", "model.partial"})
+SEED_NAME = re.compile(r"seed\d+")
 
 
 def glue_dir(pretraining_seed: Path) -> Path:
@@ -15,3 +43,51 @@ def glue_dir(pretraining_seed: Path) -> Path:
 
 def squad_dir(pretraining_seed: Path) -> Path:
     return Path(pretraining_seed) / "squad"
+
+
+def has_finished_seed(out: Path) -> bool:
+    """The folder holds a finished seed (a replacement stands once it has one)."""
+    return any(Path(out).glob(f"runs/*/seed*/{SEED_RUN_FILE}"))
+
+
+def _written_inside(top: frozenset[str]):
+    def written_inside(entry: Path, out: Path) -> bool:
+        """Whether an entry at any depth of a fine-tuning folder is one the job writes (a user's notes are not)."""
+        parts, name = entry.relative_to(out).parts, entry.name
+        if (is_code_or_temp(name) and entry.is_file()) or parts[0] in (REPLACED, PARTIAL):
+            return True
+        if len(parts) == 1:
+            return name in top or name in COMMON_ENTRIES
+        first, depth, folder = parts[0], len(parts), entry.is_dir() and not entry.is_symlink()
+        if first == "submission":
+            return depth == 2 and entry.is_file() and name.endswith(".tsv")
+        if first == "models":
+            return folder if depth == 2 else depth == 3 and entry.is_file() and _published_file(entry)
+        if first != "runs":
+            return False
+        if depth <= 3:  # runs/<task>/seed<k>
+            return folder and (depth == 2 or SEED_NAME.fullmatch(name) is not None)
+        if depth == 4:
+            return (folder and name in SEED_FOLDERS) or (entry.is_file() and name in SEED_FILES)
+        return depth == 5 and entry.is_file() and (
+            name.endswith(".tsv") if parts[3] == "predictions" else name in MODEL_FILES)
+    return written_inside
+
+
+def _published_file(entry: Path) -> bool:
+    name = entry.name
+    return name in MODEL_FILES or name == PUBLISHED_RECORD or (name == "README.md" and is_model_card(entry))
+
+
+def layout(job: str) -> JobLayout:
+    """The `JobLayout` of a glue or squad folder (what --overwrite moves aside and gives back)."""
+    top = GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES
+    record = GLUE_MODEL_RECORD if job == "glue" else SQUAD_MODEL_RECORD
+    return JobLayout(job, record, lambda entry: entry.name in top or entry.name in COMMON_ENTRIES or
+                     (is_code_or_temp(entry.name) and entry.is_file()),
+                     has_finished_seed, "its first finished seed")
+
+
+def foreign_files(out: Path, job: str) -> list[str]:
+    """What a glue or squad folder holds that the job does not write, at any depth, relative to `out`."""
+    return foreign_entries(out, _written_inside(GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES))

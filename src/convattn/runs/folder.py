@@ -18,7 +18,7 @@ import datetime
 import fcntl
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,6 +26,8 @@ from convattn.console import main_process
 from convattn.errors import UsageError, listed, option
 
 LOCK_FILE = ".convattn.lock"
+# an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
+REPLACED, PARTIAL = ".replaced-run", ".replaced-run.partial"
 # options that say where and how verbosely a run is written, not what it computes: they may differ between a
 # run folder and the invocation that continues or reuses it
 BOOKKEEPING_OPTIONS = ("output_dir", "resume", "overwrite", "log_every", "cache_dir")
@@ -93,12 +95,14 @@ def _acquire(path: Path, flag: str) -> int:
 
 def check_own_folder(folder: Path, records: tuple[str, ...], flag: str = option("output_dir")) -> None:
     """Refuse, before anything is written, a folder that is neither missing, empty (a lock file aside) nor a run of
-    this kind (one holding a file of `records`, which such a run writes first): it holds someone else's files, which
-    the run's own files of the same names (a report.md, a submission/) would overwrite."""
+    this kind (one holding a file of `records`, which such a run writes first; an old run an --overwrite keeps
+    aside does not count): it holds someone else's files, which the run's own files of the same names (a
+    report.md, a submission/) would overwrite."""
     folder = Path(folder)
     if not folder.is_dir() or any((folder / record).is_file() for record in records):
         return
-    others = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if p.name != LOCK_FILE)
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+                    if p.name not in (LOCK_FILE, REPLACED, PARTIAL))
     if others:
         raise UsageError(f"{flag} {folder} holds files convattn did not write ({listed(others)}); choose another "
                          f"{flag}, or move them out")
@@ -113,6 +117,28 @@ def seed_dir(folder: Path, name: str, seed: int | None = None) -> Path:
     """`<folder>/runs/<name>/seed<k>` (the run's own folder when seed is None)."""
     path = Path(folder) / "runs" / name
     return path if seed is None else path / f"seed{seed}"
+
+
+def foreign_entries(out: Path, written_inside: Callable[[Path, Path], bool]) -> list[str]:
+    """What `out` holds that `written_inside(entry, out)` says a job did not write, at any depth, relative to
+    `out` (a folder is named with a trailing /, not what it holds)."""
+    foreign = []
+    folders = [Path(out)]
+    while folders:
+        for entry in sorted(folders.pop().iterdir()):
+            if not written_inside(entry, out):
+                foreign.append(str(entry.relative_to(out)) + ("/" if entry.is_dir() else ""))
+            elif entry.is_dir() and not entry.is_symlink():
+                folders.append(entry)
+    return sorted(foreign)
+
+
+def check_only_own_files(folder: Path, foreign: list[str], flag: str = option("overwrite")) -> None:
+    """Refuse, naming them, the files of `folder` a job did not write (`foreign`, relative to it)."""
+    if foreign:
+        raise UsageError(f"{flag}: {folder} holds files convattn did not write ({', '.join(foreign[:5])}"
+                         f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another "
+                         f"{option('output_dir')}")
 
 
 def check_removable(path: Path, record: str, flag: str = option("overwrite")) -> None:

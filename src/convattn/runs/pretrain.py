@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 from convattn.console import LOG_FILE
 from convattn.errors import UsageError, option
-from convattn.runs.folder import LOCK_FILE, holds_only_lock
+from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, foreign_entries, holds_only_lock
+from convattn.runs.replace import JobLayout
 
 OPTIONS_FILE = "pretrain_options.json"
 DATA_FILE = "pretrain_data.json"  # the text the run started with (its fingerprint), checked on --resume
@@ -34,8 +34,6 @@ TENSORBOARD = "tensorboard"
 DISCRIMINATOR = "discriminator"  # ELECTRA runs: the encoder to fine-tune
 FINAL_TMP = ".final.tmp"  # the final model while it is written
 TRAINER_STATE = "trainer_state.json"  # in each checkpoint; the Trainer writes it last
-# an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
-REPLACED, PARTIAL = ".replaced-run", ".replaced-run.partial"
 
 # what a model folder holds: the final model, a checkpoint, discriminator/ (`save_pretrained` of a model and of a
 # tokenizer, ours or any HF one given with --tokenizer)
@@ -149,15 +147,7 @@ def written_inside_run(entry: Path, out: Path) -> bool:
 def foreign_files(out: Path) -> list[str]:
     """What `out` holds that a pretraining run does not write, at any depth, relative to `out` (a folder is named
     with a trailing /, not what it holds)."""
-    foreign = []
-    folders = [out]
-    while folders:
-        for entry in sorted(folders.pop().iterdir()):
-            if not written_inside_run(entry, out):
-                foreign.append(str(entry.relative_to(out)) + ("/" if entry.is_dir() else ""))
-            elif entry.is_dir() and not entry.is_symlink():
-                folders.append(entry)
-    return sorted(foreign)
+    return foreign_entries(out, written_inside_run)
 
 
 def is_model_card(path: Path) -> bool:
@@ -169,13 +159,11 @@ def is_model_card(path: Path) -> bool:
     return "- convattn" in metadata
 
 
+# what --overwrite moves aside and gives back (convattn.runs.replace)
+PRETRAIN = JobLayout("pretrain", OPTIONS_FILE, written_by_run, has_saved, "its first checkpoint")
+
+
 def remove_run_files(out: Path) -> None:
     """Remove what a run wrote into `out` (`check_output_dir` made sure nothing else is there), but the lock and
     an old run kept aside."""
-    for entry in out.iterdir():
-        if entry.name in (LOCK_FILE, REPLACED, PARTIAL) or not written_by_run(entry):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+    PRETRAIN.remove_written(out)

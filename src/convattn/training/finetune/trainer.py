@@ -14,9 +14,10 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArg
 from convattn.console import captured
 from convattn.errors import UsageError, option
 from convattn.files import read_json
+from convattn.runs.finetune import SEED_RUN_FILE
 from convattn.training.finetune.settings import FineTuneSettings
 
-RUN_FILE = "run.json"  # written last: a seed folder without it is an interrupted seed
+RUN_FILE = SEED_RUN_FILE  # written last: a seed folder without it is an interrupted seed
 
 
 def finished_run(path: Path) -> dict | None:

@@ -9,7 +9,9 @@ from pathlib import Path
 from convattn.console import log_to, processes, say, say_launch
 from convattn.data.glue import get_task
 from convattn.errors import UsageError, option
+from convattn.runs.finetune import GLUE_MODEL_RECORD, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
+from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
@@ -18,7 +20,8 @@ from convattn.training.glue.results import aggregate
 from convattn.training.glue.run import fine_tune, mnli_model_dir, predict_ax
 from convattn.training.glue.settings import GlueSettings, load_glue_recipe, resolve_settings
 
-MODEL_FILE = "glue_model.json"  # the model every run of the folder fine-tuned
+MODEL_FILE = GLUE_MODEL_RECORD  # the model every run of the folder fine-tuned
+GLUE = layout("glue")  # what --overwrite moves aside and gives back
 
 
 def check_finished_runs(output_dir: Path, settings: dict[str, GlueSettings], seeds: int) -> None:
@@ -29,12 +32,13 @@ def check_finished_runs(output_dir: Path, settings: dict[str, GlueSettings], see
 
 
 def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str, GlueSettings],
-                         seeds: int) -> None:
-    """AX and --from-mnli tasks need the same seed's MNLI model: from this invocation or a finished run."""
+                         seeds: int, replace: bool = False) -> None:
+    """AX and --from-mnli tasks need the same seed's MNLI model: from this invocation or a finished run (not one
+    of the job --overwrite replaces)."""
     dependents = [t for t in tasks if t == "ax" or settings[t].from_mnli]
     if not dependents or "mnli" in tasks:
         return
-    missing = [s for s in range(seeds) if not (mnli_model_dir(output_dir, s) / "config.json").is_file()]
+    missing = [s for s in range(seeds) if replace or not (mnli_model_dir(output_dir, s) / "config.json").is_file()]
     if missing:
         raise UsageError(f"{', '.join(dependents)} need(s) the MNLI-tuned model of seeds {missing}, not found under "
                          f"{output_dir / 'runs' / 'mnli'}; add mnli to {option('task')}")
@@ -54,8 +58,9 @@ def fitted_settings(settings: GlueSettings, max_length_given: bool,
 
 def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | None = None, recipe: str = "chang2021",
              seeds: int | None = None, overrides: dict | None = None, task_lr: dict[str, float] | None = None,
-             from_mnli: bool = False, save_models: str = "best") -> dict:
-    """Fine-tune `model` on `tasks` for each seed (skipping finished runs), then aggregate everything in output_dir."""
+             from_mnli: bool = False, save_models: str = "best", overwrite: bool = False) -> dict:
+    """Fine-tune `model` on `tasks` for each seed (skipping finished runs), then aggregate everything in output_dir.
+    `overwrite`: replace the job output_dir holds (kept aside until the first seed of the new one finishes)."""
     check_save_models(save_models)
     recipe_fields = load_glue_recipe(recipe)
     seeds = seeds or recipe_fields["seeds"]
@@ -76,20 +81,24 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
                                                     overrides, task_lr, from_mnli),
                                    overrides.get("max_length") is not None, pretrained) for t in tasks}
     with run_folder_lock(output_dir):
-        check_finished_runs(output_dir, settings, seeds)
-        check_mnli_available(output_dir, tasks, settings, seeds)
-        pending = {name: pending_seeds(output_dir, name, seeds) for name in tasks}
+        recover_replaced_run(output_dir, GLUE)
+        replace = replaces(output_dir, GLUE, lambda out: foreign_files(out, "glue"), overwrite)
+        if not replace:  # the runs of the job replaced are neither reused nor checked
+            check_finished_runs(output_dir, settings, seeds)
+        check_mnli_available(output_dir, tasks, settings, seeds, replace)
+        pending = {name: list(range(seeds)) if replace else pending_seeds(output_dir, name, seeds) for name in tasks}
         # every file a pending task reads, read and checked before the first write
         splits = {name: read_task_splits(get_task(name), data_dir, settings[name].max_train_samples)
                   for name in tasks if pending[name]}
-        identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
-        log_to(output_dir)
-        say_launch("glue")
-        for name in tasks:
-            run_task(name, output_dir, splits.get(name), settings, pending[name], seeds, model, identity, pretrained,
-                     save_models != "none")
-        results = aggregate(output_dir)
-        results["models"] = publish_models(output_dir, results, save_models)
+        with replacing(output_dir, GLUE, replace):
+            identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
+            log_to(output_dir)
+            say_launch("glue")
+            for name in tasks:
+                run_task(name, output_dir, splits.get(name), settings, pending[name], seeds, model, identity,
+                         pretrained, save_models != "none")
+            results = aggregate(output_dir)
+            results["models"] = publish_models(output_dir, results, save_models)
         return results
 
 
@@ -140,3 +149,4 @@ def run_task(name: str, output_dir: Path, splits: TaskSplits | None, settings: d
                 say("glue", f"{name} seed {seed}: warning: {warning}")
         else:
             predict_ax(task, seed, data, output_dir, tokenizer, path)
+        drop_replaced_if_standing(output_dir, GLUE)  # a job --overwrite replaces goes once this one has a seed

@@ -4,11 +4,11 @@
     data.py       corpus, tokenizer, formatted examples, the masking collator
     trainer.py    the model factory, `PretrainTrainer` (exact eval perplexity), its `TrainingArguments`
     callbacks.py  throughput, metrics.jsonl + perplexity.png, the progress bar
-    replace.py    --overwrite: the old run kept aside until the new one stands, given back otherwise
     run.py        `pretrain(options)`: one run, start to finish or resumed
 
 Everything the user can get wrong (files, vocabulary, sequence length, preset, output directory) is
-checked before the output directory is touched. What the output directory then holds: `convattn.runs.pretrain`.
+checked before the output directory is touched. What the output directory then holds: `convattn.runs.pretrain`;
+--overwrite keeps the old run aside until the new one stands: `convattn.runs.replace`.
 
 Eval perplexity is exp(total token loss / total masked tokens) over the whole eval set; masks are drawn
 from a generator seeded by each batch's tokens, so every evaluation scores the same positions.

@@ -17,7 +17,7 @@ from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError, option
 from convattn.files import read_json
-from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_removable, check_same_options
+from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_only_own_files, check_removable, check_same_options
 from convattn.runs.pretrain import (
     DATA_FILE,
     EMPTY,
@@ -294,11 +294,7 @@ def check_output_dir(options: PretrainOptions) -> OutputPlan:
                          f"replace it with {option('overwrite')}, or choose another {option('output_dir')}")
     flag = option("overwrite") if options.overwrite else option("output_dir")
     check_removable(out, OPTIONS_FILE, flag)
-    foreign = foreign_files(out)
-    if foreign:
-        raise UsageError(f"{flag}: {out} holds files convattn did not write ({', '.join(foreign[:5])}"
-                         f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another "
-                         f"{option('output_dir')}")
+    check_only_own_files(out, foreign_files(out), flag)
     return OutputPlan(replace=True)
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from convattn.console import say
 from convattn.errors import UsageError, option
+from convattn.runs.pretrain import PRETRAIN
+from convattn.runs.replace import replaced_record
 from convattn.training.pretrain.options import PretrainOptions, recorded_options
-from convattn.training.pretrain.replace import options_record
 from convattn.training.recipes import recipe_for_preset, resolve_recipe
 
 
@@ -24,8 +25,8 @@ def resolve_options(output_dir: Path | None = None, preset: str | None = None, r
     defaults to runs/pretrain-<recipe>."""
     data = {name: value for name, value in (data or {}).items() if value}
     check_vocabulary_source(training, data.get("tokenizer"))
-    if resume and output_dir is not None and options_record(output_dir).is_file():
-        saved = saved_options(options_record(output_dir))
+    if resume and output_dir is not None and replaced_record(output_dir, PRETRAIN).is_file():
+        saved = saved_options(replaced_record(output_dir, PRETRAIN))
         recipe_fields = {"preset": preset} if preset else {}
         recipe_fields |= {"model": {**saved.recipe.model, **(model or {})}, **(training or {})}
         data = {name: Path(value) if name == "cache_dir" else value for name, value in data.items()}

@@ -27,15 +27,20 @@ from convattn.runs.pretrain import (
     METRICS_FILE,
     OPTIONS_FILE,
     PLOT_FILE,
-    REPLACED,
+    PRETRAIN,
     TENSORBOARD,
     TRAINER_STATE,
     checkpoint_step,
     checkpoints_dir,
     complete_checkpoints,
-    has_saved,
     read_metrics,
-    remove_run_files,
+)
+from convattn.runs.replace import (
+    discard_unless_standing,
+    drop_replaced,
+    drop_replaced_if_standing,
+    move_aside,
+    recover_replaced_run,
 )
 from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
 from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
@@ -49,7 +54,6 @@ from convattn.training.pretrain.options import (
     is_whole,
     sequence_length,
 )
-from convattn.training.pretrain.replace import drop_replaced, move_aside, recover_replaced_run, restore_replaced
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
 from convattn.training.recipes import warmup_steps
 
@@ -105,7 +109,7 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     check_output_folder(options.output_dir)  # before the lock creates it
     with run_folder_lock(options.output_dir):
         if main_process():
-            recover_replaced_run(options.output_dir)
+            recover_replaced_run(options.output_dir, PRETRAIN)
         plan = check_output_dir(options)
         final = options.output_dir / FINAL_MODEL
         if plan.schedule_ended and final.is_file():
@@ -138,7 +142,7 @@ def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
     if args.process_index == 0:
         if plan.replace:
             say("pretrain", f"replacing the run in {out} (kept aside until the new one saves its first checkpoint)")
-            move_aside(out)
+            move_aside(out, PRETRAIN)
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
         if plan.resume_from is None:
             write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint,
@@ -177,7 +181,7 @@ def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
     except BaseException as stop:  # Ctrl-C / SIGTERM ends the run with a summary; anything else is raised on
         progress.close()
         if args.process_index == 0:
-            discard_if_unsaved(out)
+            discard_unless_standing(out, PRETRAIN)
         if not isinstance(stop, KeyboardInterrupt):
             raise
         interrupted = True
@@ -210,15 +214,6 @@ def schedule_line(recipe, clock: TrainingClock | None) -> str:
     return line
 
 
-def discard_if_unsaved(out: Path) -> None:
-    """A run that stopped before its first checkpoint saved nothing worth keeping: remove what it wrote, so the
-    same command starts it again (nothing else is in the folder: `check_output_dir` made sure), and give back the
-    run it was replacing, if any."""
-    if not has_saved(out):
-        remove_run_files(out)
-        restore_replaced(out)
-
-
 class DropReplacedRun(TrainerCallback):
     """The old run an --overwrite kept aside goes once the new run has saved its first checkpoint."""
 
@@ -226,8 +221,8 @@ class DropReplacedRun(TrainerCallback):
         self.out = out
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and (self.out / REPLACED).exists():
-            drop_replaced(self.out)
+        if state.is_world_process_zero:
+            drop_replaced_if_standing(self.out, PRETRAIN)
 
 
 def finished_summary(options: PretrainOptions) -> PretrainSummary:

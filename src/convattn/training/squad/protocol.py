@@ -9,7 +9,9 @@ from pathlib import Path
 from convattn.console import log_to, processes, say, say_launch
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
+from convattn.runs.finetune import SQUAD_MODEL_RECORD, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock
+from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
@@ -18,7 +20,8 @@ from convattn.training.squad.results import aggregate
 from convattn.training.squad.run import SquadData, fine_tune, squad_seed_dir
 from convattn.training.squad.settings import SquadSettings, fitted_windows, load_squad_recipe, resolve_settings
 
-MODEL_FILE = "squad_model.json"  # the model every seed of the folder fine-tuned
+MODEL_FILE = SQUAD_MODEL_RECORD  # the model every seed of the folder fine-tuned
+SQUAD = layout("squad")  # what --overwrite moves aside and gives back
 
 
 def check_finished_runs(output_dir: Path, version: str, settings: SquadSettings, seeds: int) -> None:
@@ -51,8 +54,9 @@ def fitted_settings(settings: SquadSettings, overrides: dict, pretrained: Pretra
 
 def run_squad(model: str, version: str, output_dir: Path, train_file: Path | None = None,
               dev_file: Path | None = None, recipe: str = "convbert", seeds: int | None = None,
-              overrides: dict | None = None, save_models: str = "best") -> dict:
-    """Fine-tune `model` on SQuAD `version` for each seed (skipping finished ones), then aggregate output_dir."""
+              overrides: dict | None = None, save_models: str = "best", overwrite: bool = False) -> dict:
+    """Fine-tune `model` on SQuAD `version` for each seed (skipping finished ones), then aggregate output_dir.
+    `overwrite`: replace the job output_dir holds (kept aside until the first seed of the new one finishes)."""
     check_version(version)
     check_save_models(save_models)
     recipe_fields = load_squad_recipe(recipe)
@@ -66,27 +70,33 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
                          f"{type(pretrained.tokenizer).__name__}")
     settings = fitted_settings(resolve_settings(recipe_fields, pretrained.base_size, overrides), overrides, pretrained)
     with run_folder_lock(output_dir):  # a failure before the first write leaves nothing behind
-        check_finished_runs(output_dir, version, settings, seeds)
-        pending = [s for s in range(seeds) if finished_run(squad_seed_dir(output_dir, version, s)) is None]
+        recover_replaced_run(output_dir, SQUAD)
+        replace = replaces(output_dir, SQUAD, lambda out: foreign_files(out, "squad"), overwrite)
+        if not replace:  # the seeds of the job replaced are neither reused nor checked
+            check_finished_runs(output_dir, version, settings, seeds)
+        pending = [s for s in range(seeds)
+                   if replace or finished_run(squad_seed_dir(output_dir, version, s)) is None]
         data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,
                          pretrained.token_types) if pending else None
-        check_same_model(output_dir, model, MODEL_FILE)  # the first write
-        log_to(output_dir)
-        say_launch("squad")
-        if data:
-            say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} windows, "
-                         f"{len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
-        for seed in pending:
-            run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir, save_models != "none")
-        if not pending:
-            say("squad", f"v{version}: all {seeds} seeds already finished")
-        results = aggregate(output_dir, version)
-        if results["best_seed"] is not None:
-            best = results["best_seed"]
-            seed_dirs = {seed: squad_seed_dir(output_dir, version, seed) for seed in results["seeds"]}
-            published = publish_best(output_dir, f"squad{version}", seed_dirs, best,
-                                     finished_run(seed_dirs[best]), save_models)
-            results["model_dir"] = str(published) if published else None
+        with replacing(output_dir, SQUAD, replace):
+            check_same_model(output_dir, model, MODEL_FILE)  # the first write
+            log_to(output_dir)
+            say_launch("squad")
+            if data:
+                say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} "
+                             f"windows, {len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
+            for seed in pending:
+                run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir, save_models != "none")
+                drop_replaced_if_standing(output_dir, SQUAD)  # a job --overwrite replaces goes once this one has a seed
+            if not pending:
+                say("squad", f"v{version}: all {seeds} seeds already finished")
+            results = aggregate(output_dir, version)
+            if results["best_seed"] is not None:
+                best = results["best_seed"]
+                seed_dirs = {seed: squad_seed_dir(output_dir, version, seed) for seed in results["seeds"]}
+                published = publish_best(output_dir, f"squad{version}", seed_dirs, best,
+                                         finished_run(seed_dirs[best]), save_models)
+                results["model_dir"] = str(published) if published else None
         return results
 
 
