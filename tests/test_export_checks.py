@@ -96,3 +96,26 @@ def test_a_failed_write_leaves_no_temporary_file(model, tmp_path, capsys, monkey
     monkeypatch.setattr(ONNXProgram, "save", disk_full)
     assert_refused(export(model, tmp_path / "m.onnx"), capsys.readouterr().err, "No space left on device")
     assert leftovers(tmp_path) == []
+
+
+def test_a_folder_another_convattn_process_writes_is_refused(model, tmp_path, capsys):
+    """export takes the lock every writing command takes, on the folder it writes into: not a run folder being
+    written, nor the same file by another export; nothing is written and the lock's holder is named."""
+    import os
+
+    from convattn.runs.folder import LOCK_FILE, run_folder_lock
+
+    busy = tmp_path / "busy"
+    with run_folder_lock(busy):
+        code = export(model, busy / "m.onnx")
+        err = capsys.readouterr().err
+        assert_refused(code, err, "in use by another convattn run")
+        assert f"pid {os.getpid()}" in err
+        assert [p.name for p in busy.iterdir()] == [LOCK_FILE]
+    assert not busy.exists()  # the holder wrote nothing: no trace left
+
+
+def test_an_export_leaves_no_lock_behind(model, tmp_path, capsys):
+    out = tmp_path / "graphs" / "m.onnx"
+    assert export(model, out) == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.onnx"]

@@ -90,13 +90,16 @@ def check_opset(opset: int) -> None:
 
 
 def check_onnx_path(path: str | os.PathLike) -> None:
-    """The output is a file name whose folder exists or can be made."""
+    """The output is a file name whose folder exists or can be made, and no file but an ONNX graph is replaced."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{option('onnx')} {path} is a folder; give the file to write, e.g. {path / 'model.onnx'}")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise UsageError(f"{option('onnx')} {path}: {blocking} is a file, so the folder cannot be made")
+    if path.is_file() and path.suffix != ".onnx":  # the model's own weights, a user's file
+        raise UsageError(f"{option('onnx')} {path} is an existing file that is not an ONNX graph, which the export "
+                         "would replace; give a new file name ending in .onnx")
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> None:

@@ -35,15 +35,17 @@ def run(args: argparse.Namespace) -> int:
                          "(from a clone of convattn: pip install -e '.[onnx]')")
     from convattn.checkpoint import check_model_folder
     from convattn.export import check_onnx_path, check_opset, export_onnx, load_saved
+    from convattn.runs.folder import run_folder_lock
 
     check_opset(args.opset)
     check_onnx_path(args.onnx)
-    if args.onnx.is_file() and args.onnx.suffix != ".onnx":  # the model's own weights, a user's file
-        raise UsageError(f"--onnx {args.onnx} is an existing file that is not an ONNX graph, which the export would "
-                         "replace; give a new file name ending in .onnx")
     if not args.model_dir.is_dir():
         raise UsageError(f"{args.model_dir} is not a folder: give the folder of a saved model")
     check_model_folder(args.model_dir, flag="model_dir", need_convattn="convattn export writes convattn models only")
-    export_onnx(load_saved(args.model_dir, attn_implementation="eager"), args.onnx, opset=args.opset)
+    model = load_saved(args.model_dir, attn_implementation="eager")
+    # the folder written into is this process's while the graph is written (the lock every writing command takes):
+    # not a run folder another convattn process is writing, and no other export of the same file
+    with run_folder_lock(args.onnx.parent, "--onnx"):
+        export_onnx(model, args.onnx, opset=args.opset)  # checks --onnx again, under the lock
     print(f"wrote {args.onnx}")
     return 0

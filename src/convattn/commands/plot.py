@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from convattn.commands.arguments import HelpFormatter, add_verbose_argument
@@ -94,16 +96,41 @@ def register_kernel_size(kinds) -> None:
 
 
 def _output_dir(args) -> Path:
-    return args.output_dir or Path(args.checkpoint) / "plots"
+    from convattn.runs.plots import PLOTS_DIR
+
+    return args.output_dir or Path(args.checkpoint) / PLOTS_DIR
 
 
 def _check_output_dir(args) -> None:
     """A given --output-dir exists or can be made (not a file), checked before the model is loaded (the default,
-    CHECKPOINT/plots, is checked with the checkpoint)."""
+    CHECKPOINT/plots, is checked with the checkpoint); a folder holding files other than plot's figures is
+    refused, naming them."""
     from convattn.runs.folder import check_output_folder
 
     if args.output_dir is not None:
         check_output_folder(args.output_dir, "--output-dir")
+    _check_own_files(_output_dir(args))
+
+
+def _check_own_files(out: Path) -> None:
+    from convattn.runs.folder import check_only_own_files
+    from convattn.runs.plots import foreign_files
+
+    check_only_own_files(out, foreign_files(out), "--output-dir",
+                         "files that are not convattn plot's figures")
+
+
+@contextmanager
+def _writing(args) -> Iterator[Path]:
+    """The output folder, this process's (the lock every writing command takes) and checked again under the lock,
+    while the figures are drawn into it."""
+    from convattn.runs.folder import run_folder_lock
+
+    out = _output_dir(args)
+    with run_folder_lock(out, "--output-dir"):
+        _check_own_files(out)
+        yield out
+        _log_to_output_dir(args)
 
 
 def _log_to_output_dir(args) -> None:
@@ -134,25 +161,27 @@ def run_kernels(args: argparse.Namespace) -> int:
     _check_output_dir(args)
     model = load_encoder(args.checkpoint)
     check_layer(args.layer, model.config.num_hidden_layers)  # before any figure is written
-    out, written = _output_dir(args), []
     fixed = fixed_kernels(model)
-    if fixed is not None:
-        written.append(plot_layer_head_kernels(fixed, "Fixed lightweight convolution kernels β",
-                                               out / "fixed_kernels.png"))
     depthwise = depthwise_kernels(model, args.layer)
-    if depthwise is not None:
-        layer = args.layer % model.config.num_hidden_layers
-        written.append(plot_depthwise_kernels(depthwise, f"Depthwise value kernels, layer {layer}",
-                                              out / "depthwise_kernels.png"))
+    dynamic = None
     if model.config.relative_terms and "dynamic_query" in model.config.relative_terms:
         encoded, _ = _encode(args.checkpoint, args.text, model.config.max_position_embeddings)
         dynamic = dynamic_kernels(model, encoded["input_ids"], encoded["attention_mask"])
-        written.append(plot_layer_head_kernels(dynamic, "Dynamic kernels q·W/√d, mean over the text's tokens",
-                                               out / "dynamic_kernels.png"))
-    if not written:
+    if fixed is None and depthwise is None and dynamic is None:
         raise UsageError(f"{args.checkpoint} has no lightweight or depthwise convolution kernels to plot "
                          "(relative_terms and value_depthwise_conv are off)")
-    _log_to_output_dir(args)
+    written = []
+    with _writing(args) as out:
+        if fixed is not None:
+            written.append(plot_layer_head_kernels(fixed, "Fixed lightweight convolution kernels β",
+                                                   out / "fixed_kernels.png"))
+        if depthwise is not None:
+            layer = args.layer % model.config.num_hidden_layers
+            written.append(plot_depthwise_kernels(depthwise, f"Depthwise value kernels, layer {layer}",
+                                                  out / "depthwise_kernels.png"))
+        if dynamic is not None:
+            written.append(plot_layer_head_kernels(dynamic, "Dynamic kernels q·W/√d, mean over the text's tokens",
+                                                   out / "dynamic_kernels.png"))
     for path in written:
         print(path)
     return 0
@@ -181,19 +210,19 @@ def run_attention(args: argparse.Namespace) -> int:
     model = load_encoder(args.checkpoint)
     layers = model.config.num_hidden_layers
     encoded, tokens = _encode(args.checkpoint, args.text, model.config.max_position_embeddings)
-    out, written = _output_dir(args), []
     maps = _select_layer(attention_maps(model, encoded["input_ids"]), args.layer, layers)
-    if maps:
-        written.append(plot_attention_maps(maps, tokens, "Attention per layer (mean over self-attention heads)",
-                                           out / "attention_maps.png"))
     kernels = _select_layer(position_kernels(model, encoded["input_ids"]), args.layer, layers)
-    if kernels:
-        k = model.config.conv_kernel_size
-        written.append(plot_token_matrices(
-            kernels, tokens, f"Span-based dynamic convolution kernels per token (K={k}, mean over conv heads)",
-            out / "convbert_kernels.png", xlabel="token j (the kernel tap is j − i)", ylabel="token i",
-            colorbar="kernel weight"))
-    _log_to_output_dir(args)
+    written = []
+    with _writing(args) as out:
+        if maps:
+            written.append(plot_attention_maps(maps, tokens, "Attention per layer (mean over self-attention heads)",
+                                               out / "attention_maps.png"))
+        if kernels:
+            k = model.config.conv_kernel_size
+            written.append(plot_token_matrices(
+                kernels, tokens, f"Span-based dynamic convolution kernels per token (K={k}, mean over conv heads)",
+                out / "convbert_kernels.png", xlabel="token j (the kernel tap is j − i)", ylabel="token i",
+                colorbar="kernel weight"))
     for path in written:
         print(path)
     return 0
@@ -215,6 +244,7 @@ def parse_kernel_sizes(text: str) -> list[int]:
 
 def run_kernel_size(args: argparse.Namespace) -> int:
     from convattn.commands.flag_options import compare_options, prepare_training_process
+    from convattn.runs.folder import run_folder_lock
     from convattn.training.compare.grids import RunSpec
     from convattn.training.compare.kernel_size import kernel_size_grid, plot_sweep
     from convattn.training.compare.run import compare_and_report
@@ -225,5 +255,7 @@ def run_kernel_size(args: argparse.Namespace) -> int:
     if not args.report_only:
         prepare_training_process()
     code = compare_and_report(options, args.report_only)
-    print(plot_sweep(options, args.preset, sizes))
+    with run_folder_lock(options.output_dir):  # the figure joins the comparison's folder as its runs did
+        figure = plot_sweep(options, args.preset, sizes)
+    print(figure)
     return code

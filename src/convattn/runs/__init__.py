@@ -4,5 +4,6 @@
                  record compared, `seed_dir`
     pretrain.py  a pretraining run's folder: file names, checkpoints, metrics, `run_state`, removing what it wrote
     finetune.py  a fine-tuning job's folder (glue, squad): what it writes at any depth, when a replacement stands
+    plots.py     the folder of figures `convattn plot kernels|attention` writes
     replace.py   --overwrite of any job: the old run kept aside until the new one stands, given back otherwise
 """

@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 
 from convattn.console import LOG_FILE
-from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, foreign_entries
-from convattn.runs.pretrain import MODEL_FILES, is_code_or_temp, is_model_card
+from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, foreign_entries, is_code_or_temp
+from convattn.runs.pretrain import MODEL_FILES, is_model_card
 from convattn.runs.replace import JobLayout
 
 GLUE_RESULTS = "glue_results.json"

@@ -108,6 +108,12 @@ def check_own_folder(folder: Path, records: tuple[str, ...], flag: str = option(
                          f"{flag}, or move them out")
 
 
+def is_code_or_temp(name: str) -> bool:
+    """The modeling code saved with a model, or the temporary file of an atomic write (a kill can leave one)."""
+    return (name.startswith("convattn_") and name.endswith(".py")) or \
+        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
+
+
 def holds_only_lock(folder: Path) -> bool:
     """True for a folder that is empty but for a lock file (a run that stopped before writing anything)."""
     return all(p.name == LOCK_FILE for p in Path(folder).iterdir())
@@ -133,10 +139,11 @@ def foreign_entries(out: Path, written_inside: Callable[[Path, Path], bool]) -> 
     return sorted(foreign)
 
 
-def check_only_own_files(folder: Path, foreign: list[str], flag: str = option("overwrite")) -> None:
+def check_only_own_files(folder: Path, foreign: list[str], flag: str = option("overwrite"),
+                         what: str = "files convattn did not write") -> None:
     """Refuse, naming them, the files of `folder` a job did not write (`foreign`, relative to it)."""
     if foreign:
-        raise UsageError(f"{flag}: {folder} holds files convattn did not write ({', '.join(foreign[:5])}"
+        raise UsageError(f"{flag}: {folder} holds {what} ({', '.join(foreign[:5])}"
                          f"{', ...' if len(foreign) > 5 else ''}); move them out, or choose another "
                          f"{option('output_dir')}")
 

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from convattn.console import LOG_FILE
 from convattn.errors import UsageError, option
-from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, foreign_entries, holds_only_lock
+from convattn.runs.folder import (
+    LOCK_FILE,
+    PARTIAL,
+    REPLACED,
+    foreign_entries,
+    holds_only_lock,
+    is_code_or_temp,
+)
+from convattn.runs.plots import PLOTS_DIR, written_by_plot
 from convattn.runs.replace import JobLayout
 
 OPTIONS_FILE = "pretrain_options.json"
@@ -47,8 +55,9 @@ TRAINER_STATE_FILES = frozenset({"optimizer.pt", "scheduler.pt", "scaler.pt", TR
 RNG_STATE = re.compile(r"rng_state(_\d+)?\.pth")
 CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
 # what a pretraining run writes into its folder: all that --overwrite may remove
+# (and plots/, the figures `convattn plot` draws of the run by default)
 RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, DATA_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, PLOT_FILE, TENSORBOARD,
-                             CHECKPOINTS, DISCRIMINATOR, FINAL_TMP, LOCK_FILE, REPLACED, PARTIAL}
+                             CHECKPOINTS, DISCRIMINATOR, FINAL_TMP, LOCK_FILE, REPLACED, PARTIAL, PLOTS_DIR}
 
 EMPTY, UNSTARTED, IN_PROGRESS, FINISHED = "empty", "unstarted", "in progress", "finished"
 NOT_A_RUN = "not a run"
@@ -112,12 +121,6 @@ def _metrics_row(line: str, where: str) -> dict:
     return row
 
 
-def is_code_or_temp(name: str) -> bool:
-    """The modeling code saved with a model, or the temporary file of an atomic write (a kill can leave one)."""
-    return (name.startswith("convattn_") and name.endswith(".py")) or \
-        (name.startswith(".") and (name.endswith(".tmp") or name.endswith(".png")) and name.count(".") >= 3)
-
-
 def written_by_run(entry: Path) -> bool:
     """Whether a file or folder in a run folder is one a pretraining run writes (a user's notes are not)."""
     name = entry.name
@@ -127,14 +130,17 @@ def written_by_run(entry: Path) -> bool:
 
 
 def written_inside_run(entry: Path, out: Path) -> bool:
-    """`written_by_run` at any depth: inside tensorboard/ only event files, inside checkpoints/ only checkpoint
-    folders, inside those and discriminator/ only a model's files (a user's notes anywhere are not the run's)."""
+    """`written_by_run` at any depth: inside plots/ only plot's figures, inside tensorboard/ only event files,
+    inside checkpoints/ only checkpoint folders, inside those and discriminator/ only a model's files (a user's
+    notes anywhere are not the run's)."""
     parts, name = entry.relative_to(out).parts, entry.name
     if len(parts) == 1:
         return written_by_run(entry)
     top = parts[0]
     if top in (REPLACED, PARTIAL):
         return True
+    if top == PLOTS_DIR:
+        return len(parts) == 2 and written_by_plot(entry)
     if top == TENSORBOARD:
         return len(parts) == 2 and entry.is_file() and name.startswith("events.out.tfevents.")
     if top == CHECKPOINTS and len(parts) == 2:

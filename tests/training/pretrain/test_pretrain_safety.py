@@ -480,3 +480,20 @@ def test_a_run_folder_and_a_corpus_folder_stay_apart(corpus, finished_run, tmp_p
     assert main([*args, "--train-file", str(texts)]) == 2
     one_error_line(capsys, f"{texts / 'old-run'} is a convattn run or model folder (it holds pretrain_options.json)")
     assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_takes_the_figures_plot_drew_into_the_run_but_not_the_users_files_beside_them(
+        corpus, finished_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "plots").mkdir()  # `convattn plot kernels RUN` draws into RUN/plots by default
+    (run / "plots" / "fixed_kernels.png").write_bytes(b"\x89PNG figure")
+    (run / "plots" / "log.txt").write_text("plot's log")
+    (run / "plots" / "my_figure.svg").write_text("mine")
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--overwrite")) == 2
+    one_error_line(capsys, "plots/my_figure.svg", "did not write")
+    assert snapshot(run) == before
+    (run / "plots" / "my_figure.svg").unlink()
+    assert main(tiny_args(corpus, run, "--overwrite", "--max-steps", "2", "--warmup", "1", "--eval-every", "2")) == 0
+    assert not (run / "plots").exists()  # the old model's figures went with it
