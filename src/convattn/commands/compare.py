@@ -60,8 +60,8 @@ def parse_presets(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from convattn.training.compare.grids import grid_from_presets, load_grid
+    from convattn.training.compare.job import compare_and_report
     from convattn.training.compare.lengths import eval_files, parse_lengths
-    from convattn.training.compare.run import compare_and_report
 
     grid = load_grid(args.grid) if args.grid else grid_from_presets(parse_presets(args.presets))
     options = compare_options(args, grid, Path("runs") / f"compare-{grid.name}")

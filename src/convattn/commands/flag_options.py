@@ -141,7 +141,7 @@ def check_step_limit(flag: str, steps: int | None) -> None:
 
 def glue_request(args: argparse.Namespace):
     from convattn.data.glue import parse_task_list
-    from convattn.training.compare.options import GlueRequest
+    from convattn.training.compare.options import GlueOptions
 
     glue_flags = {"--glue-data-dir": args.glue_data_dir, "--glue-max-steps": args.glue_max_steps,
                   "--glue-max-train-samples": args.glue_max_train_samples}
@@ -156,11 +156,11 @@ def glue_request(args: argparse.Namespace):
             raise UsageError(f"{flag} {value} must be at least 1")
     check_step_limit("--glue-max-steps", args.glue_max_steps)
     overrides = {"max_steps": args.glue_max_steps, "max_train_samples": args.glue_max_train_samples}
-    return GlueRequest(parse_task_list(args.glue), args.glue_data_dir, args.glue_recipe, args.glue_seeds, overrides)
+    return GlueOptions(parse_task_list(args.glue), args.glue_data_dir, args.glue_recipe, args.glue_seeds, overrides)
 
 
 def squad_request(args: argparse.Namespace):
-    from convattn.training.compare.options import SquadRequest
+    from convattn.training.compare.options import SquadOptions
 
     flags = {"--squad-train-file": args.squad_train_file, "--squad-dev-file": args.squad_dev_file,
              "--squad-max-steps": args.squad_max_steps, "--squad-max-length": args.squad_max_length}
@@ -177,7 +177,7 @@ def squad_request(args: argparse.Namespace):
             raise UsageError(f"{flag} {value} must be at least 1")
     check_step_limit("--squad-max-steps", args.squad_max_steps)
     overrides = {"max_steps": args.squad_max_steps, "max_length": args.squad_max_length}
-    return SquadRequest(args.squad, args.squad_train_file, args.squad_dev_file, args.squad_seeds, overrides)
+    return SquadOptions(args.squad, args.squad_train_file, args.squad_dev_file, args.squad_seeds, overrides)
 
 
 def compare_options(args: argparse.Namespace, grid, default_output: Path):

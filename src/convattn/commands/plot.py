@@ -246,8 +246,8 @@ def run_kernel_size(args: argparse.Namespace) -> int:
     from convattn.commands.flag_options import compare_options, prepare_training_process
     from convattn.runs.folder import run_folder_lock
     from convattn.training.compare.grids import RunSpec
+    from convattn.training.compare.job import compare_and_report
     from convattn.training.compare.kernel_size import kernel_size_grid, plot_sweep
-    from convattn.training.compare.run import compare_and_report
 
     sizes = parse_kernel_sizes(args.kernel_sizes)
     grid = kernel_size_grid(args.preset, sizes)

@@ -13,7 +13,7 @@ from helpers.pretrain import WORDS, main_offline, write_corpus
 
 from convattn.cli import main
 from convattn.presets import preset_names
-from convattn.training.compare import run as compare
+from convattn.training.compare import job as compare
 from convattn.training.compare.grids import grid_names, load_grid
 
 PRESETS = ["chang2021-small/absolute", "chang2021-small/composite"]

@@ -23,8 +23,8 @@ from convattn.errors import UsageError
 from convattn.runs.finetune import foreign_files
 from convattn.runs.folder import REPLACED, run_folder_lock
 from convattn.runs.replace import recover_replaced_run
-from convattn.training.glue import protocol as glue_protocol
-from convattn.training.squad import protocol as squad_protocol
+from convattn.training.glue import job as glue_job
+from convattn.training.squad import job as squad_job
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 GLUE_DATA = FIXTURES / "glue_data"
@@ -44,10 +44,10 @@ def checkpoint(tmp_path_factory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), sentences())
 
 
-# per job: its argv, the record it writes first, the folder of its seeds, its protocol module
+# per job: the record it writes first, the folder of its seeds, its job module
 JOBS = {
-    "glue": dict(record="glue_model.json", seeds="runs/sst2", protocol=glue_protocol),
-    "squad": dict(record="squad_model.json", seeds="runs/squad1.1", protocol=squad_protocol),
+    "glue": dict(record="glue_model.json", seeds="runs/sst2", module=glue_job),
+    "squad": dict(record="squad_model.json", seeds="runs/squad1.1", module=squad_job),
 }
 
 
@@ -200,7 +200,7 @@ def test_a_replacement_that_fails_before_its_first_seed_gives_the_old_job_back(f
         assert (run / REPLACED).is_dir()  # the old job aside while the new one trains
         raise failure
 
-    monkeypatch.setattr(JOBS[job]["protocol"], "fine_tune", fails)
+    monkeypatch.setattr(JOBS[job]["module"], "fine_tune", fails)
     assert main(argv(job, checkpoint_of(run, job), run, "--overwrite", "--lr", "1e-3")) == code
     assert snapshot(run) == before
 
@@ -208,8 +208,8 @@ def test_a_replacement_that_fails_before_its_first_seed_gives_the_old_job_back(f
 @pytest.mark.parametrize("job", JOBS)
 def test_a_replacement_failing_after_its_first_seed_keeps_the_new_seed(finished, job, tmp_path, monkeypatch):
     run = copy_of(finished, job, tmp_path)
-    protocol = JOBS[job]["protocol"]
-    fine_tune, calls = protocol.fine_tune, []
+    module = JOBS[job]["module"]
+    fine_tune, calls = module.fine_tune, []
 
     def second_fails(*args, **kwargs):
         calls.append(1)
@@ -218,11 +218,11 @@ def test_a_replacement_failing_after_its_first_seed_keeps_the_new_seed(finished,
             raise UsageError("stopped")
         return fine_tune(*args, **kwargs)
 
-    monkeypatch.setattr(protocol, "fine_tune", second_fails)
+    monkeypatch.setattr(module, "fine_tune", second_fails)
     assert main(argv(job, checkpoint_of(run, job), run, "--overwrite", "--lr", "1e-3", "--seeds", "2")) == 2
     assert settings_of(run, job)["learning_rate"] == 1e-3
     assert not (run / JOBS[job]["seeds"] / "seed1" / "run.json").exists()
-    monkeypatch.setattr(protocol, "fine_tune", fine_tune)  # the same command without --overwrite finishes it
+    monkeypatch.setattr(module, "fine_tune", fine_tune)  # the same command without --overwrite finishes it
     assert main(argv(job, checkpoint_of(run, job), run, "--lr", "1e-3", "--seeds", "2")) == 0
 
 
@@ -245,7 +245,7 @@ def test_a_replacement_killed_before_its_first_seed_leaves_the_old_job_recoverab
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     with run_folder_lock(copy):
-        recover_replaced_run(copy, JOBS[job]["protocol"].GLUE if job == "glue" else JOBS[job]["protocol"].SQUAD)
+        recover_replaced_run(copy, JOBS[job]["module"].GLUE if job == "glue" else JOBS[job]["module"].SQUAD)
     assert snapshot(copy) == before  # byte-identical, modification times too
     # the user's way back: the same command as before, without --overwrite, finds its finished seed again
     capsys.readouterr()

@@ -350,11 +350,11 @@ def test_a_model_rewritten_between_seeds_never_mixes_into_one_table(tiny_checkpo
 
     from safetensors.torch import load_file, save_file
 
-    from convattn.training.glue import protocol
+    from convattn.training.glue import job
 
     model, out = tmp_path / "model", tmp_path / "out"
     shutil.copytree(tiny_checkpoint, model)
-    fine_tune = protocol.fine_tune
+    fine_tune = job.fine_tune
 
     def then_rewrite_the_model(*args, **kwargs):  # a `pretrain --resume` finishing into --model meanwhile
         run = fine_tune(*args, **kwargs)
@@ -363,7 +363,7 @@ def test_a_model_rewritten_between_seeds_never_mixes_into_one_table(tiny_checkpo
                   metadata={"format": "pt"})
         return run
 
-    monkeypatch.setattr(protocol, "fine_tune", then_rewrite_the_model)
+    monkeypatch.setattr(job, "fine_tune", then_rewrite_the_model)
     argv = ["glue", "--model", str(model), "--task", "sst2", "--data-dir", str(FIXTURE_GLUE_DATA),
             "--output-dir", str(out), *QUICK, "--seeds", "2"]
     assert main(argv) == 2

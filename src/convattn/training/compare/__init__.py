@@ -18,7 +18,7 @@ seeds (seed k sets initialisation, data order and masking). Layout of the output
 A run directory whose final model and metrics exist is reused as it is; one with a checkpoint resumes from
 it; anything else starts again.
 
-Modules: grids.py (what to compare), options.py (each run's options), run.py (train, resume or reuse every run),
+Modules: grids.py (what to compare), options.py (each run's options), job.py (train, resume or reuse every run),
 memory.py (training memory), results.py, curves.py (seeds' curves on one grid) and report.py (the report),
 lengths.py (perplexity at other input lengths), kernel_size.py (ConvBERT's kernel-size sweep).
 """

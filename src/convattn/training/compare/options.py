@@ -19,7 +19,7 @@ MEMORY_FILE = "memory.json"
 
 
 @dataclass
-class GlueRequest:
+class GlueOptions:
     """Fine-tune each final model on GLUE tasks (`convattn glue` machinery) and report the dev scores."""
 
     tasks: list[str]
@@ -30,7 +30,7 @@ class GlueRequest:
 
 
 @dataclass
-class SquadRequest:
+class SquadOptions:
     """Fine-tune each final model on SQuAD (`convattn squad` machinery) and report dev EM and F1."""
 
     version: str
@@ -52,8 +52,8 @@ class CompareOptions:
     precision: str = "auto"
     compile: bool = False
     log_every: int = 10
-    glue: GlueRequest | None = None
-    squad: SquadRequest | None = None
+    glue: GlueOptions | None = None
+    squad: SquadOptions | None = None
 
     @property
     def recipe_name(self) -> str:

@@ -44,7 +44,7 @@ def check_no_more_seeds(run_folder: Path, seeds: int) -> None:
                          f"{extra[-1] + 1} or another {option('output_dir')}")
 
 
-def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
+def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
     return TrainingArguments(
         output_dir=str(path),
         learning_rate=settings.learning_rate,
@@ -66,7 +66,7 @@ def training_arguments(path: Path, settings: FineTuneSettings, seed: int) -> Tra
     )
 
 
-def train(trainer: Trainer):
+def train_quietly(trainer: Trainer):
     """`trainer.train()` with the quiet progress bar; on any failure the bar is closed first, so the error line
     that follows stands on its own line."""
     try:

@@ -6,7 +6,7 @@ shares, layer-wise lr decay included, is in training/finetune/).
     data.py       a task's splits, tokenized
     run.py        one task x seed: fine-tune, score the dev sets, predict the test sets -> run.json
     results.py    aggregation over seeds -> glue_results.json, glue_results.md, submission/
-    protocol.py   `run_glue`: checks, every task and seed (finished runs skipped), aggregation
+    job.py        `run_glue`: checks, every task and seed (finished runs skipped), aggregation
 
 Layout of an output directory: glue_model.json (the model fine-tuned: its fingerprint keys the reuse of finished
 runs), runs/<task>/seed<k>/ (see run.py), glue_results.json, glue_results.md,
@@ -14,8 +14,8 @@ submission/ (best-dev seed's test predictions per task).
 """
 
 from convattn.training.glue.data import check_data, check_task_files
+from convattn.training.glue.job import run_glue
 from convattn.training.glue.metrics import column_score, score_predictions, submission_text
-from convattn.training.glue.protocol import run_glue
 from convattn.training.glue.settings import glue_recipe_names, load_glue_recipe, resolve_settings
 
 __all__ = ["check_data", "check_task_files", "column_score", "glue_recipe_names", "load_glue_recipe",

@@ -30,7 +30,7 @@ from convattn.files import write_json_atomic, write_text_atomic
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.pretrained import check_unchanged
-from convattn.training.finetune.trainer import RUN_FILE, quiet_trainer, train, training_arguments
+from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, quiet_trainer, train_quietly
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import (
     column_score,
@@ -70,11 +70,11 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
     if identity is not None:
         check_unchanged(model_source, identity)
     trainer = LayerDecayTrainer(
-        model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
+        model=model, args=fine_tuning_arguments(path, settings, seed), train_dataset=data.train,
         data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
         layer_decay=settings.layer_decay,
     )
-    train_output = train(trainer)
+    train_output = train_quietly(trainer)
     check_finite_weights(model, f"the {task.name} model of seed {seed} after fine-tuning")
     metrics, warnings = {}, []
     for split, dataset in data.dev.items():

@@ -4,7 +4,7 @@
     data.py       corpus, tokenizer, formatted examples, the masking collator
     trainer.py    the model factory, `PretrainTrainer` (exact eval perplexity), its `TrainingArguments`
     callbacks.py  throughput, metrics.jsonl + perplexity.png, the progress bar
-    run.py        `pretrain(options)`: one run, start to finish or resumed
+    job.py        `pretrain(options)`: the job, one run, start to finish or resumed
 
 Everything the user can get wrong (files, vocabulary, sequence length, preset, output directory) is
 checked before the output directory is touched. What the output directory then holds: `convattn.runs.pretrain`;
@@ -14,6 +14,7 @@ Eval perplexity is exp(total token loss / total masked tokens) over the whole ev
 from a generator seeded by each batch's tokens, so every evaluation scores the same positions.
 """
 
+from convattn.training.pretrain.job import PretrainSummary, pretrain
 from convattn.training.pretrain.options import (
     PretrainOptions,
     check_options,
@@ -22,7 +23,6 @@ from convattn.training.pretrain.options import (
     per_device_batch,
     sequence_length,
 )
-from convattn.training.pretrain.run import PretrainSummary, pretrain
 from convattn.training.pretrain.trainer import build_model
 
 __all__ = ["PretrainOptions", "PretrainSummary", "build_model", "check_options", "default_cache_dir",

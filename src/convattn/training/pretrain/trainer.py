@@ -126,7 +126,7 @@ def precision_flags(precision: str) -> dict:
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
-def training_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
+def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
     recipe = options.recipe
     warmup = recipe.warmup if recipe.warmup < 1 else int(recipe.warmup)
     flags = precision_flags(options.precision)

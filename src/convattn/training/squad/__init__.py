@@ -6,12 +6,12 @@
     metrics.py      exact match and F1 exactly as the official v1.1 / v2.0 evaluation scripts
     run.py          one seed: fine-tune, answer the dev questions, score -> run.json, predictions.json
     results.py      aggregation over seeds -> squad_results.json, squad_results.md
-    protocol.py     `run_squad`: checks, every seed (finished seeds skipped), aggregation
+    job.py          `run_squad`: checks, every seed (finished seeds skipped), aggregation
 
 Layout of an output directory: squad_model.json (the model fine-tuned: its fingerprint keys the reuse of finished
 seeds), runs/squad<version>/seed<k>/ (see run.py), squad_results.json, squad_results.md.
 """
 
-from convattn.training.squad.protocol import run_squad
+from convattn.training.squad.job import run_squad
 
 __all__ = ["run_squad"]

@@ -27,7 +27,7 @@ from convattn.files import write_json_atomic
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import MODEL_DIR
 from convattn.training.finetune.optim import LayerDecayTrainer
-from convattn.training.finetune.trainer import RUN_FILE, train, training_arguments
+from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, train_quietly
 from convattn.training.guards import check_finite_weights
 from convattn.training.squad.features import Progress
 from convattn.training.squad.metrics import squad_scores
@@ -97,10 +97,10 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
     model = load_qa_model(model_source, settings.head)
     collator = SquadCollator(tokenizer)
     trainer = LayerDecayTrainer(
-        model=model, args=training_arguments(path, settings, seed), train_dataset=data.train,
+        model=model, args=fine_tuning_arguments(path, settings, seed), train_dataset=data.train,
         data_collator=collator, processing_class=tokenizer, layer_decay=settings.layer_decay,
     )
-    train_output = train(trainer)
+    train_output = train_quietly(trainer)
     check_finite_weights(model, f"the SQuAD model of seed {seed} after fine-tuning")
     outputs = predict_windows(model, data.dev_windows, collator)
     answers = best_answers(data.dev, data.dev_windows, outputs, settings.n_best, settings.max_answer_length,

@@ -1,4 +1,5 @@
-"""The whole GLUE protocol: check everything, fine-tune each task x seed (skipping finished runs), aggregate."""
+"""The GLUE job (the papers' protocol): check everything, fine-tune each task x seed (a run; finished runs
+skipped), aggregate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One pretraining run, start to finish (or resumed), and its printed summary."""
+"""The pretraining job: one run, start to finish (or resumed), and its printed summary."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from convattn.training.pretrain.options import (
     is_whole,
     sequence_length,
 )
-from convattn.training.pretrain.trainer import PretrainTrainer, build_model, training_arguments
+from convattn.training.pretrain.trainer import PretrainTrainer, build_model, pretraining_arguments
 from convattn.training.recipes import warmup_steps
 
 
@@ -116,15 +116,15 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
             if is_whole(final):
                 return finished_summary(options)
             say("pretrain", f"{final} is truncated or corrupt: saving the final model again from {plan.resume_from}")
-        return train(options, config, plan, callbacks, label)
+        return train_run(options, config, plan, callbacks, label)
 
 
-def train(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
+def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
           callbacks: Sequence[TrainerCallback], label: str | None = None) -> PretrainSummary:
     started = time.perf_counter()
     recipe, out = options.recipe, options.output_dir
     seq_len = sequence_length(recipe, config)
-    args = training_arguments(options, resuming=plan.resume_from is not None)
+    args = pretraining_arguments(options, resuming=plan.resume_from is not None)
     clock = None
     if recipe.time_budget is not None:
         clock = TrainingClock(recipe.time_budget, time_spent(plan.resume_from) if plan.resume_from else 0.0)

@@ -1,4 +1,5 @@
-"""The whole SQuAD protocol: check everything, fine-tune each seed (finished seeds skipped), aggregate."""
+"""The SQuAD job (ELECTRA's protocol): check everything, fine-tune each seed (a run; finished seeds skipped),
+aggregate."""
 
 from __future__ import annotations
 
