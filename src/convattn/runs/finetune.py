@@ -16,7 +16,15 @@ import re
 from pathlib import Path
 
 from convattn.console import LOG_FILE
-from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, foreign_entries, is_code_or_temp
+from convattn.errors import option
+from convattn.runs.folder import (
+    LOCK_FILE,
+    PARTIAL,
+    REPLACED,
+    check_only_own_files,
+    foreign_entries,
+    is_code_or_temp,
+)
 from convattn.runs.pretrain import MODEL_FILES, is_model_card
 from convattn.runs.replace import JobLayout
 
@@ -91,3 +99,12 @@ def layout(job: str) -> JobLayout:
 def foreign_files(out: Path, job: str) -> list[str]:
     """What a glue or squad folder holds that the job does not write, at any depth, relative to `out`."""
     return foreign_entries(out, _written_inside(GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES))
+
+
+def check_restartable(out: Path, job: str, seed_folders: list[Path]) -> None:
+    """The folders of interrupted seeds, removed to start them again, hold only what the job wrote: a user's file
+    inside one is refused by name, before anything is written."""
+    out = Path(out)
+    prefixes = [str(Path(folder).relative_to(out)) + "/" for folder in seed_folders if Path(folder).is_dir()]
+    if prefixes and (foreign := [f for f in foreign_files(out, job) if f.startswith(tuple(prefixes))]):
+        check_only_own_files(out, foreign, option("output_dir"))

@@ -268,3 +268,20 @@ def test_a_busy_folder_is_refused_with_or_without_overwrite(finished, job, tmp_p
             assert main(argv(job, checkpoint_of(run, job), run, *extra)) == 2
             one_error_line(capsys, job, "in use by another convattn run")
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_an_interrupted_seed_holding_the_users_file_is_not_started_again_over_it(finished, job, tmp_path, capsys):
+    """An interrupted seed (no run.json) is removed to start again: only when it holds nothing but the job's
+    files (without --overwrite too)."""
+    run = copy_of(finished, job, tmp_path)
+    seed = run / JOBS[job]["seeds"] / "seed0"
+    (seed / "run.json").unlink()
+    (seed / "MY_NOTES.txt").write_text("why this seed diverged")
+    before = snapshot(run)
+    assert main(argv(job, checkpoint_of(run, job), run)) == 2
+    one_error_line(capsys, job, f"{JOBS[job]['seeds']}/seed0/MY_NOTES.txt", "did not write")
+    assert snapshot(run) == before
+    (seed / "MY_NOTES.txt").unlink()
+    assert main(argv(job, checkpoint_of(run, job), run)) == 0  # the job's own files only: started again
+    assert (seed / "run.json").is_file()

@@ -10,7 +10,7 @@ from pathlib import Path
 from convattn.console import log_to, processes, say, say_launch
 from convattn.data.glue import get_task
 from convattn.errors import UsageError, option
-from convattn.runs.finetune import GLUE_MODEL_RECORD, foreign_files, layout
+from convattn.runs.finetune import GLUE_MODEL_RECORD, check_restartable, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.models import check_save_models, publish_best
@@ -88,6 +88,7 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
             check_finished_runs(output_dir, settings, seeds)
         check_mnli_available(output_dir, tasks, settings, seeds, replace)
         pending = {name: list(range(seeds)) if replace else pending_seeds(output_dir, name, seeds) for name in tasks}
+        check_restartable(output_dir, "glue", [seed_dir(output_dir, name, s) for name in tasks for s in pending[name]])
         # every file a pending task reads, read and checked before the first write
         splits = {name: read_task_splits(get_task(name), data_dir, settings[name].max_train_samples)
                   for name in tasks if pending[name]}

@@ -10,7 +10,7 @@ from pathlib import Path
 from convattn.console import log_to, processes, say, say_launch
 from convattn.data.squad import check_version, load_squad
 from convattn.errors import UsageError
-from convattn.runs.finetune import SQUAD_MODEL_RECORD, foreign_files, layout
+from convattn.runs.finetune import SQUAD_MODEL_RECORD, check_restartable, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.models import check_save_models, publish_best
@@ -77,6 +77,7 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
             check_finished_runs(output_dir, version, settings, seeds)
         pending = [s for s in range(seeds)
                    if replace or finished_run(squad_seed_dir(output_dir, version, s)) is None]
+        check_restartable(output_dir, "squad", [squad_seed_dir(output_dir, version, s) for s in pending])
         data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,
                          pretrained.token_types) if pending else None
         with replacing(output_dir, SQUAD, replace):
