@@ -102,9 +102,12 @@ def foreign_files(out: Path, job: str) -> list[str]:
 
 
 def check_restartable(out: Path, job: str, seed_folders: list[Path]) -> None:
-    """The folders of interrupted seeds, removed to start them again, hold only what the job wrote: a user's file
-    inside one is refused by name, before anything is written."""
+    """What a job removes as it goes holds only what the job wrote: the folders of interrupted seeds (removed to
+    start them again), models/ (a published model is replaced by a better seed's) and the seeds' model/ folders
+    (removed once the best is published). A user's file inside one is refused by name, before anything is
+    written."""
     out = Path(out)
-    prefixes = [str(Path(folder).relative_to(out)) + "/" for folder in seed_folders if Path(folder).is_dir()]
+    folders = [*seed_folders, out / "models", *out.glob("runs/*/seed*/model")]
+    prefixes = [str(Path(folder).relative_to(out)) + "/" for folder in folders if Path(folder).is_dir()]
     if prefixes and (foreign := [f for f in foreign_files(out, job) if f.startswith(tuple(prefixes))]):
         check_only_own_files(out, foreign, option("output_dir"))

@@ -270,18 +270,27 @@ def test_a_busy_folder_is_refused_with_or_without_overwrite(finished, job, tmp_p
     assert snapshot(run) == before
 
 
+REMOVED_AS_IT_GOES = [  # where a job removes or replaces a folder of its own as it goes -> a user's file there
+    pytest.param("seed0/MY_NOTES.txt", id="an interrupted seed"),
+    pytest.param("published/NOTES.md", id="a published model"),
+]
+
+
 @pytest.mark.parametrize("job", JOBS)
-def test_an_interrupted_seed_holding_the_users_file_is_not_started_again_over_it(finished, job, tmp_path, capsys):
-    """An interrupted seed (no run.json) is removed to start again: only when it holds nothing but the job's
-    files (without --overwrite too)."""
+@pytest.mark.parametrize("mine", REMOVED_AS_IT_GOES)
+def test_a_folder_the_job_removes_holding_the_users_file_is_refused_first(finished, job, tmp_path, capsys, mine):
+    """An interrupted seed (no run.json) is removed to start again, a published model replaced by a better
+    seed's: only when they hold nothing but the job's files (without --overwrite too)."""
     run = copy_of(finished, job, tmp_path)
     seed = run / JOBS[job]["seeds"] / "seed0"
     (seed / "run.json").unlink()
-    (seed / "MY_NOTES.txt").write_text("why this seed diverged")
+    task = JOBS[job]["seeds"].split("/")[1]
+    where = seed / "MY_NOTES.txt" if mine.startswith("seed0") else run / "models" / task / "NOTES.md"
+    where.write_text("mine")
     before = snapshot(run)
     assert main(argv(job, checkpoint_of(run, job), run)) == 2
-    one_error_line(capsys, job, f"{JOBS[job]['seeds']}/seed0/MY_NOTES.txt", "did not write")
+    one_error_line(capsys, job, str(where.relative_to(run)), "did not write")
     assert snapshot(run) == before
-    (seed / "MY_NOTES.txt").unlink()
+    where.unlink()
     assert main(argv(job, checkpoint_of(run, job), run)) == 0  # the job's own files only: started again
     assert (seed / "run.json").is_file()
