@@ -139,21 +139,30 @@ def check_step_limit(flag: str, steps: int | None) -> None:
         raise UsageError(f"{flag} {steps} must be an integer from 1 to {MAX_STEPS:,}")
 
 
+def follow_up_job_asked(job, job_flag: str, dependent: dict[str, object], counts: dict[str, int | None]) -> bool:
+    """Whether compare's follow-up job (--glue, --squad) was asked for: its own flags without it are refused, and
+    its counts must be at least 1."""
+    given = [flag for flag, value in dependent.items() if value is not None]
+    if not job:
+        if given:
+            raise UsageError(f"{', '.join(given)} need(s) {job_flag}")
+        return False
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value} must be at least 1")
+    return True
+
+
 def glue_request(args: argparse.Namespace):
     from convattn.data.glue import parse_task_list
     from convattn.training.compare.options import GlueOptions
 
-    glue_flags = {"--glue-data-dir": args.glue_data_dir, "--glue-max-steps": args.glue_max_steps,
-                  "--glue-max-train-samples": args.glue_max_train_samples}
-    given = [flag for flag, value in glue_flags.items() if value is not None]
-    if not args.glue:
-        if given:
-            raise UsageError(f"{', '.join(given)} need(s) --glue TASKS")
+    dependent = {"--glue-data-dir": args.glue_data_dir, "--glue-max-steps": args.glue_max_steps,
+                 "--glue-max-train-samples": args.glue_max_train_samples}
+    counts = {"--glue-seeds": args.glue_seeds, "--glue-max-steps": args.glue_max_steps,
+              "--glue-max-train-samples": args.glue_max_train_samples}
+    if not follow_up_job_asked(args.glue, "--glue TASKS", dependent, counts):
         return None
-    for flag, value in (("--glue-seeds", args.glue_seeds), ("--glue-max-steps", args.glue_max_steps),
-                        ("--glue-max-train-samples", args.glue_max_train_samples)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} {value} must be at least 1")
     check_step_limit("--glue-max-steps", args.glue_max_steps)
     overrides = {"max_steps": args.glue_max_steps, "max_train_samples": args.glue_max_train_samples}
     return GlueOptions(parse_task_list(args.glue), args.glue_data_dir, args.glue_recipe, args.glue_seeds, overrides)
@@ -162,19 +171,14 @@ def glue_request(args: argparse.Namespace):
 def squad_request(args: argparse.Namespace):
     from convattn.training.compare.options import SquadOptions
 
-    flags = {"--squad-train-file": args.squad_train_file, "--squad-dev-file": args.squad_dev_file,
-             "--squad-max-steps": args.squad_max_steps, "--squad-max-length": args.squad_max_length}
-    given = [flag for flag, value in flags.items() if value is not None]
-    if not args.squad:
-        if given:
-            raise UsageError(f"{', '.join(given)} need(s) --squad VERSION")
-        return None
-    if (args.squad_train_file is None) != (args.squad_dev_file is None):
+    dependent = {"--squad-train-file": args.squad_train_file, "--squad-dev-file": args.squad_dev_file,
+                 "--squad-max-steps": args.squad_max_steps, "--squad-max-length": args.squad_max_length}
+    counts = {"--squad-seeds": args.squad_seeds, "--squad-max-steps": args.squad_max_steps,
+              "--squad-max-length": args.squad_max_length}
+    if args.squad and (args.squad_train_file is None) != (args.squad_dev_file is None):
         raise UsageError("give both --squad-train-file and --squad-dev-file (local files), or neither (the HF hub)")
-    for flag, value in (("--squad-seeds", args.squad_seeds), ("--squad-max-steps", args.squad_max_steps),
-                        ("--squad-max-length", args.squad_max_length)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} {value} must be at least 1")
+    if not follow_up_job_asked(args.squad, "--squad VERSION", dependent, counts):
+        return None
     check_step_limit("--squad-max-steps", args.squad_max_steps)
     overrides = {"max_steps": args.squad_max_steps, "max_length": args.squad_max_length}
     return SquadOptions(args.squad, args.squad_train_file, args.squad_dev_file, args.squad_seeds, overrides)
