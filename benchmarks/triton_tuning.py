@@ -177,9 +177,7 @@ class Session:
         problem = triton_attention._Problem(q, None, None, None, None, 0, REACH, True, 0.0, HEAD_DIM**-0.5, 5)
         out = torch.empty_like(q)
         lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-        args = [q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
-                *triton_attention._strides(q, False), *triton_attention._strides(k, False),
-                *triton_attention._strides(v, False), *triton_attention._strides(out, False), *problem.table_strides()]
+        args = problem.forward_arguments(q, k, v, out, lse)
         launcher = triton_attention._launcher("forward", HEAD_DIM, q.dtype)
         launcher(problem.grid("BLOCK_M"), *args, **problem.keywords())
         m, n_, w, s = TILINGS["forward"][0]

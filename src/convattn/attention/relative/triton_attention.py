@@ -570,6 +570,12 @@ class _Problem:
         return [*_strides(self.row_table, self.varlen), *_strides(self.key_table, self.varlen), keep_stride,
                 *self.stats_strides]
 
+    def forward_arguments(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> list:
+        """The forward kernel's runtime arguments, before length_bucket and the constexprs (`keywords`)."""
+        return [q, k, v, *self.operands(q), out, lse, *self.scalars(), *_strides(q, self.varlen),
+                *_strides(k, self.varlen), *_strides(v, self.varlen), *_strides(out, self.varlen),
+                *self.table_strides()]
+
     def grid(self, along: str):
         return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
 
@@ -581,10 +587,8 @@ def _run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_
     problem = _Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale, seed)
     out = torch.empty_like(q)
     lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-    _launcher("forward", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), out, lse, *problem.scalars(),
-        *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-        *_strides(out, problem.varlen), *problem.table_strides(), **problem.keywords())
+    launch = _launcher("forward", problem.head_dim, q.dtype)
+    launch(problem.grid("BLOCK_M"), *problem.forward_arguments(q, k, v, out, lse), **problem.keywords())
     return out, lse
 
 
