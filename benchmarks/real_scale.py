@@ -277,7 +277,10 @@ def join_models(parts: Path, models: Path) -> list[Path]:
     unpacked = []
     for name in archives:
         model = models / name.removesuffix(".tar.xz")
-        if not (model / "model.safetensors").is_file():
+        if model.exists() and not (model / "model.safetensors").is_file():
+            sys.exit(f"real_scale glue: {model} is not a model this script unpacked: move it away or give another "
+                     "--work")
+        if not model.exists():
             staged = Path(tempfile.mkdtemp(dir=models, prefix=".unpack-"))
             joined = staged / name
             with open(joined, "wb") as target:
@@ -289,7 +292,6 @@ def join_models(parts: Path, models: Path) -> list[Path]:
             tensors = load_file(folder / "model.safetensors")
             save_file({key: t.float() if t.is_floating_point() else t for key, t in tensors.items()},
                       folder / "model.safetensors", metadata={"format": "pt"})
-            shutil.rmtree(model, ignore_errors=True)
             folder.replace(model)
             shutil.rmtree(staged)
         unpacked.append(model)
@@ -297,10 +299,10 @@ def join_models(parts: Path, models: Path) -> list[Path]:
 
 
 def glue(args) -> int:
-    models = join_models(args.models, args.work / "models")
     data = args.data_dir or (SHARED / "glue_data")
     if not data.is_dir():
         sys.exit(f"real_scale glue: no GLUE data at {data}: give --data-dir")
+    models = join_models(args.models, args.work / "models")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for model in models:
