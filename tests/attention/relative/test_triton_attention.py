@@ -201,20 +201,38 @@ def test_dropout_is_replayed_in_backward():
 
 
 def test_dropout_draws_an_independent_number_per_key():
-    """Eight keys share a Philox call (a 16-bit number each): any two of them, and a key and its neighbour eight
-    keys on (the next call), are dropped together at the rate p^2 of independent draws, not p as a number read
-    twice would give."""
+    """Eight keys share a Philox call (a 16-bit number each: key 32 h + 8 c + 2 t + b reads half b of word c of call
+    (h, t)): any two of them, and keys of different calls, are dropped together at the rate p^2 of independent
+    draws, not p as a number read twice would give."""
     batch, heads, n, head_dim, dropout_p = 1, 2, 64, 64, 0.5
     q, k, _ = operands(batch, heads, n, head_dim)
     keep = torch.ones(batch, n, dtype=torch.bool, device=DEVICE)
     dropped = dropped_probabilities(q, k, None, keep, dropout_p, seed=3).double()
     assert abs(dropped.mean() - dropout_p) < 0.03
-    groups = dropped.reshape(-1, n // 8, 8).flatten(0, 1)  # (rows x calls, the eight keys of one call)
+    by_call = dropped.reshape(-1, n // 32, 4, 4, 2).transpose(2, 3)  # (rows, h, t, c, b)
+    groups = by_call.reshape(-1, 8)  # (rows x calls, the eight keys of one call)
     together = groups.mT @ groups / groups.shape[0]
     off_diagonal = together[~torch.eye(8, dtype=torch.bool, device=together.device)]
     assert (off_diagonal - dropout_p**2).abs().max() < 0.08
-    next_call = (dropped[..., :-8] * dropped[..., 8:]).mean()
-    assert abs(next_call - dropout_p**2) < 0.03
+    for apart in (2, 32):  # the next call along t, along h
+        assert abs((dropped[..., :-apart] * dropped[..., apart:]).mean() - dropout_p**2) < 0.03
+
+
+def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):
+    """The backward kernels tile queries and keys otherwise than the forward, and the GPU's tilings are not the
+    interpreter's: every tiling must draw the same mask."""
+    batch, heads, n, head_dim, dropout_p = 2, 2, 75, 128, 0.3  # v the identity: head_dim >= n
+    q, k, _ = operands(batch, heads, n, head_dim)
+    keep = (torch.arange(n)[None, :] < torch.tensor([n, 50])[:, None]).to(DEVICE)
+    masks = []
+    for tiling in [(16, 32, 1, 1), (32, 64, 1, 1), (64, 128, 1, 1)]:
+        monkeypatch.setattr(triton_attention, "_configs", lambda kernel, head_dim, dtype, tiling=tiling: [tiling])
+        triton_attention._launcher.cache_clear()
+        masks.append(dropped_probabilities(q, k, None, keep, dropout_p, seed=5))
+    triton_attention._launcher.cache_clear()
+    assert masks[0].any()
+    for mask in masks[1:]:
+        assert torch.equal(mask, masks[0])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="half precision runs compiled on a GPU only")

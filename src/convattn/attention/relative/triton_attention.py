@@ -13,7 +13,9 @@ the band gathers its columns. The loops over key tiles run in those three ranges
 about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
 
 Dropout draws its mask from Philox (`tl.randint4x`: four 32-bit words a call, a 16-bit number per key, eight keys
-a call) keyed by (seed + batch * heads + head, a counter of (i, j // 8)); the backward draws the same numbers.
+a call, chosen so that the numbers land where the scores are; dropout_keep) keyed by (seed + batch * heads + head,
+a counter of the query and the key's chunk of 32); the backward draws the same numbers. Key tiles are multiples of
+32 keys.
 Backward has no atomics (FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's
 gradient over the query blocks, another per query block sums dQ and the row table's gradient over the key blocks,
 with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2). A table's gradient at [i, t]
@@ -74,21 +76,20 @@ def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
 
 @triton.jit
 def dropout_keep(seed, i, key_start, counters_per_row, p_drop, BLOCK_N: tl.constexpr):
-    """Which probabilities of queries i (a column) and keys key_start .. key_start + BLOCK_N - 1 dropout keeps.
-    One Philox call (Salmon et al. 2011) gives four 32-bit words, eight 16-bit numbers: key j of query i reads
-    number j % 8 of counter i * counters_per_row + j // 8 (numbers 0-3 the words' low halves, 4-7 their high
-    halves), the same however the kernels tile (key_start is a multiple of 8), and is kept where that number is at
-    least p_drop * 2^16 (p_drop rounded down to a multiple of 2^-16)."""
-    counter = i * counters_per_row + key_start // 8 + tl.arange(0, BLOCK_N // 8)[None, :]
-    r0, r1, r2, r3 = tl.randint4x(seed, counter)
-    limit = tl.cast(p_drop * 65536.0, tl.uint32)
-    # join appends a last axis of 2: the outermost join picks bit 0 of the number, the innermost (low or high half)
-    # bit 2, so that the (.., c, bit 2, bit 1, bit 0) result reshapes to key 8c + number
-    even = tl.join(tl.join((r0 & 0xFFFF) >= limit, (r0 >> 16) >= limit),
-                   tl.join((r2 & 0xFFFF) >= limit, (r2 >> 16) >= limit))
-    odd = tl.join(tl.join((r1 & 0xFFFF) >= limit, (r1 >> 16) >= limit),
-                  tl.join((r3 & 0xFFFF) >= limit, (r3 >> 16) >= limit))
-    return tl.reshape(tl.join(even, odd), (i.shape[0], BLOCK_N))
+    """Which probabilities of queries i (a column) and keys key_start .. key_start + BLOCK_N - 1 dropout keeps
+    (key_start and BLOCK_N multiples of 32). One Philox call (Salmon et al. 2011) gives four 32-bit words, eight
+    16-bit numbers; key j = 32 h + 8 c + 2 t + b of query i reads half b of word c of counter
+    i * counters_per_row + 4 h + t, and is kept where that number is at least p_drop * 2^16 (p_drop rounded down to
+    a multiple of 2^-16). The eight keys of a call are those one thread holds of a row in the tensor cores'
+    accumulator layout (columns 8 c + 2 t + b for its t), so the numbers need no trip through shared memory to
+    meet the scores; and they are the same however the kernels tile."""
+    chunk = key_start // 32 + tl.arange(0, BLOCK_N // 32)
+    counter = i[:, :, None] * counters_per_row + chunk[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)  # each (rows, h, t)
+    halves = [tl.join(r & 0xFFFF, r >> 16) for r in (r0, r1, r2, r3)]  # each (rows, h, t, b)
+    words = tl.join(tl.join(halves[0], halves[1]), tl.join(halves[2], halves[3]))  # (rows, h, t, b, c % 2, c // 2)
+    numbers = tl.reshape(tl.permute(words, (0, 1, 5, 4, 2, 3)), (i.shape[0], BLOCK_N))
+    return numbers >= tl.cast(p_drop * 65536.0, tl.uint32)
 
 
 @triton.jit
@@ -235,8 +236,9 @@ def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:
         keep = dropout_keep(seed, i[:, None], key_start, rng_stride, p_drop, j.shape[0])
-        dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
-        p_dropped = tl.where(keep, p / (1.0 - p_drop), 0.0)
+        rescale = 1.0 / (1.0 - p_drop)  # a scalar: one division, not one per score
+        dp = tl.where(keep, dp * rescale, 0.0)
+        p_dropped = tl.where(keep, p * rescale, 0.0)
     else:
         p_dropped = p
     return p_dropped, p * (dp - delta[:, None])
@@ -457,7 +459,7 @@ def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, 
     n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. float32 and wider heads: from
     ptxas's register report for sm_90 (benchmarks/triton_resources.py), untimed."""
     if interpreting():
-        return [(16, 16, 1, 1)]
+        return [(16, 32, 1, 1)]  # BLOCK_N a multiple of 32, as dropout_keep needs
     if dtype == torch.float32 or head_dim > 64:
         return [(64, 32, 4, 2), (32, 64, 4, 2)]
     return {"forward": [(128, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3)],
@@ -479,8 +481,10 @@ def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
     (keyed by the length bucket and TUNING_KEY). The autotuner times the tilings at a key's first call; later
     calls launch its pick directly, without the autotuner's per-call work on the host."""
     function = {"forward": forward_kernel, "query": query_gradient_kernel, "key": key_gradient_kernel}[kernel]
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-               for m, n, w, s in _configs(kernel, head_dim, dtype)]
+    tilings = _configs(kernel, head_dim, dtype)
+    if any(n % 32 for _, n, _, _ in tilings):
+        raise ValueError(f"BLOCK_N must be a multiple of 32 (dropout_keep's key chunks); got {tilings}")
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tilings]
     if interpreting():
         config = configs[0]
         return lambda grid, *args, **kwargs: function[grid](*args, **config.all_kwargs(), **kwargs)
@@ -556,9 +560,9 @@ class _Problem:
         return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
 
     def scalars(self) -> list:
-        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: eight keys each) and
+        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: four per 32 keys) and
         heads."""
-        return [self.seed, self.dropout_p, self.scale, self.seqlen, -(-self.seqlen // 8), self.heads]
+        return [self.seed, self.dropout_p, self.scale, self.seqlen, 4 * -(-self.seqlen // 32), self.heads]
 
     def keywords(self) -> dict:
         """The constexprs, and length_bucket: the next power of two of the length, which the kernels ignore and the
@@ -574,6 +578,24 @@ class _Problem:
         """The forward kernel's runtime arguments, before length_bucket and the constexprs (`keywords`)."""
         return [q, k, v, *self.operands(q), out, lse, *self.scalars(), *_strides(q, self.varlen),
                 *_strides(k, self.varlen), *_strides(v, self.varlen), *_strides(out, self.varlen),
+                *self.table_strides()]
+
+    def query_arguments(self, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor,
+                        delta: Tensor, grad_q: Tensor, grad_row: Tensor | None) -> list:
+        """The query-gradient kernel's runtime arguments (grad_row None without a row table); dO and O have q's
+        strides."""
+        return [q, k, v, *self.operands(q), grad_out, out, lse, delta, grad_q, q if grad_row is None else grad_row,
+                *self.scalars(), *self._gradient_strides(q, k, v), *_strides(grad_row, self.varlen)]
+
+    def key_arguments(self, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tensor, delta: Tensor,
+                      grad_k: Tensor, grad_v: Tensor, grad_key: Tensor | None) -> list:
+        """The key-gradient kernel's runtime arguments (grad_key None without a key table)."""
+        return [q, k, v, *self.operands(q), grad_out, lse, delta, grad_k, grad_v,
+                q if grad_key is None else grad_key, *self.scalars(), *self._gradient_strides(q, k, v),
+                *_strides(grad_key, self.varlen)]
+
+    def _gradient_strides(self, q: Tensor, k: Tensor, v: Tensor) -> list[int]:
+        return [*_strides(q, self.varlen), *_strides(k, self.varlen), *_strides(v, self.varlen),
                 *self.table_strides()]
 
     def grid(self, along: str):
@@ -603,17 +625,13 @@ def _run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_row, grad_key = (_table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
-    strides = [*_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-               *problem.table_strides()]
     _launcher("query", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_M"), q, k, v, *problem.operands(q), grad_out, out, lse, delta, grad_q,
-        grad_row if row_table is not None else q,
-        *problem.scalars(), *strides, *_strides(grad_row if row_table is not None else None, problem.varlen),
+        problem.grid("BLOCK_M"), *problem.query_arguments(q, k, v, grad_out, out, lse, delta, grad_q,
+                                                          grad_row if row_table is not None else None),
         **problem.keywords())
     _launcher("key", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_N"), q, k, v, *problem.operands(q), grad_out, lse, delta, grad_k, grad_v,
-        grad_key if key_table is not None else q,
-        *problem.scalars(), *strides, *_strides(grad_key if key_table is not None else None, problem.varlen),
+        problem.grid("BLOCK_N"), *problem.key_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v,
+                                                        grad_key if key_table is not None else None),
         **problem.keywords())
     return grad_q, grad_k, grad_v, grad_row, grad_key
 
