@@ -1,11 +1,21 @@
 """What the fused relative-attention kernels cost a Hopper multiprocessor, read without a GPU: each kernel of
-attention/relative/triton_attention.py compiled for sm_90 by Triton's own ptxas, for each tiling the autotuner
-may try, with the registers per thread and the bytes spilled to the stack (local memory) that cuobjdump reports.
-Spills are what to avoid: triton_attention._configs took its float32 and wide-head tilings from this table (the
-half-precision ones from GPU timings, benchmarks/triton_tuning.py).
+attention/relative/triton_attention.py compiled for sm_90 by Triton's own ptxas, as the JIT would compile it for a
+real call, and read back from its machine code (cuobjdump):
 
-    python benchmarks/triton_resources.py                       # every tiling below, 64-channel bf16 heads
-    python benchmarks/triton_resources.py --tilings 128x64x8x3 --output /tmp/r.md
+  registers    per thread (255 is the most), and bytes spilled to the stack (local memory)
+  issue        warp instructions per 1,000 scores (query-key pairs) in the loops off the band, where nearly all
+               tiles are at long n, and in the band's loop: the SASS instructions of each loop's body, counted
+               statically (a branch's both arms included), times the warps, over the tile's scores; a proxy for
+               what a tile costs to issue, comparable across tilings
+  smem         of those off the band, shared-memory loads and stores plus barriers: layout conversions
+  wgmma        whether the tensor cores' Hopper path (HGMMA) is used
+
+The call compiled is `small` width's: 4 heads of 64 channels, n = 512, q, k and v strided as the model passes them,
+r = 8, clip, so that Triton specializes alignment and strides as it would on the GPU (16-byte divisibility). The
+variants add one feature at a time: dropout, key padding, the row table (composite), the key table.
+
+    python benchmarks/triton_resources.py                      # the autotuner's tilings, bf16, 64-channel heads
+    python benchmarks/triton_resources.py --tilings 128x64x8x3 --variants plain,composite+key --output /tmp/r.md
 
 Needs TRITON_INTERPRET unset (the interpreter defines no compilable kernels) and no GPU.
 """
@@ -18,8 +28,10 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import torch
 import triton
 from common import write_atomic
 from triton.backends.compiler import GPUTarget
@@ -29,75 +41,145 @@ from convattn.attention.relative import triton_attention
 
 KERNELS = {"forward": triton_attention.forward_kernel, "query": triton_attention.query_gradient_kernel,
            "key": triton_attention.key_gradient_kernel}
-TILINGS = "128x64x8x3,128x32x8x2,64x64x4x2,64x32x4x2,128x64x4x3,64x16x4x2,32x64x8x2,32x128x8x2"
-FLOAT_POINTERS = {"LSE", "DELTA", "DA", "DB"}
+VARIANTS = {"plain": {}, "dropout": {"dropout"}, "padding": {"padding"},
+            "composite": {"row", "padding", "dropout"}, "composite+key": {"row", "key", "padding", "dropout"}}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+HEADS, LENGTH, REACH = 4, 512, 8
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def signature(kernel, dtype: str, constants: dict) -> dict:
-    """Triton's type of each argument: tensors of the operand dtype, float32 statistics and table gradients,
-    the uint8 key mask, int32 sequence offsets, float scalars, int32 strides and sizes."""
-    types = {}
-    for name in kernel.arg_names:
-        if name in constants:
-            types[name] = "constexpr"
-        elif name == "KEEP":
-            types[name] = "*u8"
-        elif name == "CU":
-            types[name] = "*i32"
-        elif name.isupper():
-            types[name] = "*fp32" if name in FLOAT_POINTERS else f"*{dtype}"
-        else:
-            types[name] = "fp32" if name in ("p_drop", "scale") else "i32"
-    return types
+def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int) -> tuple[list, dict]:
+    """The runtime arguments and keywords that triton_attention launches this kernel with, on meta tensors (their
+    data pointers are 0: aligned, as the allocator's are)."""
+    batch, heads, n = 2, HEADS, LENGTH
+    rows = torch.empty(batch, n, 3, heads, head_dim, dtype=dtype, device="meta")  # a fused q, k, v projection
+    q, k, v = (rows[:, :, part].transpose(1, 2) for part in range(3))
+    tables = [torch.empty(batch, heads, n, 2 * REACH + 1, dtype=dtype, device="meta") if name in features else None
+              for name in ("row", "key")]
+    keep = torch.empty(batch, n, dtype=torch.uint8, device="meta") if "padding" in features else None
+    problem = triton_attention._Problem(q, *tables, keep, None, 0, REACH, True, 0.1 if "dropout" in features else 0,
+                                        head_dim**-0.5, 0)
+    stats = torch.empty(problem.stats_shape, dtype=torch.float32, device="meta")
+    grads = [triton_attention._table_gradient(t, q, False) if t is not None else None for t in tables]
+    out = torch.empty_like(q)
+    arguments = {"forward": lambda: problem.forward_arguments(q, k, v, out, stats),
+                 "query": lambda: problem.query_arguments(q, k, v, out, out, stats, stats, out, grads[0]),
+                 "key": lambda: problem.key_arguments(q, k, v, out, stats, stats, out, out, grads[1])}[kernel_name]()
+    return arguments, problem.keywords()
 
 
-def resources(kernel_name: str, tiling: tuple[int, int, int, int], constants: dict, dtype: str) -> dict:
-    block_m, block_n, warps, stages = tiling
+def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int, block_m: int,
+           block_n: int) -> ASTSource:
+    """The kernel as the JIT specializes it: each argument's type, and tt.divisibility 16 on every pointer and on
+    every integer divisible by 16 that the kernel does not exempt (triton's BaseBackend.get_int_specialization)."""
     kernel = KERNELS[kernel_name]
-    constants = dict(constants, BLOCK_M=block_m, BLOCK_N=block_n)
-    source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps, num_stages=stages))
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    arguments, keywords = call_arguments(kernel_name, features, dtype, head_dim)
+    constants = {name: value for name, value in keywords.items() if name != "length_bucket"}
+    constants.update(BLOCK_M=block_m, BLOCK_N=block_n)
+    values = dict(zip([name for name in kernel.arg_names if name not in constants], [*arguments,
+                                                                                      keywords["length_bucket"]],
+                      strict=True))
+    exempt = {kernel.arg_names[p.num] for p in kernel.params if p.do_not_specialize}
+    signature, attrs = {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+            continue
+        value = values[name]
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                                     torch.uint8: "u8", torch.int32: "i32"}[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if isinstance(value, float) else "i32"
+            if isinstance(value, int) and name not in exempt and value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    return ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
+
+
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions of each loop (a backward branch's range), in address order."""
+    code = [(int(address, 16), text) for address, text in
+            re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
+    bodies = []
+    for address, text in code:
+        target = re.search(r"\bBRA\s+0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            bodies.append([t for a, t in code if int(target.group(1), 16) <= a <= address])
+    return bodies
+
+
+def opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def resources(job: tuple) -> dict:
+    kernel_name, variant, tiling, dtype_name, head_dim = job
+    block_m, block_n, warps, stages = tiling
+    compiled = triton.compile(source(kernel_name, VARIANTS[variant], DTYPES[dtype_name], head_dim, block_m, block_n),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        report = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name], capture_output=True,
-                                text=True, check=True).stdout
-    registers, stack = re.search(r"REG:(\d+).*STACK:(\d+)", report).groups()
-    return {"registers": int(registers), "spilled": int(stack), "wgmma": "wgmma" in compiled.asm["ptx"]}
+        usage = subprocess.run([str(BIN / "cuobjdump"), "--dump-resource-usage", cubin.name], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True,
+                              check=True).stdout
+    registers, stack = re.search(r"REG:(\d+).*STACK:(\d+)", usage).groups()
+    bodies = loop_bodies(sass)
+    if len(bodies) != 3:  # left of the band, the band, right of it, in source order
+        raise RuntimeError(f"{kernel_name} {variant} {tiling}: expected 3 loops in SASS, found {len(bodies)}")
+    off_band = max(bodies[0], bodies[2], key=len)
+    shared = sum(opcode(t) in ("LDS", "STS", "BAR", "LDSM", "STSM") for t in off_band)
+    per_thousand = 1000 * warps / (block_m * block_n)
+    return {"kernel": kernel_name, "variant": variant, "tiling": tiling, "registers": int(registers),
+            "spilled": int(stack), "off_band": round(len(off_band) * per_thousand),
+            "band": round(len(bodies[1]) * per_thousand), "smem": round(shared * per_thousand),
+            "wgmma": any(opcode(t) == "HGMMA" for t in off_band)}
+
+
+def library_tilings(kernel_name: str, dtype_name: str, head_dim: int) -> list[tuple]:
+    # read with TRITON_INTERPRET unset, so these are the GPU's candidates
+    return triton_attention._configs(kernel_name, head_dim, DTYPES[dtype_name])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tilings", default=TILINGS, help="BLOCK_M x BLOCK_N x warps x stages, comma-separated")
+    parser.add_argument("--tilings", help="BLOCK_M x BLOCK_N x warps x stages, comma-separated (default: the "
+                        "autotuner's candidates of each kernel)")
     parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated: " + ", ".join(KERNELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "triton_resources.md")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
-    tilings = [tuple(int(x) for x in t.split("x")) for t in args.tilings.split(",")]
-    variants = {"composite, dropout": dict(HAS_KEY=False, DROPOUT=True),
-                "composite+key, dropout": dict(HAS_KEY=True, DROPOUT=True)}
-    lines = ["# The fused kernels on sm_90, read from ptxas without a GPU", "",
+    for name, allowed in (("--kernels", KERNELS), ("--variants", VARIANTS)):
+        unknown = set(getattr(args, name[2:]).split(",")) - set(allowed)
+        if unknown:
+            parser.error(f"{name}: unknown {sorted(unknown)}; allowed: {', '.join(allowed)}")
+    kernels, variants = args.kernels.split(","), args.variants.split(",")
+    given = [tuple(int(x) for x in t.split("x")) for t in args.tilings.split(",")] if args.tilings else None
+    jobs = [(kernel, variant, tiling, args.dtype, args.head_dim) for kernel in kernels
+            for tiling in (given or library_tilings(kernel, args.dtype, args.head_dim)) for variant in variants]
+    lines = ["# The fused kernels on sm_90, read from their machine code without a GPU", "",
              f"Command: `python benchmarks/triton_resources.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-             f"triton {triton.__version__}, {args.dtype}, {args.head_dim}-channel heads, r = 8, clip, key padding. "
-             "Registers per thread (255 is the most) and bytes spilled per thread.", "",
-             "| kernel | BLOCK_M x BLOCK_N | warps | stages | terms | registers | spilled bytes | wgmma |",
-             "|---|---|---|---|---|---|---|---|"]
-    for kernel_name in args.kernels.split(","):
-        for tiling in tilings:
-            for variant, flags in variants.items():
-                constants = dict(REACH=8, CLIP=True, HAS_ROW=True, HAS_KEEP=True, VARLEN=False, HEAD_DIM=args.head_dim,
-                                 BLOCK_D=max(16, 1 << (args.head_dim - 1).bit_length()),
-                                 PRECISION="ieee" if args.dtype == "fp32" else "tf32", **flags)
-                r = resources(kernel_name, tiling, constants, args.dtype)
-                row = (f"| {kernel_name} | {tiling[0]} x {tiling[1]} | {tiling[2]} | {tiling[3]} | {variant} | "
-                       f"{r['registers']} | {r['spilled']} | {'yes' if r['wgmma'] else 'no'} |")
-                lines.append(row)
-                print(row, flush=True)
+             f"triton {triton.__version__}, {args.dtype}, {HEADS} heads of {args.head_dim} channels, n = {LENGTH}, "
+             f"r = {REACH}, clip, specialized as the JIT would. Registers per thread (255 is the most), bytes spilled "
+             "per thread; issue: warp instructions per 1,000 scores in the loops off the band and in the band's "
+             "loop (static SASS counts), and of the former the shared-memory loads, stores and barriers.",
+             "", "| kernel | BLOCK_M x BLOCK_N | warps | stages | variant | registers | spilled bytes | "
+             "issue off the band | issue in the band | smem off the band | wgmma |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    with ProcessPoolExecutor(max(1, args.workers)) as pool:
+        for r in pool.map(resources, jobs):
+            m, n, w, s = r["tiling"]
+            row = (f"| {r['kernel']} | {m} x {n} | {w} | {s} | {r['variant']} | {r['registers']} | {r['spilled']} | "
+                   f"{r['off_band']} | {r['band']} | {r['smem']} | {'yes' if r['wgmma'] else 'no'} |")
+            lines.append(row)
+            print(row, flush=True)
     write_atomic(args.output, "\n".join(lines) + "\n")
     print(f"wrote {args.output}")
     return 0

@@ -14,13 +14,27 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_kernel_compiles_for_sm90_with_the_first_tiling(tmp_path):
+def test_every_kernel_compiles_for_sm90_and_is_read_back(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     output = tmp_path / "resources.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_resources.py"), "--tilings",
-                             "64x32x4x2", "--output", str(output)], capture_output=True, text=True, env=env,
-                            timeout=900)
+                             "64x32x4x2", "--variants", "plain,composite+key", "--output", str(output)],
+                            capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in output.read_text().splitlines() if line.startswith("| ") and "64 x 32" in line]
-    assert [row.split(" | ")[0].strip("| ") for row in rows] == ["forward"] * 2 + ["query"] * 2 + ["key"] * 2
+    rows = [line.strip("| ").split(" | ") for line in output.read_text().splitlines()
+            if line.startswith("| ") and "64 x 32" in line]
+    assert [(row[0], row[4]) for row in rows] == [(kernel, variant) for kernel in ("forward", "query", "key")
+                                                  for variant in ("plain", "composite+key")]
+    for kernel, *_, registers, spilled, off_band, band, smem, wgmma in rows:
+        assert 0 < int(registers) <= 255 and int(spilled) >= 0 and wgmma == "yes"
+        assert 0 < int(smem) < int(off_band) <= int(band) * 1.1, kernel
+
+
+def test_unknown_variants_are_refused_by_name(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_resources.py"), "--variants",
+                             "plain,bogus", "--output", str(tmp_path / "r.md")], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 2 and "--variants: unknown ['bogus']" in result.stderr
+    assert not (tmp_path / "r.md").exists()
