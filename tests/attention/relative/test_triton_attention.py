@@ -94,11 +94,13 @@ def relative_error(ours, expected):
 
 
 def check_against_reference(terms, out_of_window, batch, heads, n, head_dim, reach, lengths=None, dtype=torch.float32,
-                            tolerance=1e-4):
-    """Output and the gradients of q, k, v and every table parameter, kernel against reference."""
+                            tolerance=1e-4, keep=None):
+    """Output and the gradients of q, k, v and every table parameter, kernel against reference; the key mask right
+    padding to `lengths`, or `keep`."""
     rel = make_relative(terms, out_of_window, heads, head_dim, reach) if terms else None
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
-    keep = None if lengths is None else (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE)
+    if lengths is not None:
+        keep = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE)
     ours = kernel_attention(q, k, v, rel, dtype, keep=keep)
     expected = reference_attention(q, k, v, rel, keep)
     assert relative_error(ours, expected) < tolerance
@@ -128,6 +130,18 @@ def test_short_sequences_and_other_head_sizes(n, reach, head_dim):
     """n <= r (every pair on the band), n = 1, and heads of 64, 128 and 48 (not a power of two) channels."""
     check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=head_dim, reach=reach,
                             lengths=[n, max(1, n - 3)])
+
+
+@pytest.mark.parametrize("terms", ["composite", "composite+key"])
+def test_padding_anywhere_and_keys_past_the_last_real_one(terms):
+    """The kernels skip the keys past a sequence's last real one and mask pads by position, reading the key mask only
+    where pads come before real keys: left padding, pads scattered among real keys, and right padding that leaves
+    whole key tiles (32 keys under the interpreter) of pads, beside an unpadded row."""
+    n = 75
+    position = torch.arange(n)
+    keep = torch.stack([position >= 20, (position % 7 != 3) & (position < 61), position < 20,
+                        torch.ones(n, dtype=torch.bool)]).to(DEVICE)
+    check_against_reference(TERMS[terms], "clip", batch=4, heads=2, n=n, head_dim=32, reach=3, keep=keep)
 
 
 @interpreter_only

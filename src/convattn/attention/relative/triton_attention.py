@@ -23,7 +23,9 @@ is the sum of dS_ij over the keys j whose pair falls in column t: one partner in
 beyond it in the edge columns (summed in registers), each entry written once.
 
 Operands are either padded, (batch, heads, n, d) with an optional key mask `keep` (batch, n), or packed
-variable-length sequences, (total, heads, d) with `cu_seqlens` (batch + 1,) as in flash-attn's varlen API.
+variable-length sequences, (total, heads, d) with `cu_seqlens` (batch + 1,) as in flash-attn's varlen API. Keys
+past a sequence's last real one are skipped, and the mask is read tile by tile only where pads come before it
+(key_extent), so right padding costs nothing per tile.
 On CPU the kernels run only under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported):
 that is how the tests check them.
 """
@@ -93,11 +95,34 @@ def dropout_keep(seed, i, key_start, counters_per_row, p_drop, BLOCK_N: tl.const
 
 
 @triton.jit
-def key_valid(KEEP, j, n, HAS_KEEP: tl.constexpr):
-    valid = j < n
+def key_extent(KEEP, n, HAS_KEEP: tl.constexpr):
+    """(end, holes) of a sequence's keys: one past its last real key, and whether a pad lies before it. The kernels
+    skip the keys from end on and mask pads before it only where there are holes, so right padding costs nothing
+    per tile. A sequence without a real key is taken whole, every key masked (a softmax of equal scores)."""
     if HAS_KEEP:
-        valid = valid & (tl.load(KEEP + j, mask=valid, other=0) != 0)
-    return valid
+        last = n * 0
+        count = n * 0
+        for start in range(0, n, 1024):
+            j = start + tl.arange(0, 1024)
+            real = tl.load(KEEP + j, mask=j < n, other=0) != 0
+            last = tl.maximum(last, tl.max(tl.where(real, j + 1, 0), 0))
+            count += tl.sum(real.to(tl.int32), 0)
+        return tl.where(last == 0, n, last), (count < last) | (last == 0)
+    return n, False
+
+
+@triton.jit
+def mask_pads(s, KEEP, j, key_start, key_end, holes, HAS_KEEP: tl.constexpr):
+    """Scores of keys j (key_start ..) with pads at -1e30, which loses to every real score without the NaN of
+    (-inf) - (-inf) on a wholly masked tile: by the key mask where the sequence has holes, else by position."""
+    if HAS_KEEP:
+        if holes | (key_start + j.shape[0] > key_end):
+            # the key mask is read only where there are holes (a fully masked load reads nothing)
+            real = (j < key_end) & (tl.load(KEEP + j, mask=(j < key_end) & holes, other=1) != 0)
+            s = tl.where(real[None, :], s, -1.0e30)
+    elif key_start + j.shape[0] > key_end:
+        s = tl.where((j < key_end)[None, :], s, -1.0e30)
+    return s
 
 
 @triton.jit
@@ -115,7 +140,8 @@ def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE:
 
 
 @triton.jit
-def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, n, seed, rng_stride, p_drop,
+def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, n, key_end, holes, seed,
+                  rng_stride, p_drop,
                   sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
                   HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -128,9 +154,7 @@ def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, 
         key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
         s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP,
                        HAS_ROW, HAS_KEY, PRECISION)
-        # a masked score loses to every real one without the NaN of (-inf) - (-inf) on a wholly masked tile
-        if HAS_KEEP or start + BLOCK_N > n:
-            s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
+        s = mask_pads(s, KEEP, j, start, key_end, holes, HAS_KEEP)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -201,17 +225,21 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     seed = seed + bh
-    # key tiles wholly left of the band, touching it, wholly right of it
+    # key tiles wholly left of the band, touching it, wholly right of it, up to the last real key
+    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
     left = edge(A, i, n, sa_s, 0, HAS_ROW)
-    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, 0, band_first, n, seed,
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, 0, tl.minimum(band_first, key_end), n,
+                                  key_end, holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, band_first, band_last, n, seed,
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, band_first,
+                                  tl.minimum(band_last, key_end), n, key_end, holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
-    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, right, K, V, A, B, KEEP, band_last, n, n, seed,
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, right, K, V, A, B, KEEP, band_last, key_end, n, key_end,
+                                  holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     out = acc / l_i[:, None]
@@ -222,16 +250,17 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
 
 
 @triton.jit
-def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge, key_edge, n, seed, rng_stride,
-                  p_drop,
+def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge, key_edge, n, key_end, holes,
+                  seed, rng_stride, p_drop,
                   sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
                   HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile."""
+                  PRECISION: tl.constexpr, MASK_PADS: tl.constexpr):
+    """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile; without MASK_PADS, the columns of pad keys are
+    left unmasked (any value, inf or NaN included) for the caller to discard."""
     s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
                    HAS_KEY, PRECISION)
-    if HAS_KEEP or key_start + j.shape[0] > n:
-        s = tl.where(key_valid(KEEP, j, n, HAS_KEEP)[None, :], s, -1.0e30)
+    if MASK_PADS:
+        s = mask_pads(s, KEEP, j, key_start, key_end, holes, HAS_KEEP)
     p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:
@@ -245,15 +274,16 @@ def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge
 
 
 @triton.jit
-def band_table_gradient(T, ds, owner, other, offset, n, s_s, low, high, AXIS: tl.constexpr, REACH: tl.constexpr,
-                        CLIP: tl.constexpr):
+def band_table_gradient(T, ds, owner, offset, stored_pairs, s_s, low, high, AXIS: tl.constexpr,
+                        REACH: tl.constexpr, CLIP: tl.constexpr):
     """A band tile's share of a table's gradient: the table row of `owner` (a query for the row table, a key for the
-    key table) gets dS at column offset + r, `offset` the other position minus the owner's. Inside the band each
-    (owner, column) has exactly one partner, so those entries are stored, never summed; in clip mode the edge
-    columns 0 and 2r gather every partner beyond the band, summed into `low` and `high` over AXIS."""
+    key table) gets dS at column offset + r, `offset` the other position minus the owner's, for the pairs where
+    stored_pairs holds. Inside the band each (owner, column) has exactly one partner, so those entries are stored,
+    never summed; in clip mode the edge columns 0 and 2r gather every partner beyond the band, summed into `low`
+    and `high` over AXIS."""
     stored = REACH - 1 if CLIP else REACH  # the offsets whose column has one partner
     inside = (offset >= -stored) & (offset <= stored)
-    tl.store(T + owner * s_s + offset + REACH, ds, mask=inside & (owner < n) & (other < n))
+    tl.store(T + owner * s_s + offset + REACH, ds, mask=inside & stored_pairs)
     if CLIP:
         low += tl.sum(tl.where(offset <= -REACH, ds, 0.0), AXIS)
         high += tl.sum(tl.where(offset >= REACH, ds, 0.0), AXIS)
@@ -268,9 +298,9 @@ def store_edges(T, owner, n, s_s, low, high, REACH: tl.constexpr):
 
 @triton.jit
 def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K, V, A, B, KEEP, DA, first, last, n,
-                         seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, MODE: tl.constexpr,
-                         REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
-                         HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale,
+                         MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+                         HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     d = tl.arange(0, BLOCK_D)
     for start in range(first, last, BLOCK_N):
@@ -279,14 +309,16 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
         k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
         key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
-        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, start, row_edge, key_edge, n, seed,
+        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, start, row_edge, key_edge, n, key_end, holes,
+                              seed,
                               rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
-                              HAS_KEEP, DROPOUT, PRECISION)
+                              HAS_KEEP, DROPOUT, PRECISION, True)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if HAS_ROW:
             if MODE == 1:
-                da_low, da_high = band_table_gradient(DA, ds, i[:, None], j[None, :], j[None, :] - i[:, None], n,
-                                                      sda_s, da_low, da_high, 1, REACH, CLIP)
+                da_low, da_high = band_table_gradient(DA, ds, i[:, None], j[None, :] - i[:, None],
+                                                      (i < n)[:, None] & (j < n)[None, :], sda_s, da_low, da_high,
+                                                      1, REACH, CLIP)
             elif CLIP and MODE == 0:
                 da_low += tl.sum(ds, 1)
             elif CLIP:
@@ -337,19 +369,23 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     da_low = tl.zeros((BLOCK_M,), tl.float32)
     da_high = tl.zeros((BLOCK_M,), tl.float32)
     seed = seed + bh
+    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
     left = edge(A, i, n, sa_s, 0, HAS_ROW)
     dq, da_low, da_high = query_gradient_tiles(
-        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, 0, band_first, n, seed, rng_stride,
+        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, 0, tl.minimum(band_first, key_end), n,
+        key_end, holes, seed, rng_stride,
         p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
     dq, da_low, da_high = query_gradient_tiles(
-        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, band_first, band_last, n, seed,
+        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, band_first,
+        tl.minimum(band_last, key_end), n, key_end, holes, seed,
         rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP,
         DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
     dq, da_low, da_high = query_gradient_tiles(
-        dq, da_low, da_high, q, do, lse, delta, i, right, K, V, A, B, KEEP, DA, band_last, n, n, seed, rng_stride,
+        dq, da_low, da_high, q, do, lse, delta, i, right, K, V, A, B, KEEP, DA, band_last, key_end, n, key_end, holes,
+        seed, rng_stride,
         p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
     tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
@@ -358,10 +394,10 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
 
 
 @triton.jit
-def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, key_edge, Q, DO, LSE, DELTA, A, B, KEEP, DB, first,
-                       last, n, seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, MODE: tl.constexpr,
-                       REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
-                       HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q, DO, LSE, DELTA, A, B, DB, first,
+                       last, n, seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale,
+                       MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+                       HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     d = tl.arange(0, BLOCK_D)
     for start in range(first, last, BLOCK_M):
@@ -372,16 +408,18 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, key_edge, Q, DO, LS
         lse = tl.load(LSE + i, mask=i < n, other=0.0)
         delta = tl.load(DELTA + i, mask=i < n, other=0.0)
         row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and MODE != 1)
-        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, j0, row_edge, key_edge, n, seed,
-                                      rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
-                                      HAS_KEEP, DROPOUT, PRECISION)
+        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, A, i, j, j0, row_edge, key_edge, n, n, False,
+                                      seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
+                                      HAS_KEY, HAS_KEEP, DROPOUT, PRECISION, False)
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         if HAS_KEY:
             # key j's column is c(i - j), summed over the queries (axis 0); keys right of the band sit at 0
             if MODE == 1:
-                db_low, db_high = band_table_gradient(DB, ds, j[None, :], i[:, None], i[:, None] - j[None, :], n,
-                                                      sdb_s, db_low, db_high, 0, REACH, CLIP)
+                # pad keys' entries stay the zeros they start as; their edge sums are discarded at the end
+                db_low, db_high = band_table_gradient(DB, ds, j[None, :], i[:, None] - j[None, :],
+                                                      real[None, :] & (i < n)[:, None], sdb_s, db_low, db_high, 0,
+                                                      REACH, CLIP)
             elif CLIP and MODE == 2:
                 db_low += tl.sum(ds, 0)
             elif CLIP:
@@ -422,6 +460,17 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     j = j0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     key_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
+    key_end, _ = key_extent(KEEP, n, HAS_KEEP)
+    if j0 >= key_end:  # padding only: no probability reaches these keys
+        zeros = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        tl.store(DK + j[:, None] * sk_s + d[None, :], zeros.to(DK.dtype.element_ty), mask=key_mask)
+        tl.store(DV + j[:, None] * sv_s + d[None, :], zeros.to(DV.dtype.element_ty), mask=key_mask)
+        return
+    # A key's gradients depend on its own column of P and dS alone, and the log-sum-exp came from the forward, so
+    # pad keys are not masked tile by tile: their columns are computed, whatever they hold, and discarded at the end.
+    real = j < key_end
+    if HAS_KEEP:
+        real = real & (tl.load(KEEP + j, mask=real, other=0) != 0)
     k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=key_mask, other=0.0)
     v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=key_mask, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
@@ -434,22 +483,25 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
     right = edge(B, j, n, sb_s, 0, HAS_KEY)
     dk, dv, db_low, db_high = key_gradient_tiles(
-        dk, dv, db_low, db_high, k, v, j, j0, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, 0, band_first, n, seed,
+        dk, dv, db_low, db_high, k, v, j, j0, real, right, Q, DO, LSE, DELTA, A, B, DB, 0, band_first, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     dk, dv, db_low, db_high = key_gradient_tiles(
-        dk, dv, db_low, db_high, k, v, j, j0, right, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_first, band_last, n, seed,
+        dk, dv, db_low, db_high, k, v, j, j0, real, right, Q, DO, LSE, DELTA, A, B, DB, band_first, band_last, n,
+        seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
     left = edge(B, j, n, sb_s, 2 * REACH, HAS_KEY)
     dk, dv, db_low, db_high = key_gradient_tiles(
-        dk, dv, db_low, db_high, k, v, j, j0, left, Q, DO, LSE, DELTA, A, B, KEEP, DB, band_last, n, n, seed,
+        dk, dv, db_low, db_high, k, v, j, j0, real, left, Q, DO, LSE, DELTA, A, B, DB, band_last, n, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
-    tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
+    dk = tl.where(real[:, None], dk * scale, 0.0)
+    dv = tl.where(real[:, None], dv, 0.0)
+    tl.store(DK + j[:, None] * sk_s + d[None, :], dk.to(DK.dtype.element_ty), mask=key_mask)
     tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
     if HAS_KEY and CLIP:
-        store_edges(DB, j, n, sdb_s, db_low, db_high, REACH)
+        store_edges(DB, j, n, sdb_s, tl.where(real, db_low, 0.0), tl.where(real, db_high, 0.0), REACH)
 
 
 def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
