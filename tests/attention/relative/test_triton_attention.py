@@ -53,11 +53,14 @@ def reference_scores(q, k, rel: RelativePositionBias | None):
 
 
 def reference_attention(q, k, v, rel, keep=None, dropped=None, dropout_p=0.0):
-    """softmax over real keys, times the dropout mask / (1 - p) where one is given, times v; float64."""
+    """softmax over real keys, times the dropout mask / (1 - p) where one is given, times v; float64. A row without
+    a real key attends to nothing (zero, as SDPA gives a fully masked row)."""
     scores = reference_scores(q, k, rel)
     if keep is not None:
         scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
     probs = scores.softmax(-1)
+    if keep is not None:
+        probs = torch.where(keep.any(-1)[:, None, None, None], probs, 0.0)
     if dropped is not None:
         probs = probs * ~dropped / (1 - dropout_p)
     return probs @ v.double()
@@ -135,13 +138,13 @@ def test_short_sequences_and_other_head_sizes(n, reach, head_dim):
 @pytest.mark.parametrize("terms", ["composite", "composite+key"])
 def test_padding_anywhere_and_keys_past_the_last_real_one(terms):
     """The kernels skip the keys past a sequence's last real one and mask pads by position, reading the key mask only
-    where pads come before real keys: left padding, pads scattered among real keys, and right padding that leaves
-    whole key tiles (32 keys under the interpreter) of pads, beside an unpadded row."""
+    where pads come before real keys: left padding, pads scattered among real keys, right padding that leaves whole
+    key tiles (32 keys under the interpreter) of pads, no padding, and no real key at all."""
     n = 75
     position = torch.arange(n)
     keep = torch.stack([position >= 20, (position % 7 != 3) & (position < 61), position < 20,
-                        torch.ones(n, dtype=torch.bool)]).to(DEVICE)
-    check_against_reference(TERMS[terms], "clip", batch=4, heads=2, n=n, head_dim=32, reach=3, keep=keep)
+                        torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)]).to(DEVICE)
+    check_against_reference(TERMS[terms], "clip", batch=5, heads=2, n=n, head_dim=32, reach=3, keep=keep)
 
 
 @interpreter_only

@@ -96,9 +96,10 @@ def dropout_keep(seed, i, key_start, counters_per_row, p_drop, BLOCK_N: tl.const
 
 @triton.jit
 def key_extent(KEEP, n, HAS_KEEP: tl.constexpr):
-    """(end, holes) of a sequence's keys: one past its last real key, and whether a pad lies before it. The kernels
-    skip the keys from end on and mask pads before it only where there are holes, so right padding costs nothing
-    per tile. A sequence without a real key is taken whole, every key masked (a softmax of equal scores)."""
+    """(end, holes) of a sequence's keys: one past its last real key (0 where it has none), and whether a pad lies
+    before it. The kernels skip the keys from end on and mask pads before it only where there are holes, so right
+    padding costs nothing per tile. A sequence without a real key attends to nothing: its output and every gradient
+    it sends are zero, as SDPA gives a fully masked row."""
     if HAS_KEEP:
         last = n * 0
         count = n * 0
@@ -107,7 +108,7 @@ def key_extent(KEEP, n, HAS_KEEP: tl.constexpr):
             real = tl.load(KEEP + j, mask=j < n, other=0) != 0
             last = tl.maximum(last, tl.max(tl.where(real, j + 1, 0), 0))
             count += tl.sum(real.to(tl.int32), 0)
-        return tl.where(last == 0, n, last), (count < last) | (last == 0)
+        return last, count < last
     return n, False
 
 
@@ -151,7 +152,7 @@ def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, 
         j = start + tl.arange(0, BLOCK_N)
         operand_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
-        key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
+        key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and CLIP and MODE != 1)
         s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP,
                        HAS_ROW, HAS_KEY, PRECISION)
         s = mask_pads(s, KEEP, j, start, key_end, holes, HAS_KEEP)
@@ -220,15 +221,20 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
     i = i0 + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
+    if key_end == 0:
+        tl.store(OUT + i[:, None] * so_s + d[None, :], tl.zeros((BLOCK_M, BLOCK_D), OUT.dtype.element_ty),
+                 mask=row_mask)
+        tl.store(LSE + i, tl.zeros((BLOCK_M,), tl.float32), mask=i < n)
+        return
     q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     seed = seed + bh
     # key tiles wholly left of the band, touching it, wholly right of it, up to the last real key
-    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
-    left = edge(A, i, n, sa_s, 0, HAS_ROW)
+    left = edge(A, i, n, sa_s, 0, HAS_ROW and CLIP)
     acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, 0, tl.minimum(band_first, key_end), n,
                                   key_end, holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW,
@@ -237,7 +243,7 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
                                   tl.minimum(band_last, key_end), n, key_end, holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
+    right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW and CLIP)
     acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, right, K, V, A, B, KEEP, band_last, key_end, n, key_end,
                                   holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW,
@@ -308,7 +314,7 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
         operand_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
-        key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and MODE != 1)
+        key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and CLIP and MODE != 1)
         _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, start, row_edge, key_edge, n, key_end, holes,
                               seed,
                               rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
@@ -359,6 +365,11 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     i = i0 + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
+    if key_end == 0:  # D_i is read by the key kernel only for keys that this sequence lacks
+        tl.store(DQ + i[:, None] * sq_s + d[None, :], tl.zeros((BLOCK_M, BLOCK_D), DQ.dtype.element_ty),
+                 mask=row_mask)
+        return
     do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     out = tl.load(OUT + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
@@ -369,9 +380,8 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     da_low = tl.zeros((BLOCK_M,), tl.float32)
     da_high = tl.zeros((BLOCK_M,), tl.float32)
     seed = seed + bh
-    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
-    left = edge(A, i, n, sa_s, 0, HAS_ROW)
+    left = edge(A, i, n, sa_s, 0, HAS_ROW and CLIP)
     dq, da_low, da_high = query_gradient_tiles(
         dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, 0, tl.minimum(band_first, key_end), n,
         key_end, holes, seed, rng_stride,
@@ -382,7 +392,7 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
         tl.minimum(band_last, key_end), n, key_end, holes, seed,
         rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP,
         DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW)
+    right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW and CLIP)
     dq, da_low, da_high = query_gradient_tiles(
         dq, da_low, da_high, q, do, lse, delta, i, right, K, V, A, B, KEEP, DA, band_last, key_end, n, key_end, holes,
         seed, rng_stride,
@@ -407,7 +417,7 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q, 
         do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
         lse = tl.load(LSE + i, mask=i < n, other=0.0)
         delta = tl.load(DELTA + i, mask=i < n, other=0.0)
-        row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and MODE != 1)
+        row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and CLIP and MODE != 1)
         p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, A, i, j, j0, row_edge, key_edge, n, n, False,
                                       seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
                                       HAS_KEY, HAS_KEEP, DROPOUT, PRECISION, False)
@@ -481,7 +491,7 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     # query tiles for which these keys lie wholly right of the band (i < j - r), touch it, lie wholly left
     band_first, band_last = band_tiles(j0, n, BLOCK_N, BLOCK_M, REACH)
     # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
-    right = edge(B, j, n, sb_s, 0, HAS_KEY)
+    right = edge(B, j, n, sb_s, 0, HAS_KEY and CLIP)
     dk, dv, db_low, db_high = key_gradient_tiles(
         dk, dv, db_low, db_high, k, v, j, j0, real, right, Q, DO, LSE, DELTA, A, B, DB, 0, band_first, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
@@ -491,7 +501,7 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
         seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
         HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
-    left = edge(B, j, n, sb_s, 2 * REACH, HAS_KEY)
+    left = edge(B, j, n, sb_s, 2 * REACH, HAS_KEY and CLIP)
     dk, dv, db_low, db_high = key_gradient_tiles(
         dk, dv, db_low, db_high, k, v, j, j0, real, left, Q, DO, LSE, DELTA, A, B, DB, band_last, n, n, seed,
         rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT,
