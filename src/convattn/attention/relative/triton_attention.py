@@ -142,10 +142,9 @@ def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE:
 
 @triton.jit
 def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, n, key_end, holes, seed,
-                  rng_stride, p_drop,
-                  sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
-                  HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr,
+                  CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
+                  DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   PRECISION: tl.constexpr):
     d = tl.arange(0, BLOCK_D)
     for start in range(first, last, BLOCK_N):
@@ -257,10 +256,9 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
 
 @triton.jit
 def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge, key_edge, n, key_end, holes,
-                  seed, rng_stride, p_drop,
-                  sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
-                  HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
-                  PRECISION: tl.constexpr, MASK_PADS: tl.constexpr):
+                  seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr,
+                  CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
+                  DROPOUT: tl.constexpr, PRECISION: tl.constexpr, MASK_PADS: tl.constexpr):
     """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile; without MASK_PADS, the columns of pad keys are
     left unmasked (any value, inf or NaN included) for the caller to discard."""
     s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
@@ -316,8 +314,7 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
         key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and CLIP and MODE != 1)
         _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, start, row_edge, key_edge, n, key_end, holes,
-                              seed,
-                              rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
+                              seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
                               HAS_KEEP, DROPOUT, PRECISION, True)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if HAS_ROW:
