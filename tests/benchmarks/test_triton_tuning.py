@@ -1,0 +1,39 @@
+"""benchmarks/triton_tuning.py, the second call of a GPU session: rehearsed end to end on CPU (tiny shapes, the
+kernel under Triton's interpreter), so that its stages and every tiling it forces still run when a GPU comes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_every_stage_and_every_forced_tiling(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "triton_tuning.py"), "--rehearse", "--out",
+                             str(tmp_path)], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert {path.name for path in tmp_path.iterdir()} == {"tuning.json", "tuning.md", "host_profile.txt"}
+    results = json.loads((tmp_path / "tuning.json").read_text())
+    assert results["failed"] == {} and "unfinished" not in results
+    assert [row["problem"] for row in results["ladder"]] == ["plain", "dropout", "padding", "padding+row",
+                                                             "padding+row+key", "composite+key"]
+    timed = {(row["problem"], row["kernel"]) for row in results["tilings"]}
+    assert timed == {(problem, kernel) for problem in ("plain", "composite+key")
+                     for kernel in ("forward", "query", "key")}
+    assert all(row["ms"] > 0 for row in results["tilings"])
+
+
+def test_rehearsing_without_the_interpreter_is_refused():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "triton_tuning.py"), "--rehearse"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2 and "TRITON_INTERPRET=1" in result.stderr
