@@ -58,14 +58,19 @@ def has_finished_seed(out: Path) -> bool:
     return any(Path(out).glob(f"runs/*/seed*/{SEED_RUN_FILE}"))
 
 
+def _written_at_top(entry: Path, top: frozenset[str]) -> bool:
+    """Whether an entry at the top of a fine-tuning folder is one the job writes (`top`: the job's entries)."""
+    return entry.name in top or entry.name in COMMON_ENTRIES or (is_code_or_temp(entry.name) and entry.is_file())
+
+
 def _written_inside(top: frozenset[str]):
     def written_inside(entry: Path, out: Path) -> bool:
         """Whether an entry at any depth of a fine-tuning folder is one the job writes (a user's notes are not)."""
         parts, name = entry.relative_to(out).parts, entry.name
+        if len(parts) == 1:
+            return _written_at_top(entry, top)
         if (is_code_or_temp(name) and entry.is_file()) or parts[0] in (REPLACED, PARTIAL):
             return True
-        if len(parts) == 1:
-            return name in top or name in COMMON_ENTRIES
         first, depth, folder = parts[0], len(parts), entry.is_dir() and not entry.is_symlink()
         if first == "submission":
             return depth == 2 and entry.is_file() and name.endswith(".tsv")
@@ -91,9 +96,8 @@ def layout(job: str) -> JobLayout:
     """The `JobLayout` of a glue or squad folder (what --overwrite moves aside and gives back)."""
     top = GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES
     record = GLUE_MODEL_RECORD if job == "glue" else SQUAD_MODEL_RECORD
-    return JobLayout(job, record, lambda entry: entry.name in top or entry.name in COMMON_ENTRIES or
-                     (is_code_or_temp(entry.name) and entry.is_file()),
-                     has_finished_seed, "its first finished seed")
+    return JobLayout(job, record, lambda entry: _written_at_top(entry, top), has_finished_seed,
+                     "its first finished seed")
 
 
 def foreign_files(out: Path, job: str) -> list[str]:
