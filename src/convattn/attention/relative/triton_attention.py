@@ -113,16 +113,25 @@ def key_extent(KEEP, n, HAS_KEEP: tl.constexpr):
 
 
 @triton.jit
+def real_keys(KEEP, j, key_end, holes, HAS_KEEP: tl.constexpr):
+    """Which keys j are real: before key_end, and by the key mask where the sequence has holes (the mask is read
+    only then: a fully masked load reads nothing)."""
+    real = j < key_end
+    if HAS_KEEP:
+        real = real & (tl.load(KEEP + j, mask=real & holes, other=1) != 0)
+    return real
+
+
+@triton.jit
 def mask_pads(s, KEEP, j, key_start, key_end, holes, HAS_KEEP: tl.constexpr):
     """Scores of keys j (key_start ..) with pads at -1e30, which loses to every real score without the NaN of
-    (-inf) - (-inf) on a wholly masked tile: by the key mask where the sequence has holes, else by position."""
+    (-inf) - (-inf) on a wholly masked tile; only a tile reaching past key_end, or one of a sequence with holes,
+    has any."""
+    masked = key_start + j.shape[0] > key_end
     if HAS_KEEP:
-        if holes | (key_start + j.shape[0] > key_end):
-            # the key mask is read only where there are holes (a fully masked load reads nothing)
-            real = (j < key_end) & (tl.load(KEEP + j, mask=(j < key_end) & holes, other=1) != 0)
-            s = tl.where(real[None, :], s, -1.0e30)
-    elif key_start + j.shape[0] > key_end:
-        s = tl.where((j < key_end)[None, :], s, -1.0e30)
+        masked = masked | holes
+    if masked:
+        s = tl.where(real_keys(KEEP, j, key_end, holes, HAS_KEEP)[None, :], s, -1.0e30)
     return s
 
 
@@ -467,7 +476,7 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     j = j0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     key_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
-    key_end, _ = key_extent(KEEP, n, HAS_KEEP)
+    key_end, holes = key_extent(KEEP, n, HAS_KEEP)
     if j0 >= key_end:  # padding only: no probability reaches these keys
         zeros = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
         tl.store(DK + j[:, None] * sk_s + d[None, :], zeros.to(DK.dtype.element_ty), mask=key_mask)
@@ -475,9 +484,7 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
         return
     # A key's gradients depend on its own column of P and dS alone, and the log-sum-exp came from the forward, so
     # pad keys are not masked tile by tile: their columns are computed, whatever they hold, and discarded at the end.
-    real = j < key_end
-    if HAS_KEEP:
-        real = real & (tl.load(KEEP + j, mask=real, other=0) != 0)
+    real = real_keys(KEEP, j, key_end, holes, HAS_KEEP)
     k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=key_mask, other=0.0)
     v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=key_mask, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
