@@ -198,7 +198,7 @@ def test_dropout_is_replayed_in_backward():
     assert abs(rate - dropout_p) < 0.05
     torch.manual_seed(seed)
     ours = kernel_attention(q, k, v, rel, keep=keep, dropout_p=dropout_p)
-    expected = reference_attention(q, k, v, rel, keep, dropped, dropout_p)
+    expected = reference_attention(q, k, v, rel, keep, dropped, triton_attention.kernel_dropout_p(dropout_p))
     assert relative_error(ours, expected) < 1e-4
     weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
     inputs = [q, k, v, *rel.parameters()]
@@ -220,21 +220,34 @@ def test_dropout_is_replayed_in_backward():
 
 
 def test_dropout_draws_an_independent_number_per_key():
-    """Eight keys share a Philox call (a 16-bit number each: key 32 h + 8 c + 2 t + b reads half b of word c of call
-    (h, t)): any two of them, and keys of different calls, are dropped together at the rate p^2 of independent
-    draws, not p as a number read twice would give."""
-    batch, heads, n, head_dim, dropout_p = 1, 2, 64, 64, 0.5
+    """Sixteen scores share a Philox call (a byte each: queries 16 g + u and 16 g + 8 + u, keys 32 h + 8 c + 2 t + b
+    of call (g, u, h, t)): any two of them, and scores of different calls, are dropped together at the rate p^2 of
+    independent draws, not p as a number read twice would give."""
+    batch, heads, n, head_dim, dropout_p = 1, 2, 128, 128, 0.5
     q, k, _ = operands(batch, heads, n, head_dim)
     keep = torch.ones(batch, n, dtype=torch.bool, device=DEVICE)
     dropped = dropped_probabilities(q, k, None, keep, dropout_p, seed=3).double()
     assert abs(dropped.mean() - dropout_p) < 0.03
-    by_call = dropped.reshape(-1, n // 32, 4, 4, 2).transpose(2, 3)  # (rows, h, t, c, b)
-    groups = by_call.reshape(-1, 8)  # (rows x calls, the eight keys of one call)
+    by_call = dropped.reshape(heads, n // 16, 2, 8, n // 32, 4, 4, 2)  # (heads, g, row half, u, h, c, t, b)
+    groups = by_call.permute(0, 1, 3, 4, 6, 2, 5, 7).reshape(-1, 16)  # (calls, the sixteen scores of one call)
     together = groups.mT @ groups / groups.shape[0]
-    off_diagonal = together[~torch.eye(8, dtype=torch.bool, device=together.device)]
-    assert (off_diagonal - dropout_p**2).abs().max() < 0.08
+    off_diagonal = together[~torch.eye(16, dtype=torch.bool, device=together.device)]
+    assert (off_diagonal - dropout_p**2).abs().max() < 0.06
     for apart in (2, 32):  # the next call along t, along h
         assert abs((dropped[..., :-apart] * dropped[..., apart:]).mean() - dropout_p**2) < 0.03
+    for apart in (1, 16):  # the next call along u, along g
+        assert abs((dropped[..., :-apart, :] * dropped[..., apart:, :]).mean() - dropout_p**2) < 0.03
+
+
+def test_dropout_rate_is_rounded_to_bytes():
+    assert triton_attention.kernel_dropout_p(0.0) == 0.0
+    assert triton_attention.kernel_dropout_p(0.1) == 26 / 256
+    assert triton_attention.kernel_dropout_p(0.5) == 0.5
+    assert triton_attention.kernel_dropout_p(1e-4) == 1 / 256  # dropout asked for is never switched off
+    assert triton_attention.kernel_dropout_p(0.9999) == 255 / 256
+    q = torch.zeros(1, 1, 4, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        triton_attention.triton_relative_attention(q, q, q, None, None, reach=1, clip=True, dropout_p=1.0)
 
 
 @interpreter_only

@@ -12,10 +12,11 @@ adds only A[i, 0] + B[j, 2r], one wholly right (j > i + r) only A[i, 2r] + B[j, 
 the band gathers its columns. The loops over key tiles run in those three ranges, so the gather is paid on
 about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
 
-Dropout draws its mask from Philox (`tl.randint4x`: four 32-bit words a call, a 16-bit number per key, eight keys
-a call, chosen so that the numbers land where the scores are; dropout_keep) keyed by (seed + batch * heads + head,
-a counter of the query and the key's chunk of 32); the backward draws the same numbers. Key tiles are multiples of
-32 keys.
+Dropout draws its mask from Philox (`tl.randint4x`, seven rounds: sixteen bytes a call, a byte per score, the
+sixteen scores of a call chosen so that the numbers land where the scores are; dropout_keep) keyed by (seed +
+batch * heads + head, a counter of the query pair and the key's chunk of 32); the backward draws the same numbers.
+p is rounded to a multiple of 1/256 (kernel_dropout_p), query tiles are multiples of 16 queries, key tiles of 32
+keys.
 Backward has no atomics (FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's
 gradient over the query blocks, another per query block sums dQ and the row table's gradient over the key blocks,
 with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2). A table's gradient at [i, t]
@@ -77,21 +78,33 @@ def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
 
 
 @triton.jit
-def dropout_keep(seed, i, key_start, counters_per_row, p_drop, BLOCK_N: tl.constexpr):
-    """Which probabilities of queries i (a column) and keys key_start .. key_start + BLOCK_N - 1 dropout keeps
-    (key_start and BLOCK_N multiples of 32). One Philox call (Salmon et al. 2011) gives four 32-bit words, eight
-    16-bit numbers; key j = 32 h + 8 c + 2 t + b of query i reads half b of word c of counter
-    i * counters_per_row + 4 h + t, and is kept where that number is at least p_drop * 2^16 (p_drop rounded down to
-    a multiple of 2^-16). The eight keys of a call are those one thread holds of a row in the tensor cores'
-    accumulator layout (columns 8 c + 2 t + b for its t), so the numbers need no trip through shared memory to
-    meet the scores; and they are the same however the kernels tile."""
+def word_bytes(word):
+    """The four bytes of 32-bit words, (.., b, c) for byte 2 c + b."""
+    return tl.join(tl.join(word & 0xFF, (word >> 8) & 0xFF), tl.join((word >> 16) & 0xFF, word >> 24))
+
+
+@triton.jit
+def dropout_keep(seed, query_start, key_start, counters_per_row, p_drop, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Which probabilities of queries query_start .. + BLOCK_M - 1 and keys key_start .. + BLOCK_N - 1 dropout keeps
+    (query_start a multiple of 16, key_start of 32). A Philox call (Salmon et al. 2011) gives sixteen bytes, one
+    number per score: queries 16 g + u and 16 g + 8 + u (u < 8) share the calls of counters
+    (16 g + u) * counters_per_row + 4 h + t, whose words 0, 1 serve the first and 2, 3 the second, and key
+    32 h + 8 c + 2 t + b reads byte 2 (c % 2) + b of word c // 2 of its row's pair. These sixteen scores are those one
+    thread holds in the tensor cores' accumulator layout (rows u and u + 8, columns 8 c + 2 t + b for its u and t),
+    so the numbers need no trip through shared memory to meet the scores, and they are the same however the kernels
+    tile. A score is kept where its byte is at least p_drop * 256 (p_drop a multiple of 1/256: kernel_dropout_p).
+    Bytes and seven rounds are what the flash kernel behind SDPA draws its dropout with, a third of ten rounds'
+    and sixteen-bit numbers' cost per score."""
+    pair = query_start + 16 * tl.arange(0, BLOCK_M // 16)[:, None] + tl.arange(0, 8)[None, :]  # (g, u)
     chunk = key_start // 32 + tl.arange(0, BLOCK_N // 32)
-    counter = i[:, :, None] * counters_per_row + chunk[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
-    r0, r1, r2, r3 = tl.randint4x(seed, counter)  # each (rows, h, t)
-    halves = [tl.join(r & 0xFFFF, r >> 16) for r in (r0, r1, r2, r3)]  # each (rows, h, t, b)
-    words = tl.join(tl.join(halves[0], halves[1]), tl.join(halves[2], halves[3]))  # (rows, h, t, b, c % 2, c // 2)
-    numbers = tl.reshape(tl.permute(words, (0, 1, 5, 4, 2, 3)), (i.shape[0], BLOCK_N))
-    return numbers >= tl.cast(p_drop * 65536.0, tl.uint32)
+    counter = (pair[:, :, None, None] * counters_per_row + chunk[None, None, :, None] * 4
+               + tl.arange(0, 4)[None, None, None, :])
+    r0, r1, r2, r3 = tl.randint4x(seed, counter, 7)  # each (g, u, h, t)
+    first = tl.join(word_bytes(r0), word_bytes(r1))  # (g, u, h, t, b, c % 2, c // 2)
+    second = tl.join(word_bytes(r2), word_bytes(r3))
+    numbers = tl.permute(tl.join(first, second), (0, 7, 1, 2, 6, 5, 3, 4))  # (g, row half, u, h, c // 2, c % 2, t, b)
+    return tl.reshape(numbers, (BLOCK_M, BLOCK_N)) >= tl.cast(p_drop * 256.0, tl.uint32)
 
 
 @triton.jit
@@ -150,7 +163,7 @@ def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE:
 
 
 @triton.jit
-def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, n, key_end, holes, seed,
+def forward_tiles(acc, m_i, l_i, q, i, i0, row_edge, K, V, A, B, KEEP, first, last, n, key_end, holes, seed,
                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr,
                   CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
                   DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -169,7 +182,7 @@ def forward_tiles(acc, m_i, l_i, q, i, row_edge, K, V, A, B, KEEP, first, last, 
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
-            p = tl.where(dropout_keep(seed, i[:, None], start, rng_stride, p_drop, BLOCK_N), p, 0.0)
+            p = tl.where(dropout_keep(seed, i0, start, rng_stride, p_drop, i.shape[0], BLOCK_N), p, 0.0)
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -243,16 +256,16 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
     # key tiles wholly left of the band, touching it, wholly right of it, up to the last real key
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
     left = edge(A, i, n, sa_s, 0, HAS_ROW and CLIP)
-    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, 0, tl.minimum(band_first, key_end), n,
-                                  key_end, holes, seed,
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, i0, left, K, V, A, B, KEEP, 0, tl.minimum(band_first, key_end),
+                                  n, key_end, holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 0, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, left, K, V, A, B, KEEP, band_first,
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, i0, left, K, V, A, B, KEEP, band_first,
                                   tl.minimum(band_last, key_end), n, key_end, holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 1, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW and CLIP)
-    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, right, K, V, A, B, KEEP, band_last, key_end, n, key_end,
+    acc, m_i, l_i = forward_tiles(acc, m_i, l_i, q, i, i0, right, K, V, A, B, KEEP, band_last, key_end, n, key_end,
                                   holes, seed,
                                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, 2, REACH, CLIP, HAS_ROW,
                                   HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
@@ -264,8 +277,8 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
 
 
 @triton.jit
-def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge, key_edge, n, key_end, holes,
-                  seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr,
+def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, query_start, key_start, row_edge, key_edge, n, key_end,
+                  holes, seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE: tl.constexpr, REACH: tl.constexpr,
                   CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr, MASK_PADS: tl.constexpr):
     """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile; without MASK_PADS, the columns of pad keys are
@@ -277,7 +290,7 @@ def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, key_start, row_edge
     p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:
-        keep = dropout_keep(seed, i[:, None], key_start, rng_stride, p_drop, j.shape[0])
+        keep = dropout_keep(seed, query_start, key_start, rng_stride, p_drop, i.shape[0], j.shape[0])
         rescale = 1.0 / (1.0 - p_drop)  # a scalar: one division, not one per score
         dp = tl.where(keep, dp * rescale, 0.0)
         p_dropped = tl.where(keep, p * rescale, 0.0)
@@ -310,7 +323,7 @@ def store_edges(T, owner, n, s_s, low, high, REACH: tl.constexpr):
 
 
 @triton.jit
-def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K, V, A, B, KEEP, DA, first, last, n,
+def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, i0, row_edge, K, V, A, B, KEEP, DA, first, last, n,
                          key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale,
                          MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
                          HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -322,8 +335,8 @@ def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, row_edge, K,
         k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
         v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
         key_edge = edge(B, j, n, sb_s, 0 if MODE == 2 else 2 * REACH, HAS_KEY and CLIP and MODE != 1)
-        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, start, row_edge, key_edge, n, key_end, holes,
-                              seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
+        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, i0, start, row_edge, key_edge, n, key_end,
+                              holes, seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW, HAS_KEY,
                               HAS_KEEP, DROPOUT, PRECISION, True)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if HAS_ROW:
@@ -389,19 +402,19 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     band_first, band_last = band_tiles(i0, n, BLOCK_M, BLOCK_N, REACH)
     left = edge(A, i, n, sa_s, 0, HAS_ROW and CLIP)
     dq, da_low, da_high = query_gradient_tiles(
-        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, 0, tl.minimum(band_first, key_end), n,
-        key_end, holes, seed, rng_stride,
+        dq, da_low, da_high, q, do, lse, delta, i, i0, left, K, V, A, B, KEEP, DA, 0, tl.minimum(band_first, key_end),
+        n, key_end, holes, seed, rng_stride,
         p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 0, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
     dq, da_low, da_high = query_gradient_tiles(
-        dq, da_low, da_high, q, do, lse, delta, i, left, K, V, A, B, KEEP, DA, band_first,
+        dq, da_low, da_high, q, do, lse, delta, i, i0, left, K, V, A, B, KEEP, DA, band_first,
         tl.minimum(band_last, key_end), n, key_end, holes, seed,
         rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 1, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP,
         DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     right = edge(A, i, n, sa_s, 2 * REACH, HAS_ROW and CLIP)
     dq, da_low, da_high = query_gradient_tiles(
-        dq, da_low, da_high, q, do, lse, delta, i, right, K, V, A, B, KEEP, DA, band_last, key_end, n, key_end, holes,
-        seed, rng_stride,
+        dq, da_low, da_high, q, do, lse, delta, i, i0, right, K, V, A, B, KEEP, DA, band_last, key_end, n, key_end,
+        holes, seed, rng_stride,
         p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
     tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
@@ -424,8 +437,8 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q, 
         lse = tl.load(LSE + i, mask=i < n, other=0.0)
         delta = tl.load(DELTA + i, mask=i < n, other=0.0)
         row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and CLIP and MODE != 1)
-        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, A, i, j, j0, row_edge, key_edge, n, n, False,
-                                      seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
+        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, A, i, j, start, j0, row_edge, key_edge, n, n,
+                                      False, seed, rng_stride, p_drop, sa_s, sb_s, scale, MODE, REACH, CLIP, HAS_ROW,
                                       HAS_KEY, HAS_KEEP, DROPOUT, PRECISION, False)
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
@@ -525,7 +538,7 @@ def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, 
     n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. float32 and wider heads: from
     ptxas's register report for sm_90 (benchmarks/triton_resources.py), untimed."""
     if interpreting():
-        return [(16, 32, 1, 1)]  # BLOCK_N a multiple of 32, as dropout_keep needs
+        return [(16, 32, 1, 1)]  # the smallest tiles dropout_keep allows
     if dtype == torch.float32 or head_dim > 64:
         return [(64, 32, 4, 2), (32, 64, 4, 2)]
     return {"forward": [(128, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3)],
@@ -548,8 +561,9 @@ def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
     calls launch its pick directly, without the autotuner's per-call work on the host."""
     function = {"forward": forward_kernel, "query": query_gradient_kernel, "key": key_gradient_kernel}[kernel]
     tilings = _configs(kernel, head_dim, dtype)
-    if any(n % 32 for _, n, _, _ in tilings):
-        raise ValueError(f"BLOCK_N must be a multiple of 32 (dropout_keep's key chunks); got {tilings}")
+    if any(m % 16 or n % 32 for m, n, _, _ in tilings):
+        raise ValueError(f"BLOCK_M must be a multiple of 16 and BLOCK_N of 32 (dropout_keep's query pairs and key "
+                         f"chunks); got {tilings}")
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tilings]
     if interpreting():
         config = configs[0]
@@ -598,6 +612,12 @@ def _table_gradient(table: Tensor | None, q: Tensor, varlen: bool) -> Tensor:
     return q.new_zeros(shape, dtype=torch.float32)
 
 
+def kernel_dropout_p(p: float) -> float:
+    """The rate the kernels drop probabilities at: p to the nearest multiple of 1/256, at least 1/256 where p > 0
+    (dropout_keep compares a byte per score, as the flash kernel behind SDPA does with its 1/255)."""
+    return 0.0 if p == 0 else min(max(round(p * 256), 1), 255) / 256
+
+
 class _Problem:
     """Shapes, strides and constexprs shared by the three kernels of one call."""
 
@@ -614,7 +634,7 @@ class _Problem:
             self.batch, self.heads, self.seqlen, self.head_dim = q.shape
             self.stats_strides = (self.heads * self.seqlen, self.seqlen)
         self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
-        self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
+        self.scale, self.dropout_p, self.seed = scale, kernel_dropout_p(dropout_p), seed
         self.constants = dict(REACH=reach, CLIP=clip, HAS_ROW=row_table is not None, HAS_KEY=key_table is not None,
                               HAS_KEEP=keep is not None, VARLEN=self.varlen, DROPOUT=dropout_p > 0,
                               HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
@@ -626,7 +646,7 @@ class _Problem:
         return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
 
     def scalars(self) -> list:
-        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query row: four per 32 keys) and
+        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query pair: four per 32 keys) and
         heads."""
         return [self.seed, self.dropout_p, self.scale, self.seqlen, 4 * -(-self.seqlen // 32), self.heads]
 
@@ -800,6 +820,7 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     (batch, heads, n, 2r + 1) at [j, c(i - j)], keep (batch, n) bool. Packed: q, k, v (total, heads, d), tables
     (total, heads, 2r + 1), cu_seqlens (batch + 1,) int32 offsets of the sequences and max_seqlen their longest
     length. Either table may be None. scale defaults to 1 / sqrt(d). Gradients flow to q, k, v and both tables.
+    Dropout drops at kernel_dropout_p(dropout_p), the nearest multiple of 1/256.
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q.dtype must be float16, bfloat16 or float32 for the Triton kernel; got {q.dtype}")
@@ -807,6 +828,8 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
         raise RuntimeError(f"the Triton kernel runs on CUDA, or on CPU under TRITON_INTERPRET=1; got {q.device}")
     if cu_seqlens is not None and keep is not None:
         raise ValueError("keep and cu_seqlens are exclusive: packed sequences have no padding")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32)
         max_seqlen = int(max_seqlen if max_seqlen is not None else (cu_seqlens[1:] - cu_seqlens[:-1]).max())
