@@ -5,7 +5,11 @@ interpreter (tests/conftest.py); on a GPU the same tests run compiled, the half-
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 import torch
@@ -393,3 +397,43 @@ def test_the_eager_function_and_the_operator_compute_the_same():
     for by_operator, by_function in zip(*results, strict=True):
         assert by_operator.shape == by_function.shape
         assert torch.equal(by_operator, by_function)
+
+
+def test_direct_launches_key_on_what_the_jit_specializes():
+    """After its first call a specialization is launched without Triton's JIT (triton_attention._launcher): the key
+    it is found by must tell apart every two calls that the JIT compiles apart (alignment, an integer of 1 or a
+    multiple of 16, dtypes), across shapes, tables, padding, packing and misaligned views, and find a fresh call of
+    the same problem; the arguments it launches with must be the JIT's. Read off Triton's own binder for CUDA,
+    which needs no GPU but no interpreter either, hence a process of its own."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    script = Path(__file__).resolve().parents[2] / "helpers" / "triton_specialization.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    calls, keys, specializations = (int(word) for word in result.stdout.split()[::2][:3])
+    assert calls == 2304 and specializations > 100 and keys >= specializations
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the direct launch is the GPU's path (the interpreter has its own)")
+def test_direct_launches_compute_what_the_jit_launches_do():
+    """The first call of a problem autotunes, the second compiles the pick through the JIT, the third and later
+    launch that binary directly: all give the same bits, dropout (same torch seed) and gradients included; a
+    misaligned view is compiled for apart and still matches the aligned call."""
+    rel = make_relative(TERMS["composite+key"], "clip", heads=4, head_dim=64, reach=8)
+    q, k, v = (x.to(torch.bfloat16) for x in operands(2, 4, 300, 64))
+    keep = (torch.arange(300)[None, :] < torch.tensor([300, 211])[:, None]).to(DEVICE)
+    weights = torch.randn(2, 4, 300, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
+
+    def call(q, k, v):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        torch.manual_seed(3)
+        out = kernel_attention(q, k, v, rel, torch.bfloat16, keep=keep, dropout_p=0.1)
+        return [out, *torch.autograd.grad((out * weights).sum(), [q, k, v, *rel.parameters()])]
+
+    results = [call(q, k, v) for _ in range(4)]
+    for later in results[1:]:
+        for a, b in zip(results[0], later, strict=True):
+            assert torch.equal(a, b)
+    shifted = [torch.empty(x.numel() + 1, dtype=x.dtype, device=DEVICE)[1:].view(x.shape).copy_(x) for x in (q, k, v)]
+    assert shifted[0].data_ptr() % 16 != 0
+    for a, b in zip(call(*shifted), results[0], strict=True):
+        assert relative_error(a.double(), b.double()) < 1e-2

@@ -554,11 +554,23 @@ _AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
 TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT")
 
 
+def _specialization(args: tuple) -> tuple:
+    """What Triton's JIT compiles a launch's runtime arguments for, argument by argument, at a fraction of its
+    binder's cost: a tensor's dtype and 16-byte alignment; an integer's being 1, a multiple of 16 and within 32
+    bits (for every integer, those the kernels exempt from specialization too: finer than the JIT, never
+    coarser); a float's type."""
+    return tuple((arg.dtype, arg.data_ptr() % 16 == 0) if isinstance(arg, Tensor)
+                 else (arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31) if isinstance(arg, int)
+                 else type(arg) for arg in args)
+
+
 @cache
 def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
     """launch(grid, *args, length_bucket=.., **constexprs): the jitted kernel, autotuned over _configs on a GPU
-    (keyed by the length bucket and TUNING_KEY). The autotuner times the tilings at a key's first call; later
-    calls launch its pick directly, without the autotuner's per-call work on the host."""
+    (keyed by the length bucket and TUNING_KEY). The autotuner times the tilings at a key's first call; the JIT
+    compiles the pick at the first call of each specialization (_specialization); every later call launches that
+    binary directly, without the JIT's per-call work on the host (its binder, cache key and launch hooks: about
+    half of a launch's host time with our kernels' 40-odd arguments; results/gpu_session/session2/tuning.md)."""
     function = {"forward": forward_kernel, "query": query_gradient_kernel, "key": key_gradient_kernel}[kernel]
     tilings = _configs(kernel, head_dim, dtype)
     if any(m % 16 or n % 32 for m, n, _, _ in tilings):
@@ -571,13 +583,27 @@ def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
     tuned = _AUTOTUNERS[kernel, head_dim, dtype] = triton.autotune(configs=configs,
                                                                     key=["length_bucket", *TUNING_KEY])(function)
     picked: dict[tuple, dict] = {}
+    binaries: dict[tuple, triton.compiler.CompiledKernel] = {}
 
     def launch(grid, *args, length_bucket: int, **constants):
         key = (length_bucket, *(constants[name] for name in TUNING_KEY))
-        if key in picked:
-            return function[grid](*args, length_bucket=length_bucket, **constants, **picked[key])
-        tuned[grid](*args, length_bucket=length_bucket, **constants)
-        picked[key] = tuned.best_config.all_kwargs()
+        config = picked.get(key)
+        if config is None:
+            tuned[grid](*args, length_bucket=length_bucket, **constants)
+            picked[key] = tuned.best_config.all_kwargs()
+            return
+        device = triton.runtime.driver.active.get_current_device()
+        exact = (device, key, _specialization(args))
+        binary = binaries.get(exact)
+        if binary is None or triton.knobs.runtime.launch_enter_hook is not None:  # compile, or let a profiler see
+            binaries[exact] = function[grid](*args, length_bucket=length_bucket, **constants, **config)
+            return
+        values = {"length_bucket": length_bucket, **constants, **config}
+        # the launcher takes every parameter in the kernel's order, constexprs included (as the JIT passes them)
+        rest = [values[name] for name in function.arg_names[len(args):]]
+        blocks = grid(config)
+        binary.run(blocks[0], blocks[1], 1, triton.runtime.driver.active.get_current_stream(device), binary.function,
+                   binary.packed_metadata, None, None, None, *args, *rest)
     return launch
 
 
