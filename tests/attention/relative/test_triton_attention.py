@@ -154,6 +154,23 @@ def test_padding_anywhere_and_keys_past_the_last_real_one(terms):
 
 
 @interpreter_only
+@pytest.mark.parametrize("terms", ["fixed", "key", "composite+key"])
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch):
+    """The kernels write every entry of a table's gradient, those without a partner key or query too (the ends of a
+    sequence, pad keys, a row without real keys), so its buffer is not zero-filled first: here it starts as NaN.
+    A broadcast table ("fixed": one row for the batch) and per-sequence ones, padded and packed."""
+    allocate = triton_attention._table_gradient
+    monkeypatch.setattr(triton_attention, "_table_gradient", lambda *args: allocate(*args).fill_(float("nan")))
+    n = 40
+    position = torch.arange(n)
+    keep = torch.stack([position >= 9, (position % 7 != 3) & (position < 33), torch.zeros(n, dtype=torch.bool)])
+    check_against_reference(TERMS[terms], out_of_window, batch=3, heads=2, n=n, head_dim=32, reach=5,
+                            keep=keep.to(DEVICE))
+    check_against_reference(TERMS[terms], out_of_window, batch=2, heads=1, n=4, head_dim=32, reach=6, lengths=[4, 2])
+
+
+@interpreter_only
 def test_plain_attention_without_terms():
     check_against_reference([], "clip", batch=2, heads=2, n=23, head_dim=32, reach=0, lengths=[23, 11])
 

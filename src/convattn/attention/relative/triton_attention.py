@@ -323,6 +323,21 @@ def store_edges(T, owner, n, s_s, low, high, REACH: tl.constexpr):
 
 
 @triton.jit
+def zero_unpartnered(T, owner, n, partner_end, whole, s_s, REACH: tl.constexpr, CLIP: tl.constexpr):
+    """Zeros in a table gradient's entries that no tile stores, so that it needs no zero-filled buffer: in the rows
+    of `owner` (< n) where `whole` holds, all of them; in the others, the columns t whose partner owner + t - r lies
+    outside 0 .. partner_end - 1 (clip mode's edge columns excepted: store_edges writes those). A tile may store a
+    zero where this does too, never another value."""
+    zero = (owner * 0).to(T.dtype.element_ty)
+    for t in range(0, 2 * REACH + 1):
+        partner = owner + (t - REACH)
+        outside = (partner < 0) | (partner >= partner_end)
+        if CLIP:
+            outside = outside & (t > 0) & (t < 2 * REACH)
+        tl.store(T + owner * s_s + t, zero, mask=(owner < n) & (whole | outside))
+
+
+@triton.jit
 def query_gradient_tiles(dq, da_low, da_high, q, do, lse, delta, i, i0, row_edge, K, V, A, B, KEEP, DA, first, last, n,
                          key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale,
                          MODE: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
@@ -388,6 +403,8 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     if key_end == 0:  # D_i is read by the key kernel only for keys that this sequence lacks
         tl.store(DQ + i[:, None] * sq_s + d[None, :], tl.zeros((BLOCK_M, BLOCK_D), DQ.dtype.element_ty),
                  mask=row_mask)
+        if HAS_ROW:
+            zero_unpartnered(DA, i, n, 0, True, sda_s, REACH, CLIP)
         return
     do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     out = tl.load(OUT + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
@@ -418,8 +435,10 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
         p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, 2, REACH, CLIP, HAS_ROW, HAS_KEY, HAS_KEEP, DROPOUT, HEAD_DIM,
         BLOCK_D, BLOCK_N, PRECISION)
     tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
-    if HAS_ROW and CLIP:
-        store_edges(DA, i, n, sda_s, da_low, da_high, REACH)
+    if HAS_ROW:
+        zero_unpartnered(DA, i, n, key_end, False, sda_s, REACH, CLIP)
+        if CLIP:
+            store_edges(DA, i, n, sda_s, da_low, da_high, REACH)
 
 
 @triton.jit
@@ -445,7 +464,7 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q, 
         if HAS_KEY:
             # key j's column is c(i - j), summed over the queries (axis 0); keys right of the band sit at 0
             if MODE == 1:
-                # pad keys' entries stay the zeros they start as; their edge sums are discarded at the end
+                # pad keys' entries are zeroed at the end (zero_unpartnered), their edge sums discarded
                 db_low, db_high = band_table_gradient(DB, ds, j[None, :], i[:, None] - j[None, :],
                                                       real[None, :] & (i < n)[:, None], sdb_s, db_low, db_high, 0,
                                                       REACH, CLIP)
@@ -494,6 +513,8 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
         zeros = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
         tl.store(DK + j[:, None] * sk_s + d[None, :], zeros.to(DK.dtype.element_ty), mask=key_mask)
         tl.store(DV + j[:, None] * sv_s + d[None, :], zeros.to(DV.dtype.element_ty), mask=key_mask)
+        if HAS_KEY:
+            zero_unpartnered(DB, j, n, n, True, sdb_s, REACH, CLIP)
         return
     # A key's gradients depend on its own column of P and dS alone, and the log-sum-exp came from the forward, so
     # pad keys are not masked tile by tile: their columns are computed, whatever they hold, and discarded at the end.
@@ -527,8 +548,11 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     dv = tl.where(real[:, None], dv, 0.0)
     tl.store(DK + j[:, None] * sk_s + d[None, :], dk.to(DK.dtype.element_ty), mask=key_mask)
     tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
-    if HAS_KEY and CLIP:
-        store_edges(DB, j, n, sdb_s, tl.where(real, db_low, 0.0), tl.where(real, db_high, 0.0), REACH)
+    if HAS_KEY:
+        # a pad key's band entries are not stored (band_table_gradient's stored_pairs): all its row is zeroed
+        zero_unpartnered(DB, j, n, n, ~real, sdb_s, REACH, CLIP)
+        if CLIP:
+            store_edges(DB, j, n, sdb_s, tl.where(real, db_low, 0.0), tl.where(real, db_high, 0.0), REACH)
 
 
 def _configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
@@ -629,13 +653,14 @@ def _stats_shape(q: Tensor, varlen: bool) -> tuple[int, ...]:
 
 
 def _table_gradient(table: Tensor | None, q: Tensor, varlen: bool) -> Tensor:
-    """float32, one row per (sequence, head, position), also where the table is broadcast; zeros, as the kernels
-    write only the columns that have a partner (near the ends of a sequence some have none). An empty tensor for
-    an absent table (an operator returns no None)."""
+    """One row per (sequence, head, position), written whole by the kernels (zero_unpartnered): in the table's
+    dtype, or float32 where the table is broadcast over the batch (_as_table sums it). An empty tensor for an absent
+    table (an operator returns no None)."""
     if table is None:
         return q.new_empty(0, dtype=torch.float32)
-    shape = table.shape if varlen else (q.shape[0], *table.shape[1:])
-    return q.new_zeros(shape, dtype=torch.float32)
+    if varlen or table.shape[0] == q.shape[0]:
+        return torch.empty(table.shape, dtype=table.dtype, device=q.device)
+    return q.new_empty((q.shape[0], *table.shape[1:]), dtype=torch.float32)
 
 
 def kernel_dropout_p(p: float) -> float:
