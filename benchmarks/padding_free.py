@@ -1,9 +1,9 @@
 """Fine-tuning examples/s on real GLUE lengths: convattn padded and padding-free against transformers' BERT (SDPA).
 
 A step is forward + backward + AdamW of a sequence classifier (train mode, dropout 0.1) on a batch of 32 real
-training examples of SST-2, CoLA or MRPC, tokenized by a WordPiece tokenizer trained here on those tasks' training
-text ([CLS] a [SEP] (b [SEP]), BERT's layout). Arms, all of the same shape (4 layers, hidden 256, 4 heads,
-intermediate 1024, embedding 256, the same vocabulary):
+training examples of SST-2, CoLA or MRPC, tokenized by convattn's own tokenizer (a unigram model) fitted here on
+those tasks' training text ([CLS] a [SEP] (b [SEP]), BERT's layout). Arms, all of the same shape (4 layers, hidden
+256, 4 heads, intermediate 1024, embedding 256, the same vocabulary):
 
 * `BERT-SDPA`: transformers' BertForSequenceClassification, attn_implementation="sdpa", batches padded to their
   longest example (DataCollatorWithPadding's layout);
@@ -53,20 +53,13 @@ def read_examples(task: str) -> list[tuple[str, str | None]]:
 
 
 def train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    """convattn's own tokenizer (the unigram model `pretrain` and `glue` fit), fitted on the three tasks' text."""
+    import datasets
+
+    from convattn.data.tokenizer import train_tokenizer as fit
 
     text = [s for task in TASKS for pair in read_examples(task) for s in pair if s]
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(text, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]")
+    return fit(datasets.Dataset.from_dict({"text": text}), vocab_size, max_length=128)
 
 
 def batches(task: str, tokenizer, count: int, size: int, seed: int) -> list[list[dict]]:
