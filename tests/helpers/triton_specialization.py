@@ -63,8 +63,7 @@ def main():
                 assert ours in seen, f"{name}: a fresh call of the same problem found no earlier key"
             assert seen.setdefault(ours, specialization) == specialization, \
                 f"{name}: one key, two specializations:\n{seen[ours]}\n{specialization}"
-            values = {**keywords, **TILING}
-            ordered = [*args, *(values[arg] for arg in KERNELS[name].arg_names[len(args):])]
+            ordered = ta._launch_arguments(KERNELS[name], tuple(args), {**keywords, **TILING, "num_warps": 4})
             assert len(ordered) == len(params) and all(a is b for a, b in zip(ordered, params.values(), strict=True)), \
                 f"{name}: the launcher's arguments are not the binder's"
             calls += 1

@@ -622,13 +622,18 @@ def _launcher(kernel: str, head_dim: int, dtype: torch.dtype):
         if binary is None or triton.knobs.runtime.launch_enter_hook is not None:  # compile, or let a profiler see
             binaries[exact] = function[grid](*args, length_bucket=length_bucket, **constants, **config)
             return
-        values = {"length_bucket": length_bucket, **constants, **config}
-        # the launcher takes every parameter in the kernel's order, constexprs included (as the JIT passes them)
-        rest = [values[name] for name in function.arg_names[len(args):]]
         blocks = grid(config)
         binary.run(blocks[0], blocks[1], 1, triton.runtime.driver.active.get_current_stream(device), binary.function,
-                   binary.packed_metadata, None, None, None, *args, *rest)
+                   binary.packed_metadata, None, None, None,
+                   *_launch_arguments(function, args, {"length_bucket": length_bucket, **constants, **config}))
     return launch
+
+
+def _launch_arguments(function: triton.JITFunction, args: tuple, keywords: dict) -> list:
+    """Every parameter of the kernel in its order, constexprs included, as the JIT hands them to a binary's
+    launcher: the runtime arguments, then the keywords by name (the config's options, which are no parameters,
+    left out)."""
+    return [*args, *(keywords[name] for name in function.arg_names[len(args):])]
 
 
 def autotuned_configs() -> list[str]:
