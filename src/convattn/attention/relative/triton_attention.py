@@ -154,10 +154,14 @@ def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, MODE:
                PRECISION: tl.constexpr):
     """Scores in log2 units (times log2 e, for exp2) of queries i (BLOCK_M,) and keys j (BLOCK_N,): MODE 0 keys
     left of the band, 1 touching it, 2 right of it; the edges come in log2 units."""
+    if MODE == 1 and (HAS_ROW or HAS_KEY):
+        # The gathered terms enter as the product's accumulator, in q . k units. Added to the product's result
+        # instead, the gather's own layout spread from them into the softmax, which Triton then computed twice,
+        # once per layout, with the tile converted between them through shared memory.
+        bias = band_bias(A, B, i[:, None], j[None, :], n, sa_s, sb_s, REACH, CLIP, HAS_ROW, HAS_KEY) * (1.0 / scale)
+        return tl.dot(q, tl.trans(k), acc=bias, input_precision=PRECISION) * (scale * LOG2E)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (scale * LOG2E)
-    if MODE == 1:
-        s += band_bias(A, B, i[:, None], j[None, :], n, sa_s, sb_s, REACH, CLIP, HAS_ROW, HAS_KEY) * LOG2E
-    elif CLIP and (HAS_ROW or HAS_KEY):
+    if MODE != 1 and CLIP and (HAS_ROW or HAS_KEY):
         s += row_edge[:, None] + key_edge[None, :]
     return s
 
