@@ -260,7 +260,7 @@ def test_dropout_draws_an_independent_number_per_key():
         assert abs((dropped[..., :-apart, :] * dropped[..., apart:, :]).mean() - dropout_p**2) < 0.03
 
 
-def test_dropout_rate_is_rounded_to_bytes():
+def test_dropout_rate_is_rounded_to_bytes_and_bad_options_are_refused():
     assert triton_attention.kernel_dropout_p(0.0) == 0.0
     assert triton_attention.kernel_dropout_p(0.1) == 26 / 256
     assert triton_attention.kernel_dropout_p(0.5) == 0.5
@@ -269,6 +269,8 @@ def test_dropout_rate_is_rounded_to_bytes():
     q = torch.zeros(1, 1, 4, 32, device=DEVICE)
     with pytest.raises(ValueError, match="dropout_p must be in"):
         triton_attention.triton_relative_attention(q, q, q, None, None, reach=1, clip=True, dropout_p=1.0)
+    with pytest.raises(ValueError, match="scale must be nonzero"):
+        triton_attention.triton_relative_attention(q, q, q, None, None, reach=1, clip=True, scale=0.0)
 
 
 @interpreter_only

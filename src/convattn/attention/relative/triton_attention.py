@@ -890,6 +890,8 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
         raise ValueError("keep and cu_seqlens are exclusive: packed sequences have no padding")
     if not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    if scale == 0:  # the band's terms enter the product divided by it (score_tile)
+        raise ValueError("scale must be nonzero (None for 1 / sqrt(d)); got 0")
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32)
         max_seqlen = int(max_seqlen if max_seqlen is not None else (cu_seqlens[1:] - cu_seqlens[:-1]).max())
