@@ -171,6 +171,27 @@ def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch):
 
 
 @interpreter_only
+def test_large_table_values_leave_no_nan_from_rows_past_the_sequence():
+    """Key-table terms of +-160 (a diverging run's, say) overflow exp in float32 where nothing normalises them: the
+    rows of a last query tile past n, which the key kernel sums over. They must get no probability there, not
+    inf * 0 = NaN in dK, dV and the key table's gradient (as they did)."""
+    rel = make_relative(TERMS["composite+key"], "clip", 2, 32, reach=3)
+    with torch.no_grad():
+        rel.key_kernel.mul_(150.0)
+    q, k, v = (x.requires_grad_() for x in operands(2, 2, 75, 32))
+    keep = (torch.arange(75)[None, :] < torch.tensor([75, 60])[:, None]).to(DEVICE)
+    assert rel.tables(q, k)[1].abs().max() > 100
+    ours = kernel_attention(q, k, v, rel, keep=keep)
+    expected = reference_attention(q, k, v, rel, keep)
+    assert relative_error(ours, expected) < 1e-4
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+    inputs = [q, k, v, *rel.parameters()]
+    for g, e in zip(torch.autograd.grad((ours * weights).sum(), inputs),
+                    torch.autograd.grad((expected * weights).sum(), inputs), strict=True):
+        assert relative_error(g.double(), e) < 1e-4
+
+
+@interpreter_only
 def test_plain_attention_without_terms():
     check_against_reference([], "clip", batch=2, heads=2, n=23, head_dim=32, reach=0, lengths=[23, 11])
 

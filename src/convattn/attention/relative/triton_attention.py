@@ -52,17 +52,19 @@ def interpreting() -> bool:
 @triton.jit
 def band_bias(A, B, i, j, n, sa_s, sb_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
               HAS_KEY: tl.constexpr):
-    """A[i, c(j - i)] + B[j, c(i - j)] for broadcastable rows i and keys j (zero outside 0..n-1)."""
+    """A[i, c(j - i)] + B[j, c(i - j)] for broadcastable rows i and keys j (at least one table), in float32. Rows
+    and keys past n read row n - 1 instead of a mask per score: their scores are masked or discarded (the key
+    kernel gives rows past n no probability)."""
     offset = j - i
     column = tl.minimum(tl.maximum(offset, -REACH), REACH) + REACH
-    inside = (i < n) & (j < n)
-    if not CLIP:
-        inside = inside & (offset >= -REACH) & (offset <= REACH)
-    bias = (offset * 0).to(tl.float32)
     if HAS_ROW:
-        bias += tl.load(A + i * sa_s + column, mask=inside, other=0.0).to(tl.float32)
-    if HAS_KEY:
-        bias += tl.load(B + j * sb_s + (2 * REACH - column), mask=inside, other=0.0).to(tl.float32)
+        bias = tl.load(A + tl.minimum(i, n - 1) * sa_s + column).to(tl.float32)
+        if HAS_KEY:
+            bias += tl.load(B + tl.minimum(j, n - 1) * sb_s + (2 * REACH - column)).to(tl.float32)
+    else:
+        bias = tl.load(B + tl.minimum(j, n - 1) * sb_s + (2 * REACH - column)).to(tl.float32)
+    if not CLIP:
+        bias = tl.where((offset >= -REACH) & (offset <= REACH), bias, 0.0)
     return bias
 
 
@@ -415,7 +417,7 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
     tl.store(DELTA + i, delta, mask=i < n)
     q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
-    lse = tl.load(LSE + i, mask=i < n, other=0.0)
+    lse = tl.load(LSE + i, mask=i < n, other=float("inf"))  # rows past n: no probability, so no inf * 0
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     da_low = tl.zeros((BLOCK_M,), tl.float32)
     da_high = tl.zeros((BLOCK_M,), tl.float32)
@@ -457,7 +459,8 @@ def key_gradient_tiles(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q, 
         row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
         q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
         do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
-        lse = tl.load(LSE + i, mask=i < n, other=0.0)
+        # rows past n get no probability (exp2(s - inf) = 0), whatever their scores
+        lse = tl.load(LSE + i, mask=i < n, other=float("inf"))
         delta = tl.load(DELTA + i, mask=i < n, other=0.0)
         row_edge = edge(A, i, n, sa_s, 0 if MODE == 0 else 2 * REACH, HAS_ROW and CLIP and MODE != 1)
         p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, A, i, j, start, j0, row_edge, key_edge, n, n,
