@@ -109,14 +109,18 @@ def check_against_reference(terms, out_of_window, batch, heads, n, head_dim, rea
     if lengths is not None:
         keep = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE)
     ours = kernel_attention(q, k, v, rel, dtype, keep=keep)
-    expected = reference_attention(q, k, v, rel, keep)
+    assert_matches(ours, reference_attention(q, k, v, rel, keep), q, k, v, rel, tolerance)
+
+
+def assert_matches(ours, expected, q, k, v, rel, tolerance=1e-4):
+    """The kernel's output and the gradients of a weighted sum of it with respect to q, k, v and every table
+    parameter, against the reference's."""
     assert relative_error(ours, expected) < tolerance
     weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
-    inputs = [q, k, v, *(rel.parameters() if rel is not None else [])]
-    our_grads = torch.autograd.grad((ours * weights).sum(), inputs)
-    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
-    for name, g, e in zip(["q", "k", "v", *(name for name, _ in (rel.named_parameters() if rel else []))], our_grads,
-                          expected_grads, strict=True):
+    named = [("q", q), ("k", k), ("v", v), *(rel.named_parameters() if rel is not None else [])]
+    inputs = [x for _, x in named]
+    for (name, _), g, e in zip(named, torch.autograd.grad((ours * weights).sum(), inputs),
+                               torch.autograd.grad((expected * weights).sum(), inputs), strict=True):
         assert relative_error(g.double(), e) < tolerance, name
 
 
@@ -181,14 +185,7 @@ def test_large_table_values_leave_no_nan_from_rows_past_the_sequence():
     q, k, v = (x.requires_grad_() for x in operands(2, 2, 75, 32))
     keep = (torch.arange(75)[None, :] < torch.tensor([75, 60])[:, None]).to(DEVICE)
     assert rel.tables(q, k)[1].abs().max() > 100
-    ours = kernel_attention(q, k, v, rel, keep=keep)
-    expected = reference_attention(q, k, v, rel, keep)
-    assert relative_error(ours, expected) < 1e-4
-    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
-    inputs = [q, k, v, *rel.parameters()]
-    for g, e in zip(torch.autograd.grad((ours * weights).sum(), inputs),
-                    torch.autograd.grad((expected * weights).sum(), inputs), strict=True):
-        assert relative_error(g.double(), e) < 1e-4
+    assert_matches(kernel_attention(q, k, v, rel, keep=keep), reference_attention(q, k, v, rel, keep), q, k, v, rel)
 
 
 @interpreter_only
@@ -213,12 +210,7 @@ def test_packed_variable_lengths_equal_each_sequence_alone():
     starts = cu_seqlens.tolist()
     expected = torch.cat([reference_attention(*(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), rel)[0]
                           .transpose(0, 1) for a, b in pairwise(starts)])
-    assert relative_error(packed, expected) < 1e-4
-    weights = torch.randn(packed.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
-    inputs = [q, k, v, *rel.parameters()]
-    for g, e in zip(torch.autograd.grad((packed * weights).sum(), inputs),
-                    torch.autograd.grad((expected * weights).sum(), inputs), strict=True):
-        assert relative_error(g.double(), e) < 1e-4
+    assert_matches(packed, expected, q, k, v, rel)
 
 
 def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
