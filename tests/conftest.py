@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from helpers.clock import StepClock
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -28,3 +29,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def step_clock(monkeypatch) -> StepClock:
+    """Time-budget training on a clock the test controls: every step takes 1/8 s (a power of two, so budgets sum
+    exactly), whatever the machine's load."""
+    from convattn.training.pretrain.budget import TrainingClock  # after TRITON_INTERPRET is set
+
+    clock = StepClock(0.125)
+    monkeypatch.setattr(TrainingClock, "timer", staticmethod(clock))
+    return clock

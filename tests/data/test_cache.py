@@ -123,6 +123,7 @@ PREPARE = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_two_cold_cache_preparations_at_once_both_succeed_alike(tmp_path):
     words = "cache lock entry rename manifest checksum writer reader process wait reuse winner".split()  # noqa: SIM905
     lines = [" ".join(words[(i * 5 + j) % len(words)] + str(j % 7) for j in range(14)) for i in range(4000)]

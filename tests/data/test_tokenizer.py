@@ -134,6 +134,7 @@ INTERRUPTED = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_during_training_stops_at_once_and_leaves_no_entry(tmp_path, signal_number):
     run = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tmp_path)], stdout=subprocess.PIPE,

@@ -105,7 +105,8 @@ def test_a_step_budget_report_has_no_time_figure(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_two_seed_time_budget_comparison_plots_its_reported_mean(tmp_path_factory, capsys):
+@pytest.mark.timing
+def test_a_two_seed_time_budget_comparison_plots_its_reported_mean(tmp_path_factory, capsys, step_clock):
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
     out = tmp_path_factory.mktemp("compare") / "out"
     tiny = [arg for i, arg in enumerate(TINY) if not {arg, TINY[i - 1]} & {"--max-steps", "--warmup", "--preset"}]

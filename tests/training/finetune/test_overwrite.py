@@ -226,6 +226,7 @@ def test_a_replacement_failing_after_its_first_seed_keeps_the_new_seed(finished,
     assert main(argv(job, checkpoint_of(run, job), run, "--lr", "1e-3", "--seeds", "2")) == 0
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("job", JOBS)
 def test_a_replacement_killed_before_its_first_seed_leaves_the_old_job_recoverable(finished, job, tmp_path, capsys):
     run = copy_of(finished, job, tmp_path)

@@ -19,6 +19,8 @@ from convattn.training.pretrain.options import check_numbers
 from convattn.training.pretrain.resolve import resolve_options
 from convattn.training.recipes import Recipe, resolve_recipe
 
+pytestmark = pytest.mark.timing
+
 # the tiny run without its step schedule: the budget sets it
 BUDGET_TINY = [arg for i, arg in enumerate(TINY) if arg not in ("--max-steps", "--warmup")
                and TINY[i - 1] not in ("--max-steps", "--warmup")]
@@ -46,6 +48,11 @@ class InterruptAfterSaves(TrainerCallback):
 def budget_args(corpus: Path, out: Path, budget: str, *extra: str) -> list[str]:
     return ["pretrain", *BUDGET_TINY, "--train-file", str(corpus / "train.txt"), "--eval-file",
             str(corpus / "valid.txt"), "--output-dir", str(out), "--time-budget", budget, "--warmup", "0.2", *extra]
+
+
+# steps of 1/8 s (the `step_clock` fixture) under a 4 s budget: an evaluation at step 0, then one each time the
+# clock passes a tenth of the budget
+GRID_STEPS = [0, 4, 7, 10, 13, 16, 20, 23, 26, 29, 32]
 
 
 def last_checkpoint(out: Path) -> Path:
@@ -97,28 +104,27 @@ def test_a_budget_without_steps_keeps_the_recipes_warmup_share():
 
 
 @pytest.mark.slow
-def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path, capsys):
+def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path, capsys, step_clock):
     out = tmp_path / "run"
     assert main(budget_args(corpus, out, "4s")) == 0
     printed = capsys.readouterr()
     assert "time budget     4 s of training, reached" in printed.out
     assert "linear decay to 0 at the deadline" in printed.err
-    # nothing here may depend on how many steps the machine fits into 4 s (a busy machine fits few): the
-    # schedule's values at given times are test_the_schedule_warms_up_then_reaches_zero_at_the_deadline's
+    # the test's clock: 32 steps of 1/8 s fill the budget, and ten evaluations fall on its grid (every 0.4 s)
     spent = time_spent(last_checkpoint(out))
-    assert spent >= 4.0
+    assert spent == 4.0
     rates = logged_learning_rates(out)
     peak = rates.index(max(rates))
-    # warm-up, then only decay (a machine that fits one logged step into 4 s logs only the first, at lr 0)
-    assert rates and rates[peak:] == sorted(rates[peak:], reverse=True)
+    assert rates[0] == 0.0 and rates[:peak + 1] == sorted(rates[:peak + 1])  # warm-up, then only decay
+    assert rates[peak:] == sorted(rates[peak:], reverse=True) and 0 < rates[-1] < rates[peak] / 10
     evaluations = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(evaluations) >= 2  # step 0 and the deadline
-    assert evaluations[-1]["training_seconds"] == pytest.approx(spent, abs=0.1)  # the clock, for compare's figure
+    assert [row["step"] for row in evaluations] == GRID_STEPS
+    assert evaluations[-1]["training_seconds"] == spent  # the clock, for compare's figure
     assert (out / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
-def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys):
+def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys, step_clock):
     out = tmp_path / "run"
     options = resolve_options(
         output_dir=out, preset="chang2021-small/composite",
@@ -129,14 +135,14 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys)
         data={"train_files": [str(corpus / "train.txt")], "eval_files": [str(corpus / "valid.txt")]},
     )
     assert pretrain(options, callbacks=[InterruptAfterSaves(3)]).interrupted
-    before = time_spent(last_checkpoint(out))
-    assert 0 < before < 4.0
+    assert time_spent(last_checkpoint(out)) == 1.25  # the third evaluation's checkpoint, at step 10
     capsys.readouterr()
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0
     printed = capsys.readouterr()
     assert "already spent" in printed.err
-    assert time_spent(last_checkpoint(out)) >= 4.0
+    assert time_spent(last_checkpoint(out)) == 4.0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == GRID_STEPS  # the same run as one never stopped
     for clock in ("elapsed_seconds", "training_seconds"):  # both go on after the resume
         assert [row[clock] for row in rows] == sorted(row[clock] for row in rows)
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0  # finished: nothing to do
@@ -144,7 +150,7 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_max_steps_ends_a_budget_run_first_when_it_comes_first(corpus, tmp_path, capsys):
+def test_max_steps_ends_a_budget_run_first_when_it_comes_first(corpus, tmp_path, capsys, step_clock):
     out = tmp_path / "run"
     assert main(budget_args(corpus, out, "10m", "--max-steps", "3")) == 0
     printed = capsys.readouterr()
@@ -162,7 +168,7 @@ def test_a_warmup_in_steps_is_refused_under_a_budget(corpus, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_compare_gives_every_row_the_same_budget_and_reports_what_it_bought(corpus, tmp_path, capsys):
+def test_compare_gives_every_row_the_same_budget_and_reports_what_it_bought(corpus, tmp_path, capsys, step_clock):
     out = tmp_path / "compare"
     args = ["compare", "--presets", "chang2021-small/absolute,chang2021-small/composite", "--seeds", "1",
             *BUDGET_TINY, "--train-file", str(corpus / "train.txt"), "--eval-file", str(corpus / "valid.txt"),
@@ -177,5 +183,5 @@ def test_compare_gives_every_row_the_same_budget_and_reports_what_it_bought(corp
     assert "](perplexity_cost.png)" in report and (out / "perplexity_cost.png").is_file()
     runs = sorted((out / "runs").glob("*/seed0"))
     assert len(runs) == 2
-    for run in runs:
-        assert time_spent(last_checkpoint(run)) >= 3.0
+    for run in runs:  # equal time on the test's clock: 24 steps of 1/8 s each
+        assert time_spent(last_checkpoint(run)) == 3.0 and last_checkpoint(run).name == "checkpoint-24"

@@ -3,6 +3,8 @@
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from convattn.training.pretrain.budget import TrainingClock
 from convattn.training.pretrain.callbacks import MetricsWriter
 
@@ -14,6 +16,7 @@ def evaluate(writer: MetricsWriter, step: int) -> dict:
     return writer.rows[-1]
 
 
+@pytest.mark.timing
 def test_elapsed_seconds_continues_from_the_checkpoint_after_a_resume(tmp_path):
     rows = [{"step": 10, "perplexity": 9.0, "elapsed_seconds": 100.0},
             {"step": 20, "perplexity": 8.0, "elapsed_seconds": 200.0},

@@ -161,6 +161,7 @@ def test_a_replacement_that_diverges_gives_the_old_run_back(corpus, finished_run
     assert snapshot(run) == before
 
 
+@pytest.mark.timing
 def test_a_replacement_killed_before_its_first_checkpoint_leaves_the_old_run_recoverable(corpus, finished_run,
                                                                                          tmp_path, capsys):
     import shutil

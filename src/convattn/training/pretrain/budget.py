@@ -69,7 +69,10 @@ def lr_factor(fraction: float, warmup: float) -> float:
 
 class TrainingClock(TrainerCallback, ExportableState):
     """Time spent training (steps only), the stop at the deadline and the evaluations on the budget's grid. In a
-    multi-process run rank 0's clock is every rank's, so all stop at the same step with the same learning rate."""
+    multi-process run rank 0's clock is every rank's, so all stop at the same step with the same learning rate.
+    A step is timed by `timer` (seconds), which tests replace with a clock they control."""
+
+    timer = staticmethod(time.perf_counter)
 
     def __init__(self, budget: float, spent: float = 0.0):
         self.budget = budget
@@ -81,11 +84,11 @@ class TrainingClock(TrainerCallback, ExportableState):
         return min(self.spent / self.budget, 1.0)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._step_started = time.perf_counter()
+        self._step_started = self.timer()
 
     def on_step_end(self, args, state, control, **kwargs):
         before = self.spent
-        self.spent = _same_on_every_rank(self.spent + time.perf_counter() - self._step_started)
+        self.spent = _same_on_every_rank(self.spent + self.timer() - self._step_started)
         grid = self.budget / EVALUATIONS
         if math.floor(self.spent / grid) > math.floor(before / grid) or self.spent >= self.budget:
             control.should_evaluate = control.should_save = True
