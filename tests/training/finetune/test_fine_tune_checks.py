@@ -180,7 +180,7 @@ BAD_FOLDERS = [
 def test_bad_model_folders_are_refused(checkpoint, tmp_path, capsys, command, damage, message):
     folder = copy_of(checkpoint, tmp_path)
     damage(folder)
-    code = run(command, folder, tmp_path / "out", "--max-steps", "1")
+    code = run(command, folder, tmp_path / "out", "--max-steps", "2")
     assert_one_line_exit_2(code, capsys.readouterr().err, command, message)
     assert not list((tmp_path / "out").glob("**/run.json"))
 

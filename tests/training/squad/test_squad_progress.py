@@ -21,7 +21,7 @@ def test_progress_lines_name_questions_and_windows(tmp_path, capsys, monkeypatch
     checkpoint = save_tiny_checkpoint(tmp_path / "model", ["where does the river elm rise ?"] * 40)
     assert main(["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file",
                  str(FIXTURES / "train-v1.1.json"), "--dev-file", str(FIXTURES / "dev-v1.1.json"), "--output-dir",
-                 str(tmp_path / "out"), "--seeds", "1", "--max-steps", "1", "--batch-size", "4", "--max-length", "48",
+                 str(tmp_path / "out"), "--seeds", "1", "--max-steps", "2", "--batch-size", "4", "--max-length", "48",
                  "--doc-stride", "16", "--max-query-length", "12"]) == 0
     err = capsys.readouterr().err
     assert "windows of the training questions: 7 of 7 questions, " in err and " windows so far" in err

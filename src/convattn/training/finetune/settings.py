@@ -42,3 +42,71 @@ def check_warmup(settings: FineTuneSettings) -> None:
     ratio = settings.warmup_ratio
     if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio < 1):
         raise UsageError(f"{option('warmup_ratio')} {ratio} must be a fraction in [0, 1)")
+
+
+def examples_per_step(batch_size: int) -> int:
+    """The training examples one optimizer step takes, as the Trainer batches them: `batch_size` per device,
+    times the GPUs one process drives (DataParallel) or the processes of a torchrun launch."""
+    import os
+
+    import torch
+
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if processes == 1 else 1
+    return batch_size * max(processes, 1) * max(gpus, 1)
+
+
+def steps_per_epoch(examples: int, batch_size: int) -> int:
+    """Optimizer steps in one pass over `examples` (the last batch may be partial; at least one, as the Trainer
+    counts them)."""
+    return max(math.ceil(examples / examples_per_step(batch_size)), 1)
+
+
+def optimizer_steps(settings: FineTuneSettings, examples: int) -> int:
+    """The optimizer steps a run takes, as the Trainer counts them: `max_steps`, else the epochs' share of the
+    steps per epoch, rounded up."""
+    if settings.max_steps:
+        return settings.max_steps
+    return math.ceil(settings.epochs * steps_per_epoch(examples, settings.batch_size))
+
+
+def least_steps_that_train(warmup_ratio: float) -> int:
+    """The fewest steps with one at a learning rate above 0: the linear warmup over ceil(steps x ratio) steps
+    starts at 0, so a warmup needs a second step (which runs above 0 whatever the ratio)."""
+    return 2 if warmup_ratio > 0 else 1
+
+
+def check_trains(settings: FineTuneSettings, examples: int, what: str, unit: str = "examples") -> None:
+    """Refuse, before anything is written, a run whose every step would run at learning rate 0 (or that has no
+    step at all): its model would be the untrained one, reported as a result. `what`: the training set in words
+    ('sst2', 'SQuAD v1.1'); `unit`: what it counts (examples, windows)."""
+    steps, least = optimizer_steps(settings, examples), least_steps_that_train(settings.warmup_ratio)
+    if examples > 0 and steps >= least:
+        return
+    if examples == 0:
+        raise UsageError(f"the {what} training set is empty: there is nothing to fine-tune on")
+    warmup = (f"which the warmup ({option('warmup_ratio')} {settings.warmup_ratio:g}, rounded up to whole steps) "
+              "runs at learning rate 0")
+    if settings.max_steps:
+        raise UsageError(f"{option('max_steps')} {settings.max_steps} trains nothing: {counted(steps)}, {warmup}; give "
+                         f"{option('max_steps')} {least} or more, or {option('warmup_ratio')} 0")
+    per_epoch = steps_per_epoch(examples, settings.batch_size)
+    raise UsageError(f"{option('epochs')} {settings.epochs:g} trains nothing on {what}: {examples:,} training "
+                     f"{unit} in batches of {examples_per_step(settings.batch_size):,} make {counted(per_epoch)} an "
+                     f"epoch, so {settings.epochs:g} epochs is {counted(steps)}, {warmup}; give {option('epochs')} "
+                     f"{least_epochs(least, per_epoch)} or more")
+
+
+def counted(steps: int) -> str:
+    return f"{steps:,} step{'' if steps == 1 else 's'}"
+
+
+def least_epochs(steps: int, per_epoch: int) -> str:
+    """The least epochs (to 3 significant digits, rounded up) that make `steps` steps of `per_epoch` an epoch,
+    as the Trainer rounds them (up)."""
+    exact = (steps - 1) / per_epoch  # any epochs above this round up to `steps`
+    digits = 3 - 1 - math.floor(math.log10(exact)) if exact > 0 else 3
+    value = math.floor(exact * 10**digits + 1) / 10**digits
+    while math.ceil(value * per_epoch) < steps:  # floating point: step up until the Trainer's rounding agrees
+        value += 10**-digits
+    return f"{value:.{max(digits, 0)}f}".rstrip("0").rstrip(".")

@@ -15,6 +15,7 @@ from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
+from convattn.training.finetune.settings import check_trains
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.glue.data import TaskSplits, check_data, encode_task, read_task_splits
 from convattn.training.glue.results import aggregate
@@ -92,6 +93,9 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
         # every file a pending task reads, read and checked before the first write
         splits = {name: read_task_splits(get_task(name), data_dir, settings[name].max_train_samples)
                   for name in tasks if pending[name]}
+        for name, split in splits.items():
+            if split.train is not None:
+                check_trains(settings[name], len(split.train), name)
         with replacing(output_dir, GLUE, replace):
             identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
             log_to(output_dir)

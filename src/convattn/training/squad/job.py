@@ -15,6 +15,7 @@ from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
+from convattn.training.finetune.settings import check_trains
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
@@ -80,6 +81,8 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
         check_restartable(output_dir, "squad", [squad_seed_dir(output_dir, version, s) for s in pending])
         data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,
                          pretrained.token_types) if pending else None
+        if data:
+            check_trains(settings, len(data.train), f"SQuAD v{version}", unit="windows")
         with replacing(output_dir, SQUAD, replace):
             check_same_model(output_dir, model, MODEL_FILE)  # the first write
             log_to(output_dir)
