@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
-from convattn.commands.flag_options import fine_tune_overrides, model_output_dir
+from convattn.commands.flag_options import fine_tune_overrides, model_output_dir, prepare_training_process
 from convattn.errors import UsageError
 from convattn.runs.finetune import GLUE_RESULTS
 from convattn.training.recipes import glue_recipe_names
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     task_lr = parse_task_lr(args.task_lr)
     overrides = fine_tune_overrides(args)
     output_dir = args.output_dir or model_output_dir("glue", args.model)
+    prepare_training_process()  # a kill stops like Ctrl-C: an --overwrite gives the old results back at once
     results = run_glue(args.model, tasks, output_dir, data_dir=args.data_dir, recipe=args.recipe, seeds=args.seeds,
                        overrides=overrides, task_lr=task_lr, from_mnli=args.from_mnli, save_models=args.save_models,
                        overwrite=args.overwrite)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
-from convattn.commands.flag_options import fine_tune_overrides, model_output_dir
+from convattn.commands.flag_options import fine_tune_overrides, model_output_dir, prepare_training_process
 from convattn.errors import UsageError
 from convattn.runs.finetune import SQUAD_RESULTS
 from convattn.training.recipes import squad_recipe_names
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.train_file is None) != (args.dev_file is None):
         raise UsageError("give both --train-file and --dev-file (local files), or neither (the HF hub)")
     output_dir = args.output_dir or model_output_dir("squad", args.model)
+    prepare_training_process()  # a kill stops like Ctrl-C: an --overwrite gives the old results back at once
     results = run_squad(args.model, args.version, output_dir, train_file=args.train_file, dev_file=args.dev_file,
                         recipe=args.recipe, seeds=args.seeds,
                         overrides={**fine_tune_overrides(args, SPAN_FLAGS), "head": args.head},
