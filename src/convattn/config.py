@@ -43,6 +43,16 @@ def _choice(field: str, value, allowed: Sequence) -> None:
         raise ValueError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
 
 
+def check_attn_implementation(name: str) -> None:
+    """A name convattn's mechanisms compute, and for "convattn_triton" a kernel that can run here (one error
+    naming what to install or set)."""
+    _choice("attn_implementation", name, ATTN_IMPLEMENTATIONS)
+    if name == "convattn_triton":
+        from convattn.attention.relative.dispatch import check_triton_available
+
+        check_triton_available()
+
+
 def _subset(field: str, values, allowed: Sequence) -> tuple[str, ...]:
     if isinstance(values, str):
         values = [values] if values else []
@@ -131,8 +141,7 @@ class ConvAttnConfig(PretrainedConfig):
             _choice("attention_backend", legacy, ATTN_IMPLEMENTATIONS)
             if self._attn_implementation is None:
                 self._attn_implementation = legacy
-        if self._attn_implementation is not None:
-            _choice("attn_implementation", self._attn_implementation, ATTN_IMPLEMENTATIONS)
+        # (the name itself was checked when it was set: __setattr__)
         # --- end attn_implementation
         self.relative_terms = list(_subset("relative_terms", self.relative_terms, RELATIVE_TERMS))
         self.conv_projections = list(_subset("conv_projections", self.conv_projections, CONV_PROJECTIONS))
@@ -142,6 +151,13 @@ class ConvAttnConfig(PretrainedConfig):
         # re-raises every check as StrictDataclassClassValidationError (not a ValueError), and our documented
         # contract is "ValueError naming the field and the allowed values", raised when the config is built.
         self.validate_convattn()
+
+    def __setattr__(self, key, value):
+        # every way of choosing the attention implementation ends here: the config's field, from_pretrained,
+        # set_attn_implementation, `config._attn_implementation = ...`
+        if key == "_attn_implementation_internal" and value is not None:
+            check_attn_implementation(value)
+        super().__setattr__(key, value)
 
     # ------------------------------------------------------------------ derived sizes
     @property

@@ -27,7 +27,7 @@ from transformers.utils.generic import can_return_tuple
 
 from convattn.attention import PackedSequences, TokenMask, attention_kind, build_attention
 from convattn.attention.core import is_tracing
-from convattn.config import ConvAttnConfig
+from convattn.config import ConvAttnConfig, check_attn_implementation
 from convattn.files import follow_umask
 from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
 
@@ -182,6 +182,13 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
         `set_attn_implementation` switches a built model (transformers' own check would read this file's source
         for its AttentionInterface, which convattn's mechanisms do not use)."""
         return True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """convattn's names, each checked where it is chosen (from_pretrained, set_attn_implementation): an unknown
+        one is named with those that exist, a kernel that cannot run here says what to install or set."""
+        if requested_attention is not None:
+            check_attn_implementation(requested_attention)
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)

@@ -4,14 +4,18 @@ terms (composite attention, ConvBERT's self-attention heads) calls `relative_att
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
+import numpy as np
 import torch
 from torch import Tensor
+from transformers import AttentionInterface
 
-from convattn.attention.core import PackedSequences, TokenMask, attend, merge_heads, split_heads
+from convattn.attention.core import PackedSequences, TokenMask, attend, is_tracing, merge_heads, split_heads
 from convattn.attention.relative.bias import RelativePositionBias
 from convattn.attention.relative.blockwise import blockwise_relative_attention
 from convattn.attention.relative.decomposition import decomposed_relative_attention
@@ -55,6 +59,70 @@ def forced_path(name: str) -> Iterator[None]:
 @cache
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string: "2.4.0rc1" -> (2, 4)."""
+    major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor)
+
+
+def _interpreter_fails_with_numpy() -> bool:
+    """triton's interpreter up to 3.6 converts one-element arrays to ints, which numpy 2.4 made an error
+    (triton-lang/triton#9171)."""
+    import triton
+
+    return _release(np.__version__) >= (2, 4) and _release(triton.__version__) <= (3, 6)
+
+
+def interpreting() -> bool:
+    """Whether triton runs its kernels on the CPU (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_unavailable() -> tuple[type[Exception], str] | None:
+    """Why the fused kernel cannot run in this process, as (the error to raise, what to do), or None when it can:
+    triton missing, its interpreter with a numpy it fails with, or neither a CUDA GPU nor the interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        return ImportError, "needs triton, which is not installed: pip install triton"
+    if interpreting() and _interpreter_fails_with_numpy():
+        return ImportError, (f"runs on CPU under triton's interpreter (TRITON_INTERPRET=1), which fails with numpy "
+                             f"{np.__version__}: pip install \"numpy<2.4\"")
+    if not interpreting() and not torch.cuda.is_available():
+        return RuntimeError, ("runs on a CUDA GPU, and this machine has none: on CPU set TRITON_INTERPRET=1 before "
+                              "triton is imported (its interpreter: slow, for tests), or choose attn_implementation "
+                              "'sdpa'")
+    return None
+
+
+def check_triton_available() -> None:
+    """One error naming what to install or set when attn_implementation "convattn_triton" cannot run here."""
+    if (problem := triton_unavailable()) is not None:
+        error, what_to_do = problem
+        raise error(f"attn_implementation={TRITON_IMPLEMENTATION!r} {what_to_do}")
+
+
+def _check_kernel_device(device: torch.device) -> None:
+    """The tensors are where the kernel runs: on CUDA, or on CPU under the interpreter."""
+    if interpreting() and device.type != "cpu":
+        raise RuntimeError(f"attn_implementation={TRITON_IMPLEMENTATION!r} runs on CPU tensors under "
+                           f"TRITON_INTERPRET=1, and these are on {device}: unset TRITON_INTERPRET to run it on the "
+                           "GPU, or move the model to the CPU")
+    if not interpreting() and device.type != "cuda":
+        raise RuntimeError(f"attn_implementation={TRITON_IMPLEMENTATION!r} runs on a CUDA GPU, and this model is on "
+                           f"{device}: move it there (model.cuda()), or on CPU set TRITON_INTERPRET=1 before triton "
+                           "is imported (its interpreter: slow, for tests), or choose attn_implementation 'sdpa'")
+
+
+def _kernel(device: torch.device):
+    """`triton_relative_attention`, once the kernel is known to run on `device` (one line saying what to install
+    or set where it cannot)."""
+    if not is_tracing():
+        check_triton_available()
+        _check_kernel_device(device)
+    from convattn.attention.relative.triton_attention import triton_relative_attention
+
+    return triton_relative_attention
 
 
 def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
@@ -148,8 +216,7 @@ def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, 
 
 def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, relative: RelativePositionBias | None,
                    mask: PackedSequences, dropout_p: float) -> Tensor:
-    from convattn.attention.relative.triton_attention import triton_relative_attention
-
+    triton_relative_attention = _kernel(query.device)
     total = query.shape[1]
     q, k, v = (x.flatten(0, 1).unflatten(-1, (num_heads, -1)) for x in (query, key, value))  # (total, heads, d)
     row_table = key_table = None
@@ -166,8 +233,7 @@ def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, re
 
 def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask | None,
             dropout_p: float) -> Tensor:
-    from convattn.attention.relative.triton_attention import triton_relative_attention
-
+    triton_relative_attention = _kernel(q.device)
     keep = mask.keep if mask is not None and mask.has_padding else None
     if relative is None:
         return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout_p)
@@ -181,8 +247,7 @@ def triton_interface_attention(module, query: Tensor, key: Tensor, value: Tensor
     """The kernel in transformers' AttentionInterface ("convattn_triton"), for any encoder: query, key, value
     (batch, heads, n, d) -> ((batch, n, heads, d), None). attention_mask must mask keys only (padding): a boolean
     mask (True = attend) or an additive one (0 = attend), (batch, 1, 1 or n, n); its first query row is read."""
-    from convattn.attention.relative.triton_attention import triton_relative_attention
-
+    triton_relative_attention = _kernel(query.device)
     keep = None
     if attention_mask is not None:
         first_row = attention_mask[:, 0, 0, :]
@@ -190,3 +255,8 @@ def triton_interface_attention(module, query: Tensor, key: Tensor, value: Tensor
     out = triton_relative_attention(query, key, value, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout,
                                     scale=scaling)
     return out.transpose(1, 2), None
+
+
+# registered here, not only by `import convattn`, so that the modeling code saved beside a model
+# (trust_remote_code, convattn not installed) accepts the name too
+AttentionInterface.register(TRITON_IMPLEMENTATION, triton_interface_attention)
