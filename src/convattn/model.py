@@ -29,6 +29,7 @@ from convattn.attention import PackedSequences, TokenMask, attention_kind, build
 from convattn.attention.core import is_tracing
 from convattn.config import ConvAttnConfig, check_attn_implementation
 from convattn.files import follow_umask
+from convattn.flattened_inputs import flattened_sequences
 from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
 
 
@@ -227,30 +228,6 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
 UNPAD_BELOW_REAL_FRACTION = {"cpu": 0.9}
 
 
-def flattened_sequences(batch: int, n: int, position_ids: Tensor | None, cu_seq_lens_q: Tensor | None = None,
-                        max_length_q: int | None = None) -> PackedSequences | None:
-    """The sequences of a flattened batch as transformers lays it out (`DataCollatorWithFlattening`): one row
-    (1, total) whose position_ids restart at every sequence (a token whose position does not follow its
-    predecessor's starts a new one), or explicit `cu_seq_lens_q` offsets (flash-attn's kwargs). None for any
-    other batch."""
-    if cu_seq_lens_q is not None:
-        cu_seqlens = torch.as_tensor(cu_seq_lens_q).flatten().long()
-        if batch != 1 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != n or bool((cu_seqlens.diff() <= 0).any()):
-            raise ValueError(f"cu_seq_lens_q must rise from 0 to the flattened row's {n} tokens in a batch of one "
-                             f"row; got {cu_seqlens.tolist()} for a batch of shape ({batch}, {n})")
-        lengths = cu_seqlens.diff()
-        return PackedSequences(cu_seqlens, int(max_length_q) if max_length_q is not None else int(lengths.max()))
-    if batch != 1 or position_ids is None or n < 2:
-        return None
-    positions = position_ids.reshape(-1)
-    starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
-    # under torch.compile the test below breaks the graph; torch.export and the TorchScript tracer cannot take it
-    if torch.compiler.is_exporting() or torch.jit.is_tracing() or int(starts.sum()) == 1:
-        return None
-    first = starts.nonzero()[:, 0]
-    return PackedSequences.from_lengths(torch.diff(first, append=first.new_tensor([n])))
-
-
 class ConvAttnModel(ConvAttnPreTrainedModel):
     """The bare encoder: embeddings -> [Linear(E -> H) if E != H] -> L layers.
 
@@ -312,6 +289,13 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
             hidden = self.embeddings_project(hidden)
         return hidden
 
+    @property
+    def max_position(self) -> int | None:
+        """The positions absolute position embeddings hold; None for models without them."""
+        if self.config.position_embedding_type == "absolute":
+            return self.config.max_position_embeddings
+        return None
+
     def check_positions(self, longest: int) -> None:
         # only absolute position embeddings tie a model to its trained length (Linformer's E/F check their own)
         if self.config.position_embedding_type == "absolute" and longest > self.config.max_position_embeddings:
@@ -339,27 +323,25 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
     ) -> BaseModelOutput:
         """cu_seq_lens_q / max_length_q (and their _k twins, which must equal them): the sequence offsets of a
         flattened batch as `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` gives them; position_ids
-        restarting at 0 say the same."""
+        restarting at 0 say the same. `flattened_sequences` reads and checks them, with position_ids,
+        token_type_ids and attention_mask (its docstring has the rule)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if cu_seq_lens_k is not None and (cu_seq_lens_q is None or not torch.equal(
-                torch.as_tensor(cu_seq_lens_k).long(), torch.as_tensor(cu_seq_lens_q).long())):
-            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: an encoder's keys are its queries")
         batch, n = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        packed = flattened_sequences(batch, n, position_ids, cu_seq_lens_q, max_length_q)
+        packed = flattened_sequences(
+            batch, n, device, position_ids, attention_mask, token_type_ids, cu_seq_lens_q, cu_seq_lens_k,
+            max_length_q, max_length_k, max_position=self.max_position)
         if packed is not None:
             if not self.takes_packed_sequences:
                 raise ValueError(
                     "Linformer layers project keys and values along a fixed sequence length and cannot take a "
                     "flattened batch (position_ids restarting inside one row, or cu_seq_lens_q); pass a padded batch "
                     "with an attention_mask")
-            if attention_mask is not None and not bool(attention_mask.bool().all()):
-                raise ValueError("a flattened batch has no padding: its attention_mask must be all ones or None")
             self.check_positions(packed.max_seqlen)
             if position_ids is None:
                 position_ids = self.positions_in_sequences(packed, n, device)
@@ -369,7 +351,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
         if attention_mask is None:
             keep = torch.ones(batch, n, dtype=torch.bool, device=device)
         else:
-            keep = attention_mask.bool()
+            keep = attention_mask.bool().expand(batch, n)
         if not output_attentions and self.worth_unpadding(keep):
             return self.unpadded(keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -431,6 +413,37 @@ def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_typ
         position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
         output_hidden_states=output_hidden_states, **sequence_offsets,
     )
+
+
+def _flattened(model: ConvAttnPreTrainedModel, hidden: Tensor, position_ids, attention_mask,
+               sequence_offsets: dict) -> PackedSequences | None:
+    """The sequences of a flattened batch as the encoder read them (and checked), for heads that need them."""
+    return flattened_sequences(*hidden.shape[:2], hidden.device, position_ids, attention_mask, **sequence_offsets,
+                               max_position=model.convattn.max_position)
+
+
+def check_token_labels(labels: Tensor, shape: torch.Size) -> None:
+    """One class index per token (-100 where unscored), the input's shape."""
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"labels must hold one label per token, the input's shape {tuple(shape)} (-100 where "
+                         f"unscored); got {tuple(labels.shape)}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices (-100 where unscored); got {labels.dtype}")
+
+
+def check_sequence_labels(labels: Tensor, logits: Tensor, multi_label: bool, flattened: bool) -> None:
+    """One label per sequence (a row of 0/1 targets for multi-label classification); class indices are integers."""
+    count = logits.shape[0]
+    if multi_label:
+        fits, expected = tuple(labels.shape) == tuple(logits.shape), tuple(logits.shape)
+    else:
+        fits, expected = labels.dim() >= 1 and labels.shape[0] == labels.numel() == count, (count,)
+    if not fits:
+        where = "sequences of this flattened batch" if flattened else "rows of this batch"
+        raise ValueError(f"labels must hold one label per sequence, shape {expected} for the {count} {where}; "
+                         f"got {tuple(labels.shape)}")
+    if logits.shape[-1] > 1 and not multi_label and (labels.is_floating_point() or labels.dtype == torch.bool):
+        raise ValueError(f"labels must be integer class indices; got {labels.dtype}")
 
 
 MLM_REDUCTIONS = ("mean", "sum", "per_example")
@@ -520,6 +533,8 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
+        if labels is not None:
+            check_token_labels(labels, hidden.shape[:2])
         # the HF contract by default: logits come with the loss, as BertForMaskedLM
         logits = self.mlm_head(hidden) if return_logits or labels is None else None
         loss = masked_lm_loss(self.mlm_head, hidden, labels) if labels is not None else None
@@ -560,16 +575,17 @@ class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
-        packed = flattened_sequences(*hidden.shape[:2], position_ids, sequence_offsets.get("cu_seq_lens_q"),
-                                     sequence_offsets.get("max_length_q"))
+        packed = _flattened(self, hidden, position_ids, attention_mask, sequence_offsets)
         if packed is not None:
             hidden = hidden[0, packed.starts][:, None]  # a flattened batch: each sequence's first token
         logits = self.classifier(hidden)
         loss = None
         if labels is not None:
+            multi_label = self.num_labels > 1 and self.config.problem_type == "multi_label_classification"
+            check_sequence_labels(labels, logits, multi_label, flattened=packed is not None)
             if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            elif self.config.problem_type == "multi_label_classification":
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.view(-1).float())
+            elif multi_label:
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
             else:
                 loss = F.cross_entropy(logits.float(), labels.view(-1))
@@ -596,6 +612,7 @@ class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
         logits = self.classifier(self.dropout(encoded.last_hidden_state))
         loss = None
         if labels is not None:
+            check_token_labels(labels, logits.shape[:2])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
                                      attentions=encoded.attentions)
@@ -624,7 +641,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
-        if flattened_sequences(*hidden.shape[:2], position_ids, sequence_offsets.get("cu_seq_lens_q")) is not None:
+        if _flattened(self, hidden, position_ids, attention_mask, sequence_offsets) is not None:
             raise ValueError("question answering takes padded batches (its answer positions count within each "
                              "window); a padded batch with padding runs padding-free inside anyway")
         if self.config.qa_head == "joint":
