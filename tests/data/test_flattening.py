@@ -170,3 +170,76 @@ def test_transformers_flattening_collator_trains_a_masked_lm_through_the_trainer
     assert len(losses.losses) == 6 and all(torch.isfinite(torch.tensor(losses.losses)))
     changed = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
     assert "convattn.encoder.layer.0.attention.self.value_conv.weight" in changed
+
+
+def test_examples_with_and_without_token_types_flatten_with_zeros_for_the_missing_ones(tokenizer):
+    """A batch mixing sentence pairs (token types 0 and 1) with single sentences (no token_type_ids): those get
+    0s, and each example is classified as it is alone."""
+    pairs = pair_examples(tokenizer)[:3]
+    singles = [{"input_ids": ids} for ids in tokenizer(SENTENCES[3:5])["input_ids"]]
+    examples = [dict(e, label=i % 2) for i, e in enumerate([pairs[0], singles[0], pairs[1], singles[1], pairs[2]])]
+    batch = FlatteningCollator(return_flash_attn_kwargs=True)(examples)
+    token_types = [e.get("token_type_ids", [0] * len(e["input_ids"])) for e in examples]
+    assert batch["token_type_ids"].tolist() == [[t for types in token_types for t in types]]
+    assert batch["labels"].tolist() == [0, 1, 0, 1, 0]
+    model = tiny_model(tokenizer, ConvAttnForSequenceClassification, num_labels=2).double().eval()
+    with torch.no_grad():
+        flattened = model(**batch).logits
+        alone = torch.cat([model(input_ids=torch.tensor([e["input_ids"]]), token_type_ids=torch.tensor([types])).logits
+                           for e, types in zip(examples, token_types, strict=True)])
+    torch.testing.assert_close(flattened, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_examples_without_a_special_tokens_mask_get_the_tokenizers_for_masking(tokenizer):
+    examples = pair_examples(tokenizer) * 10
+    examples = [e if i % 2 else {k: v for k, v in e.items() if k != "special_tokens_mask"}
+                for i, e in enumerate(examples)]
+    masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.5)
+    masking.generator = torch.Generator().manual_seed(0)
+    batch = FlatteningCollator(masking=masking)(examples)
+    original = torch.tensor([t for e in examples for t in e["input_ids"]])
+    special = torch.isin(original, torch.tensor(tokenizer.all_special_ids))
+    assert special.sum() == 3 * len(examples)  # [CLS] and two [SEP] in every example
+    scored = batch["labels"][0] != -100
+    assert not scored[special].any() and scored.any()
+    assert torch.equal(batch["input_ids"][0][special], original[special])
+
+
+# (case, how the examples are changed, what the one-line error must match)
+NOT_FLATTENED = [
+    ("some examples with a label, some without", lambda es: [dict(es[0], label=1), *es[1:]],
+     r"labels: 1 of 3 examples carry one \('labels' or 'label'\); every example or none"),
+    ("token labels beside example labels", lambda es: [dict(es[0], labels=es[0]["input_ids"]),
+                                                       *(dict(e, label=0) for e in es[1:])],
+     "labels: some examples carry one per token, others one per example"),
+    ("token labels shorter than the example", lambda es: [dict(e, labels=e["input_ids"][:-1]) for e in es],
+     "labels of example 0 has .* entries for its .* input_ids"),
+    ("token types shorter than the example", lambda es: [es[0], dict(es[1], token_type_ids=[0, 1]), es[2]],
+     "token_type_ids of example 1 has 2 entries for its .* input_ids"),
+    ("a padded example", lambda es: [es[0], dict(es[1], attention_mask=[1] * (len(es[1]["input_ids"]) - 1) + [0]),
+                                     es[2]],
+     r"example 1 is padded \(its attention_mask holds 0s\)"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), [pytest.param(*case[1:], id=case[0]) for case in NOT_FLATTENED])
+def test_examples_the_collator_cannot_flatten_are_refused_in_one_line(tokenizer, change, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        FlatteningCollator()(change(pair_examples(tokenizer)[:3]))
+    assert "\n" not in str(refused.value)
+
+
+def test_the_flattening_collator_with_mixed_examples_trains_a_classifier_through_the_trainer(tokenizer, tmp_path):
+    """flash-attn's kwargs, token types for some examples only, one label each: two Trainer steps."""
+    pairs = pair_examples(tokenizer)[:8]
+    singles = [{"input_ids": ids} for ids in tokenizer(SENTENCES[:8])["input_ids"]]
+    mixed = [example for both in zip(pairs, singles, strict=True) for example in both]
+    features = [dict(e, label=i % 2) for i, e in enumerate(mixed)]
+    model = tiny_model(tokenizer, ConvAttnForSequenceClassification, num_labels=2)
+    before = model.classifier.out_proj.weight.detach().clone()
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=2, learning_rate=3e-3,
+                             save_strategy="no", report_to="none", use_cpu=True, dataloader_num_workers=0, seed=0)
+    collator = FlatteningCollator(return_flash_attn_kwargs=True)
+    result = Trainer(model=model, args=args, train_dataset=features, data_collator=collator).train()
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    assert not torch.equal(model.classifier.out_proj.weight.detach(), before)
