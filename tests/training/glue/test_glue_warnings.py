@@ -33,3 +33,15 @@ def test_the_results_list_each_runs_warnings(tmp_path):
     assert results["warnings"] == ["sst2 seed 0: dev: predicts 'positive' for every one of the 872 dev examples"]
     table = (tmp_path / "glue_results.md").read_text()
     assert "## Warnings\n\n- sst2 seed 0: dev: predicts 'positive'" in table
+
+
+def test_a_constant_sts_prediction_scores_0_and_is_warned_never_nan():
+    """Pearson and Spearman are undefined for a constant prediction (scipy: NaN, which broke the seeds' statistics
+    and reached the tables as 'nan'): scored 0 and said."""
+    from convattn.training.glue.metrics import constant_prediction_warning, score_predictions
+
+    stsb, constant = get_task("stsb"), np.array([2.5, 2.5, 2.5])
+    assert score_predictions(stsb, constant, np.array([1.0, 2.0, 4.0])) == {"pearson": 0.0, "spearman": 0.0}
+    assert "predicts 2.500 for every one of the 3 dev examples" in constant_prediction_warning(stsb, "dev", constant)
+    assert constant_prediction_warning(stsb, "dev", np.array([2.5, 3.0])) is None
+    assert constant_prediction_warning(get_task("sst2"), "dev", np.array([1, 1])) is None

@@ -19,8 +19,9 @@ from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
 from convattn.errors import UsageError, option
 from convattn.files import staging_dir, write_json_atomic
 from convattn.runs.finetune import glue_dir, squad_dir
-from convattn.runs.folder import check_output_folder, check_own_folder, run_folder_lock
-from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, run_state
+from convattn.runs.folder import PARTIAL, REPLACED, check_output_folder, check_own_folder, run_folder_lock
+from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, PRETRAIN, read_metrics, run_state
+from convattn.runs.replace import recover_replaced_run
 from convattn.training.compare.grids import RunSpec, check_runs
 from convattn.training.compare.lengths import write_length_report
 from convattn.training.compare.memory import update_memory
@@ -33,7 +34,8 @@ from convattn.training.compare.options import (
     tokenizer_dir,
 )
 from convattn.training.compare.report import REPORT_RUNS, Report, write_report
-from convattn.training.compare.results import seeds_in_output
+from convattn.training.compare.results import read_downstream, seeds_in_output
+from convattn.training.finetune.settings import least_steps_that_train, resolved_fields
 from convattn.training.glue import check_task_files, run_glue
 from convattn.training.pretrain import PretrainOptions, check_options, pretrain, sequence_length
 from convattn.training.squad import run_squad
@@ -44,8 +46,26 @@ COMPARE_RECORD = "compare.json"  # written first: the folder is a comparison's, 
 
 def check_comparison_folder(options: CompareOptions) -> None:
     """The output folder is new, empty or a comparison's (one written before COMPARE_RECORD existed is known by its
-    report or its shared tokenizer): a folder holding anything else is someone else's, and is refused."""
-    check_own_folder(options.output_dir, (COMPARE_RECORD, REPORT_RUNS, f"tokenizer/{TOKENIZER_RECORD}"))
+    report or its shared tokenizer): a folder holding anything else is someone else's, and is refused. So is one
+    holding the run an interrupted --overwrite kept aside (a comparison never replaces its own folder): that run
+    comes back with the command that was replacing it, which a comparison cannot know."""
+    out = options.output_dir
+    if remains := [name for name in (REPLACED, PARTIAL) if (out / name).exists()]:
+        raise UsageError(f"{option('output_dir')} {out} holds {', '.join(f'{name}/' for name in remains)}, the earlier "
+                         "run an interrupted `convattn pretrain|glue|squad --overwrite` kept aside there; run that "
+                         f"command again to get it back, or choose another {option('output_dir')}")
+    check_own_folder(out, (COMPARE_RECORD, REPORT_RUNS, f"tokenizer/{TOKENIZER_RECORD}"))
+
+
+def recover_seed_folders(options: CompareOptions) -> None:
+    """Finish what a killed `pretrain --overwrite` left in a run's seed folder, as pretrain itself would (the
+    earlier run back, or gone once the new one stands), before the folder's state decides whether it is reused,
+    resumed or trained again: a finished run kept aside is reused, not trained over."""
+    for spec in options.grid.runs:
+        for path in sorted(options.run_path(spec).glob("seed*")):
+            if (path / REPLACED).exists() or (path / PARTIAL).exists():
+                with run_folder_lock(path):
+                    recover_replaced_run(path, PRETRAIN)
 
 
 def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
@@ -102,17 +122,56 @@ def validate(options: CompareOptions) -> int:
         for seed in range(options.seeds):
             pretrain_options = run_options(options, spec, seed)
             config = check_options(pretrain_options)
+            check_projection_length(spec, pretrain_options.recipe, config)
             seq_len = max(seq_len, sequence_length(pretrain_options.recipe, config))
             check_same_settings(pretrain_options)
+            # what the report reads of a run made earlier, checked now rather than after the others have trained
+            read_metrics(pretrain_options.output_dir)
+            read_downstream(pretrain_options.output_dir)
     for flag, files in (("--train-file", options.data["train_files"]), ("--eval-file", options.data["eval_files"])):
         if files:
             resolve_text_files(files, flag)  # each file text: said now, not after the first runs
+    check_fine_tuning_steps(options)
     if options.glue:  # read now, not after hours of pretraining
         check_task_files([get_task(name) for name in options.glue.tasks], options.glue.data_dir)
     if options.squad:  # read now (a local file or the hub), not after hours of pretraining
         for split, file in (("train", options.squad.train_file), ("dev", options.squad.dev_file)):
             load_squad(options.squad.version, split, file)
     return seq_len
+
+
+def check_projection_length(spec: RunSpec, recipe, config) -> None:
+    """Linformer's E/F (and Conv-Linformer's stride) are sized to max_position_embeddings: trained on shorter
+    inputs, their columns past the input's end never learn and k projected positions summarise fewer tokens than
+    the preset says, so the row is not the model it names."""
+    seq_len = sequence_length(recipe, config)
+    positions = config.max_position_embeddings
+    if any(kind != "none" for kind in config.layer_projections) and seq_len != positions:
+        raise UsageError(f"run {spec.name}: {option('seq_len')} {seq_len} does not match the {positions} positions "
+                         f"its Linformer projections (E/F, k={config.linformer_k}) are sized to "
+                         f"(max_position_embeddings); give {option('seq_len')} {positions}, or a preset built for "
+                         f"{seq_len} positions")
+
+
+def check_fine_tuning_steps(options: CompareOptions) -> None:
+    """--glue-max-steps / --squad-max-steps train something: under the recipe's warmup a single step runs at
+    learning rate 0, and its untrained model would be reported, after hours of pretraining (`check_trains`)."""
+    from convattn.training.glue import load_glue_recipe
+    from convattn.training.squad.settings import load_squad_recipe
+
+    asked = []
+    if options.glue and options.glue.overrides.get("max_steps"):
+        recipe = load_glue_recipe(options.glue.recipe)
+        warmup = max(resolved_fields(recipe, False, {}, recipe.get("tasks", {}).get(task, {}))["warmup_ratio"]
+                     for task in options.glue.tasks)
+        asked.append(("--glue-max-steps", options.glue.overrides["max_steps"], warmup))
+    if options.squad and options.squad.overrides.get("max_steps"):
+        warmup = load_squad_recipe("convbert")["defaults"]["warmup_ratio"]
+        asked.append(("--squad-max-steps", options.squad.overrides["max_steps"], warmup))
+    for flag, steps, warmup in asked:
+        if steps < (least := least_steps_that_train(warmup)):
+            raise UsageError(f"{flag} {steps} trains nothing: the recipe's warmup ({warmup:g} of the steps, rounded up "
+                             f"to whole steps) runs it at learning rate 0; give {flag} {least} or more")
 
 
 def train_one(pretrain_options: PretrainOptions, label: str) -> tuple[bool, int | None]:
@@ -186,6 +245,7 @@ def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths:
 
 def compare_in_folder(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None) -> int:
     interrupted = False
+    recover_seed_folders(options)
     if report_only:
         check_runs(options.grid.runs)
         options.seeds = seeds_in_output(options)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from convattn.errors import UsageError
 from convattn.files import save_figure, write_text_atomic
 from convattn.runs.finetune import GLUE_RESULTS, SQUAD_RESULTS, glue_dir, squad_dir
 from convattn.runs.pretrain import FINISHED, read_metrics, run_state
@@ -91,6 +93,11 @@ def read_downstream(path: Path) -> dict[str, float]:
                            ("F1", "best_f1" if version == "2.0" else "f1")):
             if key in results["scores"]:
                 scores[f"SQuAD v{version} {label}"] = results["scores"][key]["mean"]
+    for column, score in scores.items():
+        if not (isinstance(score, int | float) and math.isfinite(score)):
+            folder = glue_dir(path) if column.startswith("GLUE") else squad_dir(path)
+            raise UsageError(f"{folder}: the {column} score is {score}, not a finite number (a damaged results file, "
+                             f"or one of an older convattn); delete {folder} to fine-tune that seed again")
     return scores
 
 

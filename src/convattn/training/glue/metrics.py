@@ -15,10 +15,18 @@ def score_predictions(task: GlueTask, predictions: np.ndarray, labels: np.ndarra
         "accuracy": lambda: accuracy_score(labels, predictions),
         "f1": lambda: f1_score(labels, predictions),
         "mcc": lambda: matthews_corrcoef(labels, predictions),
-        "pearson": lambda: stats.pearsonr(predictions, labels).statistic,
-        "spearman": lambda: stats.spearmanr(predictions, labels).statistic,
+        "pearson": lambda: correlation(stats.pearsonr, predictions, labels),
+        "spearman": lambda: correlation(stats.spearmanr, predictions, labels),
     }
     return {name: 100 * float(compute[name]()) for name in task.metrics}
+
+
+def correlation(statistic, predictions: np.ndarray, labels: np.ndarray) -> float:
+    """A correlation coefficient, 0 where it is undefined (scipy's NaN: a side with one value, such as a collapsed
+    model's constant prediction, which `constant_prediction_warning` says): a score is always a number."""
+    if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
+        return 0.0
+    return statistic(predictions, labels).statistic
 
 
 def one_class_warning(task: GlueTask, split: str, predictions: np.ndarray) -> str | None:
@@ -29,6 +37,15 @@ def one_class_warning(task: GlueTask, split: str, predictions: np.ndarray) -> st
         return None
     return (f"{split}: predicts {task.id2label[int(classes[0])]!r} for every one of the {len(predictions):,} dev "
             "examples (the score is that class's share); fine-tune longer or with another learning rate")
+
+
+def constant_prediction_warning(task: GlueTask, split: str, predictions: np.ndarray) -> str | None:
+    """The warning for a regression model (STS-B) that gives every dev example the same score (its correlations
+    are undefined, scored 0), else None."""
+    if not task.is_regression or len(predictions) == 0 or np.ptp(predictions) != 0:
+        return None
+    return (f"{split}: predicts {float(predictions[0]):.3f} for every one of the {len(predictions):,} dev examples "
+            "(its correlations are undefined and scored 0); fine-tune longer or with another learning rate")
 
 
 def logits_to_predictions(task: GlueTask, logits: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, 
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import (
     column_score,
+    constant_prediction_warning,
     logits_to_predictions,
     one_class_warning,
     score_predictions,
@@ -80,7 +81,8 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
     for split, dataset in data.dev.items():
         predictions = logits_to_predictions(task, trainer.predict(dataset).predictions)
         metrics[split] = score_predictions(task, predictions, np.asarray(dataset["label"]))
-        if warning := one_class_warning(task, split, predictions):
+        if warning := one_class_warning(task, split, predictions) or constant_prediction_warning(task, split,
+                                                                                               predictions):
             warnings.append(warning)
     files = predict_test_sets(trainer, task, data, path, task)
     if save_model:
