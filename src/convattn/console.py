@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from convattn.files import append_text, check_plain_file
+
 LOG_FILE = "log.txt"
 CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go to log.txt
 
@@ -66,7 +68,7 @@ def say(command: str, message: str) -> None:
 
 
 class RunLog(logging.Handler):
-    """Log records as lines: held in memory until `attach`, then appended to the file."""
+    """Log records as lines: held in memory until `attach`, then appended to the file (never through a link)."""
 
     def __init__(self):
         super().__init__(logging.INFO)
@@ -82,6 +84,8 @@ class RunLog(logging.Handler):
             self._append([line])
 
     def attach(self, path: Path) -> None:
+        """Append to `path` from now on: a plain file, never a link (refused by name: `check_plain_file`)."""
+        check_plain_file(path)
         self.path = path
         lines, self.pending = self.pending, []
         if lines:
@@ -89,8 +93,7 @@ class RunLog(logging.Handler):
 
     def _append(self, lines: list[str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)  # the folder appears with its first line
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+        append_text(self.path, "\n".join(lines) + "\n")
 
 
 _run_log: RunLog | None = None  # set once a command configured the output: the libraries' lines for log.txt

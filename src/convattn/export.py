@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
 from convattn.errors import UsageError, option
+from convattn.files import atomic_path, special_file
 
 
 class LogitsOnly(nn.Module):
@@ -90,8 +91,12 @@ def check_opset(opset: int) -> None:
 
 
 def check_onnx_path(path: str | os.PathLike) -> None:
-    """The output is a file name whose folder exists or can be made, and no file but an ONNX graph is replaced."""
+    """The output is a file name whose folder exists or can be made, and no file but an ONNX graph is replaced:
+    not a device, pipe or socket (`/dev/null`); a symbolic link is replaced itself, not what it points to."""
     path = Path(path)
+    if kind := special_file(path):
+        raise UsageError(f"{option('onnx')} {path} is {kind}, not a file, which the export would replace; give a "
+                         "file name ending in .onnx")
     if path.is_dir():
         raise UsageError(f"{option('onnx')} {path} is a folder; give the file to write, e.g. {path / 'model.onnx'}")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
@@ -108,8 +113,6 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> N
 
     Give it a model built with attn_implementation="eager": the ONNX decompositions re-trace SDPA with other
     output strides than torch.export recorded, and the graph's reshape of it then fails."""
-    from convattn.files import atomic_path
-
     if (model.config._attn_implementation or "sdpa") != "eager":
         raise ValueError("export_onnx needs attn_implementation='eager' (see its docstring); "
                          "load the model with load_saved(model_dir, attn_implementation='eager')")

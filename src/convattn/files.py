@@ -5,6 +5,11 @@ once complete; on any failure the temporary file is removed. The result has the 
 `open(path, "w")` would give (0666 less the umask), not the 0600 of a private temporary file, so a model card or
 the modeling code of a shared model stays readable by others.
 
+Nothing is written through a link or onto a special file: an atomic write replaces a symbolic link at its target
+(never the file it points to) and refuses a device, a named pipe or a socket there (`check_replaceable`); a file
+appended to in place (`append_text`, the run's log.txt) must be a plain file, and one with other names too (a hard
+link) is first replaced by a copy of its own, so those keep their content.
+
 Also here, as they are about files: figures (`save_figure`) and the fingerprint of a saved model
 (`model_identity`), which results are keyed on.
 """
@@ -15,9 +20,19 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from convattn.errors import UsageError
+
+SPECIAL_FILES = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
+                 stat.S_IFSOCK: "a socket"}
+# the name tempfile.mkdtemp gives a `staging_dir` of TARGET: .TARGET.<8 random letters, digits or _>.tmp
+STAGING_NAME = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp")
 
 
 def _umask() -> int:
@@ -31,6 +46,46 @@ def follow_umask(path: str | os.PathLike) -> None:
     os.chmod(path, 0o666 & ~_umask())
 
 
+def special_file(path: str | os.PathLike) -> str | None:
+    """What `path` is when it is a device, a named pipe or a socket ("a character device", ...), else None (a link
+    is not followed)."""
+    try:
+        return SPECIAL_FILES.get(stat.S_IFMT(os.lstat(path).st_mode))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def check_replaceable(path: str | os.PathLike) -> None:
+    """Refuse, naming it, a device, named pipe or socket where a file is to be written (`/dev/null`)."""
+    if kind := special_file(path):
+        raise UsageError(f"{path} is {kind}, not a file; convattn writes only files: give another path")
+
+
+def check_plain_file(path: str | os.PathLike) -> None:
+    """Refuse, naming it, anything but a plain file (or nothing) where a file is written in place: a symbolic link
+    (writing would change the file it points to) or a special file."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UsageError(f"{path} is a symbolic link (to {os.readlink(path)}); convattn writes a run's files only "
+                         "inside its folder, never through a link: remove the link")
+    check_replaceable(path)
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Append `text` to the file `path` (made if needed), never through a link (`check_plain_file`); a file with
+    other names too (a hard link) is first replaced by a copy of its own, so that they keep their content."""
+    check_plain_file(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # (a pipe would block)
+    descriptor = os.open(path, flags, 0o666)
+    if os.fstat(descriptor).st_nlink > 1:
+        os.close(descriptor)
+        with atomic_path(path) as tmp:
+            shutil.copyfile(path, tmp)
+        descriptor = os.open(path, flags, 0o666)
+    with os.fdopen(descriptor, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
 def staging_dir(target: Path) -> Path:
     """A new empty folder beside `target`, to fill and then rename to it, with the permissions `mkdir` would give
     (0777 less the umask), not the 0700 of a private temporary folder."""
@@ -40,11 +95,19 @@ def staging_dir(target: Path) -> Path:
     return staging
 
 
+def staging_target(name: str) -> str | None:
+    """The name of the target a folder named `name` stages (`staging_dir`), or None for any other name."""
+    match = STAGING_NAME.fullmatch(name)
+    return match["target"] if match else None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path beside `path` to write to; renamed to `path` when the block ends without error,
-    removed otherwise. `suffix` keeps the extension tools key on (e.g. '.png' for matplotlib)."""
+    removed otherwise. `suffix` keeps the extension tools key on (e.g. '.png' for matplotlib). A symbolic link at
+    `path` is replaced, not the file it points to; a special file there is refused (`check_replaceable`)."""
     path = Path(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(descriptor)
