@@ -8,6 +8,9 @@ seeds (`<seed folder>/glue/`, `<seed folder>/squad/`).
     runs/<task>/seed<k>/                   one seed: run.json (written last), log.json, predictions, model/
     models/<task>/                         the best dev seed's model, its record and model card
     log.txt                                the libraries' output
+
+Only these names are the job's: a task folder of another name, a prediction file another task's or of another
+name, is a user's file, which --overwrite refuses (it removes only what the job wrote, at any depth).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from convattn.console import LOG_FILE
 from convattn.errors import option
+from convattn.files import staging_target
 from convattn.runs.folder import (
     LOCK_FILE,
     PARTIAL,
@@ -39,6 +43,15 @@ PUBLISHED_RECORD = "fine_tuned.json"  # beside a published model: its task, seed
 GLUE_ENTRIES = frozenset({GLUE_MODEL_RECORD, GLUE_RESULTS, "glue_results.md", "submission", "runs", "models"})
 SQUAD_ENTRIES = frozenset({SQUAD_MODEL_RECORD, SQUAD_RESULTS, "squad_results.md", "runs", "models"})
 COMMON_ENTRIES = frozenset({LOG_FILE, LOCK_FILE, REPLACED, PARTIAL})
+# the tasks of each job (runs/<task>/, models/<task>/): GLUE's with the test predictions each writes (into its
+# seeds' predictions/ and submission/), as convattn.data.glue.TASKS says; SQuAD's versions
+GLUE_PREDICTIONS = {
+    "cola": ("CoLA.tsv",), "sst2": ("SST-2.tsv",), "mrpc": ("MRPC.tsv",), "stsb": ("STS-B.tsv",), "qqp": ("QQP.tsv",),
+    "mnli": ("MNLI-m.tsv", "MNLI-mm.tsv"), "qnli": ("QNLI.tsv",), "rte": ("RTE.tsv",), "wnli": ("WNLI.tsv",),
+    "ax": ("AX.tsv",),
+}
+SUBMISSION_FILES = frozenset(file for files in GLUE_PREDICTIONS.values() for file in files)
+SQUAD_TASKS = frozenset({"squad1.1", "squad2.0"})
 # what a seed's folder holds (glue and squad)
 SEED_FILES = frozenset({SEED_RUN_FILE, "log.json", "predictions.json", "nbest_predictions.json", "null_odds.json"})
 SEED_FOLDERS = frozenset({"predictions", "model", "model.partial"})
@@ -63,7 +76,13 @@ def _written_at_top(entry: Path, top: frozenset[str]) -> bool:
     return entry.name in top or entry.name in COMMON_ENTRIES or (is_code_or_temp(entry.name) and entry.is_file())
 
 
-def _written_inside(top: frozenset[str]):
+def _tasks(job: str) -> frozenset[str]:
+    return frozenset(GLUE_PREDICTIONS) if job == "glue" else SQUAD_TASKS
+
+
+def _written_inside(job: str):
+    top, tasks = (GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES), _tasks(job)
+
     def written_inside(entry: Path, out: Path) -> bool:
         """Whether an entry at any depth of a fine-tuning folder is one the job writes (a user's notes are not)."""
         parts, name = entry.relative_to(out).parts, entry.name
@@ -71,19 +90,21 @@ def _written_inside(top: frozenset[str]):
             return _written_at_top(entry, top)
         if (is_code_or_temp(name) and entry.is_file()) or parts[0] in (REPLACED, PARTIAL):
             return True
-        first, depth, folder = parts[0], len(parts), entry.is_dir() and not entry.is_symlink()
+        first, depth, folder = parts[0], len(parts), entry.is_dir()
         if first == "submission":
-            return depth == 2 and entry.is_file() and name.endswith(".tsv")
-        if first == "models":
-            return folder if depth == 2 else depth == 3 and entry.is_file() and _published_file(entry)
+            return depth == 2 and entry.is_file() and name in SUBMISSION_FILES
+        if first == "models":  # models/<task>/, or the folder it is staged in (a kill can leave one)
+            if depth == 2:
+                return folder and (name in tasks or staging_target(name) in tasks)
+            return depth == 3 and entry.is_file() and _published_file(entry)
         if first != "runs":
             return False
         if depth <= 3:  # runs/<task>/seed<k>
-            return folder and (depth == 2 or SEED_NAME.fullmatch(name) is not None)
+            return folder and (name in tasks if depth == 2 else SEED_NAME.fullmatch(name) is not None)
         if depth == 4:
             return (folder and name in SEED_FOLDERS) or (entry.is_file() and name in SEED_FILES)
         return depth == 5 and entry.is_file() and (
-            name.endswith(".tsv") if parts[3] == "predictions" else name in MODEL_FILES)
+            name in GLUE_PREDICTIONS.get(parts[1], ()) if parts[3] == "predictions" else name in MODEL_FILES)
     return written_inside
 
 
@@ -92,17 +113,33 @@ def _published_file(entry: Path) -> bool:
     return name in MODEL_FILES or name == PUBLISHED_RECORD or (name == "README.md" and is_model_card(entry))
 
 
+def _is_published_file(entry: Path) -> bool:
+    """A plain file of a published model, or the temporary file of one being written."""
+    return entry.is_file() and not entry.is_symlink() and (_published_file(entry) or is_code_or_temp(entry.name))
+
+
 def layout(job: str) -> JobLayout:
     """The `JobLayout` of a glue or squad folder (what --overwrite moves aside and gives back)."""
     top = GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES
     record = GLUE_MODEL_RECORD if job == "glue" else SQUAD_MODEL_RECORD
     return JobLayout(job, record, lambda entry: _written_at_top(entry, top), has_finished_seed,
-                     "its first finished seed")
+                     "its first finished seed", _written_inside(job), lambda out: staging_leftovers(out, job))
 
 
 def foreign_files(out: Path, job: str) -> list[str]:
     """What a glue or squad folder holds that the job does not write, at any depth, relative to `out`."""
-    return foreign_entries(out, _written_inside(GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES))
+    return foreign_entries(out, _written_inside(job))
+
+
+def staging_leftovers(out: Path, job: str) -> list[Path]:
+    """The folders a publish of models/<task>/ was filling when it was killed (named as `staging_dir` names them,
+    holding only a published model's files): the job's own, which its next run removes."""
+    models, tasks = Path(out) / "models", _tasks(job)
+    if not models.is_dir() or models.is_symlink():
+        return []
+    return [folder for folder in sorted(models.iterdir())
+            if staging_target(folder.name) in tasks and folder.is_dir() and not folder.is_symlink()
+            and all(_is_published_file(entry) for entry in folder.iterdir())]
 
 
 def check_restartable(out: Path, job: str, seed_folders: list[Path]) -> None:

@@ -4,6 +4,10 @@
   when the process ends, however it ends (a kill -9 leaves no stale lock, only a lock file that the next run takes
   over). A second process asking for a busy folder gets one `UsageError` naming the holder. The lock file is
   removed when the run ends, and a folder the run created but wrote nothing into is removed with it;
+* links: the folder given is followed, but nothing inside it is written or removed through a symbolic link. A
+  link where a run's file or folder goes is refused by name (`check_no_links`, `foreign_entries`), a hard-linked
+  file convattn writes in place (the lock, log.txt) is replaced by a file of its own, so its other names keep
+  their content;
 * checks before anything is written: `check_output_folder` (a folder can be made there), `check_own_folder` (a
   folder holding anything but a run of the same kind is someone else's), `check_removable` (only a folder holding
   convattn's run record may be replaced);
@@ -15,15 +19,18 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import os
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from convattn.console import main_process
+from convattn.console import LOG_FILE, main_process
 from convattn.errors import UsageError, listed, option
+from convattn.files import special_file
 
 LOCK_FILE = ".convattn.lock"
 # an old run kept aside by --overwrite until the new one stands (replace.py); PARTIAL while it is being moved
@@ -74,10 +81,22 @@ def run_folder_lock(folder: Path, flag: str = option("output_dir"), enabled: boo
 
 
 def _acquire(path: Path, flag: str) -> int:
-    """The locked descriptor of `path`. A lock taken on a file that its holder unlinked meanwhile is worthless
-    (the next process creates a new file): then try again on the new one."""
+    """The locked descriptor of `path`, a plain file of this name only. A lock taken on a file that its holder
+    unlinked meanwhile is worthless (the next process creates a new file): then try again on the new one. A
+    link, folder or special file there is refused; a file with other names too (a hard link) is unlinked once
+    locked and made anew, so that writing the lock leaves their content alone."""
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _check_lock_file(path, flag)
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # a link made since the check: named there
+                continue
+            raise
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):  # one made since the check: named there
+            os.close(descriptor)
+            continue
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -86,19 +105,30 @@ def _acquire(path: Path, flag: str) -> int:
             raise UsageError(f"{flag} {path.parent} is in use by another convattn run ({holder}); wait for it to "
                              f"end or choose another {flag}") from None
         try:
-            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
-                return descriptor
+            if os.lstat(path).st_ino == status.st_ino:
+                if status.st_nlink == 1:
+                    return descriptor
+                path.unlink()
         except FileNotFoundError:
             pass
         os.close(descriptor)
+
+
+def _check_lock_file(path: Path, flag: str) -> None:
+    if path.is_symlink():
+        raise UsageError(link_refusal(flag, path.parent, [path.name]))
+    if kind := special_file(path) or ("a folder" if path.is_dir() else None):
+        raise UsageError(f"{flag} {path.parent}: {path} is {kind}, not convattn's lock file; remove it")
 
 
 def check_own_folder(folder: Path, records: tuple[str, ...], flag: str = option("output_dir")) -> None:
     """Refuse, before anything is written, a folder that is neither missing, empty (a lock file aside) nor a run of
     this kind (one holding a file of `records`, which such a run writes first; an old run an --overwrite keeps
     aside does not count): it holds someone else's files, which the run's own files of the same names (a
-    report.md, a submission/) would overwrite."""
+    report.md, a submission/) would overwrite. A link at its log.txt, which the run appends to, is refused too."""
     folder = Path(folder)
+    if (folder / LOG_FILE).is_symlink():
+        raise UsageError(link_refusal(flag, folder, [LOG_FILE]))
     if not folder.is_dir() or any((folder / record).is_file() for record in records):
         return
     others = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
@@ -127,16 +157,43 @@ def seed_dir(folder: Path, name: str, seed: int | None = None) -> Path:
 
 def foreign_entries(out: Path, written_inside: Callable[[Path, Path], bool]) -> list[str]:
     """What `out` holds that `written_inside(entry, out)` says a job did not write, at any depth, relative to
-    `out` (a folder is named with a trailing /, not what it holds)."""
-    foreign = []
+    `out` (a folder is named with a trailing /, not what it holds). A symbolic link is never the job's: it is named
+    '<path> (a link)', and not followed."""
+    return sorted(named(entry, out) for entry, ours in _entries(out, written_inside) if not ours or entry.is_symlink())
+
+
+def check_no_links(out: Path, written_inside: Callable[[Path, Path], bool], flag: str = option("output_dir")) -> None:
+    """Refuse, naming them, the symbolic links of `out` (at any depth) where a job writes its files and folders
+    (`written_inside`): the job would write, replace or remove what they point to, outside its folder."""
+    if Path(out).is_dir() and (links := [str(entry.relative_to(out)) for entry, ours in _entries(out, written_inside)
+                                         if ours and entry.is_symlink()]):
+        raise UsageError(link_refusal(flag, out, links))
+
+
+def link_refusal(flag: str, folder: Path, links: list[str]) -> str:
+    """The one line refusing `links` (relative to `folder`) where a run's files go."""
+    return (f"{flag} {folder}: {listed(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'} "
+            "where convattn writes its own files, and it never writes or removes through a link: remove "
+            f"{'it' if len(links) == 1 else 'them'}, or move what {'it points' if len(links) == 1 else 'they point'}"
+            " to into its place")
+
+
+def named(entry: Path, out: Path) -> str:
+    """`entry` relative to `out` as a message names it: a folder with a trailing /, a link as '<path> (a link)'."""
+    name = str(entry.relative_to(out))
+    return f"{name} (a link)" if entry.is_symlink() else name + ("/" if entry.is_dir() else "")
+
+
+def _entries(out: Path, written_inside: Callable[[Path, Path], bool]) -> Iterator[tuple[Path, bool]]:
+    """Every entry of `out` and whether `written_inside` says it is the job's, at any depth: the folders of the
+    job's are entered, links and anything else are not."""
     folders = [Path(out)]
     while folders:
         for entry in sorted(folders.pop().iterdir()):
-            if not written_inside(entry, out):
-                foreign.append(str(entry.relative_to(out)) + ("/" if entry.is_dir() else ""))
-            elif entry.is_dir() and not entry.is_symlink():
+            ours = written_inside(entry, out)
+            yield entry, ours
+            if ours and entry.is_dir() and not entry.is_symlink():
                 folders.append(entry)
-    return sorted(foreign)
 
 
 def check_only_own_files(folder: Path, foreign: list[str], flag: str = option("overwrite"),

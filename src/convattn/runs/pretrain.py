@@ -166,7 +166,7 @@ def is_model_card(path: Path) -> bool:
 
 
 # what --overwrite moves aside and gives back (convattn.runs.replace)
-PRETRAIN = JobLayout("pretrain", OPTIONS_FILE, written_by_run, has_saved, "its first checkpoint")
+PRETRAIN = JobLayout("pretrain", OPTIONS_FILE, written_by_run, has_saved, "its first checkpoint", written_inside_run)
 
 
 def remove_run_files(out: Path) -> None:

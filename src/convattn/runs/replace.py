@@ -7,6 +7,10 @@ seed); a new run that fails or is stopped before that gets its files removed and
 outright (kill -9) cannot clean up: the next run of that job in the folder does (`recover_replaced_run`). Every
 move is a rename inside the folder, through PARTIAL (the entries still to move back), so a kill at any point
 leaves a state the next run finishes.
+
+Before any of that, the next run of a job refuses a folder with a symbolic link where the job writes
+(`check_no_links`: every move and removal here is then inside the folder), and removes the staging folders a
+killed run left (`JobLayout.leftovers`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,20 @@ from pathlib import Path
 
 from convattn.console import say
 from convattn.errors import option
-from convattn.runs.folder import LOCK_FILE, PARTIAL, REPLACED, check_only_own_files, check_removable, holds_only_lock
+from convattn.runs.folder import (
+    LOCK_FILE,
+    PARTIAL,
+    REPLACED,
+    check_no_links,
+    check_only_own_files,
+    check_removable,
+    holds_only_lock,
+)
+
+
+def no_leftovers(out: Path) -> list[Path]:
+    """A job whose kill leaves nothing half made (or whose next run finishes it itself)."""
+    return []
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,8 @@ class JobLayout:
     written_by: Callable[[Path], bool]     # a top-level entry of the folder is one the job writes
     stands: Callable[[Path], bool]         # the folder holds a new run worth keeping
     milestone: str                         # what makes it stand, in words: "its first checkpoint"
+    written_inside: Callable[[Path, Path], bool]  # (entry, folder): an entry at any depth is one the job writes
+    leftovers: Callable[[Path], list[Path]] = no_leftovers  # the folders of the job's that a kill left half made
 
     def remove_written(self, out: Path) -> None:
         """Remove what the job wrote into `out` (the checks made sure nothing else is there), but the lock and an
@@ -99,9 +118,14 @@ def move_back(out: Path) -> None:
 
 
 def recover_replaced_run(out: Path, layout: JobLayout) -> None:
-    """Finish what a killed --overwrite of this job left: drop the old run if the new one stands, else bring it
-    back. A folder aside that is not this job's (no record of it anywhere) is left alone."""
+    """Finish what a killed run of this job left, once the folder holds no link where the job writes (refused by
+    name: `check_no_links`): remove its half-made staging folders (`JobLayout.leftovers`), and after an
+    --overwrite drop the old run if the new one stands, else bring it back. A folder aside that is not this job's
+    (no record of it anywhere) is left alone."""
     out = Path(out)
+    check_no_links(out, layout.written_inside)
+    for leftover in layout.leftovers(out):
+        shutil.rmtree(leftover)
     if not any((folder / layout.record).is_file() for folder in (out, out / REPLACED, out / PARTIAL)):
         return
     if (out / REPLACED).is_dir() and layout.stands(out):
