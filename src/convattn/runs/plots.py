@@ -1,5 +1,6 @@
 """A folder of figures `convattn plot kernels|attention` writes (default: CHECKPOINT/plots): only its figures and
-log.txt, so a folder holding anything else (a model, a run, a user's files) is someone else's."""
+log.txt, so a folder holding anything else (a model, a run, a user's files, a link, even one named as a figure) is
+someone else's."""
 
 from __future__ import annotations
 
