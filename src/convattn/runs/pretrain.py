@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -101,12 +102,20 @@ def checkpoint_step(checkpoint: Path) -> int:
 
 
 def read_metrics(out: Path) -> list[dict]:
-    """The rows of the run's METRICS_FILE (one per evaluation); [] before the first."""
+    """The rows of the run's METRICS_FILE (one per evaluation); [] before the first. One line naming the file, the
+    line and the field when a line is not a JSON object (any line, first), or a row's field not what the run
+    writes (METRICS_FIELDS)."""
     file = Path(out) / METRICS_FILE
     if not file.is_file():
         return []
-    return [_metrics_row(line, f"{file}:{number}")
-            for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    lines = [(f"{file}:{number}", line)
+             for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    rows = [(where, _metrics_row(line, where)) for where, line in lines]
+    for where, row in rows:
+        if problem := field_problem(row, METRICS_FIELDS, METRICS_REQUIRED):
+            raise UsageError(f"{where}: {problem}; the file is damaged: delete that line, or start a new run in "
+                             f"another {option('output_dir')}")
+    return [row for _, row in rows]
 
 
 def _metrics_row(line: str, where: str) -> dict:
@@ -119,6 +128,51 @@ def _metrics_row(line: str, where: str) -> dict:
         raise UsageError(f"{where}: not a metrics row (a JSON object per line); the file is damaged: delete that "
                          f"line, or start a new run in another {option('output_dir')}")
     return row
+
+
+# ---------------------------------------------------------------------------------- the fields of run files
+INTEGER, NUMBER, NUMBER_OR_NULL, TEXT = "an integer", "a finite number", "a finite number or null", "a string"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+KINDS = {
+    INTEGER: lambda value: isinstance(value, int) and not isinstance(value, bool),
+    NUMBER: _is_number,
+    NUMBER_OR_NULL: lambda value: value is None or _is_number(value),
+    TEXT: lambda value: isinstance(value, str),
+}
+# a metrics row: what `MetricsWriter` writes (null: nothing measured since the last evaluation); step and
+# perplexity are what every reader needs
+METRICS_FIELDS = {
+    "step": INTEGER, "perplexity": NUMBER, "eval_loss": NUMBER, "train_loss": NUMBER_OR_NULL,
+    "tokens_per_second": NUMBER_OR_NULL, "learning_rate": NUMBER_OR_NULL, "tokens_seen": INTEGER,
+    "elapsed_seconds": NUMBER, "training_seconds": NUMBER, "generator_loss": NUMBER, "discriminator_loss": NUMBER,
+    "discriminator_accuracy": NUMBER,
+}
+METRICS_REQUIRED = ("step", "perplexity")
+
+
+def field_problem(record: dict, kinds: dict[str, str], required: tuple[str, ...]) -> str | None:
+    """What is wrong with a run file's `record` in words: a `required` field missing, or a field that is not of its
+    kind (`kinds`: field -> a kind of KINDS); None when nothing is."""
+    if missing := [name for name in required if name not in record]:
+        return f"no {missing[0]!r} field"
+    for name, kind in kinds.items():
+        if name in record and not KINDS[kind](record[name]):
+            return f"{name!r} is {json_kind(record[name])}, not {kind}"
+    return None
+
+
+def json_kind(value) -> str:
+    """A JSON value's kind in words, with the value where it is short: 'a string ("12")', 'a list', 'null'."""
+    kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    shown = json.dumps(value)
+    return f"{kind} ({shown})" if value is not None and len(shown) <= 30 and not isinstance(value, list | dict) \
+        else kind
 
 
 def written_by_run(entry: Path) -> bool:

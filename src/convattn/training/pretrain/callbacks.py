@@ -1,4 +1,5 @@
-"""`Trainer` callbacks of a pretraining run: throughput, metrics.jsonl + perplexity.png, the progress bar."""
+"""`Trainer` callbacks of a pretraining run: throughput, the steps that trained, metrics.jsonl + perplexity.png, the
+progress bar."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from convattn.files import save_figure, write_text_atomic
-from convattn.runs.pretrain import METRICS_FILE, PLOT_FILE, read_metrics
+from convattn.runs.pretrain import METRICS_FILE, PLOT_FILE, TRAINER_STATE, read_metrics
 
 
 class ThroughputMeter(TrainerCallback):
@@ -39,6 +41,35 @@ class ThroughputMeter(TrainerCallback):
         rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
         self._seconds, self._tokens = 0.0, 0
         return round(rate, 1)
+
+
+class TrainedSteps(TrainerCallback, ExportableState):
+    """How many optimizer steps ran at a learning rate above 0 (a warmup starts at 0), from the run's start:
+    checkpoints record it, so a resumed run knows whether its model was ever trained (None: a run resumed from a
+    checkpoint that does not say)."""
+
+    def __init__(self, steps: int | None = 0):
+        self.steps = steps
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        if self.steps is not None and optimizer is not None and \
+                any(group["lr"] > 0 for group in optimizer.param_groups):
+            self.steps += 1
+
+    def state(self) -> dict:
+        return {"args": {"steps": self.steps}, "attributes": {}}
+
+
+def steps_trained(checkpoint: Path) -> int | None:
+    """The steps at a learning rate above 0 that `checkpoint`'s run had taken (`TrainedSteps`), or None for a
+    checkpoint that does not say (written before it was recorded)."""
+    try:
+        saved = json.loads((Path(checkpoint) / TRAINER_STATE).read_text())["stateful_callbacks"][TrainedSteps.__name__]
+        saved = saved[-1] if isinstance(saved, list) else saved
+        steps = saved["args"]["steps"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 class MetricsWriter(TrainerCallback):

@@ -25,6 +25,7 @@ class PretrainData:
     corpus: str
     seq_len: int
     fingerprint: str  # of the train and eval text (`text_fingerprint`): a resumed run must read the same
+    tokenizer_fingerprint: str  # of how the tokenizer splits text: a resumed run must split it the same way
 
 
 def text_fingerprint(*datasets) -> str:
@@ -57,7 +58,8 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
             say("pretrain", f"tokenizer: {len(tokenizer):,} pieces built, fewer than the {recipe.vocab_size:,} "
                             f"asked with --vocab-size (this corpus holds no more); the model's vocabulary is "
                             f"{len(tokenizer):,}")
-    key = cache_key(corpus.identity, tokenizer_fingerprint(tokenizer), recipe.format, seq_len)
+    splits = tokenizer_fingerprint(tokenizer)
+    key = cache_key(corpus.identity, splits, recipe.format, seq_len)
     directory = cache / "formatted" / key
     say("pretrain", f"formatting: {recipe.format}, {seq_len} tokens (cached in {directory})")
     train = cached_format(corpus.train, tokenizer, recipe.format, seq_len, directory / "train")
@@ -66,7 +68,7 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
         evaluation = evaluation.select(range(min(recipe.eval_samples, len(evaluation))))
     say("pretrain", f"data: {len(train):,} train / {len(evaluation):,} eval examples")
     return PretrainData(tokenizer, train, evaluation, corpus.description, seq_len,
-                        text_fingerprint(corpus.train, corpus.eval))
+                        text_fingerprint(corpus.train, corpus.eval), splits)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from convattn.config import ConvAttnConfig
 from convattn.console import log_to, main_process, processes, say, say_launch
+from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.hub import write_model_card
 from convattn.runs.folder import check_output_folder, run_folder_lock
@@ -34,6 +35,7 @@ from convattn.runs.pretrain import (
     checkpoints_dir,
     complete_checkpoints,
     read_metrics,
+    remove_run_files,
 )
 from convattn.runs.replace import (
     discard_unless_standing,
@@ -41,13 +43,21 @@ from convattn.runs.replace import (
     drop_replaced_if_standing,
     move_aside,
     recover_replaced_run,
+    restore_replaced,
 )
 from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
-from convattn.training.pretrain.callbacks import MetricsWriter, PretrainProgress, ThroughputMeter
+from convattn.training.pretrain.callbacks import (
+    MetricsWriter,
+    PretrainProgress,
+    ThroughputMeter,
+    TrainedSteps,
+    steps_trained,
+)
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
 from convattn.training.pretrain.options import (
     OutputPlan,
     PretrainOptions,
+    check_checkpoint_fits,
     check_options,
     check_output_dir,
     check_same_data,
@@ -133,8 +143,11 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
     with args.main_process_first(desc="preparing data"):
         data = prepare_data(options, seq_len, plan.resume_from)
     if plan.resume_from is not None:
-        check_same_data(out, data.corpus, data.fingerprint)
+        check_same_data(out, data.corpus, data.fingerprint, data.tokenizer_fingerprint,
+                        options.tokenizer or f"the one saved in {plan.resume_from}")
     model = build_model(recipe, config, data.tokenizer)
+    if plan.resume_from is not None:
+        check_checkpoint_fits(complete_checkpoints(checkpoints_dir(out)), model)
     # the tokenizer states the length the model takes: any length for relative positions (no overflow warnings)
     data.tokenizer.model_max_length = model.config.max_input_length or VERY_LARGE_INTEGER
 
@@ -146,20 +159,22 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
         if plan.resume_from is None:
             write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint,
+                                                 "tokenizer": data.tokenizer_fingerprint,
                                                  "vocab_size": len(data.tokenizer)})
         log_to(out)
     metrics = MetricsWriter(out, clock)
     if plan.resume_from is not None and args.process_index == 0:
         metrics.keep_until(checkpoint_step(plan.resume_from))
     throughput = ThroughputMeter()
+    trained = TrainedSteps(steps_trained(plan.resume_from) if plan.resume_from else 0)
     collator = (MaskingCollator(data.tokenizer, recipe.mlm_probability, recipe.seed) if recipe.objective == "mlm"
                 else padding_collator(data.tokenizer))
     trainer = PretrainTrainer(
         model=model, args=args, data_collator=collator, train_dataset=data.train, eval_dataset=data.eval,
         processing_class=data.tokenizer, objective=recipe.objective, throughput=throughput, clock=clock,
         eval_collator=dataclasses.replace(collator, per_example=True) if recipe.objective == "mlm" else None,
-        warmup=recipe.warmup, callbacks=[throughput, metrics, *([clock] if clock else []), DropReplacedRun(out),
-                                         *callbacks],
+        warmup=recipe.warmup, callbacks=[throughput, trained, metrics, *([clock] if clock else []),
+                                         DropReplacedRun(out, trained), *callbacks],
     )
     trainer.divergence_hint = (f"start again with a lower --lr (now {recipe.learning_rate:g}) or --overwrite the run "
                                "with other settings")
@@ -186,6 +201,8 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
             raise
         interrupted = True
     if not interrupted:
+        if trained.steps == 0:
+            untrained_run(options, plan, trainer.state.global_step)
         save_final(trainer, out)
     checkpoints = complete_checkpoints(checkpoints_dir(out))
     rows = metrics.rows
@@ -215,14 +232,31 @@ def schedule_line(recipe, clock: TrainingClock | None) -> str:
 
 
 class DropReplacedRun(TrainerCallback):
-    """The old run an --overwrite kept aside goes once the new run has saved its first checkpoint."""
+    """The old run an --overwrite kept aside goes once the new run has saved its first checkpoint of a model that
+    trained (a step above learning rate 0)."""
 
-    def __init__(self, out: Path):
-        self.out = out
+    def __init__(self, out: Path, trained: TrainedSteps):
+        self.out, self.trained = out, trained
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and self.trained.steps != 0:
             drop_replaced_if_standing(self.out, PRETRAIN)
+
+
+def untrained_run(options: PretrainOptions, plan: OutputPlan, steps: int) -> None:
+    """A run whose every step was at learning rate 0 (all warmup: a time budget spent by its first step) saved
+    the untrained model: it is no result. A new run's files go (and the run it replaced comes back); a resumed
+    run's stay as they are. `check_options` refuses such a step schedule before anything is written: this is the
+    guard."""
+    if main_process() and plan.resume_from is None:
+        remove_run_files(options.output_dir)
+        restore_replaced(options.output_dir, PRETRAIN)
+    warmup = (f"{options.recipe.warmup:.0%} of the budget" if options.recipe.time_budget
+              else f"{warmup_steps(options.recipe):,} step(s)")
+    raise UsageError(f"pretraining took {steps:,} step(s), none at a learning rate above 0 (all in the warmup, "
+                     f"{warmup}): the model is untrained, so no model is saved; give a longer "
+                     f"{option('time_budget') if options.recipe.time_budget else option('max_steps')} or a shorter "
+                     f"{option('warmup')}")
 
 
 def finished_summary(options: PretrainOptions) -> PretrainSummary:

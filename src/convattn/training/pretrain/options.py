@@ -22,14 +22,18 @@ from convattn.runs.pretrain import (
     DATA_FILE,
     EMPTY,
     FINAL_MODEL,
+    INTEGER,
     OPTIONS_FILE,
     RNG_STATE,
+    TEXT,
     TRAINER_STATE,
     UNSTARTED,
     checkpoint_step,
     checkpoints_dir,
     complete_checkpoints,
+    field_problem,
     foreign_files,
+    json_kind,
     read_metrics,
     run_state,
 )
@@ -66,7 +70,9 @@ def recorded_options(file: Path) -> dict | None:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("CONVATTN_CACHE", Path.home() / ".cache" / "convattn"))
+    """$CONVATTN_CACHE, or ~/.cache/convattn where it is unset or empty (as the XDG variables are read: an empty
+    value would otherwise be the working directory)."""
+    return Path(os.environ.get("CONVATTN_CACHE") or Path.home() / ".cache" / "convattn").expanduser()
 
 
 @dataclass
@@ -86,6 +92,10 @@ class PretrainOptions:
     overwrite: bool = False
     allow_schedule_change: bool = False  # on --resume: a new max_steps (the lr schedule changes with it)
 
+    def __post_init__(self):
+        # `~` expanded once, for every consumer (the Trainer expands it in its output folder, the rest would not)
+        self.output_dir, self.cache_dir = Path(self.output_dir).expanduser(), Path(self.cache_dir).expanduser()
+
     @classmethod
     def from_json(cls, saved: dict) -> PretrainOptions:
         """The options of a run, read back from its OPTIONS_FILE (the inverse of `to_json`)."""
@@ -103,6 +113,7 @@ class PretrainOptions:
 
 def check_options(options: PretrainOptions) -> ConvAttnConfig:
     """Validate what can be validated before reading the corpus; returns the model config (recipe vocab)."""
+    check_rank()
     recipe = options.recipe
     if recipe.objective not in OBJECTIVES:
         raise UsageError(f"{option('objective')} {recipe.objective!r} is not known; choose one of "
@@ -127,6 +138,10 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
         raise UsageError(f"{option('warmup')} {recipe.warmup:g} is not below {option('max_steps')} {recipe.max_steps}: "
                          f"the learning rate would never reach its peak; lower {option('warmup')} (or give a fraction "
                          "of the run, e.g. 0.06)")
+    if recipe.time_budget is not None and recipe.max_steps == 1 and recipe.warmup > 0:
+        raise UsageError(f"{option('max_steps')} 1 with {option('time_budget')}: the only step runs where the warmup "
+                         f"starts, at learning rate 0, so nothing would be trained; give {option('max_steps')} 2 or "
+                         f"more, or {option('warmup')} 0")
     if options.tokenizer is None:
         check_vocab_size(recipe.vocab_size)
     config = model_config(recipe)
@@ -159,14 +174,39 @@ def check_kernels_fit(config: ConvAttnConfig, seq_len: int) -> None:
 
 # bytes a trained parameter takes at least: float32 weight, gradient and AdamW's two moments
 TRAINING_BYTES_PER_PARAMETER = 16
+# the fields that size a layer's projections and feed-forward, named together
+LAYER_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size")
 
 
-def parameters_at_least(config: ConvAttnConfig) -> int:
-    """A lower bound on the model's parameters: its layers' projections and feed-forward, and the token embeddings
-    (what every mechanism has; convolutions and heads come on top)."""
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    per_layer = 4 * hidden * hidden + 2 * hidden * config.intermediate_size
-    return layers * per_layer + config.vocab_size * config.embedding_size
+def parameters_at_least(config: ConvAttnConfig) -> dict[str, int]:
+    """Lower bounds on the model's parameters, by the config field that sizes them (what every mechanism that uses
+    the field has; biases, norms and heads come on top): the layers' projections and feed-forward, the embedding
+    tables, the relative-position kernels (`2 * relative_reach + 1` taps a head or channel) and Linformer's
+    projections."""
+    hidden, layers, taps = config.hidden_size, config.num_hidden_layers, config.relative_kernel_size
+    terms = config.relative_terms
+    relative = (config.num_self_attention_heads * taps * ("fixed" in terms) +
+                query_width(config) * taps * sum(term != "fixed" for term in terms) +
+                hidden * taps * config.value_depthwise_conv)
+    absolute = config.position_embedding_type == "absolute"
+    projected = any(kind != "none" for kind in config.layer_projections)
+    return {
+        "hidden_size": layers * 4 * hidden * hidden,
+        "intermediate_size": layers * 2 * hidden * config.intermediate_size,
+        "vocab_size": config.vocab_size * config.embedding_size,
+        "type_vocab_size": config.type_vocab_size * config.embedding_size,
+        "max_position_embeddings": config.max_position_embeddings * config.embedding_size * absolute,
+        "relative_reach": layers * relative,
+        "linformer_k": config.linformer_k * config.max_position_embeddings * projected,
+    }
+
+
+def query_width(config: ConvAttnConfig) -> int:
+    """The width of one self-attention head's queries, as the attention modules size them (ConvBERT's heads share
+    half the hidden size)."""
+    if config.uses_convbert:
+        return config.hidden_size // 2 // config.num_self_attention_heads
+    return config.head_dim
 
 
 def machine_memory() -> int:
@@ -176,16 +216,21 @@ def machine_memory() -> int:
 
 def check_fits_memory(config: ConvAttnConfig) -> None:
     """Refuse, before anything is built, a model whose training cannot fit the machine's memory (building it would
-    take minutes before failing)."""
-    parameters = parameters_at_least(config)
+    take minutes before failing, or ask the system for hundreds of GB), naming the field that sizes most of it."""
+    terms = parameters_at_least(config)
+    parameters = sum(terms.values())
     needed, available = parameters * TRAINING_BYTES_PER_PARAMETER, machine_memory()
-    if needed > available:
-        raise UsageError(
-            f"the model has at least {parameters:,} parameters ({option('num_hidden_layers')} "
-            f"{config.num_hidden_layers}, {option('hidden_size')} {config.hidden_size}, "
-            f"{option('intermediate_size')} {config.intermediate_size}): training needs at least "
-            f"{needed / 2**30:,.1f} GiB ({TRAINING_BYTES_PER_PARAMETER} bytes a parameter: weights, gradients, AdamW's "
-            f"moments), this machine has {available / 2**30:,.1f} GiB; make the model smaller")
+    if needed <= available:
+        return
+    largest = max(terms, key=terms.get)
+    if largest in LAYER_FIELDS:
+        sized_by = ", ".join(f"{option(name)} {getattr(config, name)}" for name in LAYER_FIELDS)
+    else:
+        sized_by = f"{terms[largest] / parameters:.0%} of them from {option(largest)} {getattr(config, largest)}"
+    raise UsageError(
+        f"the model has at least {parameters:,} parameters ({sized_by}): training needs at least "
+        f"{needed / 2**30:,.1f} GiB ({TRAINING_BYTES_PER_PARAMETER} bytes a parameter: weights, gradients, AdamW's "
+        f"moments), this machine has {available / 2**30:,.1f} GiB; make the model smaller")
 
 
 def check_batch_fits_memory(recipe: Recipe, config: ConvAttnConfig, seq_len: int) -> None:
@@ -200,6 +245,16 @@ def check_batch_fits_memory(recipe: Recipe, config: ConvAttnConfig, seq_len: int
             f"step(s)) keeps at least {needed / 2**30:,.1f} GiB of activations for the backward pass, this machine "
             f"has {machine_memory() / 2**30:,.1f} GiB; lower {option('batch_size')} or raise "
             f"{option('gradient_accumulation')}")
+
+
+def check_rank() -> None:
+    """A RANK other than 0 left in the environment of a process that runs alone (no launcher set WORLD_SIZE) would
+    make it write the run as the only process while it skips the folder's lock, which only rank 0 takes."""
+    rank = os.environ.get("RANK", "0").strip()
+    if rank != "0" and world_size() == 1:
+        raise UsageError(f"RANK={rank} is set, but this process runs alone (WORLD_SIZE is "
+                         f"{os.environ.get('WORLD_SIZE', 'unset')}): a leftover of another launch; unset RANK (e.g. "
+                         "env -u RANK convattn ...), or start several processes with torchrun --nproc-per-node N")
 
 
 def check_output_outside_corpus(options: PretrainOptions) -> None:
@@ -312,7 +367,8 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
         raise UsageError(f"{resume}: {out} has checkpoints but no {OPTIONS_FILE} (the options it was started with), "
                          "so what it continues cannot be checked; restore that file, or start a new run in another "
                          f"{option('output_dir')}")
-    read_metrics(out)  # a damaged metrics file is named now, not once the run is under way
+    read_metrics(out)  # damaged run files are named now, not once the run is under way
+    recorded_data(out / DATA_FILE)
     allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
     check_same_options(saved, options.to_json(), allowed,
                        f"{resume}: options differ from the run in {out} ({{details}}); drop those flags (the run's "
@@ -385,10 +441,90 @@ def check_checkpoint(checkpoints: list[Path]) -> None:
     raise UsageError(f"{option('resume')}: {checkpoints[-1]} is damaged ({damage}); {way_on}")
 
 
-def check_same_data(out: Path, corpus: str, fingerprint: str) -> None:
-    """--resume reads the text the run started with (as recorded in DATA_FILE; runs older than it are not checked)."""
-    saved = read_json(out / DATA_FILE)
-    if saved is not None and saved.get("fingerprint") != fingerprint:
+# the run's record of its data (DATA_FILE): the text it read and the tokenizer it split it with, by content
+DATA_FIELDS = {"corpus": TEXT, "fingerprint": TEXT, "vocab_size": INTEGER, "tokenizer": TEXT}
+DATA_REQUIRED = ("fingerprint",)  # runs older than the tokenizer's fingerprint lack it: their tokenizer is not checked
+
+
+def recorded_data(file: Path) -> dict | None:
+    """The run's record of its data (None: no such file, a run older than it); one line naming the file and the
+    field when it is not what convattn writes."""
+    def damaged(problem: str) -> UsageError:
+        return UsageError(f"{file} is damaged or not written by convattn ({problem}); restore it, or start a new run "
+                          f"in another {option('output_dir')}")
+
+    try:
+        saved = read_json(file)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise damaged(f"not JSON: {str(err)[:80]}") from None
+    if saved is None:
+        return None
+    if not isinstance(saved, dict):
+        raise damaged(f"{json_kind(saved)}, not the run's data record")
+    if problem := field_problem(saved, DATA_FIELDS, DATA_REQUIRED):
+        raise damaged(problem)
+    return saved
+
+
+def check_same_data(out: Path, corpus: str, fingerprint: str, tokenizer: str, tokenizer_source: str) -> None:
+    """--resume reads the text the run started with and splits it with the same tokenizer, both compared by content
+    with what DATA_FILE recorded (runs older than that file are not checked, nor the tokenizer of runs older than
+    its fingerprint)."""
+    saved = recorded_data(out / DATA_FILE)
+    if saved is None:
+        return
+    if saved["fingerprint"] != fingerprint:
         raise UsageError(f"{option('resume')}: the text read now ({corpus}) is not the text the run in {out} started "
                          f"with ({saved.get('corpus')}); restore that text, or start a new run in another "
                          f"{option('output_dir')}")
+    if saved.get("tokenizer", tokenizer) != tokenizer:
+        raise UsageError(f"{option('resume')}: the tokenizer read now ({tokenizer_source}) splits text differently "
+                         f"from the one the run in {out} started with (another tokenizer, or its files changed); "
+                         f"restore that tokenizer, or start a new run in another {option('output_dir')}")
+
+
+# ---------------------------------------------------------------------------------- a checkpoint against the model
+def checkpoint_misfit(checkpoint: Path, model) -> str | None:
+    """What keeps `model` from continuing from `checkpoint` exactly, read from the checkpoint's config.json and the
+    header of its weights (nothing is loaded): a config field of another value (another preset or size), a tensor
+    missing, one the model does not have, or one of another shape; None when it fits. A tensor the model shares
+    under several names (tied embeddings) is saved under one."""
+    from safetensors import safe_open
+
+    saved_config = read_json_or_none(checkpoint / "config.json")
+    if isinstance(saved_config, dict):
+        fields = [name for name in model.config.__class__.__annotations__ if not name.startswith("_")]
+        current = model.config.to_dict()
+        if changed := [name for name in fields if name in saved_config and saved_config[name] != current.get(name)]:
+            name = "preset" if "preset" in changed else changed[0]  # the preset, where it differs, says most
+            return f"its config.json has {name} {saved_config[name]!r}, the run's model {current.get(name)!r}"
+    with safe_open(str(checkpoint / FINAL_MODEL), framework="pt") as weights:
+        saved = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+    names_of: dict[int, list[str]] = {}
+    shapes = {}
+    for name, tensor in model.state_dict().items():
+        names_of.setdefault(tensor.data_ptr(), []).append(name)
+        shapes[name] = list(tensor.shape)
+    if missing := [names[0] for names in names_of.values() if not any(name in saved for name in names)]:
+        return f"{FINAL_MODEL} lacks {missing[0]}" + (f" and {len(missing) - 1} more tensor(s)" if missing[1:] else "")
+    if extra := sorted(set(saved) - set(shapes)):
+        return f"{FINAL_MODEL} holds {extra[0]}, which the run's model does not have" + \
+            (f" (and {len(extra) - 1} more)" if extra[1:] else "")
+    for name, shape in saved.items():
+        if shape != shapes[name]:
+            return f"{FINAL_MODEL} has {name} of shape {shape}, the run's model {shapes[name]}"
+    return None
+
+
+def check_checkpoint_fits(checkpoints: list[Path], model) -> None:
+    """The checkpoint --resume continues from (the last) fits the run's model (`checkpoint_misfit`); else one line
+    naming what differs and the way on, before anything is written."""
+    misfit = checkpoint_misfit(checkpoints[-1], model)
+    if misfit is None:
+        return
+    earlier = next((c for c in reversed(checkpoints[:-1])
+                    if checkpoint_damage(c) is None and checkpoint_misfit(c, model) is None), None)
+    way_on = (f"delete that folder to resume from {earlier.name}" if earlier else
+              f"start the run again with {option('overwrite')}")
+    raise UsageError(f"{option('resume')}: {checkpoints[-1]} does not fit the run's model ({misfit}: a checkpoint "
+                     f"of another model, or a damaged one); {way_on}")

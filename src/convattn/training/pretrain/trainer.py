@@ -17,7 +17,7 @@ from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch
-from convattn.training.recipes import Recipe
+from convattn.training.recipes import Recipe, warmup_steps
 
 EVAL_SEED = 1234
 # the Trainer's step count for a run that only its clock ends, evaluates and saves: one it never reaches
@@ -128,7 +128,6 @@ def precision_flags(precision: str) -> dict:
 
 def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
     recipe = options.recipe
-    warmup = recipe.warmup if recipe.warmup < 1 else int(recipe.warmup)
     flags = precision_flags(options.precision)
     return TrainingArguments(
         output_dir=str(checkpoints_dir(options.output_dir)),
@@ -143,7 +142,9 @@ def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingA
         adam_beta2=recipe.adam_beta2,
         optim="adamw_torch_fused",  # one kernel for all parameters: 2.5 ms a step against 15.5 (5.3M, CPU)
         lr_scheduler_type="linear",
-        warmup_steps=warmup,
+        # the steps `check_options` checked and the schedule line says (the Trainer's own rounding of a fraction is
+        # up: a 1-step run would warm up over its only step, at learning rate 0); a budget's clock warms up itself
+        warmup_steps=0 if recipe.time_budget else warmup_steps(recipe),
         max_grad_norm=recipe.max_grad_norm,
         seed=recipe.seed,
         data_seed=recipe.seed,
