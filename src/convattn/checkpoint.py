@@ -3,9 +3,16 @@
 `check_model_folder` reads a local folder the way a careful user would before trusting it:
 
 * config.json exists, is JSON, names a `model_type` that transformers (or convattn) knows, holds only finite
-  numbers, and, for a convattn config, only the fields convattn knows (the unknown ones are named);
+  numbers, a torch `dtype`, special-token ids inside the vocabulary, and, for a convattn config, every field
+  convattn writes, each of the type it writes, and no field convattn does not know (the unknown ones are named);
 * the weights are safetensors (a folder of pickles only, `pytorch_model.bin`, gets the line that converts it),
-  every *.safetensors file opens, and every floating-point weight is a finite number.
+  every *.safetensors file opens, and every floating-point weight is a finite number;
+* the config's sizes are those of the weights, read from the safetensors headers (vocabulary, widths, layers,
+  positions, relative reach, kernels), and the tables it declares are the ones the file holds: a tampered size
+  is refused before anything is built from it (10^9 would allocate terabytes).
+
+`check_tokenizer_fits` holds a tokenizer against the model's config: no more pieces than embeddings, and the
+same [PAD] and [MASK] ids.
 
 A hub id (no local folder) is checked once loaded (`load_checked`). `load_checked` loads with safetensors only and
 refuses a model whose encoder weights are missing, of another shape, or left over (a config that does not
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +50,20 @@ TRANSFORMERS_FIELDS = frozenset({
 })
 # fields of convattn configs saved by earlier versions, still read
 LEGACY_CONVATTN_FIELDS = frozenset({"attention_backend"})
+# fields every convattn version has written: without one, the class default would silently stand in
+REQUIRED_CONVATTN_FIELDS = (
+    "vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "position_embedding_type",
+    "relative_terms", "relative_reach", "relative_out_of_window", "value_depthwise_conv", "conv_projections",
+    "conv_projection_kernel", "head_ratio", "conv_kernel_size", "num_groups", "convbert_padding", "linformer_k",
+    "sequence_projection", "linformer_sharing", "linformer_conv",
+)
+# the JSON types of the annotations in ConvAttnConfig (a bool is no number here)
+JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
+              "list": (list,), "tuple": (list,)}
+JSON_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+                   type(None): "null"}
+TORCH_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def conversion_hint(folder: Path | str, weights: str = "pytorch_model.bin") -> str:
@@ -126,6 +148,52 @@ def check_config_fields(data: dict, file: Path) -> None:
     if model_type == "convattn" and (unknown := sorted(set(data) - known_convattn_fields())):
         raise UsageError(f"{file} has fields convattn does not know: {', '.join(unknown)}; remove them (or use the "
                          "convattn version that wrote this model)")
+    if model_type == "convattn":
+        check_convattn_field_types(data, file)
+    check_dtype(data, file)
+
+
+def json_types(annotation: str) -> tuple[type, ...]:
+    """The JSON types a field annotated `annotation` ("int | None", "list[str] | tuple[str, ...]") is saved as."""
+    return tuple(kind for part in annotation.split("|") for kind in JSON_TYPES.get(part.strip().split("[")[0], ()))
+
+
+def check_convattn_field_types(data: dict, file: Path) -> None:
+    """Every field convattn writes is there, and of the type it writes (a string where a list belongs would be read
+    as one value; the string "false" as true)."""
+    from convattn.config import ConvAttnConfig
+
+    if missing := [field for field in REQUIRED_CONVATTN_FIELDS if field not in data]:
+        raise UsageError(f"{file} lacks {', '.join(missing)}, which every convattn config holds; restore the file "
+                         "(the one saved with the weights) or save the model again")
+    for field, annotation in ConvAttnConfig.__annotations__.items():
+        kinds = json_types(annotation)
+        value = data.get(field)
+        if field in data and kinds and not (isinstance(value, kinds) and (type(value) is not bool or bool in kinds)):
+            expected = " or ".join(dict.fromkeys(JSON_TYPE_NAMES[kind] for kind in kinds))
+            raise UsageError(f"{file}: {field} must be {expected}; found {json.dumps(value)}; restore the file (the "
+                             "one saved with the weights) or save the model again")
+
+
+def check_dtype(data: dict, file: Path) -> None:
+    """`dtype` (or its old name `torch_dtype`), when given, names a torch floating-point type."""
+    for field in ("dtype", "torch_dtype"):
+        if data.get(field) is not None and data[field] not in TORCH_DTYPES:
+            raise UsageError(f"{file}: {field} {json.dumps(data[field])} is not a torch dtype; give one of "
+                             f"{', '.join(TORCH_DTYPES)} (or remove the field)")
+
+
+def check_token_ids(config, file: Path) -> None:
+    """The special tokens the model embeds ([PAD] always, [MASK] for convattn's masked LM) are inside its
+    vocabulary."""
+    vocab_size = getattr(config, "vocab_size", None)
+    fields = ("pad_token_id", "mask_token_id") if config.model_type == "convattn" else ("pad_token_id",)
+    for field in fields:
+        value = getattr(config, field, None)
+        if isinstance(vocab_size, int) and value is not None and not (
+                isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size):
+            raise UsageError(f"{file}: {field} {value} is outside the vocabulary of {vocab_size:,} (ids 0 to "
+                             f"{vocab_size - 1:,}); restore the file (the one saved with the tokenizer and weights)")
 
 
 def load_config(folder: Path, data: dict):
@@ -134,7 +202,8 @@ def load_config(folder: Path, data: dict):
 
     try:
         return AutoConfig.from_pretrained(folder)
-    except (ValueError, TypeError, KeyError, OSError) as err:
+    except (ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError) as err:
+        # (ImportError, RuntimeError: an attn_implementation that cannot run here, said by the config)
         message = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UsageError(f"{folder / CONFIG_FILE}: {message}") from None
 
@@ -174,14 +243,17 @@ def check_shards_present(folder: Path) -> None:
         raise UsageError(f"{folder} lacks the weight shards {', '.join(missing)} listed in {index.name}")
 
 
-def check_weight_file(file: Path) -> None:
-    """The file opens as safetensors and its floating-point tensors are finite (one UsageError naming them)."""
+def check_weight_file(file: Path) -> dict[str, list[int]]:
+    """The file opens as safetensors and its floating-point tensors are finite (one UsageError naming them).
+    Returns the shape of each weight."""
     import torch
     from safetensors import safe_open
 
     try:
         with safe_open(str(file), framework="pt") as weights:
-            bad = [name for name in weights.keys()  # noqa: SIM118 (a safetensors handle, not a dict)
+            shapes = {name: weights.get_slice(name).get_shape()
+                      for name in weights.keys()}  # noqa: SIM118 (a safetensors handle, not a dict)
+            bad = [name for name in shapes
                    if (tensor := weights.get_tensor(name)).is_floating_point() and not torch.isfinite(tensor).all()]
     except OSError as err:
         raise UsageError(f"cannot read {file}: {err.strerror or err}") from None
@@ -191,6 +263,118 @@ def check_weight_file(file: Path) -> None:
     if bad:
         raise UsageError(f"{file} holds non-finite (NaN or infinite) weights: {listed(bad)}; this model cannot be used "
                          "(a diverged training run?)")
+    return shapes
+
+
+# ---------------------------------------------------------------------------------- the config against the weights
+SELF = r"encoder\.layer\.\d+\.attention\.self\."
+# (config field, a weight of the encoder (its name after the encoder's prefix), the axis that field sizes, that
+# size given the config and the weight's shape (None: not this weight)): every BERT-style encoder, convattn's or
+# transformers' (they share these names), then convattn's own
+SIZED_BY = [
+    ("vocab_size", r"embeddings\.word_embeddings\.weight", 0, lambda c, shape: c.vocab_size),
+    ("embedding_size", r"embeddings\.word_embeddings\.weight", 1, lambda c, shape: getattr(c, "embedding_size", None)),
+    ("type_vocab_size", r"embeddings\.token_type_embeddings\.weight", 0, lambda c, shape: c.type_vocab_size),
+    ("max_position_embeddings", r"embeddings\.position_embeddings\.weight", 0,
+     lambda c, shape: c.max_position_embeddings),
+    ("hidden_size", r"encoder\.layer\.\d+\.attention\.output\.LayerNorm\.weight", 0, lambda c, shape: c.hidden_size),
+    ("intermediate_size", r"encoder\.layer\.\d+\.intermediate\.dense\.bias", 0, lambda c, shape: c.intermediate_size),
+]
+CONVATTN_SIZED_BY = [
+    ("relative_reach", SELF + r"(relative\.\w+|value_conv\.weight)", -1, lambda c, shape: c.relative_kernel_size),
+    ("num_attention_heads", SELF + r"relative\.fixed", 0, lambda c, shape: c.num_self_attention_heads),
+    ("num_attention_heads", SELF + r"relative\.(query|key)_kernel", 0, lambda c, shape: c.head_dim),
+    ("conv_projection_kernel", SELF + r"(query|key|value)\.depthwise\.weight", -1,
+     lambda c, shape: c.conv_projection_kernel),
+    ("conv_kernel_size", SELF + r"key_conv_attn_layer\.depthwise\.weight", -1, lambda c, shape: c.conv_kernel_size),
+    # Linformer: a linear projection is (k, n), a convolution's kernel n // k
+    ("linformer_k", SELF + r"(key|value)_projection\.weight", 0,
+     lambda c, shape: c.linformer_k if len(shape) == 2 else None),
+    ("max_position_embeddings", SELF + r"(key|value)_projection\.weight", 1,
+     lambda c, shape: c.max_position_embeddings if len(shape) == 2 else None),
+    ("linformer_k", SELF + r"(key|value)_projection\.weight", -1,
+     lambda c, shape: c.max_position_embeddings // max(c.linformer_k, 1) if len(shape) == 3 else None),
+]
+# convattn's optional tables: (field, a weight of the table, whether the config declares it)
+CONVATTN_TABLES = [
+    ("relative_terms", SELF + r"relative\.fixed", lambda c: "fixed" in c.relative_terms),
+    ("relative_terms", SELF + r"relative\.query_kernel", lambda c: "dynamic_query" in c.relative_terms),
+    ("relative_terms", SELF + r"relative\.key_kernel", lambda c: "dynamic_key" in c.relative_terms),
+    ("position_embedding_type", r"embeddings\.position_embeddings\.weight",
+     lambda c: c.position_embedding_type == "absolute"),
+    ("value_depthwise_conv", SELF + r"value_conv\.weight", lambda c: c.value_depthwise_conv),
+    *[("conv_projections", SELF + rf"{name}\.depthwise\.weight", lambda c, name=name: name in c.conv_projections)
+      for name in ("query", "key", "value")],
+    ("head_ratio", SELF + r"conv_kernel_layer\.weight", lambda c: c.uses_convbert),
+    ("sequence_projection", SELF + r"key_projection\.weight", lambda c: any(p != "none" for p in c.layer_projections)),
+]
+LAYER = re.compile(r"encoder\.layer\.(\d+)\.")
+
+
+def encoder_shapes(shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The encoder's weights by their names without its prefix (`convattn.`, `bert.`, none for a bare encoder),
+    found from its word embeddings; a pretraining checkpoint's generator (`generator.`) is left out."""
+    prefixes = [name.removesuffix("embeddings.word_embeddings.weight") for name in shapes
+                if name.endswith("embeddings.word_embeddings.weight") and not name.startswith("generator.")]
+    if not prefixes:
+        return {}
+    prefix = min(prefixes, key=len)
+    return {name.removeprefix(prefix): shape for name, shape in shapes.items() if name.startswith(prefix)}
+
+
+def matching(encoder: dict[str, list[int]], pattern: str) -> list[tuple[str, list[int]]]:
+    return [(name, shape) for name, shape in encoder.items() if re.fullmatch(pattern, name)]
+
+
+def check_sizes(config, shapes: dict[str, list[int]], file: Path) -> None:
+    """The config's sizes are the weights' (read from the safetensors headers: nothing is built or allocated), and
+    a convattn config declares exactly the tables the file holds; one line naming the first field that differs."""
+    encoder = encoder_shapes(shapes)
+    convattn = config.model_type == "convattn"
+    if convattn:
+        check_tables(config, encoder, file)
+    for field, pattern, axis, size in SIZED_BY + (CONVATTN_SIZED_BY if convattn else []):
+        for name, shape in matching(encoder, pattern):
+            expected = size(config, shape)
+            if isinstance(expected, int) and shape[axis] != expected:
+                asked = list(shape)
+                asked[axis] = expected
+                raise UsageError(f"{file}: {field} {getattr(config, field)} does not match the weights: {name} has "
+                                 f"shape {list(shape)} in the file but the config asks for {asked}; restore "
+                                 "config.json (the one saved with these weights)")
+    layers = {int(match.group(1)) for name in encoder if (match := LAYER.match(name))}
+    expected = getattr(config, "num_hidden_layers", None)
+    if layers and isinstance(expected, int) and layers != set(range(expected)):
+        fact = ("the weights of the others fit no part of this model" if len(layers) > expected else
+                "the config's other layers would have no weights")
+        raise UsageError(f"{file}: num_hidden_layers {expected} does not match the weights, which hold {len(layers)} "
+                         f"layers ({fact}); restore config.json (the one saved with these weights)")
+
+
+def check_tables(config, encoder: dict[str, list[int]], file: Path) -> None:
+    for field, pattern, declared in CONVATTN_TABLES:
+        held = matching(encoder, pattern)
+        if declared(config) != bool(held):
+            table = re.sub(r"\\d\+", "N", pattern).replace("\\", "")
+            fact = f"the file holds {held[0][0]}" if held else f"the file holds no {table}"
+            raise UsageError(f"{file}: {field} {json.dumps(getattr(config, field))} does not describe the weights "
+                             f"({fact}); restore config.json (the one saved with these weights)")
+
+
+def check_tokenizer_fits(tokenizer, config, name: str) -> None:
+    """The tokenizer saved with a model (`name`: how the user gave it) is the one it was trained with: no more pieces
+    than embeddings (ids past them index out of range) and the config's [PAD] and [MASK] ids."""
+    embeddings = getattr(config, "vocab_size", None)
+    if isinstance(embeddings, int) and len(tokenizer) > embeddings:
+        raise UsageError(f"the tokenizer of {name} has {len(tokenizer):,} pieces, more than the model's "
+                         f"{embeddings:,} embeddings (config.json vocab_size): save the tokenizer the model was "
+                         "trained with beside it")
+    for role in ("pad", "mask"):
+        ours, theirs = getattr(config, f"{role}_token_id", None), getattr(tokenizer, f"{role}_token_id", None)
+        if ours is not None and theirs is not None and ours != theirs:
+            raise UsageError(f"the tokenizer of {name} has its {role} token {getattr(tokenizer, f'{role}_token')!r} "
+                             f"at id {theirs}, the model at {ours} (config.json {role}_token_id): save the tokenizer "
+                             "the model was trained with beside it")
 
 
 # ---------------------------------------------------------------------------------- the whole folder
@@ -211,8 +395,11 @@ def check_model_folder(model: str | Path, flag: str = "--model", need_convattn: 
     check_config_fields(data, file)
     folder = ModelFolder(str(model), load_config(path, data), local=True)
     require_convattn(folder, need_convattn)
+    check_token_ids(folder.config, file)
+    shapes = {}
     for weights in weight_files(path):
-        check_weight_file(weights)
+        shapes |= check_weight_file(weights)
+    check_sizes(folder.config, shapes, file)
     return folder
 
 

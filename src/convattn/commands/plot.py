@@ -139,10 +139,14 @@ def _log_to_output_dir(args) -> None:
     log_to(_output_dir(args))
 
 
-def _encode(checkpoint: str, text: str, max_length: int):
+def _encode(checkpoint: str, text: str, config):
+    """The text as the model's ids, with the tokenizer saved beside it (checked against the model first)."""
+    from convattn.checkpoint import check_tokenizer_fits
     from convattn.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint, flag="--checkpoint")
+    check_tokenizer_fits(tokenizer, config, f"checkpoint {checkpoint}")
+    max_length = config.max_position_embeddings
     encoded = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length)
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     return encoded, tokens
@@ -165,7 +169,7 @@ def run_kernels(args: argparse.Namespace) -> int:
     depthwise = depthwise_kernels(model, args.layer)
     dynamic = None
     if model.config.relative_terms and "dynamic_query" in model.config.relative_terms:
-        encoded, _ = _encode(args.checkpoint, args.text, model.config.max_position_embeddings)
+        encoded, _ = _encode(args.checkpoint, args.text, model.config)
         dynamic = dynamic_kernels(model, encoded["input_ids"], encoded["attention_mask"])
     if fixed is None and depthwise is None and dynamic is None:
         raise UsageError(f"{args.checkpoint} has no lightweight or depthwise convolution kernels to plot "
@@ -209,7 +213,7 @@ def run_attention(args: argparse.Namespace) -> int:
     _check_output_dir(args)
     model = load_encoder(args.checkpoint)
     layers = model.config.num_hidden_layers
-    encoded, tokens = _encode(args.checkpoint, args.text, model.config.max_position_embeddings)
+    encoded, tokens = _encode(args.checkpoint, args.text, model.config)
     maps = _select_layer(attention_maps(model, encoded["input_ids"]), args.layer, layers)
     kernels = _select_layer(position_kernels(model, encoded["input_ids"]), args.layer, layers)
     written = []

@@ -145,7 +145,19 @@ def load_tokenizer(directory: str | Path, flag: str = "--tokenizer") -> PreTrain
     missing = [name for name in ("pad_token", "mask_token") if getattr(tokenizer, name) is None]
     if missing:
         raise UsageError(f"{flag} {directory}: the tokenizer has no {' or '.join(missing)}, which MLM needs")
+    check_special_tokens(tokenizer, f"{flag} {directory}")
     return tokenizer
+
+
+def check_special_tokens(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+    """[PAD], [MASK] and [UNK] are pieces of their own: a mask token that is the unknown piece (or the padding)
+    would hide nothing from masked-LM training, or mask every unknown word."""
+    roles = {role: getattr(tokenizer, f"{role}_token_id") for role in ("pad", "mask", "unk")
+             if getattr(tokenizer, f"{role}_token") is not None}
+    shared = [role for role, token_id in roles.items() if list(roles.values()).count(token_id) > 1]
+    if shared:
+        raise UsageError(f"{name}: the tokenizer's {' and '.join(shared)} tokens are the same piece (id "
+                         f"{roles[shared[0]]}); each needs its own")
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

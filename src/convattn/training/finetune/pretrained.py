@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from convattn.checkpoint import ModelFolder, check_model_folder
+from convattn.checkpoint import ModelFolder, check_model_folder, check_tokenizer_fits
 from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, write_json_atomic
@@ -61,11 +61,7 @@ def load_pretrained(model: str, command: str, foreign_use: str) -> PretrainedMod
         raise UsageError(f"could not load a tokenizer from {model!r} ({message}); save the tokenizer with the "
                          "model (tokenizer.save_pretrained)") from None
     config = folder.config
-    embeddings = getattr(config, "vocab_size", None)
-    if isinstance(embeddings, int) and len(tokenizer) > embeddings:
-        raise UsageError(f"the tokenizer of {option('model')} {model} has {len(tokenizer):,} pieces, more than the "
-                         f"model's {embeddings:,} embeddings (config.json vocab_size): save the tokenizer the model "
-                         "was trained with beside it")
+    check_tokenizer_fits(tokenizer, config, f"{option('model')} {model}")
     return PretrainedModel(folder, tokenizer, base_size=getattr(config, "hidden_size", 0) >= BASE_HIDDEN_SIZE,
                            token_types=getattr(config, "type_vocab_size", 0) > 1, input_limit=input_limit(config))
 
