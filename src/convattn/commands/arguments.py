@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 from pathlib import Path
 
 from convattn.errors import UsageError
@@ -29,6 +30,12 @@ ARCHITECTURE_FLAGS = {
 RECIPE_FLAGS = ("objective", "format", "vocab_size", "seq_len", "batch_size", "gradient_accumulation",
                 "learning_rate", "weight_decay", "adam_epsilon", "warmup", "max_grad_norm", "mlm_probability",
                 "max_steps", "time_budget", "eval_every", "save_every", "eval_samples", "seed")
+
+
+def user_path(text: str) -> Path:
+    """argparse type of a path flag: `~` expanded here, once, so that every consumer reads the same folder (a quoted
+    '~/x' was ./~/x to convattn and ~/x to the Trainer, which expands it itself)."""
+    return Path(text).expanduser()
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -80,12 +87,12 @@ def add_data_arguments(group, recipe_defaults: bool = True) -> None:
                             "default: the embedded corpus (installed documentation, no network)")
     group.add_argument("--dataset-config", metavar="CFG",
                        help=f"hub dataset config (for {HUB_DEFAULT[0]}: {HUB_DEFAULT[1]})")
-    group.add_argument("--train-file", nargs="+", action="extend", default=[], metavar="PATH",
+    group.add_argument("--train-file", nargs="+", action="extend", default=[], type=os.path.expanduser, metavar="PATH",
                        help="local text: files, directories or globs (one line or paragraph per line)")
-    group.add_argument("--eval-file", nargs="+", action="extend", default=[], metavar="PATH",
+    group.add_argument("--eval-file", nargs="+", action="extend", default=[], type=os.path.expanduser, metavar="PATH",
                        help="held-out text (default: the dataset's validation split, or the last 1%% of the train "
                             "text up to 5000 lines)")
-    group.add_argument("--tokenizer", metavar="DIR",
+    group.add_argument("--tokenizer", metavar="DIR", type=os.path.expanduser,
                        help="use this tokenizer directory (ours or any HF one) instead of training one")
     group.add_argument("--vocab-size", type=int, metavar="N",
                        help="size of the unigram tokenizer to train (special tokens included)" + shown("vocab_size"))
@@ -96,7 +103,7 @@ def add_data_arguments(group, recipe_defaults: bool = True) -> None:
                             "concatenated text (Conv-Linformer)")
     group.add_argument("--eval-samples", type=int, metavar="N",
                        help="evaluate on the first N eval examples only" + shown("eval_samples"))
-    group.add_argument("--cache-dir", type=Path, default=None,
+    group.add_argument("--cache-dir", type=user_path, default=None,
                        help="where tokenizers and formatted data are cached (default: $CONVATTN_CACHE or "
                             "~/.cache/convattn)")
 
@@ -174,7 +181,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
 
     glue = parser.add_argument_group("GLUE fine-tuning of each final model (optional; see `convattn glue`)")
     glue.add_argument("--glue", metavar="TASKS", help="comma-separated GLUE tasks, e.g. sst2,mrpc,cola")
-    glue.add_argument("--glue-data-dir", type=Path, metavar="DIR",
+    glue.add_argument("--glue-data-dir", type=user_path, metavar="DIR",
                       help="glue_data directory in the GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
     glue.add_argument("--glue-recipe", choices=glue_recipe_names(), default="chang2021",
                       help="fine-tuning hyperparameters")
@@ -186,9 +193,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
 
     squad = parser.add_argument_group("SQuAD fine-tuning of each final model (optional; see `convattn squad`)")
     squad.add_argument("--squad", choices=("1.1", "2.0"), metavar="VERSION", help="SQuAD version: 1.1 or 2.0")
-    squad.add_argument("--squad-train-file", type=Path, metavar="FILE",
+    squad.add_argument("--squad-train-file", type=user_path, metavar="FILE",
                        help="training questions, official SQuAD JSON (default: the HF hub)")
-    squad.add_argument("--squad-dev-file", type=Path, metavar="FILE",
+    squad.add_argument("--squad-dev-file", type=user_path, metavar="FILE",
                        help="dev questions, official SQuAD JSON (default: the HF hub)")
     squad.add_argument("--squad-seeds", type=int, default=1, metavar="N", help="fine-tuning seeds per model")
     squad.add_argument("--squad-max-steps", type=int, metavar="N",
@@ -196,7 +203,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     squad.add_argument("--squad-max-length", type=int, metavar="N", help="window length in tokens (default: 512)")
 
     output = parser.add_argument_group("output")
-    output.add_argument("--output-dir", type=Path, help=f"where the runs and the report go (default: {default_output})")
+    output.add_argument("--output-dir", type=user_path,
+                        help=f"where the runs and the report go (default: {default_output})")
     add_schedule_arguments(output, recipe_defaults=False)
     output.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the runs in --output-dir without training (their settings "

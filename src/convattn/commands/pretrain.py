@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from convattn.commands.arguments import (
     add_architecture_arguments,
     add_data_arguments,
     add_schedule_arguments,
     add_training_arguments,
+    user_path,
 )
 from convattn.commands.flag_options import config_overrides, data_options, prepare_training_process, recipe_overrides
 
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_training_arguments(parser.add_argument_group("training"), recipe_help="(default: the preset's paper)")
 
     output = parser.add_argument_group("output")
-    output.add_argument("--output-dir", type=Path, help="where the run goes (default: runs/pretrain-RECIPE)")
+    output.add_argument("--output-dir", type=user_path, help="where the run goes (default: runs/pretrain-RECIPE)")
     add_schedule_arguments(output)
     output.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     output.add_argument("--allow-schedule-change", action="store_true",
