@@ -50,8 +50,8 @@ def launch_warning() -> str | None:
                     "(WORLD_SIZE): each runs alone; launch with torchrun --nproc_per_node N instead")
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ:
         return ("MASTER_ADDR is set, as launchers of several processes do, but this process runs alone (no "
-                "WORLD_SIZE): accelerate launch --cpu needs --multi_cpu for several CPU processes (or use torchrun "
-                "--nproc_per_node N)")
+                "WORLD_SIZE): accelerate launch starts several processes with --multi_gpu --num_processes N (on CPU "
+                "too; --cpu or a MULTI_CPU config starts one), or use torchrun --nproc_per_node N")
     return None
 
 

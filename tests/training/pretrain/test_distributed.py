@@ -60,8 +60,8 @@ def test_two_cpu_processes_train_one_model(tmp_path):
     ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE=2 says 2 processes were started, but 1 joined"),
 ])
 def test_the_start_line_says_how_many_processes_run(tmp_path, capsys, monkeypatch, environment, warned):
-    """`accelerate launch --cpu --num_processes 2` without --multi_cpu runs one process (with MASTER_ADDR set):
-    said, not silent."""
+    """`accelerate launch --cpu --num_processes 2`, or a MULTI_CPU config, runs one process (with MASTER_ADDR set):
+    said, not silent, with the flags that start several."""
     from helpers.pretrain import tiny_args, write_corpus
 
     from convattn.cli import main
@@ -75,3 +75,4 @@ def test_the_start_line_says_how_many_processes_run(tmp_path, capsys, monkeypatc
     warnings = [line for line in err.splitlines() if "warning:" in line]
     assert warnings == ([] if warned is None else [warnings[0]])
     assert warned is None or (warnings[0].startswith("convattn pretrain: warning: ") and warned in warnings[0])
+    assert "--multi_cpu" not in err  # accelerate has no such flag
