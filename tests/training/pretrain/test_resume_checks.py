@@ -182,6 +182,24 @@ def test_a_corpus_edited_in_place_to_the_same_size_and_time_is_refused(stopped_r
     assert snapshot(run) == before
 
 
+def test_a_run_older_than_these_records_resumes_unchecked(stopped_run, tmp_path):
+    """Checkpoints without the trained steps, a data record without the tokenizer: what they do not say is not
+    checked (and the next checkpoint says it)."""
+    from convattn.training.pretrain.callbacks import steps_trained
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    for state_file in (run / "checkpoints").glob("*/trainer_state.json"):
+        state = json.loads(state_file.read_text())
+        del state["stateful_callbacks"]["TrainedSteps"]
+        state_file.write_text(json.dumps(state))
+    record = json.loads((run / "pretrain_data.json").read_text())
+    del record["tokenizer"]
+    (run / "pretrain_data.json").write_text(json.dumps(record))
+    assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "5", "--allow-schedule-change"]) == 0
+    assert steps_trained(run / "checkpoints" / "checkpoint-5") is None and (run / "model.safetensors").is_file()
+
+
 def test_the_run_records_its_tokenizer_and_a_checkpoint_how_many_steps_trained(stopped_run):
     from convattn.training.pretrain.callbacks import steps_trained
 

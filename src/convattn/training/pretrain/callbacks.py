@@ -51,6 +51,10 @@ class TrainedSteps(TrainerCallback, ExportableState):
     def __init__(self, steps: int | None = 0):
         self.steps = steps
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a state resumed from a checkpoint written before this callback was recorded has no entry to update
+        state.stateful_callbacks.setdefault(type(self).__name__, self.state())
+
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self.steps is not None and optimizer is not None and \
                 any(group["lr"] > 0 for group in optimizer.param_groups):
