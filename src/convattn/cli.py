@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             console.configure(verbose=getattr(args, "verbose", False))
         return args.func(args) or 0
     except UsageError as err:
-        print(f"convattn {args.command}: error: {err.describe(flag_namer(args))}", file=sys.stderr)
+        say_error(args.command, err.describe(flag_namer(args)))
         return 2
     except (ValueError, FileNotFoundError) as err:
-        print(f"convattn {args.command}: error: {with_flag(str(err), flag_namer(args))}", file=sys.stderr)
+        say_error(args.command, with_flag(str(err), flag_namer(args)))
         return 2
     except BrokenPipeError:  # the reader went away (`convattn presets | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -131,8 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         cause = known_cause(err)
         if cause is None:
             return unexpected(args.command)
-        print(f"convattn {args.command}: error: {cause}", file=sys.stderr)
+        say_error(args.command, cause)
         return 2
+
+
+def say_error(command: str, message: str) -> None:
+    """The error line: one line, whatever the message holds (a library's message can span several: a table, a
+    wrapped traceback, a path with a newline)."""
+    print(f"convattn {command}: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 # failures of the machine, not of convattn: said in one line (exit 2) with what to do

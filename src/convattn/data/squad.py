@@ -180,6 +180,9 @@ def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> di
         where = f"{source}: question {qa.get('id', '?')!r}"
         if not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
             raise UsageError(f"{where}: every question needs a string \"id\" and \"question\"")
+        if not qa["question"].strip():  # refused, not skipped: the official evaluation counts every dev question
+            raise UsageError(f"{where}: the question is {'whitespace only' if qa['question'] else 'empty'} (the "
+                             "official SQuAD files have none); write its text, or remove the question")
         missed = len(misses)
         answers = _answers(qa, context, where, version, check_offsets, misses)
         if len(misses) > missed and not answers["text"]:

@@ -6,4 +6,5 @@
                    the record that keys an output folder's finished runs to it
     optim.py       layer-wise learning-rate decay (`LayerDecayTrainer`, ELECTRA's and ConvBERT's)
     trainer.py     one seed's `TrainingArguments`, the quiet training loop, the run.json that marks it finished
+    failures.py    what a failed or stopped job leaves: no partial seed, and nothing in a new folder
 """

@@ -19,6 +19,18 @@ PUBLISHED = "models"  # in the output folder: models/<task>/
 RECORD = FINE_TUNED_RECORD  # beside a published model: which seed it is, and its dev scores
 
 
+def save_fine_tuned(trainer, seed_folder: Path) -> Path:
+    """The seed's model into `seed_folder`/model, written beside it first so that it appears whole or not at all
+    (a failure, a full disk among them, removes what was written)."""
+    staging, target = seed_folder / f"{MODEL_DIR}.partial", seed_folder / MODEL_DIR
+    try:
+        trainer.save_model(str(staging))
+        staging.replace(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def check_save_models(save_models: str) -> str:
     if save_models not in SAVE_MODELS:
         raise UsageError(f"{option('save_models')} {save_models!r} is not known; choose one of "

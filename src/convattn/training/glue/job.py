@@ -13,6 +13,7 @@ from convattn.errors import UsageError, option
 from convattn.runs.finetune import GLUE_MODEL_RECORD, check_restartable, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
+from convattn.training.finetune.failures import new_job, seed_attempt
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.settings import check_trains
@@ -96,7 +97,7 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
         for name, split in splits.items():
             if split.train is not None:
                 check_trains(settings[name], len(split.train), name)
-        with replacing(output_dir, GLUE, replace):
+        with replacing(output_dir, GLUE, replace), new_job(output_dir, GLUE):
             identity = check_same_model(output_dir, model, MODEL_FILE)  # the first write
             log_to(output_dir)
             say_launch("glue")
@@ -147,12 +148,14 @@ def run_task(name: str, output_dir: Path, splits: TaskSplits | None, settings: d
         if task.trains:
             from_mnli = settings[name].from_mnli
             source = str(mnli_model_dir(output_dir, seed)) if from_mnli else model
-            run = fine_tune(task, seed, settings[name], data, source, tokenizer, path,
-                            save_model=save_model or name == "mnli", identity=None if from_mnli else identity)
+            with seed_attempt(path):
+                run = fine_tune(task, seed, settings[name], data, source, tokenizer, path,
+                                save_model=save_model or name == "mnli", identity=None if from_mnli else identity)
             scores = ", ".join(f"{column} {score:.1f}" for column, score in run["scores"].items())
             say("glue", f"{name} seed {seed}: {scores}")
             for warning in run["warnings"]:
                 say("glue", f"{name} seed {seed}: warning: {warning}")
         else:
-            predict_ax(task, seed, data, output_dir, tokenizer, path)
+            with seed_attempt(path):
+                predict_ax(task, seed, data, output_dir, tokenizer, path)
         drop_replaced_if_standing(output_dir, GLUE)  # a job --overwrite replaces goes once this one has a seed

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from convattn.checkpoint import load_checked
 from convattn.data.glue import GlueTask
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.runs.folder import seed_dir
+from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.pretrained import check_unchanged
 from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, quiet_trainer, train_quietly
@@ -86,9 +86,7 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
             warnings.append(warning)
     files = predict_test_sets(trainer, task, data, path, task)
     if save_model:
-        staging = path / "model.partial"
-        trainer.save_model(str(staging))
-        os.replace(staging, path / "model")
+        save_fine_tuned(trainer, path)
     write_json_atomic(path / "log.json", trainer.state.log_history)
     run = {
         "task": task.name, "seed": seed, "model": model_source,

@@ -13,6 +13,7 @@ from convattn.errors import UsageError
 from convattn.runs.finetune import SQUAD_MODEL_RECORD, check_restartable, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
+from convattn.training.finetune.failures import new_job, seed_attempt
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
 from convattn.training.finetune.settings import check_trains
@@ -83,7 +84,7 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
                          pretrained.token_types) if pending else None
         if data:
             check_trains(settings, len(data.train), f"SQuAD v{version}", unit="windows")
-        with replacing(output_dir, SQUAD, replace):
+        with replacing(output_dir, SQUAD, replace), new_job(output_dir, SQUAD):
             check_same_model(output_dir, model, MODEL_FILE)  # the first write
             log_to(output_dir)
             say_launch("squad")
@@ -111,7 +112,8 @@ def run_seed(version: str, seed: int, settings: SquadSettings, data: SquadData, 
     if path.exists():
         shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
     say("squad", f"v{version} seed {seed}: fine-tuning on {processes()}")
-    run = fine_tune(version, seed, settings, data, model, tokenizer, path, save_model)
+    with seed_attempt(path):
+        run = fine_tune(version, seed, settings, data, model, tokenizer, path, save_model)
     headline = run["scores"].get("best_f1", run["scores"]["f1"])
     em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
     say("squad", f"v{version} seed {seed}: EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)")

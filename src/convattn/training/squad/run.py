@@ -25,7 +25,7 @@ from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
 from convattn.files import write_json_atomic
 from convattn.runs.folder import seed_dir
-from convattn.training.finetune.models import MODEL_DIR
+from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, train_quietly
 from convattn.training.guards import check_finite_weights
@@ -112,9 +112,7 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
     if version == "2.0":
         write_json_atomic(path / "null_odds.json", answers.null_odds)
     if save_model:
-        staging = path / f"{MODEL_DIR}.partial"
-        trainer.save_model(str(staging))
-        staging.replace(path / MODEL_DIR)
+        save_fine_tuned(trainer, path)
     write_json_atomic(path / "log.json", trainer.state.log_history)
     run = {
         "version": version, "seed": seed, "model": model_source,
