@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 from helpers.damage import config_with, pickle_only
-from helpers.tiny import save_tiny_mlm
+from helpers.tiny import save_tiny_mlm, tiny_config
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
 
+from convattn import ConvAttnForMaskedLM, ConvAttnForQuestionAnswering, ConvAttnModel
 from convattn.checkpoint import check_model_folder, load_checked
+from convattn.electra import ConvAttnForPreTraining
 from convattn.errors import UsageError
 
 
@@ -134,3 +136,30 @@ def test_extra_encoder_layers_in_the_file_are_refused(folder):
 def test_a_missing_head_is_refused_when_the_saved_head_is_wanted(folder):
     with pytest.raises(UsageError, match="missing from the file"):
         load_checked(AutoModelForSequenceClassification, str(folder), allow_new_head=False, num_labels=2)
+
+
+@pytest.mark.parametrize(("preset", "head"), [
+    ("chang2021-small/composite+key", ConvAttnForMaskedLM), ("chang2021-small/composite+depthwise", ConvAttnModel),
+    ("chang2021-small/composite+conv-qkv", ConvAttnForQuestionAnswering), ("chang2021-small/absolute", ConvAttnModel),
+    ("convbert/medium-small", ConvAttnForPreTraining), ("malard/linformer-n128-k32", ConvAttnForMaskedLM),
+    ("malard/conv-linformer-n128-k32", ConvAttnModel),
+])
+def test_every_mechanism_saved_with_any_head_passes_the_size_checks(tmp_path, preset, head):
+    """The sizes and tables read from the weights' headers agree with the config for every mechanism's weights (a
+    pretraining checkpoint's generator has sizes of its own)."""
+    config = tiny_config(preset, relative_reach=5, conv_projection_kernel=13, conv_kernel_size=7, mask_token_id=4)
+    head(config).save_pretrained(tmp_path / "model")
+    assert check_model_folder(tmp_path / "model").config.relative_reach == 5
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda f: config_with(f, conv_projection_kernel=15), "conv_projection_kernel 15 does not match the weights"),
+    (lambda f: config_with(f, num_attention_heads=2), "num_attention_heads 2 does not match the weights"),
+    (lambda f: config_with(f, value_depthwise_conv=False), "value_depthwise_conv false does not describe the weights"),
+])
+def test_sizes_and_tables_of_other_mechanisms_are_held_against_the_weights(tmp_path, damage, message):
+    config = tiny_config("chang2021-small/composite+depthwise", conv_projections=["query"], relative_reach=5)
+    ConvAttnModel(config).save_pretrained(tmp_path / "model")
+    damage(tmp_path / "model")
+    with pytest.raises(UsageError, match=message):
+        check_model_folder(tmp_path / "model")

@@ -35,3 +35,19 @@ def foreign_bert(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                intermediate_size=32)).save_pretrained(folder)
+
+
+def config_without(folder: Path, *names: str) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in names}))
+
+
+def swap_tokens(folder: Path, first: str, second: str) -> None:
+    """The ids of two pieces exchanged in the saved tokenizer.json (its vocabulary and its added tokens)."""
+    state = json.loads((folder / "tokenizer.json").read_text())
+    vocab = state["model"]["vocab"]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    ids = {first: vocab[first], second: vocab[second]}
+    for token in state["added_tokens"]:
+        token["id"] = ids.get(token["content"], token["id"])
+    (folder / "tokenizer.json").write_text(json.dumps(state))
