@@ -163,3 +163,15 @@ def test_sizes_and_tables_of_other_mechanisms_are_held_against_the_weights(tmp_p
     damage(tmp_path / "model")
     with pytest.raises(UsageError, match=message):
         check_model_folder(tmp_path / "model")
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda f: config_with(f, hidden_size=10**9), "hidden_size 1000000000 does not match the weights"),
+    (lambda f: config_with(f, num_hidden_layers=7), "num_hidden_layers 7 does not match the weights"),
+    (lambda f: config_with(f, pad_token_id=101), "pad_token_id 101 is outside the vocabulary of 101"),
+    (lambda f: config_with(f, dtype="float77"), 'dtype "float77" is not a torch dtype'),
+])
+def test_a_transformers_bert_folder_is_held_against_its_weights_too(bert_folder, damage, message):
+    damage(bert_folder)
+    with pytest.raises(UsageError, match=message):
+        check_model_folder(bert_folder)

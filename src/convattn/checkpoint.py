@@ -272,13 +272,14 @@ SELF = r"encoder\.layer\.\d+\.attention\.self\."
 # size given the config and the weight's shape (None: not this weight)): every BERT-style encoder, convattn's or
 # transformers' (they share these names), then convattn's own
 SIZED_BY = [
-    ("vocab_size", r"embeddings\.word_embeddings\.weight", 0, lambda c, shape: c.vocab_size),
-    ("embedding_size", r"embeddings\.word_embeddings\.weight", 1, lambda c, shape: getattr(c, "embedding_size", None)),
-    ("type_vocab_size", r"embeddings\.token_type_embeddings\.weight", 0, lambda c, shape: c.type_vocab_size),
-    ("max_position_embeddings", r"embeddings\.position_embeddings\.weight", 0,
-     lambda c, shape: c.max_position_embeddings),
-    ("hidden_size", r"encoder\.layer\.\d+\.attention\.output\.LayerNorm\.weight", 0, lambda c, shape: c.hidden_size),
-    ("intermediate_size", r"encoder\.layer\.\d+\.intermediate\.dense\.bias", 0, lambda c, shape: c.intermediate_size),
+    (field, pattern, axis, lambda c, shape, field=field: getattr(c, field, None)) for field, pattern, axis in (
+        ("vocab_size", r"embeddings\.word_embeddings\.weight", 0),
+        ("embedding_size", r"embeddings\.word_embeddings\.weight", 1),
+        ("type_vocab_size", r"embeddings\.token_type_embeddings\.weight", 0),
+        ("max_position_embeddings", r"embeddings\.position_embeddings\.weight", 0),
+        ("hidden_size", r"encoder\.layer\.\d+\.attention\.output\.LayerNorm\.weight", 0),
+        ("intermediate_size", r"encoder\.layer\.\d+\.intermediate\.dense\.bias", 0),
+    )
 ]
 CONVATTN_SIZED_BY = [
     ("relative_reach", SELF + r"(relative\.\w+|value_conv\.weight)", -1, lambda c, shape: c.relative_kernel_size),
