@@ -47,6 +47,19 @@ def test_trained_tokenizer_is_uncased_with_bert_specials(tmp_path):
     assert load_tokenizer(tmp_path).mask_token_id == tokenizer.mask_token_id
 
 
+def test_a_filled_in_mask_decodes_with_single_spaces(tmp_path):
+    """[MASK] takes the space before it (no lone "▁" piece there), so fill-mask's sequences read as text."""
+    tokenizer = train_tokenizer(texts(), vocab_size=120, max_length=64)
+    tokenizer.save_pretrained(tmp_path)
+    for loaded in (tokenizer, AutoTokenizer.from_pretrained(tmp_path)):
+        ids = loaded("the quick [MASK] jumps")["input_ids"]
+        tokens = loaded.convert_ids_to_tokens(ids)
+        assert tokens[tokens.index("[MASK]") - 1] != "▁"
+        word = loaded("brown", add_special_tokens=False)["input_ids"]  # the pieces a model would put there
+        filled = ids[:ids.index(loaded.mask_token_id)] + word + ids[ids.index(loaded.mask_token_id) + 1:]
+        assert loaded.decode(filled, skip_special_tokens=True) == "the quick brown jumps"
+
+
 def test_vocabulary_must_exceed_the_special_tokens():
     with pytest.raises(UsageError, match="`vocab_size` 5"):
         train_tokenizer(texts(10), vocab_size=5, max_length=64)

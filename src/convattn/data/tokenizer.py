@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from convattn.data.cache import cache_entry
@@ -24,7 +24,7 @@ from convattn.errors import UsageError, option
 MAX_VOCAB_SIZE = 1_000_000  # far above any published encoder; a typo beyond it would exhaust memory
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRAINING_CHARS = 30_000_000  # the unigram model is fitted on (at most) this much text from the start of the corpus
-TOKENIZER_VERSION = 1
+TOKENIZER_VERSION = 2  # 2: [MASK] takes the space before it
 
 
 def check_vocab_size(vocab_size: int) -> None:
@@ -122,6 +122,9 @@ def train_tokenizer(texts: datasets.Dataset, vocab_size: int, max_length: int,
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
+    # [MASK] takes the space before it, as ALBERT's and DeBERTa-v2's unigram tokenizers do: "a [MASK] b" is then
+    # "▁a [MASK] ▁b", and a filled-in piece "▁word" decodes with one space, not after a lone "▁" piece
+    tokenizer.add_special_tokens([AddedToken("[MASK]", lstrip=True, normalized=False, special=True)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, model_max_length=max_length, pad_token="[PAD]", unk_token="[UNK]",
         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",

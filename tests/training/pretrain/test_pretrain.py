@@ -194,6 +194,7 @@ def test_saved_run_has_a_model_card_and_works_in_a_fill_mask_pipeline(finished_r
     fill = pipeline("fill-mask", model=str(finished_run), device="cpu")
     predictions = fill(f"the city of the {fill.tokenizer.mask_token}", top_k=3)
     assert len(predictions) == 3 and all(p["token_str"] for p in predictions)
+    assert all("  " not in p["sequence"] for p in predictions)  # [MASK] took the space before it
 
 
 def test_push_writes_the_card_and_uploads_the_folder_without_local_state(finished_run, monkeypatch):
