@@ -45,3 +45,23 @@ def test_verbose_shows_them_live(checkpoint, tmp_path, capfd, monkeypatch):
     assert "{'loss'" in screen and "Running training" in screen  # the Trainer's own lines, live
     log = (tmp_path / "verbose" / "log.txt").read_text()  # and in the run folder too
     assert "LOAD REPORT" in log and '"loss"' in log
+
+
+@pytest.mark.parametrize(("environment", "main"), [
+    ({}, True),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, True),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, False),
+    ({"RANK": "1"}, True),  # a leftover of another launch: this process runs alone, so it writes and locks
+    ({"RANK": "1", "WORLD_SIZE": "1"}, True),
+])
+def test_the_main_process_is_rank_0_or_a_process_that_runs_alone(monkeypatch, tmp_path, environment, main):
+    from convattn.console import main_process
+    from convattn.runs.folder import LOCK_FILE, run_folder_lock
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert main_process() is main
+    with run_folder_lock(tmp_path / "run"):
+        assert (tmp_path / "run" / LOCK_FILE).is_file() is main

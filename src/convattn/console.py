@@ -21,8 +21,9 @@ CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go 
 
 
 def main_process() -> bool:
-    """Rank 0 of a multi-process run (or the only process): the one that prints and writes the run folder."""
-    return int(os.environ.get("RANK", "0")) == 0
+    """Rank 0 of a multi-process run, or a process that runs alone (whatever RANK a former launch left set): the one
+    that prints, takes the run folder's lock and writes it."""
+    return int(os.environ.get("RANK", "0")) == 0 or world_size() == 1
 
 
 def world_size() -> int:

@@ -68,3 +68,32 @@ def test_a_run_given_a_quoted_home_folder_lands_whole_in_it(tmp_path, tmp_path_f
     assert main(argv) == 0
     assert (home / "run" / "model.safetensors").is_file() and (home / "run" / "checkpoints" / "checkpoint-2").is_dir()
     assert list(work.iterdir()) == []  # no ./~ beside it
+
+
+OTHER_PATHS = [  # (command line, the parsed argument, relative to HOME)
+    (["glue", "--model", "~/m", "--task", "sst2"], "model", "m"),
+    (["glue", "--model", "m", "--task", "sst2", "--data-dir", "~/glue_data"], "data_dir", "glue_data"),
+    (["glue", "--model", "m", "--task", "sst2", "--output-dir", "~/g"], "output_dir", "g"),
+    (["squad", "--model", "~/m", "--version", "1.1"], "model", "m"),
+    (["squad", "--model", "m", "--version", "1.1", "--train-file", "~/t.json"], "train_file", "t.json"),
+    (["squad", "--model", "m", "--version", "1.1", "--dev-file", "~/d.json"], "dev_file", "d.json"),
+    (["squad", "--model", "m", "--version", "1.1", "--output-dir", "~/s"], "output_dir", "s"),
+    (["plot", "kernels", "~/m"], "checkpoint", "m"),
+    (["plot", "kernels", "m", "--output-dir", "~/figures"], "output_dir", "figures"),
+    (["plot", "attention", "~/m"], "checkpoint", "m"),
+    (["plot", "attention", "m", "--output-dir", "~/figures"], "output_dir", "figures"),
+    (["export", "~/m", "--onnx", "x.onnx"], "model_dir", "m"),
+    (["export", "m", "--onnx", "~/x.onnx"], "onnx", "x.onnx"),
+    (["push", "~/m", "--repo", "me/m"], "run_dir", "m"),
+]
+
+
+@pytest.mark.parametrize(("argv", "name", "expected"), OTHER_PATHS)
+def test_every_commands_paths_expand_the_home_folder(tmp_path, monkeypatch, argv, name, expected):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert str(getattr(build_parser().parse_args(argv), name)) == str(tmp_path / expected)
+
+
+def test_a_hub_model_id_is_left_as_it_is():
+    assert build_parser().parse_args(["glue", "--model", "YituTech/conv-bert-small", "--task", "sst2"]).model == \
+        "YituTech/conv-bert-small"

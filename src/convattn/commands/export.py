@@ -4,7 +4,8 @@ length)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from convattn.commands.arguments import user_path
 
 NAME = "export"
 HELP = "export a saved model to ONNX (dynamic batch and sequence axes; Linformer at its fixed length)"
@@ -16,8 +17,8 @@ DEFAULT_OPSET = 18
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", type=Path, help="a folder written by save_pretrained / convattn pretrain")
-    parser.add_argument("--onnx", type=Path, required=True, metavar="OUT.onnx", help="the ONNX file to write")
+    parser.add_argument("model_dir", type=user_path, help="a folder written by save_pretrained / convattn pretrain")
+    parser.add_argument("--onnx", type=user_path, required=True, metavar="OUT.onnx", help="the ONNX file to write")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                         help="ONNX opset version: one the installed exporter writes (checked first; 18 to 25 with "
                              "current onnxscript)")

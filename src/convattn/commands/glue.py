@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
 
-from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
+from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument, user_path
 from convattn.commands.flag_options import fine_tune_overrides, model_output_dir, prepare_training_process
 from convattn.errors import UsageError
 from convattn.runs.finetune import GLUE_RESULTS
@@ -43,14 +43,14 @@ DESCRIPTION = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to run")
-    what.add_argument("--model", required=True,
+    what.add_argument("--model", required=True, type=os.path.expanduser,
                      help="checkpoint directory with model and tokenizer (convattn or HF), or an HF hub model id")
     what.add_argument("--task", required=True,
                      help="comma-separated tasks (cola sst2 mrpc stsb qqp mnli qnli rte wnli ax) or 'all'; "
                           "ax is predicted with the MNLI model")
-    what.add_argument("--data-dir", type=Path, default=None,
+    what.add_argument("--data-dir", type=user_path, default=None,
                      help="glue_data directory in the standard GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
-    what.add_argument("--output-dir", type=Path, default=None,
+    what.add_argument("--output-dir", type=user_path, default=None,
                      help="where runs and results go (default: glue/<model folder name>-<weights fingerprint>)")
     what.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
                      help="hyperparameters of a paper (see configs/recipes/glue/*.yaml)")

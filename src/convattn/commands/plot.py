@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from convattn.commands.arguments import HelpFormatter, add_verbose_argument
+from convattn.commands.arguments import HelpFormatter, add_verbose_argument, user_path
 from convattn.errors import UsageError
 
 DEFAULT_KERNEL_SIZES = "1,3,5,7,9,13,17"
@@ -49,10 +50,11 @@ def add_arguments(plot: argparse.ArgumentParser) -> None:
                     "value kernels per channel sorted by previous/next-token preference, and the dynamic "
                     "(query-based) kernels averaged over the tokens of a text.",
     )
-    kernels.add_argument("checkpoint", help="saved model directory (e.g. the output of `convattn pretrain`)")
+    kernels.add_argument("checkpoint", type=os.path.expanduser,
+                         help="saved model directory (e.g. the output of `convattn pretrain`)")
     kernels.add_argument("--text", default=DEFAULT_TEXT, help="text over which dynamic kernels are averaged")
     kernels.add_argument("--layer", type=int, default=-1, help="layer of the depthwise kernels (-1: deepest)")
-    kernels.add_argument("--output-dir", type=Path, default=None, help="where PNGs go (default: CHECKPOINT/plots)")
+    kernels.add_argument("--output-dir", type=user_path, default=None, help="where PNGs go (default: CHECKPOINT/plots)")
     add_verbose_argument(kernels)
     kernels.set_defaults(func=run_kernels)
 
@@ -64,11 +66,12 @@ def add_arguments(plot: argparse.ArgumentParser) -> None:
                     "each token, averaged over the conv heads and placed at the positions it weighs "
                     "(convbert_kernels.png; Jiang et al. 2020, Figure 2 style).",
     )
-    attention.add_argument("checkpoint", help="saved model directory with its tokenizer")
+    attention.add_argument("checkpoint", type=os.path.expanduser, help="saved model directory with its tokenizer")
     attention.add_argument("--text", default=DEFAULT_TEXT, help="the text to encode")
     attention.add_argument("--layer", type=int, default=None,
                            help="plot this layer only (negative counts from the deepest; default: every layer)")
-    attention.add_argument("--output-dir", type=Path, default=None, help="where PNGs go (default: CHECKPOINT/plots)")
+    attention.add_argument("--output-dir", type=user_path, default=None,
+                           help="where PNGs go (default: CHECKPOINT/plots)")
     add_verbose_argument(attention)
     attention.set_defaults(func=run_attention)
 

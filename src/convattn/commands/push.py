@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from convattn.commands.arguments import user_path
 
 NAME = "push"
 HELP = "upload a saved run to the Hugging Face Hub"
@@ -16,7 +17,8 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="a folder written by convattn pretrain / glue / save_pretrained")
+    parser.add_argument("run_dir", type=user_path,
+                        help="a folder written by convattn pretrain / glue / save_pretrained")
     parser.add_argument("--repo", required=True, help="the Hub repository, e.g. user/convattn-small-composite")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--token", default=None, help="a Hub token (default: the logged-in one)")

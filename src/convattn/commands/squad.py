@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
 
-from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument
+from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument, user_path
 from convattn.commands.flag_options import fine_tune_overrides, model_output_dir, prepare_training_process
 from convattn.errors import UsageError
 from convattn.runs.finetune import SQUAD_RESULTS
@@ -42,15 +42,15 @@ SPAN_FLAGS = ("doc_stride", "max_query_length", "n_best", "max_answer_length")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to run")
-    what.add_argument("--model", required=True,
+    what.add_argument("--model", required=True, type=os.path.expanduser,
                      help="checkpoint directory with model and tokenizer (convattn or HF), or an HF hub model id")
     what.add_argument("--version", required=True, choices=("1.1", "2.0"), help="SQuAD version")
-    what.add_argument("--train-file", type=Path, default=None,
+    what.add_argument("--train-file", type=user_path, default=None,
                      help="training questions in the official SQuAD JSON layout (default: rajpurkar/squad or "
                           "rajpurkar/squad_v2 from the HF hub)")
-    what.add_argument("--dev-file", type=Path, default=None,
+    what.add_argument("--dev-file", type=user_path, default=None,
                      help="dev questions in the official SQuAD JSON layout (default: the hub's validation split)")
-    what.add_argument("--output-dir", type=Path, default=None,
+    what.add_argument("--output-dir", type=user_path, default=None,
                      help="where runs and results go (default: squad/<model folder name>-<weights fingerprint>)")
     what.add_argument("--recipe", choices=squad_recipe_names(), default="convbert",
                      help="hyperparameters of a paper (see configs/recipes/squad/*.yaml)")
