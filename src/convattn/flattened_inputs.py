@@ -22,12 +22,20 @@ def shape_text(batch: int, n: int) -> str:
     return f"({batch}, {n})" if batch == 1 else f"({batch}, {n}) or (1, {n})"
 
 
+def fits_rows(x: Tensor, batch: int, n: int, one_dimensional: bool) -> bool:
+    """Whether x has the shape (batch, n), or (1, n) or, where `one_dimensional`, (n,) for every row alike.
+    Dimension by dimension: under torch.compile the sizes may be symbols, which tuples would not compare."""
+    if x.dim() == 1:
+        return one_dimensional and x.shape[0] == n
+    return x.dim() == 2 and x.shape[1] == n and (x.shape[0] == batch or x.shape[0] == 1)
+
+
 def check_ids(name: str, ids: Tensor | None, batch: int, n: int) -> None:
     """Per-token ids: the input's shape, (1, n) or (n,) for every row alike (as the embeddings broadcast them);
     integers."""
     if ids is None:
         return
-    if tuple(ids.shape) not in ((batch, n), (1, n), (n,)):
+    if not fits_rows(ids, batch, n, one_dimensional=True):
         raise ValueError(f"{name} must have the input's shape {shape_text(batch, n)}; got {tuple(ids.shape)}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"{name} must hold integers; got {ids.dtype}")
@@ -113,7 +121,7 @@ def flattened_sequences(
     come."""
     check_ids("position_ids", position_ids, batch, n)
     check_ids("token_type_ids", token_type_ids, batch, n)
-    if attention_mask is not None and tuple(attention_mask.shape) not in ((batch, n), (1, n)):
+    if attention_mask is not None and not fits_rows(attention_mask, batch, n, one_dimensional=False):
         raise ValueError(f"attention_mask must have the input's shape {shape_text(batch, n)} (1 at real tokens, 0 "
                          f"at padding); got {tuple(attention_mask.shape)}")
     check_flash_kwargs_agree(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)

@@ -424,7 +424,8 @@ def _flattened(model: ConvAttnPreTrainedModel, hidden: Tensor, position_ids, att
 
 def check_token_labels(labels: Tensor, shape: torch.Size) -> None:
     """One class index per token (-100 where unscored), the input's shape."""
-    if tuple(labels.shape) != tuple(shape):
+    # dimension by dimension: under torch.compile the sizes may be symbols
+    if labels.dim() != len(shape) or not all(a == b for a, b in zip(labels.shape, shape, strict=True)):
         raise ValueError(f"labels must hold one label per token, the input's shape {tuple(shape)} (-100 where "
                          f"unscored); got {tuple(labels.shape)}")
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
