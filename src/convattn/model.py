@@ -432,6 +432,17 @@ def check_token_labels(labels: Tensor, shape: torch.Size) -> None:
         raise ValueError(f"labels must be integer class indices (-100 where unscored); got {labels.dtype}")
 
 
+def check_something_masked(labels: Tensor, input_ids: Tensor) -> None:
+    """Masked-LM training hides what it scores: labels that are the input itself at every scored position, with most
+    tokens scored, train the model to copy its input (transformers' DataCollatorWithFlattening makes such labels)."""
+    scored = labels != -100
+    if 2 * int(scored.sum()) > labels.numel() and torch.equal(labels[scored], input_ids[scored]):
+        raise ValueError("labels equal input_ids at every scored position and no token is masked, so masked-LM "
+                         "training would learn to copy its input; mask the batch with convattn.data.flattening."
+                         "FlatteningCollator(masking=DataCollatorForLanguageModeling(tokenizer)) (flattened) or "
+                         "DataCollatorForLanguageModeling(tokenizer) itself (padded)")
+
+
 def check_sequence_labels(labels: Tensor, logits: Tensor, multi_label: bool, flattened: bool) -> None:
     """One label per sequence (a row of 0/1 targets for multi-label classification); class indices are integers."""
     count = logits.shape[0]
@@ -441,8 +452,10 @@ def check_sequence_labels(labels: Tensor, logits: Tensor, multi_label: bool, fla
         fits, expected = labels.dim() >= 1 and labels.shape[0] == labels.numel() == count, (count,)
     if not fits:
         where = "sequences of this flattened batch" if flattened else "rows of this batch"
+        collator = ("; transformers' DataCollatorWithFlattening gives token labels, while "
+                    "convattn.data.flattening.FlatteningCollator keeps one per sequence") if flattened else ""
         raise ValueError(f"labels must hold one label per sequence, shape {expected} for the {count} {where}; "
-                         f"got {tuple(labels.shape)}")
+                         f"got {tuple(labels.shape)}{collator}")
     if logits.shape[-1] > 1 and not multi_label and (labels.is_floating_point() or labels.dtype == torch.bool):
         raise ValueError(f"labels must be integer class indices; got {labels.dtype}")
 
@@ -536,6 +549,8 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
         hidden = encoded.last_hidden_state
         if labels is not None:
             check_token_labels(labels, hidden.shape[:2])
+            if self.training and input_ids is not None:
+                check_something_masked(labels, input_ids)
         # the HF contract by default: logits come with the loss, as BertForMaskedLM
         logits = self.mlm_head(hidden) if return_logits or labels is None else None
         loss = masked_lm_loss(self.mlm_head, hidden, labels) if labels is not None else None

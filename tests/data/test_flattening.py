@@ -243,3 +243,40 @@ def test_the_flattening_collator_with_mixed_examples_trains_a_classifier_through
     result = Trainer(model=model, args=args, train_dataset=features, data_collator=collator).train()
     assert torch.isfinite(torch.tensor(result.training_loss))
     assert not torch.equal(model.classifier.out_proj.weight.detach(), before)
+
+
+def trainer_on(model, features, collator, tmp_path) -> Trainer:
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=1, save_strategy="no",
+                             report_to="none", use_cpu=True, dataloader_num_workers=0, seed=0)
+    return Trainer(model=model, args=args, train_dataset=features, data_collator=collator)
+
+
+@pytest.mark.parametrize(("head", "message"), [
+    (ConvAttnForMaskedLM, r"labels equal input_ids at every scored position and no token is masked, so masked-LM "
+                          r"training would learn to copy its input; mask the batch with "
+                          r"convattn\.data\.flattening\.FlatteningCollator\(masking=DataCollatorForLanguageModeling"),
+    (ConvAttnForSequenceClassification, r"labels must hold one label per sequence, shape \(4,\) for the 4 sequences "
+                                        r"of this flattened batch; got \(1, \d+\); transformers' "
+                                        r"DataCollatorWithFlattening gives token labels, while "
+                                        r"convattn\.data\.flattening\.FlatteningCollator keeps one per sequence"),
+])
+def test_transformers_flattening_collator_in_a_trainer_is_refused_naming_ours(tokenizer, tmp_path, head, message):
+    """DataCollatorWithFlattening makes labels of the tokens themselves (the examples' own "label" is dropped): a
+    masked LM would silently learn to copy its input, a classifier would get one label per token."""
+    features = [{"input_ids": ids, "label": i % 2} for i, ids in enumerate(tokenizer(SENTENCES[:8])["input_ids"])]
+    model = tiny_model(tokenizer, head, **({"num_labels": 2} if head is ConvAttnForSequenceClassification else {}))
+    with pytest.raises(ValueError, match=message) as refused:
+        trainer_on(model, features, DataCollatorWithFlattening(), tmp_path).train()
+    assert "\n" not in str(refused.value)
+
+
+def test_a_masked_batch_with_few_scored_tokens_that_all_kept_their_token_still_trains(tokenizer):
+    """BERT's masking keeps the original token at 10 % of the scored positions: a batch whose few scored tokens all
+    kept theirs is masked LM, not copying."""
+    model = tiny_model(tokenizer, ConvAttnForMaskedLM).train()
+    ids = torch.tensor(tokenizer(SENTENCES[:2], padding=True)["input_ids"])
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    assert torch.isfinite(model(input_ids=ids, labels=labels).loss)
+    everything = torch.where(ids == tokenizer.pad_token_id, -100, ids)
+    assert torch.isfinite(model.eval()(input_ids=ids, labels=everything).loss)  # evaluation may score anything
