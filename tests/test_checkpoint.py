@@ -175,3 +175,22 @@ def test_a_transformers_bert_folder_is_held_against_its_weights_too(bert_folder,
     damage(bert_folder)
     with pytest.raises(UsageError, match=message):
         check_model_folder(bert_folder)
+
+
+@pytest.mark.parametrize(("errno_name", "error"), [("ENOSPC", OSError), ("EROFS", OSError), (None, UsageError)])
+def test_a_failed_write_while_loading_is_the_disks_not_the_models(tmp_path, monkeypatch, errno_name, error):
+    """A full disk under log.txt while transformers loads (its load report is logged) is said as a full disk by the
+    command line, not as a model that could not be loaded; transformers' own OSError for a bad folder is the
+    model's."""
+    import errno
+    import os
+
+    from convattn.cli import known_cause
+
+    code = getattr(errno, errno_name) if errno_name else None
+    failure = OSError(code, os.strerror(code)) if code else OSError("not a model folder")
+    monkeypatch.setattr(AutoModel, "from_pretrained", lambda *args, **kwargs: (_ for _ in ()).throw(failure))
+    with pytest.raises(error) as raised:
+        load_checked(AutoModel, tmp_path)
+    if code == errno.ENOSPC:
+        assert "free some space" in known_cause(raised.value)

@@ -23,6 +23,7 @@ A ground-floor module: it imports nothing from convattn.training or convattn.com
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import re
@@ -483,6 +484,8 @@ def load_checked(auto_class, folder: ModelFolder | str, allow_new_head: bool = T
         model, info = auto_class.from_pretrained(source, use_safetensors=True, output_loading_info=True,
                                                  ignore_mismatched_sizes=True, **kwargs)
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # a write (log.txt) failed: the disk's, said so
+            raise
         message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise UsageError(f"could not load the model from {source}: {message}") from None
     if problems := loading_problems(model, info, allow_new_head):
