@@ -109,6 +109,10 @@ def test_changed_settings_or_another_model_are_refused(checkpoint, tmp_path, cap
     other = save_tiny_checkpoint(tmp_path / "other", ["some other words entirely"] * 20)
     assert squad(other, out, "1.1") == 2
     assert "another model" in capsys.readouterr().err
+    # a missing file is the first cause, before the settings it would change
+    assert main(["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file", str(tmp_path / "nope.json"),
+                 "--dev-file", str(FIXTURES / "dev-v1.1.json"), "--output-dir", str(out), *QUICK, "--lr", "1e-5"]) == 2
+    assert capsys.readouterr().err.strip() == f"convattn squad: error: {tmp_path / 'nope.json'}: no such file"
 
 
 @pytest.mark.parametrize("content,message", [

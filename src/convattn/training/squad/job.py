@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from convattn.console import log_to, processes, say, say_launch
-from convattn.data.squad import check_version, load_squad
+from convattn.data.squad import check_regular_file, check_version, load_squad
 from convattn.errors import UsageError
 from convattn.runs.finetune import SQUAD_MODEL_RECORD, check_restartable, foreign_files, layout
 from convattn.runs.folder import check_output_folder, run_folder_lock
@@ -61,6 +61,9 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
     """Fine-tune `model` on SQuAD `version` for each seed (skipping finished ones), then aggregate output_dir.
     `overwrite`: replace the job output_dir holds (kept aside until the first seed of the new one finishes)."""
     check_version(version)
+    for given in (train_file, dev_file):  # a missing file first: it is the cause, not settings that differ
+        if given is not None:
+            check_regular_file(Path(given))
     check_save_models(save_models)
     recipe_fields = load_squad_recipe(recipe)
     seeds = seeds or recipe_fields["seeds"]
