@@ -65,13 +65,16 @@ def test_linformer_exports_at_its_fixed_length_for_any_batch(preset):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs the [onnx] extra (onnxruntime)")
-def test_onnx_export_command_matches_eager(tmp_path):
+def test_onnx_export_command_matches_eager(tmp_path, capfd):
     import onnx
     import onnxruntime
 
     model = tiny("chang2021-small/composite+conv-qkv")
     model.save_pretrained(tmp_path / "model")
+    capfd.readouterr()
     assert main(["export", str(tmp_path / "model"), "--onnx", str(tmp_path / "model.onnx")]) == 0
+    printed = capfd.readouterr()  # the command's own line only, not the exporter's progress and notes
+    assert (printed.out, printed.err) == (f"wrote {tmp_path / 'model.onnx'}\n", "")
     graph = onnx.load(tmp_path / "model.onnx")
     assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask"]
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])

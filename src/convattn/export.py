@@ -120,7 +120,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> N
     check_onnx_path(path)
     program = export_program(model)
     onnx_program = torch.onnx.export(program, example_inputs(model.config), dynamo=True, opset_version=opset,
-                                     input_names=["input_ids", "attention_mask"], output_names=["logits"])
+                                     input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                                     verbose=False)
     written = onnx_program.model.opset_imports.get("", opset)
     if written != opset:
         raise UsageError(f"{option('opset')} {opset}: the exporter could not convert the graph to it (it stays at "

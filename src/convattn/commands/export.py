@@ -4,6 +4,8 @@ length)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 from convattn.commands.arguments import user_path
 
@@ -23,6 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ONNX opset version: one the installed exporter writes (checked first; 18 to 25 with "
                              "current onnxscript)")
     parser.set_defaults(func=run)
+
+
+@contextlib.contextmanager
+def exporter_quiet() -> Iterator[None]:
+    """The command's own lines only: not the exporter's notes on operators it skips (torchvision's, when torchvision
+    is not installed) nor the deprecation warnings of the libraries it calls. Errors still show."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_saved(args.model_dir, attn_implementation="eager")
     # the folder written into is this process's while the graph is written (the lock every writing command takes):
     # not a run folder another convattn process is writing, and no other export of the same file
-    with run_folder_lock(args.onnx.parent, "--onnx"):
+    with run_folder_lock(args.onnx.parent, "--onnx"), exporter_quiet():
         export_onnx(model, args.onnx, opset=args.opset)  # checks --onnx again, under the lock
     print(f"wrote {args.onnx}")
     return 0
