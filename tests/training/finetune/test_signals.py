@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.finetune import SENTENCES, job_argv
 from helpers.folders import snapshot
 from helpers.tiny import save_tiny_checkpoint
 
@@ -21,11 +22,6 @@ from convattn.runs.folder import REPLACED
 from convattn.training.glue import job as glue_job
 from convattn.training.squad import job as squad_job
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-GLUE_DATA = FIXTURES / "glue_data"
-SQUAD = FIXTURES / "squad"
-SENTENCES = ["a dog runs in the park .", "the cat sat on the mat .", "where does the river elm rise ?",
-             "the bridge at harlow has nine arches ."] * 40
 JOBS = {"glue": dict(record="glue_model.json", module=glue_job), "squad": dict(record="squad_model.json",
                                                                               module=squad_job)}
 
@@ -38,12 +34,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def argv(job: str, checkpoint: Path, out: Path, *extra: str) -> list[str]:
-    if job == "glue":
-        return ["glue", "--model", str(checkpoint), "--task", "sst2", "--data-dir", str(GLUE_DATA), "--output-dir",
-                str(out), "--seeds", "1", "--max-steps", "2", "--batch-size", "8", *extra]
-    return ["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file", str(SQUAD / "train-v1.1.json"),
-            "--dev-file", str(SQUAD / "dev-v1.1.json"), "--output-dir", str(out), "--seeds", "1", "--max-steps", "2",
-            "--batch-size", "4", "--max-length", "48", "--doc-stride", "16", "--max-query-length", "12", *extra]
+    return job_argv(job, checkpoint, out, "--max-steps", "2", "--batch-size", "8" if job == "glue" else "4", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.finetune import SENTENCES, job_argv
 from helpers.folders import entries, one_error_line, snapshot
 from helpers.tiny import save_tiny_checkpoint
 
@@ -16,12 +17,6 @@ from convattn.cli import main
 from convattn.errors import UsageError
 from convattn.training.finetune.settings import FineTuneSettings, check_trains, least_epochs, optimizer_steps
 from convattn.training.glue import job as glue_job
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-GLUE_DATA = FIXTURES / "glue_data"  # SST-2: 48 training examples
-SQUAD = FIXTURES / "squad"
-SENTENCES = ["a dog runs in the park .", "the cat sat on the mat .", "where does the river elm rise ?",
-             "the bridge at harlow has nine arches ."] * 40
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,12 +27,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def argv(job: str, checkpoint: Path, out: Path, *extra: str) -> list[str]:
-    if job == "glue":
-        return ["glue", "--model", str(checkpoint), "--task", "sst2", "--data-dir", str(GLUE_DATA), "--output-dir",
-                str(out), "--seeds", "1", "--batch-size", "32", *extra]
-    return ["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file", str(SQUAD / "train-v1.1.json"),
-            "--dev-file", str(SQUAD / "dev-v1.1.json"), "--output-dir", str(out), "--seeds", "1", "--batch-size",
-            "32", "--max-length", "48", "--doc-stride", "16", "--max-query-length", "12", *extra]
+    return job_argv(job, checkpoint, out, "--batch-size", "32", *extra)
 
 
 REFUSED = [  # job, flags -> what the one line says

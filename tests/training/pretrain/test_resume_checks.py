@@ -4,7 +4,6 @@ naming the file and field, exit 2, before anything is written."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.folders import one_error_line, snapshot
 from helpers.pretrain import InterruptAt, tiny_args, write_corpus
 from safetensors.torch import load_file, save_file
 
@@ -36,20 +36,6 @@ def stopped_run(corpus, tmp_path_factory):
         patch.setenv("CONVATTN_CACHE", str(tmp_path_factory.getbasetemp() / "convattn-cache"))
         pretrain(options_from_args(build_parser().parse_args(tiny_args(corpus, out))), callbacks=[InterruptAt(5)])
     return out
-
-
-def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
-    """Every file under `folder`: its content hash and modification time."""
-    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_error_line(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("convattn pretrain: error:") and err.count("error") == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 # ---------------------------------------------------------------------------------- ways a run goes wrong
@@ -146,7 +132,7 @@ def test_resume_refuses_a_run_that_is_not_the_one_started_and_writes_nothing(sto
     damage(run)
     before = snapshot(run)
     assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 2
-    one_error_line(capsys, said)
+    one_error_line(capsys.readouterr().err, "pretrain", said)
     assert snapshot(run) == before
 
 
@@ -155,7 +141,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_one_before_that_does(stopped_r
     shutil.copytree(stopped_run, run)
     another_presets_checkpoint(run)
     assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 2
-    one_error_line(capsys, "checkpoint-4 does not fit the run's model",
+    one_error_line(capsys.readouterr().err, "pretrain", "checkpoint-4 does not fit the run's model",
                    "delete that folder to resume from checkpoint-2")
     shutil.rmtree(run / "checkpoints" / "checkpoint-4")
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "3", "--allow-schedule-change"]) == 0
@@ -175,7 +161,8 @@ def test_a_corpus_edited_in_place_to_the_same_size_and_time_is_refused(stopped_r
         os.utime(train, ns=(times.st_atime_ns, times.st_mtime_ns))
         assert os.stat(train).st_size == times.st_size and os.stat(train).st_mtime_ns == times.st_mtime_ns
         assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 2
-        one_error_line(capsys, "--resume: the text read now", "is not the text the run in", "started with")
+        one_error_line(capsys.readouterr().err, "pretrain", "--resume: the text read now",
+                       "is not the text the run in", "started with")
     finally:
         train.write_text(text)
         os.utime(train, ns=(times.st_atime_ns, times.st_mtime_ns))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.folders import one_error_line
 from helpers.pretrain import tiny_args, write_corpus
 
 from convattn.cli import main
@@ -17,14 +18,6 @@ from convattn.cli import main
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def one_error_line(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("convattn pretrain: error:") and err.count("error") == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 SHORT = ["--eval-every", "1", "--save-every", "1"]
@@ -50,7 +43,7 @@ def test_a_run_that_cannot_be_what_it_claims_is_refused_before_anything_is_writt
         monkeypatch.setenv(name, value)
     out = tmp_path / "out"
     assert main(tiny_args(corpus, out, *extra)) == 2
-    one_error_line(capsys, said)
+    one_error_line(capsys.readouterr().err, "pretrain", said)
     assert not out.exists()
 
 
@@ -75,7 +68,7 @@ def test_one_step_trains_and_a_run_that_took_no_step_above_learning_rate_0_is_no
     with monkeypatch.context() as patch:
         patch.setattr(PretrainTrainer, "create_scheduler", at_zero)
         assert main(tiny_args(corpus, out, "--max-steps", "1", "--warmup", "0.06", *SHORT)) == 2
-    one_error_line(capsys, "pretraining took 1 step(s), none at a learning rate above 0",
+    one_error_line(capsys.readouterr().err, "pretrain", "pretraining took 1 step(s), none at a learning rate above 0",
                    "no model is saved; give a longer --max-steps or a shorter --warmup")
     assert not out.exists()
 
@@ -86,5 +79,5 @@ def test_one_step_trains_and_a_run_that_took_no_step_above_learning_rate_0_is_no
         patch.setattr(PretrainTrainer, "create_scheduler", at_zero)
         assert main(tiny_args(corpus, out, "--overwrite", "--max-steps", "1", "--warmup", "0.06", "--seed", "7",
                               *SHORT)) == 2
-    one_error_line(capsys, "none at a learning rate above 0")
+    one_error_line(capsys.readouterr().err, "pretrain", "none at a learning rate above 0")
     assert files(out) == before

@@ -9,17 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.finetune import SENTENCES, SQUAD, job_argv
 from helpers.folders import entries, one_error_line, snapshot
 from helpers.tiny import save_tiny_checkpoint
 from transformers import Trainer
 
 from convattn.cli import main
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-GLUE_DATA = FIXTURES / "glue_data"
-SQUAD = FIXTURES / "squad"
-SENTENCES = ["a dog runs in the park .", "the cat sat on the mat .", "where does the river elm rise ?",
-             "the bridge at harlow has nine arches ."] * 40
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,12 +26,8 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def argv(job: str, checkpoint: Path, out: Path, *extra: str, train: Path = SQUAD / "train-v1.1.json",
          dev: Path = SQUAD / "dev-v1.1.json") -> list[str]:
-    if job == "glue":
-        return ["glue", "--model", str(checkpoint), "--task", "sst2", "--data-dir", str(GLUE_DATA), "--output-dir",
-                str(out), "--seeds", "1", "--max-steps", "2", "--batch-size", "8", *extra]
-    return ["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file", str(train), "--dev-file",
-            str(dev), "--output-dir", str(out), "--seeds", "1", "--max-steps", "2", "--batch-size", "4",
-            "--max-length", "48", "--doc-stride", "16", "--max-query-length", "12", *extra]
+    return job_argv(job, checkpoint, out, "--max-steps", "2", "--batch-size", "8" if job == "glue" else "4", *extra,
+                    train=train, dev=dev)
 
 
 def with_question(source: Path, folder: Path, question: str) -> tuple[Path, str]:
