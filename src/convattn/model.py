@@ -434,7 +434,8 @@ def check_token_labels(labels: Tensor, shape: torch.Size) -> None:
 
 def check_something_masked(labels: Tensor, input_ids: Tensor) -> None:
     """Masked-LM training hides what it scores: labels that are the input itself at every scored position, with most
-    tokens scored, train the model to copy its input (transformers' DataCollatorWithFlattening makes such labels)."""
+    tokens scored, train the model to copy its input. transformers' DataCollatorWithFlattening makes such labels for
+    the flattened batches it builds (where this is checked)."""
     scored = labels != -100
     if 2 * int(scored.sum()) > labels.numel() and torch.equal(labels[scored], input_ids[scored]):
         raise ValueError("labels equal input_ids at every scored position and no token is masked, so masked-LM "
@@ -549,7 +550,8 @@ class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
         hidden = encoded.last_hidden_state
         if labels is not None:
             check_token_labels(labels, hidden.shape[:2])
-            if self.training and input_ids is not None:
+            flattened = position_ids is not None or bool(sequence_offsets)
+            if self.training and flattened and input_ids is not None and not torch.compiler.is_compiling():
                 check_something_masked(labels, input_ids)
         # the HF contract by default: logits come with the loss, as BertForMaskedLM
         logits = self.mlm_head(hidden) if return_logits or labels is None else None

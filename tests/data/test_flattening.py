@@ -271,12 +271,15 @@ def test_transformers_flattening_collator_in_a_trainer_is_refused_naming_ours(to
 
 
 def test_a_masked_batch_with_few_scored_tokens_that_all_kept_their_token_still_trains(tokenizer):
-    """BERT's masking keeps the original token at 10 % of the scored positions: a batch whose few scored tokens all
-    kept theirs is masked LM, not copying."""
+    """BERT's masking keeps the original token at 10 % of the scored positions: a flattened batch whose few scored
+    tokens all kept theirs is masked LM, not copying; and evaluation, or a padded batch, may score anything."""
     model = tiny_model(tokenizer, ConvAttnForMaskedLM).train()
-    ids = torch.tensor(tokenizer(SENTENCES[:2], padding=True)["input_ids"])
+    flat = FlatteningCollator()([{"input_ids": ids} for ids in tokenizer(SENTENCES[:2])["input_ids"]])
+    ids, positions = flat["input_ids"], flat["position_ids"]
     labels = torch.full_like(ids, -100)
-    labels[:, 2] = ids[:, 2]
-    assert torch.isfinite(model(input_ids=ids, labels=labels).loss)
-    everything = torch.where(ids == tokenizer.pad_token_id, -100, ids)
-    assert torch.isfinite(model.eval()(input_ids=ids, labels=everything).loss)  # evaluation may score anything
+    labels[:, [2, 9]] = ids[:, [2, 9]]
+    assert torch.isfinite(model(input_ids=ids, position_ids=positions, labels=labels).loss)
+    with pytest.raises(ValueError, match="copy its input"):
+        model(input_ids=ids, position_ids=positions, labels=ids)
+    assert torch.isfinite(model.eval()(input_ids=ids, position_ids=positions, labels=ids).loss)
+    assert torch.isfinite(model.train()(input_ids=ids, labels=ids).loss)  # padded: a test's or benchmark's batch
