@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 from helpers.remote import run_without_convattn
-from helpers.tiny import randomize_, tiny_config
+from helpers.tiny import randomize_, tiny_config, tiny_wordpiece_tokenizer
 from safetensors.torch import load_file, save_file
 
 from convattn import ConvAttnForMaskedLM
@@ -17,7 +17,8 @@ from convattn.remote_code import AUTO_MAP
 LOAD_AND_RUN = textwrap.dedent('''
     import sys, torch
     from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+                              AutoTokenizer)
 
     model_dir, out = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)  # as the test process: a product split across threads sums in another order
@@ -37,6 +38,9 @@ LOAD_AND_RUN = textwrap.dedent('''
     again = AutoModelForMaskedLM.from_pretrained(out + ".again", trust_remote_code=True).eval()
     with torch.no_grad():
         outputs["again"] = again(**ids).logits
+    # the tokenizer alone, without running the model's code (transformers reads config.json first)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    assert tokenizer.is_fast and tokenizer.mask_token == "[MASK]"
     assert "convattn" not in sys.modules
     save_file(outputs, out)
 ''')
@@ -58,6 +62,7 @@ def test_saved_model_loads_and_reproduces_logits_without_convattn(tmp_path, pres
     model.eval()
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
+    tiny_wordpiece_tokenizer(["the cat sat on the mat", "a dog ran"], vocab_size=60).save_pretrained(model_dir)
     assert json.loads((model_dir / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == (
         "convattn_model.ConvAttnForMaskedLM")
     ids = torch.randint(5, 101, (2, 13))
