@@ -77,6 +77,7 @@ def test_sigterm_during_an_overwrite_gives_the_old_results_back_at_once(checkpoi
     assert snapshot(run) == before
 
 
+@pytest.mark.timing
 def test_a_terminated_glue_overwrite_process_gives_the_old_results_back_before_it_exits(checkpoint, finished,
                                                                                         tmp_path):
     """The real thing: `convattn glue --overwrite` in its own process, sent SIGTERM while it trains."""
