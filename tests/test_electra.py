@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,3 +160,27 @@ def test_a_few_hundred_steps_reduce_both_losses(one_thread):
     first, last = torch.tensor(history[:30]).mean(0), torch.tensor(history[-30:]).mean(0)
     assert last[0] < 0.6 * first[0], (first, last)  # ~3.1 -> ~1.3
     assert last[1] < 0.85 * first[1], (first, last)  # ~0.51 -> ~0.35
+
+
+@pytest.mark.parametrize("preset", ["convbert/small", "chang2021-small/composite"])
+def test_a_flattened_batch_is_trained_as_its_sequences(preset):
+    """FlatteningCollator's row: [CLS] and [SEP] of every sequence left unmasked, and the discriminator reads each
+    sequence as if it were alone (its logits on the corrupted row equal its logits on each sequence by itself)."""
+    from convattn.data.flattening import FlatteningCollator
+
+    model = tiny_model(preset).train()
+    ids, keep, special = padded_batch([20, 13, 5], 20)
+    examples = [{"input_ids": ids[b, :length].tolist(), "special_tokens_mask": special[b, :length].tolist()}
+                for b, length in enumerate(keep.sum(1).tolist())]
+    batch = FlatteningCollator(return_flash_attn_kwargs=True, return_special_tokens_mask=True)(examples)
+    out = model(**batch)
+    assert torch.isfinite(out.loss) and out.masked.any() and not out.masked[batch["special_tokens_mask"].bool()].any()
+    out.loss.backward()
+    model.eval()
+    with torch.no_grad():
+        for start, end in itertools.pairwise(batch["cu_seq_lens_q"].tolist()):
+            hidden = model.convattn(input_ids=out.corrupted_ids[:, start:end]).last_hidden_state
+            torch.testing.assert_close(out.discriminator_logits[:, start:end], model.discriminator_head(hidden),
+                                       rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="example 0 has no special_tokens_mask"):
+        FlatteningCollator(return_special_tokens_mask=True)([{"input_ids": [CLS, 5, SEP]}])

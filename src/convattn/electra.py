@@ -182,7 +182,12 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
         return loss, samples
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                special_tokens_mask: Tensor | None = None) -> ElectraPreTrainingOutput:
+                special_tokens_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                **sequence_offsets) -> ElectraPreTrainingOutput:
+        """`position_ids` and `sequence_offsets` (cu_seq_lens_q, max_length_q, their _k twins): a flattened batch, as
+        `FlatteningCollator(return_special_tokens_mask=True)` lays it out, whose sequences both models read apart;
+        masking picks 15 % of each row's maskable tokens, so of the flattened batch's as a whole."""
+        layout = dict(position_ids=position_ids, **sequence_offsets)
         keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         maskable = keep
         if special_tokens_mask is not None:
@@ -193,13 +198,13 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
         masked = selection.as_mask(input_ids.shape[1])
         generator_ids = self.generator_input(input_ids, masked)
 
-        hidden = self.generator(input_ids=generator_ids, attention_mask=attention_mask,
-                                token_type_ids=token_type_ids).last_hidden_state
+        hidden = self.generator(input_ids=generator_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                **layout).last_hidden_state
         generator_loss, samples = self.generator_loss_and_samples(hidden, input_ids, selection)
         corrupted_ids = input_ids.scatter(1, selection.candidates, samples)
         replaced = corrupted_ids != input_ids
         logits = self.discriminator_head(self.convattn(input_ids=corrupted_ids, attention_mask=attention_mask,
-                                                       token_type_ids=token_type_ids).last_hidden_state)
+                                                       token_type_ids=token_type_ids, **layout).last_hidden_state)
         discriminator_loss, accuracy = replaced_token_loss(logits, replaced, keep)
         return ElectraPreTrainingOutput(
             loss=generator_loss + self.config.discriminator_weight * discriminator_loss,

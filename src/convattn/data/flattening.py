@@ -45,6 +45,8 @@ class FlatteningCollator:
     row: input_ids, position_ids, token_type_ids (1, total), labels; with return_flash_attn_kwargs also
     cu_seq_lens_q / cu_seq_lens_k (batch + 1,) int32 and max_length_q / max_length_k, as transformers' collator.
     `masking`: MLM masking of the row (its generator, when set, makes masks reproducible).
+    `return_special_tokens_mask`: the examples' special_tokens_mask flattened too (1, total), for a model that masks
+    itself (ELECTRA's ConvAttnForPreTraining) and must leave [CLS] and [SEP] alone.
 
     Examples may differ in what they carry: those without token_type_ids get 0s (a single segment) when others
     have them, those without a special_tokens_mask get the tokenizer's when masking needs one. Labels come with
@@ -53,6 +55,7 @@ class FlatteningCollator:
 
     masking: DataCollatorForLanguageModeling | None = None
     return_flash_attn_kwargs: bool = False
+    return_special_tokens_mask: bool = False
 
     def __call__(self, features: Sequence[dict]) -> dict:
         features = [f for f in features if len(f["input_ids"]) > 0]
@@ -70,7 +73,8 @@ class FlatteningCollator:
         labels = flattened_labels(features, lengths)
         if labels is not None:
             batch["labels"] = labels
-        special = batch.pop("special_tokens_mask", None)
+        special = batch["special_tokens_mask"] if self.return_special_tokens_mask else \
+            batch.pop("special_tokens_mask", None)
         if self.masking is not None:
             if "labels" in batch:
                 raise ValueError("examples with labels cannot be masked for MLM: masking makes the labels")
@@ -91,8 +95,11 @@ class FlatteningCollator:
         columns = {"input_ids": ids}
         if token_types:
             columns["token_type_ids"] = as_list(example.get("token_type_ids", [0] * len(ids)))
-        if self.masking is not None:  # what masking must leave alone; nothing else reads it
+        if self.masking is not None or self.return_special_tokens_mask:  # what masking must leave alone
             special = example.get("special_tokens_mask")
+            if special is None and self.masking is None:
+                raise ValueError(f"example {index} has no special_tokens_mask, which return_special_tokens_mask "
+                                 "passes on; tokenize with return_special_tokens_mask=True")
             if special is None:
                 special = self.masking.tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
             columns["special_tokens_mask"] = as_list(special)
