@@ -4,7 +4,8 @@
 each step to filter it for logging, so this adds no device sync), an evaluating subclass checks each eval loss
 (`check_finite_eval`), and every save (checkpoints and the final model) first checks the weights. Each failure
 is a `NonFiniteTraining` error, which the command line reports as one line: a run never ends "done" with NaN
-weights.
+weights. `TrainedSteps` counts the optimizer steps taken above learning rate 0, so that a run whose every step was
+warmup at 0 is never reported as a result.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 
 import torch
 from torch import nn
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from convattn.errors import UsageError, listed
 
@@ -67,3 +70,24 @@ class FiniteTraining:
             raise NonFiniteTraining(f"training stopped at step {self.state.global_step}: the weights are no longer "
                                     f"finite ({listed(bad)}); they were not saved; {self.divergence_hint}")
         super().save_model(output_dir, _internal_call)
+
+
+class TrainedSteps(TrainerCallback, ExportableState):
+    """How many optimizer steps ran at a learning rate above 0 (a warmup starts at 0), from the run's start:
+    checkpoints record it, so a resumed run knows whether its model was ever trained (None: a run resumed from a
+    checkpoint that does not say)."""
+
+    def __init__(self, steps: int | None = 0):
+        self.steps = steps
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a state resumed from a checkpoint written before this callback was recorded has no entry to update
+        state.stateful_callbacks.setdefault(type(self).__name__, self.state())
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        if self.steps is not None and optimizer is not None and \
+                any(group["lr"] > 0 for group in optimizer.param_groups):
+            self.steps += 1
+
+    def state(self) -> dict:
+        return {"args": {"steps": self.steps}, "attributes": {}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from convattn.console import world_size
 from convattn.errors import UsageError, option
 
 BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
@@ -47,11 +48,9 @@ def check_warmup(settings: FineTuneSettings) -> None:
 def examples_per_step(batch_size: int) -> int:
     """The training examples one optimizer step takes, as the Trainer batches them: `batch_size` per device,
     times the GPUs one process drives (DataParallel) or the processes of a torchrun launch."""
-    import os
-
     import torch
 
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = world_size()
     gpus = torch.cuda.device_count() if processes == 1 else 1
     return batch_size * max(processes, 1) * max(gpus, 1)
 

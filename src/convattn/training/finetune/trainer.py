@@ -16,6 +16,7 @@ from convattn.errors import UsageError, option
 from convattn.files import read_json
 from convattn.runs.finetune import SEED_RUN_FILE
 from convattn.training.finetune.settings import FineTuneSettings
+from convattn.training.guards import TrainedSteps
 
 RUN_FILE = SEED_RUN_FILE  # written last: a seed folder without it is an interrupted seed
 
@@ -70,8 +71,8 @@ def train_quietly(trainer: Trainer):
     """`trainer.train()` with the quiet progress bar; on any failure the bar is closed first, so the error line
     that follows stands on its own line. A run that took no step at a learning rate above 0 is refused: its model
     is the untrained one (`check_trains` refuses such settings before anything is written; this is the guard)."""
-    updates = UpdatesAboveZero()
-    trainer.add_callback(updates)
+    trained = TrainedSteps()
+    trainer.add_callback(trained)
     try:
         output = quiet_trainer(trainer).train()
     except BaseException:
@@ -80,22 +81,11 @@ def train_quietly(trainer: Trainer):
                 callback.training_bar.close()
                 callback.training_bar = None
         raise
-    if updates.count == 0:
+    if trained.steps == 0:
         raise UsageError(f"fine-tuning took {output.global_step} step(s), none at a learning rate above 0 (all "
                          f"warmup): the model is untrained, so it is neither saved nor scored; give more "
                          f"{option('epochs')} or {option('max_steps')}")
     return output
-
-
-class UpdatesAboveZero(TrainerCallback):
-    """Counts the optimizer steps taken at a learning rate above 0."""
-
-    def __init__(self):
-        self.count = 0
-
-    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if optimizer is not None and any(group["lr"] > 0 for group in optimizer.param_groups):
-            self.count += 1
 
 
 def log_dict(state, logs: dict) -> None:

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
-from transformers.trainer_callback import ExportableState
 
 from convattn.files import save_figure, write_text_atomic
 from convattn.runs.pretrain import METRICS_FILE, PLOT_FILE, TRAINER_STATE, read_metrics
+from convattn.training.guards import TrainedSteps
 
 
 class ThroughputMeter(TrainerCallback):
@@ -41,27 +41,6 @@ class ThroughputMeter(TrainerCallback):
         rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
         self._seconds, self._tokens = 0.0, 0
         return round(rate, 1)
-
-
-class TrainedSteps(TrainerCallback, ExportableState):
-    """How many optimizer steps ran at a learning rate above 0 (a warmup starts at 0), from the run's start:
-    checkpoints record it, so a resumed run knows whether its model was ever trained (None: a run resumed from a
-    checkpoint that does not say)."""
-
-    def __init__(self, steps: int | None = 0):
-        self.steps = steps
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        # a state resumed from a checkpoint written before this callback was recorded has no entry to update
-        state.stateful_callbacks.setdefault(type(self).__name__, self.state())
-
-    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if self.steps is not None and optimizer is not None and \
-                any(group["lr"] > 0 for group in optimizer.param_groups):
-            self.steps += 1
-
-    def state(self) -> dict:
-        return {"args": {"steps": self.steps}, "attributes": {}}
 
 
 def steps_trained(checkpoint: Path) -> int | None:

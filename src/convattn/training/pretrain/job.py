@@ -45,12 +45,12 @@ from convattn.runs.replace import (
     recover_replaced_run,
     restore_replaced,
 )
+from convattn.training.guards import TrainedSteps
 from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
 from convattn.training.pretrain.callbacks import (
     MetricsWriter,
     PretrainProgress,
     ThroughputMeter,
-    TrainedSteps,
     steps_trained,
 )
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
