@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.errors import UsageError, listed
+from convattn.files import check_weight_file
 from convattn.runs.pretrain import RNG_STATE, TRAINER_STATE_FILES
 
 CONFIG_FILE = "config.json"
@@ -242,29 +243,6 @@ def check_shards_present(folder: Path) -> None:
         raise UsageError(f"{index} is not a safetensors index (JSON with a \"weight_map\")") from None
     if missing := sorted(s for s in shards if not (folder / s).is_file()):
         raise UsageError(f"{folder} lacks the weight shards {', '.join(missing)} listed in {index.name}")
-
-
-def check_weight_file(file: Path) -> dict[str, list[int]]:
-    """The file opens as safetensors and its floating-point tensors are finite (one UsageError naming them).
-    Returns the shape of each weight."""
-    import torch
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(file), framework="pt") as weights:
-            shapes = {name: weights.get_slice(name).get_shape()
-                      for name in weights.keys()}  # noqa: SIM118 (a safetensors handle, not a dict)
-            bad = [name for name in shapes
-                   if (tensor := weights.get_tensor(name)).is_floating_point() and not torch.isfinite(tensor).all()]
-    except OSError as err:
-        raise UsageError(f"cannot read {file}: {err.strerror or err}") from None
-    except Exception as err:  # safetensors raises its own error type for every kind of damage
-        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
-        raise UsageError(f"{file} is truncated or corrupt ({detail}); save or copy the model again") from None
-    if bad:
-        raise UsageError(f"{file} holds non-finite (NaN or infinite) weights: {listed(bad)}; this model cannot be used "
-                         "(a diverged training run?)")
-    return shapes
 
 
 # ---------------------------------------------------------------------------------- the config against the weights

@@ -10,8 +10,9 @@ Nothing is written through a link or onto a special file: an atomic write replac
 appended to in place (`append_text`, the run's log.txt) must be a plain file, and one with other names too (a hard
 link) is first replaced by a copy of its own, so those keep their content.
 
-Also here, as they are about files: figures (`save_figure`) and the fingerprint of a saved model
-(`model_identity`), which results are keyed on.
+Also here, as they are about files: reading JSON back (`read_json`), a safetensors file's tensor shapes from its
+header (`weight_shapes`) and whether it reads back whole and finite (`check_weight_file`), figures
+(`save_figure`), and the fingerprint of a saved model (`model_identity`), which results are keyed on.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from convattn.errors import UsageError
+from convattn.errors import UsageError, listed
 
 SPECIAL_FILES = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
                  stat.S_IFSOCK: "a socket"}
@@ -134,6 +135,37 @@ def read_json(path: str | os.PathLike) -> dict | None:
     """The JSON object in `path`, or None when there is no such file."""
     path = Path(path)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def weight_shapes(file: str | os.PathLike) -> dict[str, list[int]]:
+    """The shape of each tensor in a safetensors file, read from its header (nothing is loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as weights:
+        return {name: list(weights.get_slice(name).get_shape())
+                for name in weights.keys()}  # noqa: SIM118 (a safetensors handle, not a dict)
+
+
+def check_weight_file(file: Path) -> dict[str, list[int]]:
+    """The file opens as safetensors and its floating-point tensors are finite (one UsageError naming them).
+    Returns the shape of each weight (`weight_shapes`)."""
+    import torch
+    from safetensors import safe_open
+
+    try:
+        shapes = weight_shapes(file)
+        with safe_open(str(file), framework="pt") as weights:
+            bad = [name for name in shapes
+                   if (tensor := weights.get_tensor(name)).is_floating_point() and not torch.isfinite(tensor).all()]
+    except OSError as err:
+        raise UsageError(f"cannot read {file}: {err.strerror or err}") from None
+    except Exception as err:  # safetensors raises its own error type for every kind of damage
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        raise UsageError(f"{file} is truncated or corrupt ({detail}); save or copy the model again") from None
+    if bad:
+        raise UsageError(f"{file} holds non-finite (NaN or infinite) weights: {listed(bad)}; this model cannot be used "
+                         "(a diverged training run?)")
+    return shapes
 
 
 def save_figure(fig, path: Path, dpi: int = 130) -> Path:

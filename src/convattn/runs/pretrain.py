@@ -9,7 +9,8 @@
     pretrain_data.json                                a fingerprint of its text, the vocabulary size built
     .replaced-run/                                    the run an --overwrite replaces, until the new one stands
 
-`run_state` is the one answer to "what state is this run in"; `remove_run_files` removes only what a run wrote.
+`run_state` is the one answer to "what state is this run in"; `remove_run_files` removes only what a run wrote;
+`check_same_data` holds the data a --resume reads against the run's record of it (`recorded_data`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from convattn.console import LOG_FILE
 from convattn.errors import UsageError, option
+from convattn.files import read_json
 from convattn.runs.folder import (
     LOCK_FILE,
     PARTIAL,
@@ -173,6 +175,48 @@ def json_kind(value) -> str:
     shown = json.dumps(value)
     return f"{kind} ({shown})" if value is not None and len(shown) <= 30 and not isinstance(value, list | dict) \
         else kind
+
+
+# the run's record of its data (DATA_FILE): the text it read and the tokenizer it split it with, by content
+DATA_FIELDS = {"corpus": TEXT, "fingerprint": TEXT, "vocab_size": INTEGER, "tokenizer": TEXT}
+DATA_REQUIRED = ("fingerprint",)  # runs older than the tokenizer's fingerprint lack it: their tokenizer is not checked
+
+
+def recorded_data(file: Path) -> dict | None:
+    """The run's record of its data (None: no such file, a run older than it); one line naming the file and the
+    field when it is not what convattn writes."""
+    def damaged(problem: str) -> UsageError:
+        return UsageError(f"{file} is damaged or not written by convattn ({problem}); restore it, or start a new run "
+                          f"in another {option('output_dir')}")
+
+    try:
+        saved = read_json(file)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise damaged(f"not JSON: {str(err)[:80]}") from None
+    if saved is None:
+        return None
+    if not isinstance(saved, dict):
+        raise damaged(f"{json_kind(saved)}, not the run's data record")
+    if problem := field_problem(saved, DATA_FIELDS, DATA_REQUIRED):
+        raise damaged(problem)
+    return saved
+
+
+def check_same_data(out: Path, corpus: str, fingerprint: str, tokenizer: str, tokenizer_source: str) -> None:
+    """--resume reads the text the run started with and splits it with the same tokenizer, both compared by content
+    with what DATA_FILE recorded (runs older than that file are not checked, nor the tokenizer of runs older than
+    its fingerprint)."""
+    saved = recorded_data(out / DATA_FILE)
+    if saved is None:
+        return
+    if saved["fingerprint"] != fingerprint:
+        raise UsageError(f"{option('resume')}: the text read now ({corpus}) is not the text the run in {out} started "
+                         f"with ({saved.get('corpus')}); restore that text, or start a new run in another "
+                         f"{option('output_dir')}")
+    if saved.get("tokenizer", tokenizer) != tokenizer:
+        raise UsageError(f"{option('resume')}: the tokenizer read now ({tokenizer_source}) splits text differently "
+                         f"from the one the run in {out} started with (another tokenizer, or its files changed); "
+                         f"restore that tokenizer, or start a new run in another {option('output_dir')}")
 
 
 def written_by_run(entry: Path) -> bool:

@@ -418,7 +418,7 @@ def test_resume_refuses_a_damaged_checkpoint_and_offers_the_one_before(stopped_r
 def test_a_finished_runs_damaged_final_model_is_named_and_saved_again(finished_run, tmp_path, capsys):
     import shutil
 
-    from convattn.checkpoint import check_weight_file
+    from convattn.files import check_weight_file
 
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)

@@ -19,6 +19,7 @@ from convattn.console import log_to, main_process, processes, say, say_launch
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.hub import write_model_card
+from convattn.runs.checkpoints import check_checkpoint_fits, is_whole
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.pretrain import (
     DATA_FILE,
@@ -31,6 +32,7 @@ from convattn.runs.pretrain import (
     PRETRAIN,
     TENSORBOARD,
     TRAINER_STATE,
+    check_same_data,
     checkpoint_step,
     checkpoints_dir,
     complete_checkpoints,
@@ -57,11 +59,8 @@ from convattn.training.pretrain.data import MaskingCollator, padding_collator, p
 from convattn.training.pretrain.options import (
     OutputPlan,
     PretrainOptions,
-    check_checkpoint_fits,
     check_options,
     check_output_dir,
-    check_same_data,
-    is_whole,
     sequence_length,
 )
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, pretraining_arguments
