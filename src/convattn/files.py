@@ -131,10 +131,16 @@ def write_json_atomic(path: str | os.PathLike, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> dict | None:
-    """The JSON object in `path`, or None when there is no such file."""
+def read_json(path: str | os.PathLike, *, damaged_as_none: bool = False) -> dict | None:
+    """The JSON object in `path` (any JSON value, where the file is not what convattn writes), or None when there is
+    no such file; with `damaged_as_none` None also when it cannot be read or is not JSON."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, OSError):  # UnicodeDecodeError is a ValueError
+        if damaged_as_none:
+            return None
+        raise
 
 
 def weight_shapes(file: str | os.PathLike) -> dict[str, list[int]]:

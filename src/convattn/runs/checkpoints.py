@@ -3,12 +3,11 @@ fits the run's model (`checkpoint_misfit`), and what a callback saved in its tra
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 
 from convattn.errors import UsageError, option
-from convattn.files import check_weight_file, weight_shapes
+from convattn.files import check_weight_file, read_json, weight_shapes
 from convattn.runs.pretrain import FINAL_MODEL, RNG_STATE, TRAINER_STATE, checkpoint_step
 
 # what --resume reads from a checkpoint besides rng_state*.pth: without one it would continue differently
@@ -37,7 +36,7 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
     rng_states = sorted(p for p in checkpoint.iterdir() if RNG_STATE.fullmatch(p.name))
     if missing or not rng_states:
         return f"{(missing or ['rng_state.pth'])[0]} is missing"
-    state = read_json_or_none(checkpoint / TRAINER_STATE)
+    state = read_json(checkpoint / TRAINER_STATE, damaged_as_none=True)
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{TRAINER_STATE} is not a trainer state"
     if state["global_step"] != checkpoint_step(checkpoint):
@@ -50,13 +49,6 @@ def checkpoint_damage(checkpoint: Path) -> str | None:
     return None
 
 
-def read_json_or_none(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (ValueError, OSError):
-        return None
-
-
 def check_checkpoint(checkpoints: list[Path]) -> None:
     """The last checkpoint is whole; else one line naming the damage and the way on (an earlier whole checkpoint
     to resume from, once the damaged one is deleted, or starting again)."""
@@ -64,9 +56,14 @@ def check_checkpoint(checkpoints: list[Path]) -> None:
     if damage is None:
         return
     earlier = next((c for c in reversed(checkpoints[:-1]) if checkpoint_damage(c) is None), None)
-    way_on = (f"delete that folder to resume from {earlier.name}" if earlier else
-              f"start the run again with {option('overwrite')}")
-    raise UsageError(f"{option('resume')}: {checkpoints[-1]} is damaged ({damage}); {way_on}")
+    raise UsageError(f"{option('resume')}: {checkpoints[-1]} is damaged ({damage}); {way_on(earlier)}")
+
+
+def way_on(earlier: Path | None) -> str:
+    """What to do about a last checkpoint --resume cannot continue from: delete it to resume from `earlier` (one
+    it can), or, with none, start again."""
+    return (f"delete that folder to resume from {earlier.name}" if earlier else
+            f"start the run again with {option('overwrite')}")
 
 
 # ---------------------------------------------------------------------------------- a checkpoint against the model
@@ -75,7 +72,7 @@ def checkpoint_misfit(checkpoint: Path, model) -> str | None:
     header of its weights (nothing is loaded): a config field of another value (another preset or size), a tensor
     missing, one the model does not have, or one of another shape; None when it fits. A tensor the model shares
     under several names (tied embeddings) is saved under one."""
-    saved_config = read_json_or_none(checkpoint / "config.json")
+    saved_config = read_json(checkpoint / "config.json", damaged_as_none=True)
     if isinstance(saved_config, dict):
         fields = [name for name in model.config.__class__.__annotations__ if not name.startswith("_")]
         current = model.config.to_dict()
@@ -107,7 +104,19 @@ def check_checkpoint_fits(checkpoints: list[Path], model) -> None:
         return
     earlier = next((c for c in reversed(checkpoints[:-1])
                     if checkpoint_damage(c) is None and checkpoint_misfit(c, model) is None), None)
-    way_on = (f"delete that folder to resume from {earlier.name}" if earlier else
-              f"start the run again with {option('overwrite')}")
     raise UsageError(f"{option('resume')}: {checkpoints[-1]} does not fit the run's model ({misfit}: a checkpoint "
-                     f"of another model, or a damaged one); {way_on}")
+                     f"of another model, or a damaged one); {way_on(earlier)}")
+
+
+# ---------------------------------------------------------------------------------- what a callback saved
+def saved_callback_state(checkpoint: Path, callback: str) -> dict:
+    """What the `TrainerCallback` of class `callback` saved in `checkpoint`'s trainer state ({"args": ...,
+    "attributes": ...}; the last, where several of that class did), or {} where none did (a checkpoint written
+    before it was recorded) or the trainer state is damaged."""
+    state = read_json(Path(checkpoint) / TRAINER_STATE, damaged_as_none=True)
+    try:
+        saved = state["stateful_callbacks"][callback]
+        saved = saved[-1] if isinstance(saved, list) else saved
+    except (KeyError, TypeError, IndexError):
+        return {}
+    return saved if isinstance(saved, dict) else {}

@@ -9,7 +9,6 @@ the time spent (in trainer_state.json), so a resumed run continues the same cloc
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -20,7 +19,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from convattn.errors import UsageError, option
-from convattn.runs.pretrain import TRAINER_STATE
+from convattn.runs.checkpoints import saved_callback_state
 
 EVALUATIONS = 10  # evaluations (each with a checkpoint) per budget, the last at the deadline
 UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -111,10 +110,7 @@ def _same_on_every_rank(value: float) -> float:
 
 def time_spent(checkpoint: Path) -> float:
     """The training time a checkpoint's run had spent (0 for a checkpoint without a clock)."""
-    saved = json.loads((Path(checkpoint) / TRAINER_STATE).read_text()).get("stateful_callbacks", {})
-    clock = saved.get(TrainingClock.__name__)
-    if isinstance(clock, list):
-        clock = clock[0] if clock else None
+    clock = saved_callback_state(checkpoint, TrainingClock.__name__)
     return float(clock["attributes"]["spent"]) if clock else 0.0
 
 

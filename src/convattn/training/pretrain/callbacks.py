@@ -11,7 +11,8 @@ from pathlib import Path
 from transformers import ProgressCallback, TrainerCallback
 
 from convattn.files import save_figure, write_text_atomic
-from convattn.runs.pretrain import METRICS_FILE, PLOT_FILE, TRAINER_STATE, read_metrics
+from convattn.runs.checkpoints import saved_callback_state
+from convattn.runs.pretrain import METRICS_FILE, PLOT_FILE, read_metrics
 from convattn.training.guards import TrainedSteps
 
 
@@ -47,10 +48,8 @@ def steps_trained(checkpoint: Path) -> int | None:
     """The steps at a learning rate above 0 that `checkpoint`'s run had taken (`TrainedSteps`), or None for a
     checkpoint that does not say (written before it was recorded)."""
     try:
-        saved = json.loads((Path(checkpoint) / TRAINER_STATE).read_text())["stateful_callbacks"][TrainedSteps.__name__]
-        saved = saved[-1] if isinstance(saved, list) else saved
-        steps = saved["args"]["steps"]
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        steps = saved_callback_state(checkpoint, TrainedSteps.__name__)["args"]["steps"]
+    except (KeyError, TypeError):
         return None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
