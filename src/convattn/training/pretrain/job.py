@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 from convattn.config import ConvAttnConfig
 from convattn.console import log_to, main_process, processes, say, say_launch
 from convattn.errors import UsageError, option
-from convattn.files import write_json_atomic, write_text_atomic
+from convattn.files import write_json_atomic
 from convattn.hub import write_model_card
 from convattn.runs.checkpoints import check_checkpoint_fits, is_whole
 from convattn.runs.folder import check_output_folder, run_folder_lock
@@ -155,7 +154,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         if plan.replace:
             say("pretrain", f"replacing the run in {out} (kept aside until the new one saves its first checkpoint)")
             move_aside(out, PRETRAIN)
-        write_text_atomic(out / OPTIONS_FILE, json.dumps(options.to_json(), indent=2) + "\n")
+        write_json_atomic(out / OPTIONS_FILE, options.to_json())
         if plan.resume_from is None:
             write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint,
                                                  "tokenizer": data.tokenizer_fingerprint,
