@@ -4,7 +4,8 @@ zero exactly at the deadline, whatever step that is; evaluations and checkpoints
 
 The clock counts training steps only: evaluation and checkpoint saving are measurements and do not spend the
 budget, so rows of a comparison evaluated on different eval sets still train equally long. A checkpoint records
-the time spent (in trainer_state.json), so a resumed run continues the same clock and ends at the same total.
+the time spent (in its trainer state, read back by runs.checkpoints), so a resumed run continues the same clock
+and ends at the same total.
 """
 
 from __future__ import annotations
