@@ -1,5 +1,5 @@
 """What the fused relative-attention kernels cost a Hopper multiprocessor, read without a GPU: each kernel of
-attention/relative/triton_attention.py compiled for sm_90 by Triton's own ptxas, as the JIT would compile it for a
+attention/relative/triton/kernels.py compiled for sm_90 by Triton's own ptxas, as the JIT would compile it for a
 real call, and read back from its machine code (cuobjdump):
 
   registers    per thread (255 is the most), and bytes spilled to the stack (local memory)
@@ -39,10 +39,9 @@ from common import write_atomic
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from convattn.attention.relative import triton_attention
+from convattn.attention.relative.triton import launch
 
-KERNELS = {"forward": triton_attention.forward_kernel, "query": triton_attention.query_gradient_kernel,
-           "key": triton_attention.key_gradient_kernel}
+KERNELS = launch.KERNELS
 VARIANTS = {"plain": {}, "dropout": {"dropout"}, "padding": {"padding"},
             "composite": {"row", "padding", "dropout"}, "composite+key": {"row", "key", "padding", "dropout"}}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -51,7 +50,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int) -> tuple[list, dict]:
-    """The runtime arguments and keywords that triton_attention launches this kernel with, on meta tensors (their
+    """The runtime arguments and keywords that triton/launch.py launches this kernel with, on meta tensors (their
     data pointers are 0: aligned, as the allocator's are)."""
     batch, heads, n = 2, HEADS, LENGTH
     rows = torch.empty(batch, n, 3, heads, head_dim, dtype=dtype, device="meta")  # a fused q, k, v projection
@@ -59,10 +58,10 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
     tables = [torch.empty(batch, heads, n, 2 * REACH + 1, dtype=dtype, device="meta") if name in features else None
               for name in ("row", "key")]
     keep = torch.empty(batch, n, dtype=torch.uint8, device="meta") if "padding" in features else None
-    problem = triton_attention._Problem(q, *tables, keep, None, 0, REACH, True, 0.1 if "dropout" in features else 0,
+    problem = launch.Problem(q, *tables, keep, None, 0, REACH, True, 0.1 if "dropout" in features else 0,
                                         head_dim**-0.5, 0)
     stats = torch.empty(problem.stats_shape, dtype=torch.float32, device="meta")
-    grads = [triton_attention._table_gradient(t, q, False) if t is not None else None for t in tables]
+    grads = [launch.table_gradient(t, q, False) if t is not None else None for t in tables]
     out = torch.empty_like(q)
     arguments = {"forward": lambda: problem.forward_arguments(q, k, v, out, stats),
                  "query": lambda: problem.query_arguments(q, k, v, out, out, stats, stats, out, grads[0]),
@@ -145,7 +144,7 @@ def resources(job: tuple) -> dict:
 
 def library_tilings(kernel_name: str, dtype_name: str, head_dim: int) -> list[tuple]:
     # read with TRITON_INTERPRET unset, so these are the GPU's candidates
-    return triton_attention._configs(kernel_name, head_dim, DTYPES[dtype_name])
+    return launch.configs(kernel_name, head_dim, DTYPES[dtype_name])
 
 
 def main() -> int:

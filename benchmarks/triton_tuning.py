@@ -1,5 +1,5 @@
 """The fused relative-attention kernel's host cost per call and its tilings, on a CUDA GPU (issue 37): what a GPU
-session runs after benchmarks/gpu_session.sh when time is left, to choose triton_attention._configs from
+session runs after benchmarks/gpu_session.sh when time is left, to choose launch.configs from
 measurements instead of ptxas's register report.
 
   host    the host's time to issue one call at a small shape (1 x 4 heads x 128 x 64, bfloat16), where the device
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from convattn.attention.relative import triton_attention
+from convattn.attention.relative.triton import kernels, launch, operator
 
 KERNELS = ("forward", "query", "key")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each is today's first pick
@@ -63,15 +64,15 @@ FEATURES = {"plain": (), "dropout": ("dropout",), "padding": ("padding",), "padd
 PROBLEMS = ("plain", "composite+key")  # the tilings' sweep
 LADDER = tuple(FEATURES)  # one feature more at a time, at the library's own first tilings
 HEAD_DIM, REACH, DROPOUT = 64, 8, 0.1
-LIBRARY_CONFIGS = triton_attention._configs
+LIBRARY_CONFIGS = launch.configs
 
 
 def force(tilings: dict[str, tuple]) -> None:
     """Make the kernels launch exactly these tilings (one per kernel; the library's first candidate for the
     others)."""
     chosen = {kernel: LIBRARY_CONFIGS(kernel, HEAD_DIM, torch.bfloat16)[0] for kernel in KERNELS} | tilings
-    triton_attention._configs = lambda kernel, head_dim, dtype: [chosen[kernel]]
-    triton_attention._launcher.cache_clear()
+    launch.configs = lambda kernel, head_dim, dtype: [chosen[kernel]]
+    launch.launcher.cache_clear()
 
 
 def operands(problem: str, batch: int, heads: int, n: int, device: str, dtype: torch.dtype):
@@ -94,14 +95,14 @@ def kernel_calls(problem: str, shape: tuple, device: str, dtype: torch.dtype):
     """forward() and backward() of the kernels on one problem, straight at the runners (no autograd)."""
     q, k, v, row, key, keep, p = operands(problem, *shape, device, dtype)
     options = (0, REACH, True, p, HEAD_DIM**-0.5)
-    out, lse = triton_attention._run_forward(q, k, v, row, key, keep, None, 5, *options)
+    out, lse = launch.run_forward(q, k, v, row, key, keep, None, 5, *options)
     grad = torch.randn_like(out)
 
     def forward():
-        triton_attention._run_forward(q, k, v, row, key, keep, None, 5, *options)
+        launch.run_forward(q, k, v, row, key, keep, None, 5, *options)
 
     def backward():
-        triton_attention._run_backward(grad, q, k, v, out, lse, row, key, keep, None, 5, *options)
+        launch.run_backward(grad, q, k, v, out, lse, row, key, keep, None, 5, *options)
     return forward, backward
 
 
@@ -174,11 +175,11 @@ class Session:
         seed = torch.tensor(5)
         options = (0, REACH, True, 0.0, HEAD_DIM**-0.5)
         force({})
-        problem = triton_attention._Problem(q, None, None, None, None, 0, REACH, True, 0.0, HEAD_DIM**-0.5, 5)
+        problem = launch.Problem(q, None, None, None, None, 0, REACH, True, 0.0, HEAD_DIM**-0.5, 5)
         out = torch.empty_like(q)
         lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
         args = problem.forward_arguments(q, k, v, out, lse)
-        launcher = triton_attention._launcher("forward", HEAD_DIM, q.dtype)
+        launcher = launch.launcher("forward", HEAD_DIM, q.dtype)
         launcher(problem.grid("BLOCK_M"), *args, **problem.keywords())
         m, n_, w, s = TILINGS["forward"][0]
         arms = {
@@ -187,18 +188,18 @@ class Session:
                 lambda: triton_attention.triton_relative_attention(q, k, v, None, None, reach=REACH,
                                                                    clip=True).backward(grad),
             "kernel forward + backward (operators)":
-                lambda: triton_attention._forward(q, k, v, None, None, None, None, seed, *options)[0].backward(grad),
+                lambda: operator.attention_forward(q, k, v, None, None, None, None, seed, *options)[0].backward(grad),
             "kernel forward alone (runner)":
-                lambda: triton_attention._run_forward(q.detach(), k.detach(), v.detach(), None, None, None, None, 5,
+                lambda: launch.run_forward(q.detach(), k.detach(), v.detach(), None, None, None, None, 5,
                                                       *options),
             "one forward launch (our launcher)": lambda: launcher(problem.grid("BLOCK_M"), *args,
                                                                   **problem.keywords()),
         }
         if not self.rehearse:
-            tuner = triton_attention._AUTOTUNERS["forward", HEAD_DIM, q.dtype]
+            tuner = launch.AUTOTUNERS["forward", HEAD_DIM, q.dtype]
             arms["one forward launch (triton Autotuner)"] = lambda: tuner[problem.grid("BLOCK_M")](
                 *args, **problem.keywords())
-            arms["one forward launch (jitted kernel)"] = lambda: triton_attention.forward_kernel[
+            arms["one forward launch (jitted kernel)"] = lambda: kernels.forward_kernel[
                 problem.grid("BLOCK_M")](*args, **problem.keywords(), BLOCK_M=m, BLOCK_N=n_, num_warps=w,
                                          num_stages=s)
             arms["a 3-argument triton kernel"] = trivial_launch()

@@ -1,5 +1,5 @@
 """Run without TRITON_INTERPRET (the interpreter has no JIT binder): every launch the kernels get, across shapes,
-dtypes, tables, padding, packing and misaligned views, keyed by triton_attention._specialization, must map to one
+dtypes, tables, padding, packing and misaligned views, keyed by launch.specialization, must map to one
 specialization of Triton's own binder for CUDA, and the launcher's argument list must be the binder's. Prints the
 number of calls and distinct keys."""
 
@@ -12,9 +12,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from convattn.attention.relative import triton_attention as ta
+from convattn.attention.relative.triton import launch
 
-KERNELS = {"forward": ta.forward_kernel, "query": ta.query_gradient_kernel, "key": ta.key_gradient_kernel}
+KERNELS = launch.KERNELS
 TILING = {"BLOCK_M": 64, "BLOCK_N": 32}
 
 
@@ -41,9 +41,9 @@ def problems():
             cu = None
             tables = [operand((batch, heads, n, 17), torch.float32) if on else None for on in (row, key)]
         keep = torch.ones(batch, n, dtype=torch.uint8) if padded else None
-        problem = ta._Problem(q, *tables, keep, cu, n, 8, True, 0.1, d**-0.5, 12345)
+        problem = launch.Problem(q, *tables, keep, cu, n, 8, True, 0.1, d**-0.5, 12345)
         stats = torch.zeros(problem.stats_shape, dtype=torch.float32)
-        grads = [ta._table_gradient(t, q, varlen) if t is not None else None for t in tables]
+        grads = [launch.table_gradient(t, q, varlen) if t is not None else None for t in tables]
         out = torch.empty_like(q)
         yield "forward", problem.forward_arguments(q, k, v, out, stats), problem.keywords()
         yield "query", problem.query_arguments(q, k, v, out, out, stats, stats, out, grads[0]), problem.keywords()
@@ -58,12 +58,12 @@ def main():
     for round_ in range(2):  # the second round's fresh tensors must find the first round's keys
         for name, args, keywords in problems():
             params, specialization, _ = binders[name](*args, **keywords, **TILING)
-            ours = (name, ta._specialization(tuple(args)))
+            ours = (name, launch.specialization(tuple(args)))
             if round_ == 1:
                 assert ours in seen, f"{name}: a fresh call of the same problem found no earlier key"
             assert seen.setdefault(ours, specialization) == specialization, \
                 f"{name}: one key, two specializations:\n{seen[ours]}\n{specialization}"
-            ordered = ta._launch_arguments(KERNELS[name], tuple(args), {**keywords, **TILING, "num_warps": 4})
+            ordered = launch.launch_arguments(KERNELS[name], tuple(args), {**keywords, **TILING, "num_warps": 4})
             assert len(ordered) == len(params) and all(a is b for a, b in zip(ordered, params.values(), strict=True)), \
                 f"{name}: the launcher's arguments are not the binder's"
             calls += 1

@@ -1,6 +1,6 @@
-"""The fused Triton kernel (attention/relative/triton_attention.py) against a float64 reference that builds every
-score from the papers' formulas one (query, key) pair at a time. On CPU the kernel runs under Triton's
-interpreter (tests/conftest.py); on a GPU the same tests run compiled, the half-precision ones too."""
+"""The fused Triton kernel (attention/relative/triton/, entered by triton_attention.py) against a float64 reference
+that builds every score from the papers' formulas one (query, key) pair at a time. On CPU the kernel runs under
+Triton's interpreter (tests/conftest.py); on a GPU the same tests run compiled, the half-precision ones too."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from convattn.attention.relative.bias import RelativePositionBias
 
 pytest.importorskip("triton")
 from convattn.attention.relative import triton_attention
+from convattn.attention.relative.triton import launch, operator
 from convattn.attention.relative.triton_attention import triton_relative_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -164,8 +165,8 @@ def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch):
     """The kernels write every entry of a table's gradient, those without a partner key or query too (the ends of a
     sequence, pad keys, a row without real keys), so its buffer is not zero-filled first: here it starts as NaN.
     A broadcast table ("fixed": one row for the batch) and per-sequence ones, padded and packed."""
-    allocate = triton_attention._table_gradient
-    monkeypatch.setattr(triton_attention, "_table_gradient", lambda *args: allocate(*args).fill_(float("nan")))
+    allocate = launch.table_gradient
+    monkeypatch.setattr(launch, "table_gradient", lambda *args: allocate(*args).fill_(float("nan")))
     n = 40
     position = torch.arange(n)
     keep = torch.stack([position >= 9, (position % 7 != 3) & (position < 33), torch.zeros(n, dtype=torch.bool)])
@@ -246,9 +247,9 @@ def test_dropout_is_replayed_in_backward():
     q32, k32, v32 = (x.detach().float() for x in (q, k, v))
     tables = [t.detach().float() for t in rel.tables(q32, k32)]
     options = (0, rel.reach, rel.clip, dropout_p, head_dim**-0.5)
-    out, lse = triton_attention._forward(q32, k32, v32, *tables, keep.view(torch.uint8), None, drawn, *options)
+    out, lse = operator.attention_forward(q32, k32, v32, *tables, keep.view(torch.uint8), None, drawn, *options)
     for replayed, matches in ((drawn, True), (drawn + 1, False)):
-        grad_v = triton_attention._backward(weights.float(), q32, k32, v32, out, lse, *tables, keep.view(torch.uint8),
+        grad_v = operator.attention_backward(weights.float(), q32, k32, v32, out, lse, *tables, keep.view(torch.uint8),
                                             None, replayed, *options)[2]
         assert (relative_error(grad_v.double(), expected_grads[2]) < 1e-4) == matches
 
@@ -295,10 +296,10 @@ def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):
     keep = (torch.arange(n)[None, :] < torch.tensor([n, 50])[:, None]).to(DEVICE)
     masks = []
     for tiling in [(16, 32, 1, 1), (32, 64, 1, 1), (64, 128, 1, 1)]:
-        monkeypatch.setattr(triton_attention, "_configs", lambda kernel, head_dim, dtype, tiling=tiling: [tiling])
-        triton_attention._launcher.cache_clear()
+        monkeypatch.setattr(launch, "configs", lambda kernel, head_dim, dtype, tiling=tiling: [tiling])
+        launch.launcher.cache_clear()
         masks.append(dropped_probabilities(q, k, None, keep, dropout_p, seed=5))
-    triton_attention._launcher.cache_clear()
+    launch.launcher.cache_clear()
     assert masks[0].any()
     for mask in masks[1:]:
         assert torch.equal(mask, masks[0])
@@ -399,7 +400,7 @@ def test_the_kernels_are_operators_that_torch_compile_can_trace():
     tables = [t.detach().float().requires_grad_() for t in rel.tables(q, k)]
     keep = (torch.arange(11)[None, :] < torch.tensor([11, 6])[:, None]).to(DEVICE).view(torch.uint8)
     args = (*(x.requires_grad_() for x in (q, k, v)), *tables, keep, None, torch.tensor(5), 0, 2, True, 0.2, 0.25)
-    torch.library.opcheck(triton_attention._forward, args, test_utils=("test_schema", "test_faketensor",
+    torch.library.opcheck(operator.attention_forward, args, test_utils=("test_schema", "test_faketensor",
                                                                        "test_autograd_registration"))
 
 
@@ -420,9 +421,9 @@ def test_the_eager_function_and_the_operator_compute_the_same():
         torch.manual_seed(11)
         seed = torch.randint(0, 2**30, ())
         if through_operator:
-            out = triton_attention._forward(q, k, v, row, key, keep.view(torch.uint8), None, seed, *options)[0]
+            out = operator.attention_forward(q, k, v, row, key, keep.view(torch.uint8), None, seed, *options)[0]
         else:
-            out = triton_attention._EagerAttention.apply(q, k, v, row, key, keep.view(torch.uint8), None, int(seed),
+            out = operator.EagerAttention.apply(q, k, v, row, key, keep.view(torch.uint8), None, int(seed),
                                                          *options)
         results.append([out, *torch.autograd.grad((out * weights).sum(), [q, k, v, row, key])])
     assert results[0][0].abs().sum() > 0
@@ -432,7 +433,7 @@ def test_the_eager_function_and_the_operator_compute_the_same():
 
 
 def test_direct_launches_key_on_what_the_jit_specializes():
-    """After its first call a specialization is launched without Triton's JIT (triton_attention._launcher): the key
+    """After its first call a specialization is launched without Triton's JIT (launch.launcher): the key
     it is found by must tell apart every two calls that the JIT compiles apart (alignment, an integer of 1 or a
     multiple of 16, dtypes), across shapes, tables, padding, packing and misaligned views, and find a fresh call of
     the same problem; the arguments it launches with must be the JIT's. Read off Triton's own binder for CUDA,

@@ -1,0 +1,140 @@
+"""The fused kernel as torch operators with autograd, and its public entry, `triton_relative_attention`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from convattn.attention.core import is_tracing
+from convattn.attention.relative.triton.launch import (
+    interpreting,
+    run_backward,
+    run_forward,
+    stats_shape,
+    table_gradient,
+)
+
+# The kernels as two operators (torch.library), so that torch.compile keeps them whole in its graphs; the seed is a
+# CPU tensor drawn in the graph, so a compiled step draws a fresh one each time instead of a constant.
+
+
+@torch.library.custom_op("convattn::triton_relative_attention", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
+                      keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, max_seqlen: int, reach: int,
+                      clip: bool, dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+    return run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, int(seed), max_seqlen, reach, clip,
+                       dropout_p, scale)
+
+
+@attention_forward.register_fake
+def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale):
+    return torch.empty_like(q), q.new_empty(stats_shape(q, cu_seqlens is not None), dtype=torch.float32)
+
+
+@torch.library.custom_op("convattn::triton_relative_attention_backward", mutates_args=())
+def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                       row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
+                       cu_seqlens: Tensor | None, seed: Tensor, max_seqlen: int, reach: int, clip: bool,
+                       dropout_p: float, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, int(seed), max_seqlen,
+                        reach, clip, dropout_p, scale)
+
+
+@attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip,
+      dropout_p, scale):
+    varlen = cu_seqlens is not None
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table_gradient(row_table, q, varlen),
+            table_gradient(key_table, q, varlen))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed)
+    ctx.table_shapes = _shapes(row_table, key_table)
+
+
+def _differentiate(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed = ctx.saved_tensors
+    grads = attention_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed,
+                               *ctx.options)
+    return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None
+
+
+attention_forward.register_autograd(_differentiate, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The operators' twin outside graphs: the same kernels behind an autograd.Function, which costs the host less
+    per call than a custom operator's dispatch and autograd wrapper (pytorch/pytorch#139500)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, row_table, key_table, keep, cu_seqlens, seed: int, *options):
+        out, lse = run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, *options)
+        ctx.save_for_backward(q, k, v, out, lse, row_table, key_table, keep, cu_seqlens)
+        ctx.seed, ctx.options, ctx.table_shapes = seed, options, _shapes(row_table, key_table)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, row_table, key_table, keep, cu_seqlens = ctx.saved_tensors
+        grads = run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, ctx.seed,
+                             *ctx.options)
+        return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None
+
+
+def _shapes(*tables: Tensor | None) -> list:
+    return [None if t is None else (t.shape, t.dtype) for t in tables]
+
+
+def _as_inputs(grads: tuple[Tensor, ...], table_shapes: list) -> tuple:
+    """dq, dk, dv and each table's gradient in its own shape and dtype (summed over the batch a broadcast table was
+    shared by; None for an absent table)."""
+    *grad_qkv, grad_row, grad_key = grads
+    return *grad_qkv, *(_as_table(grad, shape) for grad, shape in zip((grad_row, grad_key), table_shapes,
+                                                                        strict=True))
+
+
+def _as_table(grad: Tensor, shape_and_dtype) -> Tensor | None:
+    if shape_and_dtype is None:
+        return None
+    shape, dtype = shape_and_dtype
+    if grad.shape != shape:
+        grad = grad.sum(0, keepdim=True)
+    return grad.to(dtype)
+
+
+def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
+                              *, reach: int, clip: bool, keep: Tensor | None = None, dropout_p: float = 0.0,
+                              cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                              scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + relative terms [+ pad keys masked]) with dropout, times v, in one fused kernel.
+
+    Padded: q, k, v (batch, heads, n, d), row_table (batch or 1, heads, n, 2r + 1) at [i, c(j - i)], key_table
+    (batch, heads, n, 2r + 1) at [j, c(i - j)], keep (batch, n) bool. Packed: q, k, v (total, heads, d), tables
+    (total, heads, 2r + 1), cu_seqlens (batch + 1,) int32 offsets of the sequences and max_seqlen their longest
+    length. Either table may be None. scale defaults to 1 / sqrt(d). Gradients flow to q, k, v and both tables.
+    Dropout drops at kernel_dropout_p(dropout_p), the nearest multiple of 1/256.
+    """
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q.dtype must be float16, bfloat16 or float32 for the Triton kernel; got {q.dtype}")
+    if q.device.type != ("cpu" if interpreting() else "cuda"):
+        raise RuntimeError(f"the Triton kernel runs on CUDA, or on CPU under TRITON_INTERPRET=1; got {q.device}")
+    if cu_seqlens is not None and keep is not None:
+        raise ValueError("keep and cu_seqlens are exclusive: packed sequences have no padding")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    if scale == 0:  # the band's terms enter the product divided by it (score_tile)
+        raise ValueError("scale must be nonzero (None for 1 / sqrt(d)); got 0")
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(torch.int32)
+        max_seqlen = int(max_seqlen if max_seqlen is not None else (cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    row_table, key_table = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (row_table, key_table))
+    if keep is not None:
+        keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
+    seed = torch.randint(0, 2**30, ()) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
+    options = (max_seqlen or 0, reach, clip, dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_tracing():
+        return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, *options)[0]
+    return EagerAttention.apply(q, k, v, row_table, key_table, keep, cu_seqlens, int(seed), *options)
