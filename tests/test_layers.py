@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "convattn"
-COMMAND_HELPERS = ("convattn.commands.arguments", "convattn.commands.flag_options")
+COMMAND_HELPERS = ("convattn.commands.arguments", "convattn.commands.pretrain_flags", "convattn.commands.compare_flags",
+                   "convattn.commands.fine_tune_flags", "convattn.commands.training_process")
 
 
 def module_name(path: Path) -> str:

@@ -1,6 +1,7 @@
 """The command line's shared vocabulary: one help formatter and the argument groups that several commands use
-(model architecture, data, training recipe, schedule, a comparison's runs, fine-tuning overrides); flag_options.py
-reads them back into options. Choices are read from the shipped recipe files, never listed by hand."""
+(model architecture, data, training recipe, schedule, a comparison's runs, fine-tuning overrides); pretrain_flags.py,
+compare_flags.py and fine_tune_flags.py read them back into options. Choices are read from the shipped recipe files,
+never listed by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 from pathlib import Path
 
 from convattn.errors import UsageError
-from convattn.training.recipes import glue_recipe_names, recipe_names
+from convattn.training.finetune.recipes import fine_tune_recipe_names
+from convattn.training.recipes import recipe_names
 
 HUB_DEFAULT = ("Salesforce/wikitext", "wikitext-103-raw-v1")
 
@@ -183,7 +185,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     glue.add_argument("--glue", metavar="TASKS", help="comma-separated GLUE tasks, e.g. sst2,mrpc,cola")
     glue.add_argument("--glue-data-dir", type=user_path, metavar="DIR",
                       help="glue_data directory in the GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
-    glue.add_argument("--glue-recipe", choices=glue_recipe_names(), default="chang2021",
+    glue.add_argument("--glue-recipe", choices=fine_tune_recipe_names("glue"), default="chang2021",
                       help="fine-tuning hyperparameters")
     glue.add_argument("--glue-seeds", type=int, default=1, metavar="N", help="fine-tuning seeds per model")
     glue.add_argument("--glue-max-steps", type=int, metavar="N",
@@ -212,12 +214,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
 
 
 def add_fine_tune_arguments(parser: argparse.ArgumentParser):
-    """Hyperparameter overrides shared by `convattn glue` and `convattn squad`; returns the group for more."""
+    """Hyperparameter overrides shared by `convattn glue` and `convattn squad` (each dest a settings field);
+    returns the group for more."""
     hyper = parser.add_argument_group("hyperparameter overrides (default: the recipe's)")
     length = hyper.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=float, default=None, help="training epochs")
     length.add_argument("--max-steps", type=int, default=None, help="training steps (instead of epochs)")
-    hyper.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    hyper.add_argument("--lr", dest="learning_rate", metavar="LR", type=float, default=None, help="peak learning rate")
     hyper.add_argument("--batch-size", type=int, default=None, help="training batch size")
     hyper.add_argument("--warmup-ratio", type=float, default=None, help="linear warmup over this fraction of steps")
     hyper.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (not on biases, LayerNorm)")

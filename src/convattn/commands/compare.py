@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from convattn.commands.arguments import add_run_arguments
-from convattn.commands.flag_options import compare_options, prepare_training_process
+from convattn.commands.compare_flags import compare_options
+from convattn.commands.training_process import prepare_training_process
 
 EXAMPLES = """\
 examples:

@@ -6,10 +6,11 @@ import argparse
 import os
 
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument, user_path
-from convattn.commands.flag_options import fine_tune_overrides, model_output_dir, prepare_training_process
+from convattn.commands.fine_tune_flags import fine_tune_overrides, model_output_dir
+from convattn.commands.training_process import prepare_training_process
 from convattn.errors import UsageError
 from convattn.runs.finetune import GLUE_RESULTS
-from convattn.training.recipes import glue_recipe_names
+from convattn.training.finetune.recipes import fine_tune_recipe_names
 
 EXAMPLES = """\
 examples:
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="glue_data directory in the standard GLUE TSV layout (default: nyu-mll/glue from the HF hub)")
     what.add_argument("--output-dir", type=user_path, default=None,
                      help="where runs and results go (default: glue/<model folder name>-<weights fingerprint>)")
-    what.add_argument("--recipe", choices=glue_recipe_names(), default="chang2021",
+    what.add_argument("--recipe", choices=fine_tune_recipe_names("glue"), default="chang2021",
                      help="hyperparameters of a paper (see configs/recipes/glue/*.yaml)")
     what.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs per task, seeds 0..N-1 (default: the recipe's, 10 for chang2021, "
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_task_lr(items: list[str]) -> dict[str, float]:
-    import math
+    from convattn.training.ranges import RANGES
 
     task_lr = {}
     for item in (part for entry in items for part in entry.split(",") if part.strip()):
@@ -77,8 +78,8 @@ def parse_task_lr(items: list[str]) -> dict[str, float]:
             lr = float(value)
         except ValueError:
             raise UsageError(f"--task-lr expects TASK=LR, e.g. qnli=1e-4; got {item!r}") from None
-        if not 0 < lr < math.inf:
-            raise UsageError(f"--task-lr {item}: the learning rate must be a finite number > 0")
+        if not RANGES["learning_rate"].allows(lr):
+            raise UsageError(f"--task-lr {item}: the learning rate must be {RANGES['learning_rate'].said}")
         task_lr[name.strip().lower()] = lr
     return task_lr
 

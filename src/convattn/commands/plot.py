@@ -250,7 +250,8 @@ def parse_kernel_sizes(text: str) -> list[int]:
 
 
 def run_kernel_size(args: argparse.Namespace) -> int:
-    from convattn.commands.flag_options import compare_options, prepare_training_process
+    from convattn.commands.compare_flags import compare_options
+    from convattn.commands.training_process import prepare_training_process
     from convattn.runs.folder import run_folder_lock
     from convattn.training.compare.grids import RunSpec
     from convattn.training.compare.job import compare_and_report

@@ -13,7 +13,8 @@ from convattn.commands.arguments import (
     add_training_arguments,
     user_path,
 )
-from convattn.commands.flag_options import config_overrides, data_options, prepare_training_process, recipe_overrides
+from convattn.commands.pretrain_flags import config_overrides, data_options, recipe_overrides
+from convattn.commands.training_process import prepare_training_process
 
 EXAMPLES = """\
 examples:

@@ -6,10 +6,11 @@ import argparse
 import os
 
 from convattn.commands.arguments import add_fine_tune_arguments, add_verbose_argument, user_path
-from convattn.commands.flag_options import fine_tune_overrides, model_output_dir, prepare_training_process
+from convattn.commands.fine_tune_flags import fine_tune_overrides, model_output_dir
+from convattn.commands.training_process import prepare_training_process
 from convattn.errors import UsageError
 from convattn.runs.finetune import SQUAD_RESULTS
-from convattn.training.recipes import squad_recipe_names
+from convattn.training.finetune.recipes import fine_tune_recipe_names
 
 EXAMPLES = """\
 examples:
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="dev questions in the official SQuAD JSON layout (default: the hub's validation split)")
     what.add_argument("--output-dir", type=user_path, default=None,
                      help="where runs and results go (default: squad/<model folder name>-<weights fingerprint>)")
-    what.add_argument("--recipe", choices=squad_recipe_names(), default="convbert",
+    what.add_argument("--recipe", choices=fine_tune_recipe_names("squad"), default="convbert",
                      help="hyperparameters of a paper (see configs/recipes/squad/*.yaml)")
     what.add_argument("--seeds", type=int, default=None,
                      help="fine-tuning runs, seeds 0..N-1 (default: the recipe's, 3 for convbert)")

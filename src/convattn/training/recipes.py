@@ -137,19 +137,6 @@ def budget_schedule(recipe: Recipe, given_warmup: bool) -> tuple[Recipe, str | N
     return dataclasses.replace(recipe, warmup=share, max_steps=None), note
 
 
-def fine_tune_recipe_names(kind: str) -> list[str]:
-    """The fine-tuning recipes shipped in `convattn/configs/recipes/<kind>/` (kind: glue or squad)."""
-    return configs.names("recipes", kind)
-
-
-def glue_recipe_names() -> list[str]:
-    return fine_tune_recipe_names("glue")
-
-
-def squad_recipe_names() -> list[str]:
-    return fine_tune_recipe_names("squad")
-
-
 def apply_overrides(recipe: Recipe, fields: dict) -> tuple[Recipe, str | None]:
     """`recipe` with fields from the command line. A paper's warmup in steps keeps its share of the run when
     --max-steps changes (e.g. 10k of 125k steps -> 24 of 300), unless warmup is itself given; returns the recipe

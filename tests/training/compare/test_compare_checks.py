@@ -138,7 +138,7 @@ def test_a_seed_folder_left_by_a_killed_overwrite_gets_its_run_back_before_its_s
 def options_of(argv: list[str]) -> dict:
     """The options the first run of a comparison records (pretrain_options.json)."""
     from convattn.cli import build_parser
-    from convattn.commands.flag_options import compare_options
+    from convattn.commands.compare_flags import compare_options
     from convattn.training.compare.grids import grid_from_presets
     from convattn.training.compare.options import run_options
 

@@ -309,7 +309,7 @@ def test_hub_unavailable_exits_2_with_a_hint(tiny_checkpoint, tmp_path, capsys, 
 
 
 def test_two_models_with_one_folder_name_get_their_own_results(tmp_path):
-    from convattn.commands.flag_options import model_output_dir
+    from convattn.commands.fine_tune_flags import model_output_dir
     from convattn.training.finetune.pretrained import check_same_model
 
     first, second = tmp_path / "a" / "discriminator", tmp_path / "b" / "discriminator"

@@ -35,7 +35,7 @@ from convattn.training.compare.options import (
 )
 from convattn.training.compare.report import REPORT_RUNS, Report, write_report
 from convattn.training.compare.results import read_downstream, seeds_in_output
-from convattn.training.finetune.settings import least_steps_that_train, resolved_fields
+from convattn.training.finetune.settings import least_steps_that_train
 from convattn.training.glue import check_task_files, run_glue
 from convattn.training.pretrain import PretrainOptions, check_options, pretrain, sequence_length
 from convattn.training.squad import run_squad
@@ -162,11 +162,10 @@ def check_fine_tuning_steps(options: CompareOptions) -> None:
     asked = []
     if options.glue and options.glue.overrides.get("max_steps"):
         recipe = load_glue_recipe(options.glue.recipe)
-        warmup = max(resolved_fields(recipe, False, {}, recipe.get("tasks", {}).get(task, {}))["warmup_ratio"]
-                     for task in options.glue.tasks)
+        warmup = max(recipe.task_fields(task, False)["warmup_ratio"] for task in options.glue.tasks)
         asked.append(("--glue-max-steps", options.glue.overrides["max_steps"], warmup))
     if options.squad and options.squad.overrides.get("max_steps"):
-        warmup = load_squad_recipe("convbert")["defaults"]["warmup_ratio"]
+        warmup = load_squad_recipe("convbert").defaults["warmup_ratio"]
         asked.append(("--squad-max-steps", options.squad.overrides["max_steps"], warmup))
     for flag, steps, warmup in asked:
         if steps < (least := least_steps_that_train(warmup)):

@@ -1,5 +1,7 @@
 """What every fine-tuning task (glue/, squad/) shares; a new task builds on these.
 
+    recipes.py     `FineTuneRecipe` (a paper's hyperparameters for a task, typed; a task's recipe class may add
+                   keys) and the recipe names shipped for each task
     settings.py    `FineTuneSettings` (the Trainer's fields; a task's settings class adds its own) and recipe
                    resolution: defaults < base-size settings < the task's own < the command line
     pretrained.py  the model fine-tuned: its folder and tokenizer checked, the input length its positions allow,

@@ -14,7 +14,7 @@ from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, write_json_atomic
 from convattn.runs.folder import check_own_folder
-from convattn.training.finetune.settings import BASE_HIDDEN_SIZE
+from convattn.training.finetune.recipes import BASE_HIDDEN_SIZE
 from convattn.training.finetune.trainer import RUN_FILE
 
 # transformers models whose position ids start after the padding index: pad_token_id + 1 positions are unusable

@@ -1,15 +1,15 @@
-"""The settings every fine-tuning task shares, and how a task's recipe (configs/recipes/<task>/*.yaml) resolves
-them: recipe defaults < base-size settings < the task's own < overrides (the command line)."""
+"""The settings every fine-tuning task shares, and how a task's recipe (`FineTuneRecipe`) resolves them: recipe
+defaults < base-size settings < the task's own < overrides (the command line)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from convattn.console import world_size
 from convattn.errors import UsageError, option
-
-BASE_HIDDEN_SIZE = 768  # models this wide get the recipe's `base_size` settings
+from convattn.training.ranges import check_range
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,21 +28,14 @@ class FineTuneSettings:
     max_train_samples: int = 0     # 0 = the whole training set
 
 
-def resolved_fields(recipe: dict, base_size: bool, overrides: dict, task_fields: dict | None = None) -> dict:
-    """The recipe's defaults, its base-size settings (for models at least BASE_HIDDEN_SIZE wide), the task's own
-    fields, then the overrides that were given (None = not given)."""
-    fields = dict(recipe["defaults"])
-    if base_size:
-        fields.update(recipe.get("base_size", {}))
-    fields.update(task_fields or {})
-    fields.update({k: v for k, v in overrides.items() if v is not None})
-    return fields
+def given_overrides(overrides: Mapping | None) -> dict:
+    """The settings fields the command line gave: a field set to None was not given (the recipe's value holds)."""
+    return {name: value for name, value in (overrides or {}).items() if value is not None}
 
 
 def check_warmup(settings: FineTuneSettings) -> None:
-    ratio = settings.warmup_ratio
-    if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio < 1):
-        raise UsageError(f"{option('warmup_ratio')} {ratio} must be a fraction in [0, 1)")
+    """The recipe's warmup too (a ratio of 1 or more would be read as steps)."""
+    check_range("warmup_ratio", settings.warmup_ratio)
 
 
 def examples_per_step(batch_size: int) -> int:

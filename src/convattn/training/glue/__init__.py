@@ -1,7 +1,7 @@
 """GLUE fine-tuning with the papers' protocol: recipes, seeds, metrics, results (what every fine-tuning task
 shares, layer-wise lr decay included, is in training/finetune/).
 
-    settings.py   a paper's recipe resolved per task (`GlueSettings`)
+    settings.py   a paper's recipe (`GlueRecipe`) resolved per task (`GlueSettings`)
     metrics.py    task metrics in points, the submission format
     data.py       a task's splits, tokenized
     run.py        one task x seed: fine-tune, score the dev sets, predict the test sets -> run.json
@@ -16,7 +16,7 @@ submission/ (best-dev seed's test predictions per task).
 from convattn.training.glue.data import check_data, check_task_files
 from convattn.training.glue.job import run_glue
 from convattn.training.glue.metrics import column_score, score_predictions, submission_text
-from convattn.training.glue.settings import glue_recipe_names, load_glue_recipe, resolve_settings
+from convattn.training.glue.settings import load_glue_recipe, resolve_settings
 
-__all__ = ["check_data", "check_task_files", "column_score", "glue_recipe_names", "load_glue_recipe",
-           "resolve_settings", "run_glue", "score_predictions", "submission_text"]
+__all__ = ["check_data", "check_task_files", "column_score", "load_glue_recipe", "resolve_settings", "run_glue",
+           "score_predictions", "submission_text"]

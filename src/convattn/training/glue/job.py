@@ -16,7 +16,7 @@ from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_ru
 from convattn.training.finetune.failures import new_job, seed_attempt
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
-from convattn.training.finetune.settings import check_trains
+from convattn.training.finetune.settings import check_trains, given_overrides
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.glue.data import TaskSplits, check_data, encode_task, read_task_splits
 from convattn.training.glue.results import aggregate
@@ -47,15 +47,15 @@ def check_mnli_available(output_dir: Path, tasks: list[str], settings: dict[str,
                          f"{output_dir / 'runs' / 'mnli'}; add mnli to {option('task')}")
 
 
-def fitted_settings(settings: GlueSettings, max_length_given: bool,
-                    pretrained: PretrainedModel) -> GlueSettings:
-    """The settings with a max length the model and its tokenizer can take (see `fitted_max_length`)."""
+def fitted_settings(settings: GlueSettings, given: frozenset[str], pretrained: PretrainedModel) -> GlueSettings:
+    """The settings with a max length the model and its tokenizer can take (see `fitted_max_length`); `given`: the
+    fields the command line chose."""
     shortest = pretrained.tokenizer.num_special_tokens_to_add(pair=True) + 2  # a token of each text
     if settings.max_length < shortest:
         raise UsageError(f"{option('max_length')} {settings.max_length} leaves no room for the text: give at least "
                          f"{shortest} "
                          f"({shortest - 2} special tokens and a token of each sentence)")
-    max_length = fitted_max_length(settings.max_length, max_length_given, pretrained, "glue")
+    max_length = fitted_max_length(settings.max_length, "max_length" in given, pretrained, "glue")
     return dataclasses.replace(settings, max_length=max_length)
 
 
@@ -65,8 +65,8 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     """Fine-tune `model` on `tasks` for each seed (skipping finished runs), then aggregate everything in output_dir.
     `overwrite`: replace the job output_dir holds (kept aside until the first seed of the new one finishes)."""
     check_save_models(save_models)
-    recipe_fields = load_glue_recipe(recipe)
-    seeds = seeds or recipe_fields["seeds"]
+    glue_recipe = load_glue_recipe(recipe)
+    seeds = seeds or glue_recipe.seeds
     task_lr = task_lr or {}
     for name in task_lr:
         get_task(name)
@@ -78,11 +78,11 @@ def run_glue(model: str, tasks: list[str], output_dir: Path, data_dir: Path | No
     check_data([get_task(t) for t in tasks], data_dir)
     check_output_folder(output_dir)
     pretrained = load_pretrained(model, "glue", "fine-tuning it with its own transformers classification head")
-    overrides = overrides or {}
+    overrides = given_overrides(overrides)
+    given = frozenset(overrides)  # chosen on the command line: refused where they do not fit the model, not fitted
     # AX is only predicted, with the MNLI model: it takes MNLI's settings (max length)
-    settings = {t: fitted_settings(resolve_settings(recipe_fields, "mnli" if t == "ax" else t, pretrained.base_size,
-                                                    overrides, task_lr, from_mnli),
-                                   overrides.get("max_length") is not None, pretrained) for t in tasks}
+    settings = {t: fitted_settings(resolve_settings(glue_recipe, "mnli" if t == "ax" else t, pretrained.base_size,
+                                                    overrides, task_lr, from_mnli), given, pretrained) for t in tasks}
     with run_folder_lock(output_dir):
         recover_replaced_run(output_dir, GLUE)
         replace = replaces(output_dir, GLUE, lambda out: foreign_files(out, "glue"), overwrite)

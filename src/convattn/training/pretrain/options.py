@@ -31,6 +31,7 @@ from convattn.runs.pretrain import (
     run_state,
 )
 from convattn.training.pretrain.budget import check_budget, time_spent
+from convattn.training.ranges import MAX_SEED, MAX_STEPS, RANGES
 from convattn.training.recipes import Recipe, warmup_steps
 
 OBJECTIVES = ("mlm", "electra")
@@ -41,9 +42,9 @@ RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_sc
 SCHEDULE_CHANGES = ("max_steps", "time_budget")
 
 
-# max_steps of a time-budget run that no step count ends, as its options file said before it said null
-LEGACY_NO_STEP_LIMIT = 10**9
-MAX_STEPS = 10**9  # years of training at any speed
+# max_steps of a time-budget run that no step count ends, as its options file said before it said null: the number
+# those files hold, which stays whatever MAX_STEPS (the same number today) becomes
+LEGACY_NO_STEP_LIMIT = 1_000_000_000
 
 
 def recorded_options(file: Path) -> dict | None:
@@ -261,28 +262,17 @@ def check_output_outside_corpus(options: PretrainOptions) -> None:
                                  "corpus folder")
 
 
-# recipe field -> (lowest, highest, lowest allowed itself, highest allowed itself); every value must be finite
-NUMBER_RANGES = {
-    "learning_rate": (0, math.inf, False, False),
-    "weight_decay": (0, math.inf, True, False),
-    "adam_epsilon": (0, 1, False, False),
-    "adam_beta1": (0, 1, True, False),
-    "adam_beta2": (0, 1, True, False),
-    "warmup": (0, math.inf, True, False),
-    "max_grad_norm": (0, math.inf, True, False),  # 0: no clipping
-    "mlm_probability": (0, 1, False, False),
-}
-MAX_SEED = 2**32 - 1  # numpy's limit (transformers' set_seed seeds numpy too)
+# the real-valued recipe fields: each finite and in its interval of RANGES
+REAL_FIELDS = ("learning_rate", "weight_decay", "adam_epsilon", "adam_beta1", "adam_beta2", "warmup", "max_grad_norm",
+               "mlm_probability")
 
 
 def check_numbers(recipe: Recipe) -> None:
     """Every real-valued recipe field finite and in its range; counts at least 1; one line naming the flag."""
-    for name, (low, high, low_closed, high_closed) in NUMBER_RANGES.items():
+    for name in REAL_FIELDS:
         value = getattr(recipe, name)
-        inside = (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
-        if not (isinstance(value, int | float) and math.isfinite(value) and inside):
-            interval = f"{'[' if low_closed else '('}{low:g}, {high:g}{']' if high_closed else ')'}"
-            raise UsageError(f"{option(name)} {value} must be a finite number in {interval}")
+        if not RANGES[name].allows(value):
+            raise UsageError(f"{option(name)} {value} must be a finite number in {RANGES[name].interval}")
     if recipe.eval_samples is not None and recipe.eval_samples < 1:
         raise UsageError(f"{option('eval_samples')} {recipe.eval_samples} must be at least 1 (leave it out to use "
                          "every eval example)")

@@ -17,11 +17,13 @@ from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch
+from convattn.training.ranges import MAX_STEPS
 from convattn.training.recipes import Recipe, warmup_steps
 
 EVAL_SEED = 1234
-# the Trainer's step count for a run that only its clock ends, evaluates and saves: one it never reaches
-CLOCK_ONLY_STEPS = 10**9
+# the Trainer's step count for a run that only its clock ends, evaluates and saves: the step maximum, years of
+# training, so the clock ends the run first
+CLOCK_ONLY_STEPS = MAX_STEPS
 
 
 def build_model(recipe: Recipe, config: ConvAttnConfig, tokenizer: PreTrainedTokenizerBase):

@@ -16,7 +16,7 @@ from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_ru
 from convattn.training.finetune.failures import new_job, seed_attempt
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
-from convattn.training.finetune.settings import check_trains
+from convattn.training.finetune.settings import check_trains, given_overrides
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
@@ -44,15 +44,14 @@ def load_data(version: str, train_file: Path | None, dev_file: Path | None, toke
                      dev_windows=encode_split(dev, tokenizer, settings, token_types, training=False))
 
 
-def fitted_settings(settings: SquadSettings, overrides: dict, pretrained: PretrainedModel) -> SquadSettings:
+def fitted_settings(settings: SquadSettings, given: frozenset[str], pretrained: PretrainedModel) -> SquadSettings:
     """The settings checked against the model: a max length its positions allow, windows that agree, the span
-    head for models other than convattn (ELECTRA's joint head is convattn's). What `overrides` sets (the command
-    line) is refused when it does not fit; the recipe's values are lowered to fit."""
-    max_length_given, doc_stride_given = (overrides.get(k) is not None for k in ("max_length", "doc_stride"))
-    max_length = fitted_max_length(settings.max_length, max_length_given, pretrained, "squad")
+    head for models other than convattn (ELECTRA's joint head is convattn's). The fields `given` on the command
+    line are refused when they do not fit; the recipe's values are lowered to fit."""
+    max_length = fitted_max_length(settings.max_length, "max_length" in given, pretrained, "squad")
     head = settings.head if pretrained.folder.is_convattn else "span"
     settings = dataclasses.replace(settings, max_length=max_length, head=head)
-    return fitted_windows(settings, pretrained.tokenizer.num_special_tokens_to_add(pair=True), doc_stride_given)
+    return fitted_windows(settings, pretrained.tokenizer.num_special_tokens_to_add(pair=True), "doc_stride" in given)
 
 
 def run_squad(model: str, version: str, output_dir: Path, train_file: Path | None = None,
@@ -65,16 +64,17 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
         if given is not None:
             check_regular_file(Path(given))
     check_save_models(save_models)
-    recipe_fields = load_squad_recipe(recipe)
-    seeds = seeds or recipe_fields["seeds"]
-    overrides = overrides or {}
+    squad_recipe = load_squad_recipe(recipe)
+    seeds = seeds or squad_recipe.seeds
+    overrides = given_overrides(overrides)
+    given = frozenset(overrides)  # chosen on the command line: refused where they do not fit the model, not fitted
     check_output_folder(output_dir)
     pretrained = load_pretrained(model, "squad", "fine-tuning it with its own transformers span head (head=span, "
                                                  "not ELECTRA's joint head)")
     if not pretrained.tokenizer.is_fast:
         raise UsageError(f"{model}: SQuAD needs a fast tokenizer (character offsets); this one is "
                          f"{type(pretrained.tokenizer).__name__}")
-    settings = fitted_settings(resolve_settings(recipe_fields, pretrained.base_size, overrides), overrides, pretrained)
+    settings = fitted_settings(resolve_settings(squad_recipe, pretrained.base_size, overrides), given, pretrained)
     with run_folder_lock(output_dir):  # a failure before the first write leaves nothing behind
         recover_replaced_run(output_dir, SQUAD)
         replace = replaces(output_dir, SQUAD, lambda out: foreign_files(out, "squad"), overwrite)

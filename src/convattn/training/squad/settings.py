@@ -1,17 +1,15 @@
-"""SQuAD settings: a SQuAD recipe (configs/recipes/squad/*.yaml) with command-line overrides."""
+"""SQuAD settings: a SQuAD recipe (configs/recipes/squad/*.yaml, a `FineTuneRecipe`: no keys of its own) with
+command-line overrides."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from convattn import configs
 from convattn.console import say
 from convattn.errors import UsageError, option
-from convattn.training.finetune.settings import FineTuneSettings, check_warmup, resolved_fields
-from convattn.training.recipes import squad_recipe_names
-
-RECIPE_KEYS = ("seeds", "defaults", "base_size")
+from convattn.training.finetune.recipes import FineTuneRecipe, fine_tune_recipe_names, read_recipe
+from convattn.training.finetune.settings import FineTuneSettings, check_warmup, given_overrides
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,15 +21,16 @@ class SquadSettings(FineTuneSettings):
     head: str = "span"             # "joint": ELECTRA's head (convattn models only; qa.py)
 
 
-def load_squad_recipe(name: str) -> dict:
-    if name not in squad_recipe_names():
-        raise UsageError(f"unknown {option('recipe')} {name!r}; SQuAD recipes are {', '.join(squad_recipe_names())}")
-    return configs.load("recipes", "squad", name, allowed=RECIPE_KEYS)
+def load_squad_recipe(name: str) -> FineTuneRecipe:
+    names = fine_tune_recipe_names("squad")
+    if name not in names:
+        raise UsageError(f"unknown {option('recipe')} {name!r}; SQuAD recipes are {', '.join(names)}")
+    return read_recipe("squad", name, FineTuneRecipe)
 
 
-def resolve_settings(recipe: dict, base_size: bool, overrides: dict) -> SquadSettings:
+def resolve_settings(recipe: FineTuneRecipe, base_size: bool, overrides: dict) -> SquadSettings:
     """recipe defaults < base-size settings < command-line overrides (None = not given)."""
-    settings = SquadSettings(**resolved_fields(recipe, base_size, overrides))
+    settings = SquadSettings(**{**recipe.settings_fields(base_size), **given_overrides(overrides)})
     check_warmup(settings)
     return settings
 
