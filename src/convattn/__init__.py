@@ -30,7 +30,7 @@ _PUBLIC = {
 def register_auto_classes() -> None:
     """Register model type "convattn" with the transformers Auto classes (idempotent), one entry point per Auto
     class as saved checkpoints name them (`remote_code.AUTO_MAP`), and the fused kernel with its
-    AttentionInterface as "convattn_triton"."""
+    AttentionInterface under its attn_implementation (TRITON_IMPLEMENTATION)."""
     import transformers
 
     from convattn.attention.relative.dispatch import TRITON_IMPLEMENTATION, triton_interface_attention

@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from convattn.attn_implementations import TRITON_IMPLEMENTATION
+
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "convattn_triton")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", TRITON_IMPLEMENTATION)
 QA_HEADS = ("span", "joint")
 # Conv-Linformer's layout (Malard's conv_linformer.py): the first L//2 layers project with E/F, the rest
 # (L - L//2) with a strided conv
@@ -44,10 +46,10 @@ def _choice(field: str, value, allowed: Sequence) -> None:
 
 
 def check_attn_implementation(name: str) -> None:
-    """A name convattn's mechanisms compute, and for "convattn_triton" a kernel that can run here (one error
-    naming what to install or set)."""
+    """A name convattn's mechanisms compute, and for the fused kernel's (TRITON_IMPLEMENTATION) a kernel that can
+    run here (one error naming what to install or set)."""
     _choice("attn_implementation", name, ATTN_IMPLEMENTATIONS)
-    if name == "convattn_triton":
+    if name == TRITON_IMPLEMENTATION:
         from convattn.attention.relative.dispatch import check_triton_available
 
         check_triton_available()

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from convattn.attn_implementations import TRITON_IMPLEMENTATION
+
 
 def is_tracing() -> bool:
     """True while torch.compile, torch.export or the TorchScript tracer capture a graph."""
@@ -212,7 +214,7 @@ def attend(
     if key_bias is not None:
         bias = key_bias if bias is None else bias + key_bias
     # no score_mod here, and keys that may be no token positions (Linformer): SDPA's kernel serves these names
-    if attn_implementation in ("sdpa", "flex_attention", "convattn_triton") and not need_weights:
+    if attn_implementation in ("sdpa", "flex_attention", TRITON_IMPLEMENTATION) and not need_weights:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         return out, None
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -21,6 +21,7 @@ from convattn.attention.relative.blockwise import blockwise_relative_attention
 from convattn.attention.relative.decomposition import decomposed_relative_attention
 from convattn.attention.relative.flex import flex_relative_attention
 from convattn.attention.relative.kernels import fused_kernel
+from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
 # Below this length the dense bias with SDPA's math kernel is as fast on CPU (one attention layer, 2
 # threads, forward+backward vs plain SDPA, composite / composite+key, minimum of 7 steps: n = 64 dense
@@ -34,9 +35,6 @@ CPU_DECOMPOSED_MIN_LENGTH = 256
 # computed twice is worth paying where the dense bias's memory grows as n^2.
 CPU_BLOCKWISE_MIN_LENGTH = 2048
 
-
-# attn_implementation of the fused Triton kernel (triton_attention.py): on CUDA, or on CPU under the interpreter
-TRITON_IMPLEMENTATION = "convattn_triton"
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 RELATIVE_PATHS = ("triton", "decomposed", "blockwise", "flex", "dense")
 _forced_path: str | None = None
@@ -96,7 +94,8 @@ def triton_unavailable() -> tuple[type[Exception], str] | None:
 
 
 def check_triton_available() -> None:
-    """One error naming what to install or set when attn_implementation "convattn_triton" cannot run here."""
+    """One error naming what to install or set when the kernel's attn_implementation (TRITON_IMPLEMENTATION)
+    cannot run here."""
     if (problem := triton_unavailable()) is not None:
         error, what_to_do = problem
         raise error(f"attn_implementation={TRITON_IMPLEMENTATION!r} {what_to_do}")
@@ -127,7 +126,7 @@ def _kernel(device: torch.device):
 
 def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
     """"triton" (triton_attention.py: one fused kernel, forward and backward, dropout included, an operator that
-    torch.compile keeps whole; attn_implementation "convattn_triton", and the CUDA default),
+    torch.compile keeps whole; the kernel's attn_implementation, and the CUDA default),
     "decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels; one custom operator under
     torch.compile), "blockwise" (CPU with dropout, blockwise.py, eager only: its checkpoints split a compiled
     graph), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels or more) or "dense"
@@ -244,7 +243,7 @@ def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | No
 
 def triton_interface_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                                scaling: float | None = None, dropout: float = 0.0, **kwargs):
-    """The kernel in transformers' AttentionInterface ("convattn_triton"), for any encoder: query, key, value
+    """The kernel in transformers' AttentionInterface (TRITON_IMPLEMENTATION), for any encoder: query, key, value
     (batch, heads, n, d) -> ((batch, n, heads, d), None). attention_mask must mask keys only (padding): a boolean
     mask (True = attend) or an additive one (0 = attend), (batch, 1, 1 or n, n); its first query row is read."""
     triton_relative_attention = _kernel(query.device)

@@ -1,4 +1,4 @@
-"""The fused Triton kernel's public entry (attn_implementation "convattn_triton"; the CUDA default): attention with
+"""The fused Triton kernel's public entry (attn_implementation TRITON_IMPLEMENTATION; the CUDA default): attention with
 relative terms in one kernel, forward and backward. The kernel is the package beside this module,
 attention/relative/triton/ (its __init__ describes it): kernels.py the device code, launch.py the tilings and
 launches, operator.py the operators and this entry."""

@@ -1,5 +1,5 @@
 """Attention with relative terms in one fused Triton kernel, forward and backward (attn_implementation
-"convattn_triton"; the CUDA default). Its public entry is attention/relative/triton_attention.py.
+TRITON_IMPLEMENTATION; the CUDA default). Its public entry is attention/relative/triton_attention.py.
 
 The score of query i and key j (Chang et al. 2021, Eqs. 4-6; bias.py) is
 
