@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -10,7 +11,7 @@ from helpers.reference import composite_attention_loops
 from helpers.relative import TERMS, batch, make_layer, output_and_grads
 
 from convattn.attention import TokenMask
-from convattn.attention.relative import dispatch, flex
+from convattn.attention.relative import RelativePositionBias, dispatch, flex
 
 SHORT, LONG, LONGEST = dispatch.CPU_DECOMPOSED_MIN_LENGTH - 1, dispatch.CPU_DECOMPOSED_MIN_LENGTH, \
     dispatch.CPU_BLOCKWISE_MIN_LENGTH
@@ -34,6 +35,26 @@ SHORT, LONG, LONGEST = dispatch.CPU_DECOMPOSED_MIN_LENGTH - 1, dispatch.CPU_DECO
 def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
     q = torch.empty(1, 1, n, d, dtype=dtype)
     assert dispatch.relative_path(q, implementation, dropout_p, need_weights) == path
+
+
+@pytest.mark.parametrize("implementation, relative, forced, packed", [
+    ("sdpa", True, None, True),  # the default where the kernel serves
+    ("sdpa", False, None, False),  # no terms: SDPA on blocks
+    ("sdpa", True, "triton", False),  # a forced path runs on padded blocks, the kernel's too
+    ("sdpa", True, "decomposed", False),
+    ("eager", True, None, False),
+    ("flex_attention", True, None, False),
+    ("convattn_triton", False, None, True),  # by name: always
+    ("convattn_triton", True, "decomposed", True),
+])
+def test_packed_sequences_take_the_kernel_where_a_padded_batch_would(implementation, relative, forced, packed,
+                                                                     monkeypatch):
+    """On a machine where the kernel is the default (`_triton_serves` stands in for CUDA and triton)."""
+    monkeypatch.setattr(dispatch, "_triton_serves", lambda name, device, dtype: True)
+    query = torch.empty(1, LONG, 64)
+    bias = RelativePositionBias(TERMS["composite"], 4, 64, 3, "clip") if relative else None
+    with dispatch.forced_path(forced) if forced else contextlib.nullcontext():
+        assert dispatch._packed_kernel_serves(query, bias, implementation, 0.0) is packed
 
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])

@@ -124,6 +124,13 @@ def _kernel(device: torch.device):
     return triton_relative_attention
 
 
+def _triton_serves(attn_implementation: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the fused kernel computes attention with relative terms: asked for by name, or by default on CUDA
+    in the dtypes it has, wherever triton is installed (`relative_path` asks it after the paths that come first)."""
+    return attn_implementation == TRITON_IMPLEMENTATION or (
+        device.type == "cuda" and dtype in TRITON_DTYPES and triton_installed())
+
+
 def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
     """"triton" (triton_attention.py: one fused kernel, forward and backward, dropout included, an operator that
     torch.compile keeps whole; the kernel's attn_implementation, and the CUDA default),
@@ -141,8 +148,7 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
     # On CUDA the kernel is the default at every length: on an H200 (RESULTS 7e, one layer, bf16) it was 1.1-4.0x
     # faster than the decomposition from n = 128 to 8,192 except at 8,192 with dropout (which the decomposition
     # computes wrongly in padded rows there), and 4-185x faster than the dense bias from n = 512 (0.9-1.8x at 128)
-    if attn_implementation == TRITON_IMPLEMENTATION or (
-            q.device.type == "cuda" and q.dtype in TRITON_DTYPES and triton_installed()):
+    if _triton_serves(attn_implementation, q.device, q.dtype):
         return "triton"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
     if kernel is None:
@@ -190,7 +196,8 @@ def attention_per_sequence(query: Tensor, key: Tensor, value: Tensor, num_heads:
     lengths. The probabilities, when asked, are those of one block of all sequences (batch, heads, longest,
     longest)."""
     if isinstance(mask, PackedSequences) and not need_weights and _packed_kernel_serves(query, relative,
-                                                                                         attn_implementation):
+                                                                                         attn_implementation,
+                                                                                         dropout_p):
         return _triton_packed(query, key, value, num_heads, relative, mask, dropout_p), None
     probs = []
 
@@ -204,13 +211,16 @@ def attention_per_sequence(query: Tensor, key: Tensor, value: Tensor, num_heads:
     return mask.per_block(attend_block, query, key, value, grouped=not need_weights), probs[0]
 
 
-def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, attn_implementation: str) -> bool:
-    """Whether the padded batch would take the fused kernel (`relative_path`'s rule): then packed sequences do too."""
+def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, attn_implementation: str,
+                          dropout_p: float) -> bool:
+    """Whether packed sequences take the kernel's variable-length interface: always under the kernel's
+    attn_implementation, and otherwise where `relative_path` would choose the kernel for relative terms on a
+    padded batch of these projections (its rule reads their device and dtype). A forced path, the kernel's too,
+    runs on padded blocks."""
     if attn_implementation == TRITON_IMPLEMENTATION:
         return True
-    return (relative is not None and _forced_path is None and attn_implementation not in ("eager", "flex_attention")
-            and query.device.type == "cuda" and query.dtype in TRITON_DTYPES and triton_installed()
-            and not torch.compiler.is_exporting())
+    return (relative is not None and _forced_path is None
+            and relative_path(query, attn_implementation, dropout_p, False) == "triton")
 
 
 def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, relative: RelativePositionBias | None,
