@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 
 import pytest
@@ -35,6 +36,43 @@ SHORT, LONG, LONGEST = dispatch.CPU_DECOMPOSED_MIN_LENGTH - 1, dispatch.CPU_DECO
 def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
     q = torch.empty(1, 1, n, d, dtype=dtype)
     assert dispatch.relative_path(q, implementation, dropout_p, need_weights) == path
+
+
+def test_a_forced_path_holds_in_its_own_thread_only():
+    q = torch.empty(1, 1, LONG, 64)
+    forced, checked, taken = threading.Event(), threading.Event(), []
+
+    def force_and_wait():
+        with dispatch.forced_path("blockwise"):
+            taken.append(dispatch.relative_path(q, "sdpa", 0.0, False))
+            forced.set()
+            checked.wait(timeout=60)
+
+    thread = threading.Thread(target=force_and_wait)
+    thread.start()
+    try:
+        assert forced.wait(timeout=60)
+        with dispatch.forced_path("dense"):
+            assert dispatch.relative_path(q, "sdpa", 0.0, False) == "dense"
+        assert dispatch.relative_path(q, "sdpa", 0.0, False) == "decomposed"
+    finally:
+        checked.set()
+        thread.join()
+    assert taken == ["blockwise"]
+
+
+def test_a_compiled_graph_follows_the_forced_path():
+    """fullgraph: reading the forced path breaks no graph, and its guard recompiles when the path changes."""
+    def path_taken(q):
+        return q.new_full((), dispatch.RELATIVE_PATHS.index(dispatch.relative_path(q, "sdpa", 0.0, False)))
+
+    compiled = torch.compile(path_taken, fullgraph=True, backend="eager")
+    q = torch.zeros(1, 1, LONG, 64)
+    paths = [compiled(q)]
+    with dispatch.forced_path("dense"):
+        paths.append(compiled(q))
+    paths.append(compiled(q))
+    assert [dispatch.RELATIVE_PATHS[int(p)] for p in paths] == ["decomposed", "dense", "decomposed"]
 
 
 @pytest.mark.parametrize("implementation, relative, forced, packed", [

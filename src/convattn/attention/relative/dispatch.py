@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -37,21 +38,28 @@ CPU_BLOCKWISE_MIN_LENGTH = 2048
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 RELATIVE_PATHS = ("triton", "decomposed", "blockwise", "flex", "dense")
-_forced_path: str | None = None
+# The path `forced_path` set, per thread. Not a contextvars.ContextVar: torch.compile (2.13) cannot trace its
+# get (a graph break, refused under fullgraph=True), while it reads a threading.local's attribute and guards on
+# its value, so a compiled graph follows the forced path as eager code does. A plain threading.local read with a
+# getattr default: in a subclass with a class-level default, the guard missed a later forced path.
+_forcing = threading.local()
+
+
+def _forced_path() -> str | None:
+    return getattr(_forcing, "path", None)
 
 
 @contextmanager
 def forced_path(name: str) -> Iterator[None]:
     """Take path `name` (one of RELATIVE_PATHS) wherever the attention probabilities are not asked for, whatever
-    the device and length: the benchmarks' and tests' way to run one path against another."""
-    global _forced_path
+    the device and length, in this thread: the benchmarks' and tests' way to run one path against another."""
     if name not in RELATIVE_PATHS:
         raise ValueError(f"path must be one of {', '.join(RELATIVE_PATHS)}; got {name!r}")
-    previous, _forced_path = _forced_path, name
+    previous, _forcing.path = _forced_path(), name
     try:
         yield
     finally:
-        _forced_path = previous
+        _forcing.path = previous
 
 
 @cache
@@ -141,8 +149,8 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
     torch.export / ONNX, where a length test would pin the dynamic sequence axis)."""
     if need_weights or attn_implementation == "eager" or torch.compiler.is_exporting():
         return "dense"
-    if _forced_path is not None:
-        return _forced_path
+    if (forced := _forced_path()) is not None:
+        return forced
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
     # On CUDA the kernel is the default at every length: on an H200 (RESULTS 7e, one layer, bf16) it was 1.1-4.0x
@@ -219,7 +227,7 @@ def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, 
     runs on padded blocks."""
     if attn_implementation == TRITON_IMPLEMENTATION:
         return True
-    return (relative is not None and _forced_path is None
+    return (relative is not None and _forced_path() is None
             and relative_path(query, attn_implementation, dropout_p, False) == "triton")
 
 
