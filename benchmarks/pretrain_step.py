@@ -1,0 +1,417 @@
+"""The product's own training step (issue 47, item 4d), stage "train" of benchmarks/gpu_session.py: `convattn pretrain`
+at the chang2021-small recipe's shape (12 layers, hidden 256, 4 heads, 128 tokens, vocabulary 30,004, masked LM on
+line pairs) on CUDA in bf16, chang2021-small/composite (the fused kernel) against chang2021-small/absolute (SDPA)
+and transformers' BertForMaskedLM of the same shape (SDPA) trained by transformers' own Trainer, at two batches,
+eager and compiled (`--compile`).
+
+Each `convattn pretrain` runs in the stage's process through the command line's own entry (convattn.cli.main), one
+after another; a TrainerCallback added to every transformers.Trainer the process builds measures the steps:
+
+  warm-up   the first steps (compilation, the allocator's first growth, recompilation for a new length);
+  timed     the next steps, synchronised at both ends: milliseconds per step, tokens per second (the Trainer's own
+            count of tokens that are not padding), and the allocator's peak since training began (the time from the
+            start of training to the end of step 1, its first evaluation and the compilation included, beside);
+  profiled  a few steps more under torch.profiler: the device's kernel time per step (the sum of its kernels,
+            copies and memsets) over the timed steps' wall time is the device's busy share.
+
+The corpus is tokenized beforehand, outside every timed step: the first run formats it into the session's cache and
+the others read it from there. On the GPU machine (no network, no `datasets`) the corpus, the recipe's 30,004-piece
+tokenizer and the wheels of `datasets` come from the kit that `python benchmarks/real_scale.py pack` makes here
+(.gpu-kit/, carried with the device call; gpu_session.sh installs its wheels): the first few megabytes of its
+Wikipedia text. The BERT arm trains on the examples the first `convattn pretrain` run formatted, with the same
+tokenizer, batch, precision, optimizer (fused AdamW) and masking (15 %, padded to a multiple of 8). Rehearsed on
+CPU: a 2-layer model of hidden 64 on random words, 32 tokens, fp32, eager only (compiling takes minutes there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import random
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# torch and transformers are imported where a run needs them: gpu_session.py's own process reads the plans here
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / ".gpu-kit"  # benchmarks/real_scale.py pack: tokenizer/, corpus.tar.xz, wheels/
+CORPUS_BYTES = 8 * 2**20  # of Wikipedia text: about 20,000 line pairs, past 31 steps of 512 examples
+PRESETS = {"composite": "chang2021-small/composite", "absolute": "chang2021-small/absolute"}
+ARMS = (*PRESETS, "bert")
+SAVED = ("input_ids", "token_type_ids", "special_tokens_mask")  # the formatted examples' columns the BERT arm reads
+WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    precision: str  # `convattn pretrain --precision`
+    batches: tuple[int, ...]
+    warmup: dict  # steps before the timed ones, per mode
+    timed: int
+    profiled: int
+    flags: tuple[str, ...] = ()  # beside the recipe's: the rehearsal's tiny model and data
+    architecture: dict = field(default_factory=dict)  # the same, as config fields (the BERT arm's)
+    least_seconds: dict = field(default_factory=dict)  # a row starts only with this much of the stage's time left
+    compile_skipped: str | None = None  # why the compiled rows are not run (the rehearsal)
+    eval_samples: int = 16
+
+    def steps(self, mode: str) -> int:
+        return self.warmup[mode] + self.timed + self.profiled
+
+
+GPU_TRAIN = TrainPlan("bf16", (128, 512), {"eager": 4, "compiled": 10}, timed=20, profiled=3,
+                      least_seconds={"eager": 12, "compiled": 45})
+TINY = {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "embedding-size": 32}
+REHEARSAL_TRAIN = TrainPlan(
+    "fp32", (4, 8), {"eager": 1, "compiled": 1}, timed=2, profiled=1,
+    flags=(*(item for name, value in TINY.items() for item in (f"--{name}", str(value))), "--vocab-size", "150",
+           "--seq-len", "32"),
+    compile_skipped="the rehearsal does not compile: torch.compile of a model takes minutes on this CPU")
+
+
+def rows(plan: TrainPlan) -> list[dict]:
+    """The runs in the order they go: the bars' first (composite and absolute, eager then compiled, each batch),
+    then the BERT arm, eager then compiled."""
+    modes = ("eager", "compiled")
+    return ([dict(mode=mode, batch=batch, arm=arm) for mode in modes for batch in plan.batches for arm in PRESETS]
+            + [dict(mode=mode, batch=batch, arm="bert") for mode in modes for batch in plan.batches])
+
+
+# --- the corpus -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Corpus:
+    train: Path
+    tokenizer: Path | None  # None: `convattn pretrain` trains one (the rehearsal)
+
+
+class NotMeasured(Exception):
+    """A row that cannot run here: its reason is the row's."""
+
+
+def corpus(work: Path, rehearse: bool, kit: Path = KIT) -> Corpus:
+    """The session's corpus in `work` (written once): random words in a rehearsal, else the kit's first
+    CORPUS_BYTES of Wikipedia lines and its tokenizer."""
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is None:
+        raise NotMeasured("`convattn pretrain` needs `datasets`, which this machine lacks: carry .gpu-kit (made by "
+                          "`python benchmarks/real_scale.py pack`) with the call; gpu_session.sh installs its wheels")
+    folder = work / "corpus"
+    if rehearse:
+        if not folder.is_dir():
+            rng = random.Random(0)
+            lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(600)]
+            staged = Path(tempfile.mkdtemp(dir=work))
+            (staged / "train.txt").write_text("\n".join(lines) + "\n")
+            staged.replace(folder)
+        return Corpus(folder, None)
+    if not (kit / "tokenizer").is_dir() or not (kit / "corpus.tar.xz").is_file():
+        raise NotMeasured(f"no kit at {kit} (tokenizer/, corpus.tar.xz): make it with `python benchmarks/"
+                          "real_scale.py pack` and carry .gpu-kit with the call")
+    if not folder.is_dir():
+        staged = Path(tempfile.mkdtemp(dir=work))
+        total = 0
+        with tarfile.open(kit / "corpus.tar.xz", "r|xz") as tar:  # a stream: the archive is read once, in order
+            for member in tar:
+                if total >= CORPUS_BYTES:
+                    break
+                if not member.isfile() or "enwiki" not in member.name:  # Wikipedia's paragraphs, not books' lines
+                    continue
+                text = tar.extractfile(member).read()[:CORPUS_BYTES - total]
+                text = text[:text.rfind(b"\n") + 1]
+                (staged / Path(member.name).name).write_bytes(text)
+                total += len(text)
+        if total == 0:
+            raise NotMeasured(f"{kit / 'corpus.tar.xz'} holds no enwiki text")
+        staged.replace(folder)
+    return Corpus(folder, kit / "tokenizer")
+
+
+# --- measuring the steps --------------------------------------------------------------------------------------------
+
+class StepMeter:
+    """The warm-up, timed and profiled steps of one run (see the module's docstring); where `capture` is a folder,
+    it also saves there the first examples of the run's training data, its tokenizer and its model's shape, for the
+    BERT arm. Stops the training after the profiled steps, or at `deadline`. A transformers.TrainerCallback through
+    `step_meter`, which builds one."""
+
+    def __init__(self, warmup: int, timed: int, profiled: int, deadline: float, capture: Path | None = None,
+                 examples: int = 0):
+        import torch
+
+        self.warmup, self.timed, self.profiled, self.deadline = warmup, timed, profiled, deadline
+        self.capture, self.examples = capture, examples
+        self.cuda = torch.cuda.is_available()
+        self.marks: dict[str, tuple[float, int, int]] = {}
+        self.result: dict = {}
+        self.profiler = None
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def mark(self, name: str, state) -> None:
+        self.sync()
+        self.marks[name] = (time.perf_counter(), state.num_input_tokens_seen, graphs_compiled())
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, processing_class=None, model=None,
+                       **kwargs):
+        import torch
+
+        if self.cuda:
+            self.sync()
+            torch.cuda.reset_peak_memory_stats()
+            self.result["allocated_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1)
+        self.mark("begin", state)
+        if self.capture is not None and not (self.capture / "model.json").exists():
+            save_examples(self.capture, train_dataloader, processing_class, model, self.examples)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+
+        step = state.global_step
+        if step == 1:
+            self.mark("first", state)
+        if step == self.warmup:
+            self.mark("warm", state)
+        elif step == self.warmup + self.timed:
+            self.mark("timed", state)
+            if self.cuda:
+                self.result["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+            activities = [torch.profiler.ProfilerActivity.CUDA if self.cuda else torch.profiler.ProfilerActivity.CPU]
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.__enter__()
+        elif step == self.warmup + self.timed + self.profiled:
+            self.sync()
+            self.profiler.__exit__(None, None, None)
+            self.result.update(device_time(self.profiler, self.profiled))
+            self.profiler = None
+            control.should_training_stop = True
+        if time.time() > self.deadline and not control.should_training_stop:
+            self.result["stopped"] = f"at step {step}: the stage's time ran out"
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.profiler is not None:
+            self.profiler.__exit__(None, None, None)
+            self.profiler = None
+
+    def measured(self) -> dict:
+        """What the run measured; raises where it stopped before the timed steps ended."""
+        if "timed" not in self.marks:
+            if "stopped" in self.result:
+                raise NotMeasured(f"stopped {self.result['stopped']}")
+            raise RuntimeError("the run ended before its timed steps")
+        (start, tokens, graphs), (end, tokens_end, graphs_end) = self.marks["warm"], self.marks["timed"]
+        seconds = end - start
+        result = {"tokens_per_s": round((tokens_end - tokens) / seconds, 1),
+                  "ms_per_step": round(seconds / self.timed * 1e3, 3), "steps": self.timed,
+                  "first_step_s": round(self.marks["first"][0] - self.marks["begin"][0], 2),
+                  "warmup_s": round(start - self.marks["begin"][0], 2), **self.result}
+        if graphs_end != graphs:
+            result["recompiled"] = f"{graphs_end - graphs} graph(s) compiled during the timed steps"
+        if result.get("device_ms") is not None:
+            result["busy"] = round(min(result["device_ms"] / result["ms_per_step"], 1.0), 3)
+        return result
+
+
+@functools.cache
+def _callback_class() -> type:
+    from transformers import TrainerCallback
+
+    return type("StepMeter", (StepMeter, TrainerCallback), {})
+
+
+def step_meter(*args, **kwargs) -> StepMeter:
+    """A StepMeter that is a transformers.TrainerCallback (the Trainer's other events: nothing)."""
+    return _callback_class()(*args, **kwargs)
+
+
+def graphs_compiled() -> int:
+    """The graphs torch.compile made in this process so far (0 where torch does not say)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # a private counter: it may move
+        return 0
+
+
+def device_time(prof, steps: int) -> dict:
+    """Per step: the device's time (its kernels, copies and memsets, summed) and how many it ran; None on CPU."""
+    from torch.autograd import DeviceType
+
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not events:
+        return {"device_ms": None, "launches": None}
+    return {"device_ms": round(sum(e.time_range.elapsed_us() for e in events) / steps / 1e3, 3),
+            "launches": round(len(events) / steps, 1)}
+
+
+def save_examples(folder: Path, loader, tokenizer, model, count: int) -> None:
+    """The first `count` examples of the run's data, its tokenizer and its model's shape (config.json's fields)."""
+    import torch
+
+    if loader is None or tokenizer is None or model is None:
+        raise RuntimeError("the Trainer's callbacks did not receive the data loader, tokenizer and model")
+    dataset = loader.dataset
+    columns = dataset[:min(count, len(dataset))]  # a datasets.Dataset's slice: {column: [values]}
+    kept = [name for name in SAVED if name in columns]
+    picked = [dict(zip(kept, values, strict=True)) for values in zip(*(columns[name] for name in kept), strict=True)]
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(picked, folder / "examples.pt")
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    config = getattr(model, "config", None) or model.module.config
+    (folder / "model.json").write_text(json.dumps(config.to_dict(), default=str))
+
+
+@contextlib.contextmanager
+def metered(meter: StepMeter):
+    """Every transformers.Trainer built inside takes `meter` among its callbacks (convattn's Trainer subclasses
+    it: the command line's own run, unchanged)."""
+    import transformers
+
+    original = transformers.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.add_callback(meter)
+
+    transformers.Trainer.__init__ = init
+    try:
+        yield meter
+    finally:
+        transformers.Trainer.__init__ = original
+
+
+class Tee(io.TextIOBase):
+    """Writes to a stream and keeps the last lines (an in-process command's error, for its row)."""
+
+    def __init__(self, stream):
+        self.stream, self.tail = stream, ""
+
+    def write(self, text: str) -> int:
+        self.tail = (self.tail + text)[-4000:]
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+# --- the runs ---------------------------------------------------------------------------------------------------
+
+def convattn_argv(row: dict, plan: TrainPlan, data: Corpus, work: Path, output: Path) -> list[str]:
+    steps = plan.steps(row["mode"])
+    never = str(10**6)  # no evaluation or checkpoint between the steps; the run's final evaluation and save stay
+    return ["pretrain", "--preset", PRESETS[row["arm"]], "--recipe", "chang2021-small",
+            "--train-file", str(data.train), *(["--tokenizer", str(data.tokenizer)] if data.tokenizer else []),
+            "--cache-dir", str(work / "cache"), "--output-dir", str(output), "--batch-size", str(row["batch"]),
+            "--max-steps", str(steps), "--warmup", "1", "--eval-every", never, "--save-every", never,
+            "--log-every", str(steps), "--eval-samples", str(plan.eval_samples), "--precision", plan.precision,
+            "--seed", "0", *(["--compile"] if row["mode"] == "compiled" else []), *plan.flags]
+
+
+def run_convattn(row: dict, plan: TrainPlan, data: Corpus, work: Path, meter: StepMeter) -> None:
+    from convattn.cli import main
+
+    output = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
+    argv = convattn_argv(row, plan, data, work, output)
+    print("$ convattn", " ".join(argv), flush=True)
+    tee = Tee(sys.stderr)
+    try:
+        with metered(meter), contextlib.redirect_stderr(tee):
+            code = main(argv)
+    finally:
+        shutil.rmtree(output, ignore_errors=True)
+    if code != 0:
+        said = [line for line in tee.tail.splitlines() if "error" in line] or tee.tail.splitlines()[-1:]
+        raise RuntimeError(f"convattn pretrain exited {code}: {(said or [''])[-1].strip()}")
+
+
+def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
+    """transformers' BertForMaskedLM (SDPA) of the product model's shape, trained by transformers' Trainer on the
+    examples the first convattn run saved."""
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    saved = work / "examples"
+    if not (saved / "model.json").exists():
+        raise NotMeasured("no convattn run saved its examples before it (the BERT arm trains on them)")
+    shape = json.loads((saved / "model.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(saved / "tokenizer"))
+    examples = torch.load(saved / "examples.pt")
+    names = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "max_position_embeddings", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
+             "layer_norm_eps", "type_vocab_size", "initializer_range")
+    config = BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa",
+                        **{name: shape[name] for name in names if name in shape})
+    set_seed(0)
+    model = BertForMaskedLM(config)
+    cuda = torch.cuda.is_available()
+    steps = plan.steps(row["mode"])
+    with tempfile.TemporaryDirectory(dir=work) as output:
+        arguments = TrainingArguments(
+            output_dir=output, max_steps=steps, per_device_train_batch_size=row["batch"], learning_rate=3e-4,
+            weight_decay=0.01, warmup_steps=1, lr_scheduler_type="linear", optim="adamw_torch_fused",
+            bf16=plan.precision == "bf16", max_grad_norm=1.0, seed=0, data_seed=0, eval_strategy="no",
+            save_strategy="no", logging_steps=steps, report_to="none", disable_tqdm=True,
+            torch_compile=row["mode"] == "compiled", include_num_input_tokens_seen="non_padding",
+            remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=cuda, use_cpu=not cuda)
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
+        trainer = Trainer(model=model, args=arguments, data_collator=collator, train_dataset=examples,
+                          processing_class=tokenizer, callbacks=[meter])
+        trainer.train()
+
+
+def measure(row: dict, plan: TrainPlan, work: Path, deadline: float, rehearse: bool, kit: Path = KIT) -> dict:
+    """One row of the stage: a run of `row["arm"]` at its batch and mode, measured by a StepMeter."""
+    if row["mode"] == "compiled" and plan.compile_skipped:
+        return {"error": f"skipped: {plan.compile_skipped}"}
+    least = plan.least_seconds.get(row["mode"], 0)
+    if deadline - time.time() < least:
+        return {"error": f"not measured: under {least} s of the stage's time left for a {row['mode']} run"}
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        data = corpus(work, rehearse, kit)
+    except NotMeasured as reason:
+        return {"error": f"not measured: {reason}"}
+    capture = work / "examples" if row["arm"] != "bert" else None
+    meter = step_meter(plan.warmup[row["mode"]], plan.timed, plan.profiled, deadline, capture,
+                       examples=max(plan.steps(mode) for mode in plan.warmup) * max(plan.batches))
+    try:
+        if row["arm"] == "bert":
+            run_bert(row, plan, work, meter)
+        else:
+            run_convattn(row, plan, data, work, meter)
+        return meter.measured()
+    except NotMeasured as reason:
+        return {"error": f"not measured: {reason}"}
+    finally:
+        import gc
+
+        import torch
+
+        gc.collect()
+        if row["mode"] == "compiled":
+            torch.compiler.reset()  # the compiled graphs hold the run's model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
