@@ -10,8 +10,9 @@ For each attention dropout (0 and 0.1), width and shape, bfloat16, forward+backw
 Every arm pads 1/8 of one row. Time: CUDA events, median [min, max] of --reps steps after warm-up (compilation
 included in the warm-up). Memory: the allocator's peak during one step minus what was allocated before it
 (weights, inputs), an exact count on CUDA. Results go to benchmarks/results/attention_gpu.md.
-The steps and the measurement here also serve benchmarks/gpu_session.py, the one command of a GPU session,
-which adds the fused Triton kernel's arms and the dense bias; this script measures other shapes and FlexAttention.
+benchmarks/gpu_session.py, the one command of a GPU session, measures attention alone (the fused kernel against
+SDPA, the device's kernel sums) and the product's training step; this script measures whole layers and encoders,
+other shapes and FlexAttention.
 
     python benchmarks/attention_gpu.py                                   # everything (about 10 minutes on an H100)
     python benchmarks/attention_gpu.py --shapes 8192x2 --no-encoder --dropout 0.1
