@@ -500,7 +500,8 @@ def session(plan: Plan, out: Path, rehearse: bool) -> int:
         (out / f"{stage}.{'md' if stage == 'summary' else 'json'}").unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpu_session-"))  # the train stage's corpus, cache and runs
     log = out / "session.log"
-    start = end = time.time()
+    # the budgets count from the call's start: gpu_session.sh's, before it installed the kit's wheels
+    start = end = min(float(os.environ.get("GPU_SESSION_STARTED") or time.time()), time.time())
     try:
         with log.open("w") as sink:
             for stage, budget in BUDGETS.items():
@@ -728,7 +729,7 @@ def summary(out: Path, plan: Plan) -> tuple[str, str]:
     train_bars(bars, stages["train"][0], plan)
     problems = Counter(f"{stage}: {row['error']}" for stage, (rows, _) in stages.items()
                        for row in rows if "error" in row)
-    stand_in = " (the rehearsal: the wall time under the profiler stands in)" if plan.rehearsal else ""
+    stand_in = "; in the rehearsal the wall time under the profiler stands in" if plan.rehearsal else ""
     short = [
         f"# GPU session: {machine_name}", "",
         f"`bash benchmarks/gpu_session.sh`: attention forward + backward, {plan.head_dim} channels a head, padding "
@@ -736,7 +737,7 @@ def summary(out: Path, plan: Plan) -> tuple[str, str]:
         "",
         "## Tests", "", *(tests or ["- not run"]), "",
         f"## Bars on {machine_name.split(', torch')[0]}", "",
-        f"Attention: the device's time per forward + backward (the profiler's kernel sums){stand_in} over its "
+        f"Attention: the device's time per forward + backward (the profiler's kernel sums{stand_in}) over its "
         "SDPA baseline's. Training step: composite's over absolute's, the same batch and mode.", "",
         *bars.text(), "",
         "## Device time per call (stage kernels)", "", *kernel_table(stages["kernels"][0], plan), "",

@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_session.sh --rehearse    # on CPU, tiny shapes, the kernel under Triton's interpreter (CI)
 # Other arguments go to gpu_session.py (--stage, --deadline, --out); PYTHON picks the interpreter (python3).
 set -euo pipefail
+export GPU_SESSION_STARTED="$(date +%s)"  # the stages' budgets count from here, the wheels' install included
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 export PYTHONPATH="$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
