@@ -58,8 +58,9 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
     tables = [torch.empty(batch, heads, n, 2 * REACH + 1, dtype=dtype, device="meta") if name in features else None
               for name in ("row", "key")]
     keep = torch.empty(batch, n, dtype=torch.uint8, device="meta") if "padding" in features else None
-    problem = launch.Problem(q, *tables, keep, None, 0, REACH, True, 0.1 if "dropout" in features else 0,
-                                        head_dim**-0.5, 0)
+    seed = torch.empty((), dtype=torch.int64, device="meta") if "dropout" in features else None
+    problem = launch.Problem(q, *tables, keep, None, seed, 0, REACH, True, 0.1 if "dropout" in features else 0,
+                             head_dim**-0.5)
     stats = torch.empty(problem.stats_shape, dtype=torch.float32, device="meta")
     grads = [launch.table_gradient(t, q, False) if t is not None else None for t in tables]
     out = torch.empty_like(q)
@@ -89,7 +90,7 @@ def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: i
         value = values[name]
         if isinstance(value, torch.Tensor):
             signature[name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-                                     torch.uint8: "u8", torch.int32: "i32"}[value.dtype]
+                                     torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}[value.dtype]
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if isinstance(value, float) else "i32"

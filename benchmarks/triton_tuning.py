@@ -72,7 +72,7 @@ def force(tilings: dict[str, tuple]) -> None:
     others)."""
     chosen = {kernel: LIBRARY_CONFIGS(kernel, HEAD_DIM, torch.bfloat16)[0] for kernel in KERNELS} | tilings
     launch.configs = lambda kernel, head_dim, dtype: [chosen[kernel]]
-    launch.launcher.cache_clear()
+    launch.autotuned.cache_clear()
 
 
 def operands(problem: str, batch: int, heads: int, n: int, device: str, dtype: torch.dtype):
@@ -95,14 +95,15 @@ def kernel_calls(problem: str, shape: tuple, device: str, dtype: torch.dtype):
     """forward() and backward() of the kernels on one problem, straight at the runners (no autograd)."""
     q, k, v, row, key, keep, p = operands(problem, *shape, device, dtype)
     options = (0, REACH, True, p, HEAD_DIM**-0.5)
-    out, lse = launch.run_forward(q, k, v, row, key, keep, None, 5, *options)
+    seed = torch.tensor(5, device=device)
+    out, lse = launch.run_forward(q, k, v, row, key, keep, None, seed, *options)
     grad = torch.randn_like(out)
 
     def forward():
-        launch.run_forward(q, k, v, row, key, keep, None, 5, *options)
+        launch.run_forward(q, k, v, row, key, keep, None, seed, *options)
 
     def backward():
-        launch.run_backward(grad, q, k, v, out, lse, row, key, keep, None, 5, *options)
+        launch.run_backward(grad, q, k, v, out, lse, row, key, keep, None, seed, *options)
     return forward, backward
 
 
@@ -172,28 +173,27 @@ class Session:
         q, k, v, *_ = operands("plain", *shape, self.device, self.dtype)
         q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
         grad = torch.randn_like(q)
-        seed = torch.tensor(5)
+        seed = torch.tensor(5, device=self.device)
         options = (0, REACH, True, 0.0, HEAD_DIM**-0.5)
         force({})
-        problem = launch.Problem(q, None, None, None, None, 0, REACH, True, 0.0, HEAD_DIM**-0.5, 5)
+        problem = launch.Problem(q, None, None, None, None, None, 0, REACH, True, 0.0, HEAD_DIM**-0.5)
         out = torch.empty_like(q)
         lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
         args = problem.forward_arguments(q, k, v, out, lse)
-        launcher = launch.launcher("forward", HEAD_DIM, q.dtype)
-        launcher(problem.grid("BLOCK_M"), *args, **problem.keywords())
+        launch.launch("forward", problem, problem.grid("BLOCK_M"), args)
         m, n_, w, s = TILINGS["forward"][0]
         arms = {
             "sdpa forward + backward": lambda: F.scaled_dot_product_attention(q, k, v).backward(grad),
-            "kernel forward + backward (eager Function)":
+            "kernel forward + backward (entry)":
                 lambda: triton_attention.triton_relative_attention(q, k, v, None, None, reach=REACH,
                                                                    clip=True).backward(grad),
-            "kernel forward + backward (operators)":
+            "kernel forward + backward (operator)":
                 lambda: operator.attention_forward(q, k, v, None, None, None, None, seed, *options)[0].backward(grad),
             "kernel forward alone (runner)":
-                lambda: launch.run_forward(q.detach(), k.detach(), v.detach(), None, None, None, None, 5,
-                                                      *options),
-            "one forward launch (our launcher)": lambda: launcher(problem.grid("BLOCK_M"), *args,
-                                                                  **problem.keywords()),
+                lambda: launch.run_forward(q.detach(), k.detach(), v.detach(), None, None, None, None, None,
+                                           *options),
+            "one forward launch (wrap_triton)": lambda: launch.launch("forward", problem, problem.grid("BLOCK_M"),
+                                                                      args),
         }
         if not self.rehearse:
             tuner = launch.AUTOTUNERS["forward", HEAD_DIM, q.dtype]
@@ -220,7 +220,7 @@ class Session:
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(200 if not self.rehearse else 2):
-            arms["kernel forward + backward (eager Function)"]()
+            arms["kernel forward + backward (entry)"]()
         profiler.disable()
         self.sync()
         text = io.StringIO()

@@ -5,11 +5,7 @@ Triton's interpreter (tests/conftest.py); on a GPU the same tests run compiled, 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 import torch
@@ -243,7 +239,7 @@ def test_dropout_is_replayed_in_backward():
         assert relative_error(g.double(), e) < 1e-4
     # control: the kernels' backward drawing from another seed than its forward no longer gives v's gradient
     torch.manual_seed(seed)
-    drawn = torch.randint(0, 2**30, ())  # the seed the call above drew first
+    drawn = torch.randint(0, 2**30, (), device=DEVICE)  # the seed the call above drew first
     q32, k32, v32 = (x.detach().float() for x in (q, k, v))
     tables = [t.detach().float() for t in rel.tables(q32, k32)]
     options = (0, rel.reach, rel.clip, dropout_p, head_dim**-0.5)
@@ -297,9 +293,9 @@ def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):
     masks = []
     for tiling in [(16, 32, 1, 1), (32, 64, 1, 1), (64, 128, 1, 1)]:
         monkeypatch.setattr(launch, "configs", lambda kernel, head_dim, dtype, tiling=tiling: [tiling])
-        launch.launcher.cache_clear()
+        launch.autotuned.cache_clear()
         masks.append(dropped_probabilities(q, k, None, keep, dropout_p, seed=5))
-    launch.launcher.cache_clear()
+    launch.autotuned.cache_clear()
     assert masks[0].any()
     for mask in masks[1:]:
         assert torch.equal(mask, masks[0])
@@ -393,20 +389,38 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
         triton_relative_attention(q, q, q, None, None, reach=0, clip=True)
 
 
-def test_the_kernels_are_operators_that_torch_compile_can_trace():
-    """Schema, fake tensors and autograd registration of the two operators (torch.library.opcheck)."""
+def operator_arguments(dropout_p=0.2):
+    """Arguments of the forward operator at small shapes: both tables (q, k, v and they requiring grad), padding, a
+    seed on DEVICE."""
     q, k, v = (x.float() for x in operands(2, 2, 11, 16))
     rel = make_relative(TERMS["composite+key"], "clip", 2, 16, reach=2)
     tables = [t.detach().float().requires_grad_() for t in rel.tables(q, k)]
     keep = (torch.arange(11)[None, :] < torch.tensor([11, 6])[:, None]).to(DEVICE).view(torch.uint8)
-    args = (*(x.requires_grad_() for x in (q, k, v)), *tables, keep, None, torch.tensor(5), 0, 2, True, 0.2, 0.25)
-    torch.library.opcheck(operator.attention_forward, args, test_utils=("test_schema", "test_faketensor",
-                                                                       "test_autograd_registration"))
+    seed = torch.tensor(5, device=DEVICE)
+    return (*(x.requires_grad_() for x in (q, k, v)), *tables, keep, None, seed, 0, 2, True, dropout_p, 0.25)
 
 
-def test_the_eager_function_and_the_operator_compute_the_same():
-    """Outside graphs the kernels run behind an autograd.Function (less host time per call than the operators);
-    with the same seed both give the same output and gradients, dropout and a broadcast table included."""
+def test_the_kernels_are_operators_that_torch_compile_can_trace():
+    """Schema, fake tensors, autograd registration and AOT dispatch of the forward and backward operators
+    (torch.library.opcheck), with dropout and without (the seed then absent)."""
+    for dropout_p in (0.2, 0.0):
+        args = operator_arguments(dropout_p)
+        if dropout_p == 0:
+            args = (*args[:7], None, *args[8:])
+        torch.library.opcheck(operator.attention_forward, args)
+        args = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args)  # the backward has no backward
+        out, lse = operator.attention_forward(*args)
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+        torch.library.opcheck(operator.attention_backward, (grad_out, *args[:3], out, lse, *args[3:]))
+
+
+def test_the_seed_is_drawn_on_the_operands_device_and_saved_for_backward(monkeypatch):
+    """One front door: triton_relative_attention calls the forward operator, its seed a tensor drawn from torch's
+    generator on the operands' device (on a GPU a CUDA tensor, never one drawn on the CPU per call), and none without
+    dropout. The same generator state gives the same output and gradients, bit for bit."""
+    seeds = []
+    forward = operator.attention_forward
+    monkeypatch.setattr(operator, "attention_forward", lambda *args: seeds.append(args[7]) or forward(*args))
     batch, heads, n, head_dim = 2, 2, 23, 16
     q, k, v = (x.float().requires_grad_() for x in operands(batch, heads, n, head_dim))
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
@@ -415,42 +429,24 @@ def test_the_eager_function_and_the_operator_compute_the_same():
     key = key.requires_grad_()
     keep = (torch.arange(n)[None, :] < torch.tensor([n, 17])[:, None]).to(DEVICE)
     weights = torch.randn(batch, heads, n, head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    options = (0, 3, True, 0.25, head_dim**-0.5)
     results = []
-    for through_operator in (True, False):
+    for _ in range(2):
         torch.manual_seed(11)
-        seed = torch.randint(0, 2**30, ())
-        if through_operator:
-            out = operator.attention_forward(q, k, v, row, key, keep.view(torch.uint8), None, seed, *options)[0]
-        else:
-            out = operator.EagerAttention.apply(q, k, v, row, key, keep.view(torch.uint8), None, int(seed),
-                                                         *options)
+        out = triton_relative_attention(q, k, v, row, key, reach=3, clip=True, keep=keep, dropout_p=0.25)
         results.append([out, *torch.autograd.grad((out * weights).sum(), [q, k, v, row, key])])
+    triton_relative_attention(q, k, v, row, key, reach=3, clip=True, keep=keep)
+    assert [(seed.device.type, seed.dtype, seed.shape) for seed in seeds[:2]] == [(DEVICE, torch.int64, ())] * 2
+    assert torch.equal(seeds[0], seeds[1]) and seeds[2] is None
     assert results[0][0].abs().sum() > 0
-    for by_operator, by_function in zip(*results, strict=True):
-        assert by_operator.shape == by_function.shape
-        assert torch.equal(by_operator, by_function)
+    for first, second in zip(*results, strict=True):
+        assert torch.equal(first, second)
 
 
-def test_direct_launches_key_on_what_the_jit_specializes():
-    """After its first call a specialization is launched without Triton's JIT (launch.launcher): the key
-    it is found by must tell apart every two calls that the JIT compiles apart (alignment, an integer of 1 or a
-    multiple of 16, dtypes), across shapes, tables, padding, packing and misaligned views, and find a fresh call of
-    the same problem; the arguments it launches with must be the JIT's. Read off Triton's own binder for CUDA,
-    which needs no GPU but no interpreter either, hence a process of its own."""
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    script = Path(__file__).resolve().parents[2] / "helpers" / "triton_specialization.py"
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    calls, keys, specializations = (int(word) for word in result.stdout.split()[::2][:3])
-    assert calls == 2304 and specializations > 100 and keys >= specializations
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the direct launch is the GPU's path (the interpreter has its own)")
-def test_direct_launches_compute_what_the_jit_launches_do():
-    """The first call of a problem autotunes, the second compiles the pick through the JIT, the third and later
-    launch that binary directly: all give the same bits, dropout (same torch seed) and gradients included; a
-    misaligned view is compiled for apart and still matches the aligned call."""
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's autotuned and compiled launches (the interpreter has none)")
+def test_repeated_calls_compute_the_same_bits():
+    """The first call of a problem autotunes, the second and later launch the pick: all give the same bits, dropout
+    (same torch seed) and gradients included; a misaligned view is compiled for apart and still matches the aligned
+    call."""
     rel = make_relative(TERMS["composite+key"], "clip", heads=4, head_dim=64, reach=8)
     q, k, v = (x.to(torch.bfloat16) for x in operands(2, 4, 300, 64))
     keep = (torch.arange(300)[None, :] < torch.tensor([300, 211])[:, None]).to(DEVICE)

@@ -110,6 +110,15 @@ def dropout_keep(seed, query_start, key_start, counters_per_row, p_drop, BLOCK_M
     return tl.reshape(numbers, (BLOCK_M, BLOCK_N)) >= tl.cast(p_drop * 256.0, tl.uint32)
 
 
+@triton.jit
+def dropout_seed(SEED, bh, DROPOUT: tl.constexpr):
+    """The Philox key of (batch, head) number bh: the seed torch drew for the call on the operands' device (SEED,
+    read only with dropout), plus bh."""
+    if DROPOUT:
+        return tl.load(SEED) + bh
+    return bh.to(tl.int64)  # unused: one return type for both
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # sequences, padding and tiles
 
@@ -218,8 +227,8 @@ def forward_region(acc, m_i, l_i, q, i, i0, row_edge, K, V, A, B, KEEP, first, l
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
-def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqlen, rng_stride, heads,
+@triton.jit(do_not_specialize=["seqlen", "rng_stride", "length_bucket"])
+def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqlen, rng_stride, heads,
                    sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_s,
                    sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, length_bucket,
                    REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
@@ -254,7 +263,7 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, OUT, LSE, seed, p_drop, scale, seqle
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    seed = seed + bh
+    seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
     band_first, band_last = band_tiles(i0, n, SIZE=BLOCK_M, OTHER=BLOCK_N, REACH=REACH)
     left = edge(A, i, n, sa_s, COLUMN=0, HAS=HAS_ROW and CLIP)
     right = edge(A, i, n, sa_s, COLUMN=2 * REACH, HAS=HAS_ROW and CLIP)
@@ -378,8 +387,8 @@ def query_gradient_region(dq, da_low, da_high, q, do, lse, delta, i, i0, row_edg
     return dq, da_low, da_high
 
 
-@triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
-def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, seed, p_drop, scale, seqlen,
+@triton.jit(do_not_specialize=["seqlen", "rng_stride", "length_bucket"])
+def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, OUT, LSE, DELTA, DQ, DA, p_drop, scale, seqlen,
                           rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                           sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, length_bucket,
                           REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
@@ -427,7 +436,7 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, OUT, LSE, DELTA, DQ, DA, 
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     da_low = tl.zeros((BLOCK_M,), tl.float32)
     da_high = tl.zeros((BLOCK_M,), tl.float32)
-    seed = seed + bh
+    seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
     band_first, band_last = band_tiles(i0, n, SIZE=BLOCK_M, OTHER=BLOCK_N, REACH=REACH)
     left = edge(A, i, n, sa_s, COLUMN=0, HAS=HAS_ROW and CLIP)
     right = edge(A, i, n, sa_s, COLUMN=2 * REACH, HAS=HAS_ROW and CLIP)
@@ -492,8 +501,8 @@ def key_gradient_region(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q,
     return dk, dv, db_low, db_high
 
 
-@triton.jit(do_not_specialize=["seed", "seqlen", "rng_stride", "length_bucket"])
-def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, seed, p_drop, scale, seqlen,
+@triton.jit(do_not_specialize=["seqlen", "rng_stride", "length_bucket"])
+def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DB, p_drop, scale, seqlen,
                         rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                         sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s, length_bucket,
                         REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
@@ -542,7 +551,7 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, DO, LSE, DELTA, DK, DV, DB, see
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     db_low = tl.zeros((BLOCK_N,), tl.float32)
     db_high = tl.zeros((BLOCK_N,), tl.float32)
-    seed = seed + bh
+    seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
     # query tiles for which these keys lie wholly right of the band (i < j - r), touch it, lie wholly left
     band_first, band_last = band_tiles(j0, n, SIZE=BLOCK_N, OTHER=BLOCK_M, REACH=REACH)
     # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r

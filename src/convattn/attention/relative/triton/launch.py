@@ -53,62 +53,18 @@ AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
 TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT")
 
 
-def specialization(args: tuple) -> tuple:
-    """What Triton's JIT compiles a launch's runtime arguments for, argument by argument, at a fraction of its
-    binder's cost: a tensor's dtype and 16-byte alignment; an integer's being 1, a multiple of 16 and within 32
-    bits (for every integer, those the kernels exempt from specialization too: finer than the JIT, never
-    coarser); a float's type."""
-    return tuple((arg.dtype, arg.data_ptr() % 16 == 0) if isinstance(arg, Tensor)
-                 else (arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31) if isinstance(arg, int)
-                 else type(arg) for arg in args)
-
-
 @cache
-def launcher(kernel: str, head_dim: int, dtype: torch.dtype):
-    """launch(grid, *args, length_bucket=.., **constexprs): the jitted kernel, autotuned over `configs` on a GPU
-    (keyed by the length bucket and TUNING_KEY). The autotuner times the tilings at a key's first call; the JIT
-    compiles the pick at the first call of each specialization (`specialization`); every later call launches that
-    binary directly, without the JIT's per-call work on the host (its binder, cache key and launch hooks: about
-    half of a launch's host time with our kernels' 40-odd arguments; results/gpu_session/session2/tuning.md)."""
-    function = KERNELS[kernel]
+def autotuned(kernel: str, head_dim: int, dtype: torch.dtype) -> triton.runtime.Autotuner:
+    """The kernel autotuned over `configs`, keyed by the length bucket and TUNING_KEY: the tilings are timed at a
+    key's first call, its pick launched from then on (the first tiling alone under the interpreter)."""
     tilings = configs(kernel, head_dim, dtype)
     if any(m % 16 or n % 32 for m, n, _, _ in tilings):
         raise ValueError(f"BLOCK_M must be a multiple of 16 and BLOCK_N of 32 (dropout_keep's query pairs and key "
                          f"chunks); got {tilings}")
     options = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tilings]
-    if interpreting():
-        config = options[0]
-        return lambda grid, *args, **kwargs: function[grid](*args, **config.all_kwargs(), **kwargs)
-    tuned = AUTOTUNERS[kernel, head_dim, dtype] = triton.autotune(configs=options,
-                                                                   key=["length_bucket", *TUNING_KEY])(function)
-    picked: dict[tuple, dict] = {}
-    binaries: dict[tuple, triton.compiler.CompiledKernel] = {}
-
-    def launch(grid, *args, length_bucket: int, **constants):
-        key = (length_bucket, *(constants[name] for name in TUNING_KEY))
-        config = picked.get(key)
-        if config is None:
-            tuned[grid](*args, length_bucket=length_bucket, **constants)
-            picked[key] = tuned.best_config.all_kwargs()
-            return
-        device = triton.runtime.driver.active.get_current_device()
-        exact = (device, key, specialization(args))
-        binary = binaries.get(exact)
-        if binary is None or triton.knobs.runtime.launch_enter_hook is not None:  # compile, or let a profiler see
-            binaries[exact] = function[grid](*args, length_bucket=length_bucket, **constants, **config)
-            return
-        blocks = grid(config)
-        binary.run(blocks[0], blocks[1], 1, triton.runtime.driver.active.get_current_stream(device), binary.function,
-                   binary.packed_metadata, None, None, None,
-                   *launch_arguments(function, args, {"length_bucket": length_bucket, **constants, **config}))
-    return launch
-
-
-def launch_arguments(function: triton.JITFunction, args: tuple, keywords: dict) -> list:
-    """Every parameter of the kernel in its order, constexprs included, as the JIT hands them to a binary's
-    launcher: the runtime arguments, then the keywords by name (the config's options, which are no parameters,
-    left out)."""
-    return [*args, *(keywords[name] for name in function.arg_names[len(args):])]
+    tuned = triton.autotune(configs=options, key=["length_bucket", *TUNING_KEY])(KERNELS[kernel])
+    AUTOTUNERS[kernel, head_dim, dtype] = tuned
+    return tuned
 
 
 def autotuned_configs() -> list[str]:
@@ -151,8 +107,8 @@ class Problem:
     """Shapes, strides and constexprs shared by the kernels of one call."""
 
     def __init__(self, q: Tensor, row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
-                 cu_seqlens: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float, scale: float,
-                 seed: int):
+                 cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
+                 dropout_p: float, scale: float):
         self.varlen = cu_seqlens is not None
         self.stats_shape = stats_shape(q, self.varlen)
         if self.varlen:
@@ -163,7 +119,7 @@ class Problem:
             self.batch, self.heads, self.seqlen, self.head_dim = q.shape
             self.stats_strides = (self.heads * self.seqlen, self.seqlen)
         self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
-        self.scale, self.dropout_p, self.seed = scale, kernel_dropout_p(dropout_p), seed
+        self.seed, self.scale, self.dropout_p = seed, scale, kernel_dropout_p(dropout_p)
         self.constants = dict(REACH=reach, CLIP=clip, HAS_ROW=row_table is not None, HAS_KEY=key_table is not None,
                               HAS_KEEP=keep is not None, VARLEN=self.varlen, DROPOUT=dropout_p > 0,
                               HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
@@ -171,13 +127,15 @@ class Problem:
         self.length_bucket = 1 << max(self.seqlen - 1, 0).bit_length()
 
     def operands(self, q: Tensor) -> list:
-        """The pointers every kernel takes after q, k, v: tables, key mask, sequence offsets (q where absent)."""
-        return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens)]
+        """The pointers every kernel takes after q, k, v: tables, key mask, sequence offsets, dropout's seed (q where
+        absent)."""
+        return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens,
+                                                self.seed)]
 
     def scalars(self) -> list:
-        """seed, p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query pair: four per 32 keys) and
+        """p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query pair: four per 32 keys) and
         heads."""
-        return [self.seed, self.dropout_p, self.scale, self.seqlen, 4 * -(-self.seqlen // 32), self.heads]
+        return [self.dropout_p, self.scale, self.seqlen, 4 * -(-self.seqlen // 32), self.heads]
 
     def keywords(self) -> dict:
         """The constexprs, and length_bucket: the next power of two of the length, which the kernels ignore and the
@@ -221,35 +179,39 @@ class Problem:
 # launches
 
 
+def launch(kernel: str, problem: Problem, grid, arguments: list) -> None:
+    """One launch of an autotuned kernel, through torch.library.wrap_triton: a call torch.compile's tracing sees
+    (and inductor launches itself); in eager mode, and under the interpreter, the kernel is called as it is."""
+    torch.library.wrap_triton(autotuned(kernel, problem.head_dim, arguments[0].dtype))[grid](*arguments,
+                                                                                           **problem.keywords())
+
+
 def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
-                keep: Tensor | None, cu_seqlens: Tensor | None, seed: int, max_seqlen: int, reach: int, clip: bool,
-                dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+                keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int,
+                clip: bool, dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
     """(out, log2-sum-exp of every query row in float32)."""
-    problem = Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale, seed)
+    problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale)
     out = torch.empty_like(q)
     lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-    launch = launcher("forward", problem.head_dim, q.dtype)
-    launch(problem.grid("BLOCK_M"), *problem.forward_arguments(q, k, v, out, lse), **problem.keywords())
+    launch("forward", problem, problem.grid("BLOCK_M"), problem.forward_arguments(q, k, v, out, lse))
     return out, lse
 
 
 def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                  row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None,
-                 seed: int, max_seqlen: int, reach: int, clip: bool, dropout_p: float,
+                 seed: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float,
                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), the tables' in float32 per (sequence, head, position)."""
-    problem = Problem(q, row_table, key_table, keep, cu_seqlens, max_seqlen, reach, clip, dropout_p, scale, seed)
+    problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale)
     # the query kernel reads dO and O with q's strides
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_row, grad_key = (table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
-    launcher("query", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_M"), *problem.query_arguments(q, k, v, grad_out, out, lse, delta, grad_q,
-                                                          grad_row if row_table is not None else None),
-        **problem.keywords())
-    launcher("key", problem.head_dim, q.dtype)(
-        problem.grid("BLOCK_N"), *problem.key_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v,
-                                                        grad_key if key_table is not None else None),
-        **problem.keywords())
+    launch("query", problem, problem.grid("BLOCK_M"),
+           problem.query_arguments(q, k, v, grad_out, out, lse, delta, grad_q,
+                                   grad_row if row_table is not None else None))
+    launch("key", problem, problem.grid("BLOCK_N"),
+           problem.key_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v,
+                                 grad_key if key_table is not None else None))
     return grad_q, grad_k, grad_v, grad_row, grad_key

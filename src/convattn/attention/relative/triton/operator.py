@@ -1,11 +1,21 @@
-"""The fused kernel as torch operators with autograd, and its public entry, `triton_relative_attention`."""
+"""The fused kernel as one pair of torch operators, forward and backward, with one autograd registration: what eager
+code calls and what torch.compile sees. Its public entry is `triton_relative_attention`.
+
+On a GPU the operators are torch.library.triton_op, whose kernels (launched through wrap_triton) torch.compile's
+graphs hold as kernels, for inductor to launch. Under Triton's interpreter wrap_triton hands back the kernel itself,
+which neither fake tensors nor the functional tracing behind torch.compile can run: there the same functions are
+opaque torch.library.custom_op operators. Both have the fake implementations below.
+
+Dropout's seed is drawn per call from torch's generator of the operands' device (a CUDA tensor on a GPU: a CUDA
+graph's replay draws a new one, and a recorded generator state draws the same), read by the kernels from memory,
+and saved for the backward, which replays the mask.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from convattn.attention.core import is_tracing
 from convattn.attention.relative.triton.launch import (
     interpreting,
     run_backward,
@@ -14,16 +24,21 @@ from convattn.attention.relative.triton.launch import (
     table_gradient,
 )
 
-# The kernels as two operators (torch.library), so that torch.compile keeps them whole in its graphs; the seed is a
-# CPU tensor drawn in the graph, so a compiled step draws a fresh one each time instead of a constant.
+
+def _operator(name: str):
+    """torch.library.triton_op on a GPU, custom_op under the interpreter (the module's docstring)."""
+    if interpreting():
+        return torch.library.custom_op(name, mutates_args=())
+    return torch.library.triton_op(name, mutates_args=())
 
 
-@torch.library.custom_op("convattn::triton_relative_attention", mutates_args=())
+@_operator("convattn::triton_relative_attention")
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
-                      keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, max_seqlen: int, reach: int,
-                      clip: bool, dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
-    return run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, int(seed), max_seqlen, reach, clip,
-                       dropout_p, scale)
+                      keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int,
+                      reach: int, clip: bool, dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+    """(out, log2-sum-exp of every query row)."""
+    return run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p,
+                       scale)
 
 
 @attention_forward.register_fake
@@ -31,12 +46,13 @@ def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, 
     return torch.empty_like(q), q.new_empty(stats_shape(q, cu_seqlens is not None), dtype=torch.float32)
 
 
-@torch.library.custom_op("convattn::triton_relative_attention_backward", mutates_args=())
+@_operator("convattn::triton_relative_attention_backward")
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
-                       cu_seqlens: Tensor | None, seed: Tensor, max_seqlen: int, reach: int, clip: bool,
+                       cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
                        dropout_p: float, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, int(seed), max_seqlen,
+    """(dq, dk, dv, d row table, d key table), a table's per (sequence, head, position): launch.run_backward."""
+    return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen,
                         reach, clip, dropout_p, scale)
 
 
@@ -62,25 +78,6 @@ def _differentiate(ctx, grad_out, grad_lse):
 
 
 attention_forward.register_autograd(_differentiate, setup_context=_setup_context)
-
-
-class EagerAttention(torch.autograd.Function):
-    """The operators' twin outside graphs: the same kernels behind an autograd.Function, which costs the host less
-    per call than a custom operator's dispatch and autograd wrapper (pytorch/pytorch#139500)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, row_table, key_table, keep, cu_seqlens, seed: int, *options):
-        out, lse = run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, *options)
-        ctx.save_for_backward(q, k, v, out, lse, row_table, key_table, keep, cu_seqlens)
-        ctx.seed, ctx.options, ctx.table_shapes = seed, options, _shapes(row_table, key_table)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, row_table, key_table, keep, cu_seqlens = ctx.saved_tensors
-        grads = run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, ctx.seed,
-                             *ctx.options)
-        return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None
 
 
 def _shapes(*tables: Tensor | None) -> list:
@@ -133,8 +130,6 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     row_table, key_table = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (row_table, key_table))
     if keep is not None:
         keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
-    seed = torch.randint(0, 2**30, ()) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
-    options = (max_seqlen or 0, reach, clip, dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)
-    if is_tracing():
-        return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, *options)[0]
-    return EagerAttention.apply(q, k, v, row_table, key_table, keep, cu_seqlens, int(seed), *options)
+    seed = torch.randint(0, 2**30, (), device=q.device) if dropout_p > 0 else None
+    return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
+                             dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)[0]
