@@ -3,10 +3,10 @@
 # installs the kit's wheels once per machine, puts src/ on the Python path, then runs "$@" from the repo root.
 # Make the kit here first, beside ../shared: `python benchmarks/real_scale.py pack`.
 #
-# A GPU session's measurements are now ONE call that needs nothing carried: `bash benchmarks/gpu_session.sh`
-# (issue 37; the kernel's and the decomposition's CUDA tests, one layer and the encoder against SDPA, where the time
-# goes, under 9 minutes, files into $OUT). This wrapper serves what needs the kit, each a device call with carry
-# [".gpu-kit"] under the 10-minute limit, e.g.
+# A GPU session's measurements are ONE call, `bash benchmarks/gpu_session.sh` with carry [".gpu-kit"] (issue 47:
+# the kernel's CUDA tests, attention's device and host time against SDPA, the training step, under 8 minutes, files
+# into $OUT; it installs the kit itself). This wrapper serves the other calls that need the kit, each a device call
+# with carry [".gpu-kit"] under the 10-minute limit, e.g.
 #   bash benchmarks/gpu.sh python3 benchmarks/real_scale.py unpack && bash benchmarks/gpu.sh python3 \
 #       benchmarks/train_throughput.py --device cuda --compile --train-file .gpu-work/corpus/enwiki-2015-sample \
 #       --tokenizer .gpu-kit/tokenizer --output $OUT/train_throughput_cuda.md
