@@ -64,9 +64,10 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
     stats = torch.empty(problem.stats_shape, dtype=torch.float32, device="meta")
     grads = [launch.table_gradient(t, q, False) if t is not None else None for t in tables]
     out = torch.empty_like(q)
+    accumulators = problem.accumulators(q, 2)
     arguments = {"forward": lambda: problem.forward_arguments(q, k, v, out, stats),
-                 "query": lambda: problem.query_arguments(q, k, v, out, out, stats, stats, out, grads[0]),
-                 "key": lambda: problem.key_arguments(q, k, v, out, stats, stats, out, out, grads[1])}[kernel_name]()
+                 "backward": lambda: problem.backward_arguments(q, k, v, out, stats, stats, out, out, *grads,
+                                                                *accumulators)}[kernel_name]()
     return arguments, problem.keywords()
 
 
@@ -99,15 +100,16 @@ def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: i
     return ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
 
 
-def loop_bodies(sass: str) -> list[list[str]]:
-    """The instructions of each loop (a backward branch's range), in address order."""
+def loop_bodies(sass: str) -> list[tuple[int, int, list[str]]]:
+    """(first address, last address, instructions) of each loop (a backward branch's range), in address order."""
     code = [(int(address, 16), text) for address, text in
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
     bodies = []
     for address, text in code:
         target = re.search(r"\bBRA\s+0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < address:
-            bodies.append([t for a, t in code if int(target.group(1), 16) <= a <= address])
+            start = int(target.group(1), 16)
+            bodies.append((start, address, [t for a, t in code if start <= a <= address]))
     return bodies
 
 
@@ -128,8 +130,11 @@ def resources(job: tuple) -> dict:
         sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True,
                               check=True).stdout
     registers, stack = re.search(r"REG:(\d+).*STACK:(\d+)", usage).groups()
-    # the loops over tiles (those with matrix products): left of the band, the band, right of it, in source order
-    bodies = [body for body in loop_bodies(sass) if any(opcode(t) in ("HGMMA", "HMMA") for t in body)]
+    # the loops over tiles (those with matrix products): left of the band, the band, right of it, in source order;
+    # the innermost ones (the backward's run inside its loop over key blocks)
+    products = [loop for loop in loop_bodies(sass) if any(opcode(t) in ("HGMMA", "HMMA") for t in loop[2])]
+    bodies = [body for start, end, body in products
+              if not any(start <= other[0] and other[1] <= end and other[:2] != (start, end) for other in products)]
     if len(bodies) != 3:
         raise RuntimeError(f"{kernel_name} {variant} {tiling}: expected 3 tile loops in SASS, found {len(bodies)}")
     off_band = max(bodies[0], bodies[2], key=len)

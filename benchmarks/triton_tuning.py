@@ -3,19 +3,18 @@ session runs after benchmarks/gpu_session.sh when time is left, to choose launch
 measurements instead of ptxas's register report.
 
   host    the host's time to issue one call at a small shape (1 x 4 heads x 128 x 64, bfloat16), where the device
-          waits for the host: plain SDPA forward + backward, the kernel's forward + backward through its eager
-          autograd.Function and through its torch.library operators, its forward alone, one forward launch through
-          our launcher, through triton's Autotuner and straight at the jitted kernel, and a three-argument Triton
-          kernel (the floor of a launch); then cProfile's view of 200 calls (host_profile.txt)
+          waits for the host: plain SDPA forward + backward, the kernel's forward + backward through its public
+          entry and through its forward operator, its forward alone, one forward launch through wrap_triton, through
+          triton's Autotuner and straight at the jitted kernel, and a three-argument Triton kernel (the floor of a
+          launch); then cProfile's view of 200 calls (host_profile.txt)
   ladder  forward and backward at the library's first tilings, one feature added at a time (plain; dropout 0.1;
           1/8 of one row padded; + the row table; + the key table; + dropout: composite+key), each against SDPA
           with the same padding and dropout: what each feature costs
-  tilings each kernel (forward, query gradient, key gradient) with one tiling forced at a time, at three shapes
+  tilings each kernel (forward, backward) with one tiling forced at a time, at three shapes
           (32 x 4 heads x 512, 8 x 4 x 2,048, 2 x 12 x 8,192; 64-channel heads, bfloat16) and two problems:
           "plain" (no terms, no padding, no dropout; against SDPA's flash kernel) and "composite+key" (both tables,
-          r = 8, clip, 1/8 of one row padded, dropout 0.1; against SDPA with that mask and dropout); the query
-          kernel's tilings are timed with the key kernel at the library's first tiling and the other way round
-          (backward = both)
+          r = 8, clip, 1/8 of one row padded, dropout 0.1; against SDPA with that mask and dropout); the backward's
+          tilings are those of its key-major kernel (its preprocessing and dQ's sum stream rows untuned)
 
 Every tiling is compiled first by worker processes in parallel (Triton's disk cache passes them on), then timed
 one after the other: triton.testing.do_bench, the median, the L2 cache flushed between calls. Results go to --out
@@ -47,14 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from convattn.attention.relative import triton_attention
 from convattn.attention.relative.triton import kernels, launch, operator
 
-KERNELS = ("forward", "query", "key")
+KERNELS = ("forward", "backward")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each is today's first pick
 TILINGS = {
     "forward": [(128, 64, 8, 3), (128, 32, 8, 2), (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3),
                 (128, 128, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2)],
-    "query": [(64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 4),
-              (64, 64, 4, 4), (128, 64, 4, 2), (64, 32, 2, 3), (128, 32, 8, 2)],
-    "key": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3),
+    "backward": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3),
             (32, 64, 8, 2), (32, 128, 8, 2), (64, 128, 4, 2), (16, 64, 2, 3)],
 }
 SHAPES = [(32, 4, 512), (8, 4, 2048), (2, 12, 8192)]  # (batch, heads, n)
@@ -320,8 +317,7 @@ class Session:
                 best = {kernel: min((t["ms"] for t in rows if t["kernel"] == kernel), default=float("nan"))
                         for kernel in KERNELS}
                 lines += ["", f"Best forward {best['forward']:.3f} ms ({best['forward'] / sdpa['forward_ms']:.2f}x); "
-                          f"backward (query or key sweep, best) {min(best['query'], best['key']):.3f} ms "
-                          f"({min(best['query'], best['key']) / backward_sdpa:.2f}x).", ""]
+                          f"backward {best['backward']:.3f} ms ({best['backward'] / backward_sdpa:.2f}x).", ""]
         if r["failed"]:
             lines += ["## Tilings that failed to compile or run", ""]
             lines += [f"- {name}: {error}" for name, error in r["failed"].items()]

@@ -301,6 +301,39 @@ def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):
         assert torch.equal(mask, masks[0])
 
 
+@interpreter_only
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_backward_sums_any_number_of_splits_to_the_reference(splits, monkeypatch):
+    """The backward deals a sequence's key blocks (32 keys under the interpreter) among `splits` programs, each
+    adding its blocks' shares of dQ and of the row table's edge columns to float32 accumulators of its own, summed
+    afterwards: one split holding all five blocks, and three of one or two blocks each, against the reference, with
+    pads among the keys and a sequence without real keys."""
+    monkeypatch.setattr(launch.Problem, "splits", lambda self, q: splits)
+    n = 140
+    position = torch.arange(n)
+    keep = torch.stack([(position % 9 != 4) & (position < 120), torch.zeros(n, dtype=torch.bool)])
+    check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=32, reach=3,
+                            keep=keep.to(DEVICE))
+
+
+def test_two_backward_passes_give_the_same_bits():
+    """Deterministic by default, without atomics: the backward operator run twice on the same inputs and seed gives
+    every gradient bit for bit, here with two splits of two and three key blocks each under the interpreter (on a
+    GPU as many splits as fill it, their programs running at once)."""
+    batch, heads, n, head_dim = 2, 2, 130, 32
+    q, k, v = (x.float() for x in operands(batch, heads, n, head_dim))
+    rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=4)
+    row, key = (t.detach().float() for t in rel.tables(q, k))
+    position = torch.arange(n)
+    keep = torch.stack([position < 100, position % 5 != 2]).to(DEVICE).view(torch.uint8)
+    args = (q, k, v, row[:1].contiguous(), key, keep, None, torch.tensor(7, device=DEVICE), 0, 4, True, 0.2, 0.2)
+    out, lse = operator.attention_forward(*args)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    first, second = (operator.attention_backward(grad_out, q, k, v, out, lse, *args[3:]) for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        assert a.abs().sum() > 0 and torch.equal(a, b)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="half precision runs compiled on a GPU only")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_against_float32(dtype):

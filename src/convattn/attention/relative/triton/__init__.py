@@ -17,11 +17,13 @@ sixteen scores of a call chosen so that the numbers land where the scores are; d
 batch * heads + head, a counter of the query pair and the key's chunk of 32); the backward draws the same numbers.
 p is rounded to a multiple of 1/256 (kernel_dropout_p), query tiles are multiples of 16 queries, key tiles of 32
 keys.
-Backward has no atomics (FlashAttention-2's split): one kernel per key block sums dK, dV and the key table's
-gradient over the query blocks, another per query block sums dQ and the row table's gradient over the key blocks,
-with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2). A table's gradient at [i, t]
-is the sum of dS_ij over the keys j whose pair falls in column t: one partner inside the band (stored), every one
-beyond it in the edge columns (summed in registers), each entry written once.
+The backward is one key-major pass of five matrix products per tile (S = Q K^T, dP = dO V^T, dV += P^T dO,
+dK += dS^T Q, dQ += dS K), with dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2): each
+key block's dK, dV and key-table gradient stay in registers while the query tiles go by, and dQ is summed across key
+blocks without atomics, in float32 accumulators of each split of the key blocks, added up in a fixed order
+afterwards (as FlashAttention-2's deterministic mode): two backward passes give the same bits. A table's gradient at
+[i, t] is the sum of dS_ij over the keys j whose pair falls in column t: one partner inside the band (stored, never
+summed), every one beyond it in clip mode's edge columns (summed in a fixed order), each entry written once.
 
 Operands are either padded, (batch, heads, n, d) with an optional key mask `keep` (batch, n), or packed
 variable-length sequences, (total, heads, d) with `cu_seqlens` (batch + 1,) as in flash-attn's varlen API. Keys

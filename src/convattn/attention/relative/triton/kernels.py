@@ -34,8 +34,8 @@ RIGHT = tl.constexpr(2)
 def band_bias(A, B, i, j, n, sa_s, sb_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
               HAS_KEY: tl.constexpr):
     """A[i, c(j - i)] + B[j, c(i - j)] for broadcastable rows i and keys j (at least one table), in float32. Rows
-    and keys past n read row n - 1 instead of a mask per score: their scores are masked or discarded (the key
-    kernel gives rows past n no probability)."""
+    and keys past n read row n - 1 instead of a mask per score: their scores are masked or discarded (the
+    backward gives rows past n no probability)."""
     offset = j - i
     column = tl.minimum(tl.maximum(offset, -REACH), REACH) + REACH
     if HAS_ROW:
@@ -290,31 +290,23 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqle
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# backward: dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2)
+# backward: dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i (Dao et al. 2022, Appendix B.2), in three launches:
+# backward_preprocess (D, and the accumulators zeroed), backward_kernel (key-major, five matrix products per tile)
+# and query_gradient_kernel (dQ and the row table's edge columns summed over the accumulators, in their order).
+#
+# backward_kernel deals the key blocks among `splits` programs per (sequence, head). Each holds a key block's dK, dV
+# and key-table gradient in registers while every query tile goes by, and adds the tile's share of dQ (dS K) and of
+# the row table's edge columns to float32 accumulators of its own, one per split: no atomics, and every sum is taken
+# in an order fixed by the shapes, so two backward passes are bit-identical (as FlashAttention-2's deterministic
+# mode). A table's gradient at [i, t] is the sum of dS_ij over the keys j whose pair falls in column t: inside the
+# band there is one (stored where the tile finds it), beyond it in clip mode's edge columns every other one (summed:
+# the key table's in registers, the row table's in the accumulators).
 
 
 @triton.jit
-def gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, query_start, key_start, row_edge, key_edge, n, key_end,
-                  holes, seed, rng_stride, p_drop, sa_s, sb_s, scale, REGION: tl.constexpr, REACH: tl.constexpr,
-                  CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
-                  DROPOUT: tl.constexpr, PRECISION: tl.constexpr, MASK_PADS: tl.constexpr):
-    """(P with dropout applied, dS) of a (BLOCK_M, BLOCK_N) tile; without MASK_PADS, the columns of pad keys are
-    left unmasked (any value, inf or NaN included) for the caller to discard."""
-    s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, REGION=REGION, REACH=REACH,
-                   CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, PRECISION=PRECISION)
-    if MASK_PADS:
-        s = mask_pads(s, KEEP, j, key_start, key_end, holes, HAS_KEEP=HAS_KEEP)
-    p = tl.exp2(s - lse[:, None])
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-    if DROPOUT:
-        keep = dropout_keep(seed, query_start, key_start, rng_stride, p_drop, BLOCK_M=i.shape[0],
-                            BLOCK_N=j.shape[0])
-        rescale = 1.0 / (1.0 - p_drop)  # a scalar: one division, not one per score
-        dp = tl.where(keep, dp * rescale, 0.0)
-        p_dropped = tl.where(keep, p * rescale, 0.0)
-    else:
-        p_dropped = p
-    return p_dropped, p * (dp - delta[:, None])
+def accumulate(pointers, values, mask):
+    """*pointers += values where mask, in a split's own accumulator: no other program reads or writes it meanwhile."""
+    tl.store(pointers, tl.load(pointers, mask=mask, other=0.0) + values, mask=mask)
 
 
 @triton.jit
@@ -355,49 +347,13 @@ def zero_unpartnered(T, owner, n, partner_end, whole, s_s, REACH: tl.constexpr, 
         tl.store(T + owner * s_s + t, zero, mask=(owner < n) & (whole | outside))
 
 
-@triton.jit
-def query_gradient_region(dq, da_low, da_high, q, do, lse, delta, i, i0, row_edge, K, V, A, B, KEEP, DA, first,
-                          last, n, key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale,
-                          REGION: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
-                          HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          PRECISION: tl.constexpr):
-    d = tl.arange(0, BLOCK_D)
-    for start in range(first, last, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        operand_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
-        v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=operand_mask, other=0.0)
-        key_edge = edge(B, j, n, sb_s, COLUMN=0 if REGION == RIGHT else 2 * REACH,
-                        HAS=HAS_KEY and CLIP and REGION != BAND)
-        _, ds = gradient_tile(q, k, v, do, lse, delta, A, B, KEEP, i, j, i0, start, row_edge, key_edge, n, key_end,
-                              holes, seed, rng_stride, p_drop, sa_s, sb_s, scale, REGION=REGION, REACH=REACH,
-                              CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT,
-                              PRECISION=PRECISION, MASK_PADS=True)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        if HAS_ROW:
-            if REGION == BAND:
-                da_low, da_high = band_table_gradient(DA, ds, i[:, None], j[None, :] - i[:, None],
-                                                      (i < n)[:, None] & (j < n)[None, :], sda_s, da_low, da_high,
-                                                      AXIS=1, REACH=REACH, CLIP=CLIP)
-            elif CLIP and REGION == LEFT:
-                da_low += tl.sum(ds, 1)
-            elif CLIP:
-                da_high += tl.sum(ds, 1)
-    return dq, da_low, da_high
-
-
-@triton.jit(do_not_specialize=["seqlen", "rng_stride", "length_bucket"])
-def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, OUT, LSE, DELTA, DQ, DA, p_drop, scale, seqlen,
-                          rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                          sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, length_bucket,
-                          REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
-                          HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr,
-                          DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          PRECISION: tl.constexpr):
-    """dQ and the row table's gradient of one query block, and D_i = dO_i . O_i of its rows, which the key kernel
-    (launched after this one) reads; DO, OUT and DQ are laid out as Q."""
+@triton.jit(do_not_specialize=["seqlen", "splits", "stats_size"])
+def backward_preprocess(DO, OUT, DELTA, DQ_ACC, DA_ACC, CU, seqlen, heads, splits, stats_size, sq_b, sq_h, sq_s,
+                        sl_b, sl_h, sacc_split, sacc_b, sacc_h, sacc_s, ROW_EDGES: tl.constexpr,
+                        VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_M: tl.constexpr):
+    """D_i = dO_i . O_i of one query block's rows, and zeros in those rows of every split's accumulators: dQ's, and
+    the row table's edge columns' where ROW_EDGES (a row table in clip mode). DO and OUT are laid out as Q."""
     block, bh = tl.program_id(0), tl.program_id(1)
     batch, head = bh // heads, bh % heads
     first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
@@ -405,94 +361,85 @@ def query_gradient_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, OUT, LSE, DELTA, DQ
     if i0 >= n:
         return
     offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
-    Q += offset_q
     DO += offset_q
     OUT += offset_q
-    DQ += offset_q
-    K += start_of(batch, head, first, sk_b, sk_h, sk_s)
-    V += start_of(batch, head, first, sv_b, sv_h, sv_s)
-    A += start_of(batch, head, first, sa_b, sa_h, sa_s)
-    B += start_of(batch, head, first, sb_b, sb_h, sb_s)
-    DA += start_of(batch, head, first, sda_b, sda_h, sda_s)
-    KEEP += batch * skeep_b
-    LSE += batch * sl_b + head * sl_h + first
-    DELTA += batch * sl_b + head * sl_h + first
+    stats = batch * sl_b + head * sl_h + first
+    DELTA += stats
+    DA_ACC += stats
+    DQ_ACC += start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
     i = i0 + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
-    key_end, holes = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
-    if key_end == 0:  # D_i is read by the key kernel only for keys that this sequence lacks
-        tl.store(DQ + i[:, None] * sq_s + d[None, :], tl.zeros((BLOCK_M, BLOCK_D), DQ.dtype.element_ty),
-                 mask=row_mask)
-        if HAS_ROW:
-            zero_unpartnered(DA, i, n, 0, True, sda_s, REACH=REACH, CLIP=CLIP)
-        return
     do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
     out = tl.load(OUT + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
-    delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
-    tl.store(DELTA + i, delta, mask=i < n)
-    q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
-    lse = tl.load(LSE + i, mask=i < n, other=float("inf"))  # rows past n: no probability, so no inf * 0
-    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    da_low = tl.zeros((BLOCK_M,), tl.float32)
-    da_high = tl.zeros((BLOCK_M,), tl.float32)
-    seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
-    band_first, band_last = band_tiles(i0, n, SIZE=BLOCK_M, OTHER=BLOCK_N, REACH=REACH)
-    left = edge(A, i, n, sa_s, COLUMN=0, HAS=HAS_ROW and CLIP)
-    right = edge(A, i, n, sa_s, COLUMN=2 * REACH, HAS=HAS_ROW and CLIP)
-    dq, da_low, da_high = query_gradient_region(
-        dq, da_low, da_high, q, do, lse, delta, i, i0, left, K, V, A, B, KEEP, DA, 0, tl.minimum(band_first, key_end),
-        n, key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, REGION=LEFT, REACH=REACH,
-        CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM,
-        BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
-    dq, da_low, da_high = query_gradient_region(
-        dq, da_low, da_high, q, do, lse, delta, i, i0, left, K, V, A, B, KEEP, DA, band_first,
-        tl.minimum(band_last, key_end), n, key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s,
-        scale, REGION=BAND, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP,
-        DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
-    dq, da_low, da_high = query_gradient_region(
-        dq, da_low, da_high, q, do, lse, delta, i, i0, right, K, V, A, B, KEEP, DA, band_last, key_end, n, key_end,
-        holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, sda_s, scale, REGION=RIGHT, REACH=REACH, CLIP=CLIP,
-        HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-        BLOCK_N=BLOCK_N, PRECISION=PRECISION)
-    tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
-    if HAS_ROW:
-        zero_unpartnered(DA, i, n, key_end, False, sda_s, REACH=REACH, CLIP=CLIP)
-        if CLIP:
-            store_edges(DA, i, n, sda_s, da_low, da_high, REACH=REACH)
+    tl.store(DELTA + i, tl.sum(do.to(tl.float32) * out.to(tl.float32), 1), mask=i < n)
+    for split in range(0, splits):
+        tl.store(DQ_ACC + split * sacc_split + i[:, None] * sacc_s + d[None, :],
+                 tl.zeros((BLOCK_M, BLOCK_D), tl.float32), mask=row_mask)
+        if ROW_EDGES:
+            for column in range(0, 2):
+                tl.store(DA_ACC + (2 * split + column) * stats_size + i, tl.zeros((BLOCK_M,), tl.float32),
+                         mask=i < n)
 
 
 @triton.jit
-def key_gradient_region(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q, DO, LSE, DELTA, A, B, DB, first,
-                        last, n, seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale,
-                        REGION: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
-                        HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        PRECISION: tl.constexpr):
-    """The query tiles first .. last, for which the key block lies in REGION (from the queries' side)."""
+def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge, Q, DO, LSE, DELTA, A, B, DA, DB,
+                    DQ_ACC, DA_ACC, first, last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s,
+                    sdb_s, sacc_s, scale, REGION: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
+                    HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    """The query tiles first .. last, for which the key block j lies in REGION, and the five products of each: the
+    scores Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, and dQ's share dS K (into the accumulator)."""
     d = tl.arange(0, BLOCK_D)
     for start in range(first, last, BLOCK_M):
         i = start + tl.arange(0, BLOCK_M)
-        row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+        rows = i < n
+        row_mask = rows[:, None] & (d < HEAD_DIM)[None, :]
         q = tl.load(Q + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
         do = tl.load(DO + i[:, None] * sq_s + d[None, :], mask=row_mask, other=0.0)
         # rows past n get no probability (exp2(s - inf) = 0), whatever their scores
-        lse = tl.load(LSE + i, mask=i < n, other=float("inf"))
-        delta = tl.load(DELTA + i, mask=i < n, other=0.0)
+        lse = tl.load(LSE + i, mask=rows, other=float("inf"))
+        delta = tl.load(DELTA + i, mask=rows, other=0.0)
         row_edge = edge(A, i, n, sa_s, COLUMN=0 if REGION == LEFT else 2 * REACH,
                         HAS=HAS_ROW and CLIP and REGION != BAND)
-        p_dropped, ds = gradient_tile(q, k, v, do, lse, delta, A, B, A, i, j, start, j0, row_edge, key_edge, n, n,
-                                      False, seed, rng_stride, p_drop, sa_s, sb_s, scale, REGION=REGION, REACH=REACH,
-                                      CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP,
-                                      DROPOUT=DROPOUT, PRECISION=PRECISION, MASK_PADS=False)
+        s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, REGION=REGION, REACH=REACH,
+                       CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, PRECISION=PRECISION)
+        if padded:  # pads get no probability, so they send nothing to dQ or the row table
+            s = tl.where(real[None, :], s, -1.0e30)
+        p = tl.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            keep = dropout_keep(seed, start, j0, rng_stride, p_drop, BLOCK_M=BLOCK_M, BLOCK_N=j.shape[0])
+            rescale = 1.0 / (1.0 - p_drop)  # a scalar: one division, not one per score
+            dp = tl.where(keep, dp * rescale, 0.0)
+            p_dropped = tl.where(keep, p * rescale, 0.0)
+        else:
+            p_dropped = p
+        ds = p * (dp - delta[:, None])
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        accumulate(DQ_ACC + i[:, None] * sacc_s + d[None, :], tl.dot(ds.to(k.dtype), k, input_precision=PRECISION),
+                   row_mask)
+        if HAS_ROW:
+            # query i's column is c(j - i), summed over the keys (axis 1): keys left of the band sit at 0
+            if REGION == BAND:
+                zeros = tl.zeros((BLOCK_M,), tl.float32)
+                low, high = band_table_gradient(DA, ds, i[:, None], j[None, :] - i[:, None],
+                                                rows[:, None] & (j < n)[None, :], sda_s, zeros, zeros, AXIS=1,
+                                                REACH=REACH, CLIP=CLIP)
+                if CLIP:
+                    accumulate(DA_ACC + i, low, rows)
+                    accumulate(DA_ACC + stats_size + i, high, rows)
+            elif CLIP and REGION == LEFT:
+                accumulate(DA_ACC + i, tl.sum(ds, 1), rows)
+            elif CLIP:
+                accumulate(DA_ACC + stats_size + i, tl.sum(ds, 1), rows)
         if HAS_KEY:
-            # key j's column is c(i - j), summed over the queries (axis 0); keys right of the band sit at 0
+            # key j's column is c(i - j), summed over the queries (axis 0): keys right of the band sit at 0
             if REGION == BAND:
                 # pad keys' entries are zeroed at the end (zero_unpartnered), their edge sums discarded
                 db_low, db_high = band_table_gradient(DB, ds, j[None, :], i[:, None] - j[None, :],
-                                                      real[None, :] & (i < n)[:, None], sdb_s, db_low, db_high,
+                                                      real[None, :] & rows[:, None], sdb_s, db_low, db_high,
                                                       AXIS=0, REACH=REACH, CLIP=CLIP)
             elif CLIP and REGION == RIGHT:
                 db_low += tl.sum(ds, 0)
@@ -501,21 +448,78 @@ def key_gradient_region(dk, dv, db_low, db_high, k, v, j, j0, real, key_edge, Q,
     return dk, dv, db_low, db_high
 
 
-@triton.jit(do_not_specialize=["seqlen", "rng_stride", "length_bucket"])
-def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DB, p_drop, scale, seqlen,
-                        rng_stride, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                        sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sdb_b, sdb_h, sdb_s, length_bucket,
-                        REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
-                        HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """dK, dV and the key table's gradient of one key block; DO is laid out as Q, DK as K, DV as V."""
-    block, bh = tl.program_id(0), tl.program_id(1)
+@triton.jit
+def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
+                        seed, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s, sdb_s,
+                        sacc_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+                        HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """dK, dV and the key table's gradient of the keys j0 .. j0 + BLOCK_N - 1, and their shares of dQ and of the row
+    table's gradient."""
+    j = j0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    key_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
+    if j0 >= key_end:  # padding only: no probability reaches these keys, and they send nothing to dQ
+        zeros = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        tl.store(DK + j[:, None] * sk_s + d[None, :], zeros.to(DK.dtype.element_ty), mask=key_mask)
+        tl.store(DV + j[:, None] * sv_s + d[None, :], zeros.to(DV.dtype.element_ty), mask=key_mask)
+        if HAS_KEY:
+            zero_unpartnered(DB, j, n, n, True, sdb_s, REACH=REACH, CLIP=CLIP)
+    else:
+        real = real_keys(KEEP, j, key_end, holes, HAS_KEEP=HAS_KEEP)
+        padded = j0 + BLOCK_N > key_end  # whether any of these keys is no real one
+        if HAS_KEEP:
+            padded = padded | holes
+        k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=key_mask, other=0.0)
+        v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=key_mask, other=0.0)
+        dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        db_low = tl.zeros((BLOCK_N,), tl.float32)
+        db_high = tl.zeros((BLOCK_N,), tl.float32)
+        # query tiles for which these keys lie wholly right of the band (i < j - r), touch it, lie wholly left
+        band_first, band_last = band_tiles(j0, n, SIZE=BLOCK_N, OTHER=BLOCK_M, REACH=REACH)
+        # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
+        right = edge(B, j, n, sb_s, COLUMN=0, HAS=HAS_KEY and CLIP)
+        left = edge(B, j, n, sb_s, COLUMN=2 * REACH, HAS=HAS_KEY and CLIP)
+        dk, dv, db_low, db_high = backward_region(
+            dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
+            0, band_first, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s, scale,
+            REGION=RIGHT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION)
+        dk, dv, db_low, db_high = backward_region(
+            dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
+            band_first, band_last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s,
+            scale, REGION=BAND, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION)
+        dk, dv, db_low, db_high = backward_region(
+            dk, dv, db_low, db_high, k, v, j, j0, real, padded, left, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
+            band_last, n, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s, scale,
+            REGION=LEFT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION)
+        # pads' columns of P and dS were masked: their dK and dV are zero
+        tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
+        tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
+        if HAS_KEY:
+            # a pad key's band entries are not stored (band_table_gradient's stored_pairs): all its row is zeroed
+            zero_unpartnered(DB, j, n, n, ~real, sdb_s, REACH=REACH, CLIP=CLIP)
+            if CLIP:
+                store_edges(DB, j, n, sdb_s, tl.where(real, db_low, 0.0), tl.where(real, db_high, 0.0), REACH=REACH)
+
+
+@triton.jit(do_not_specialize=["seqlen", "rng_stride", "splits", "stats_size", "length_bucket"])
+def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, p_drop, scale,
+                    seqlen, rng_stride, heads, splits, stats_size, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h,
+                    sv_s, sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, sdb_b, sdb_h,
+                    sdb_s, sacc_split, sacc_b, sacc_h, sacc_s, length_bucket, REACH: tl.constexpr,
+                    CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
+                    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """The key blocks split, split + splits, .. of one (sequence, head), one after another (key_block_gradients),
+    their dQ shares into split's accumulators. DO is laid out as Q, DK as K, DV as V."""
+    split, bh = tl.program_id(0), tl.program_id(1)
     batch, head = bh // heads, bh % heads
     first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
-    j0 = block * BLOCK_N
-    if j0 >= n:
-        return
     offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
     Q += offset_q
     DO += offset_q
@@ -527,57 +531,57 @@ def key_gradient_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, D
     DV += offset_v
     A += start_of(batch, head, first, sa_b, sa_h, sa_s)
     B += start_of(batch, head, first, sb_b, sb_h, sb_s)
+    DA += start_of(batch, head, first, sda_b, sda_h, sda_s)
     DB += start_of(batch, head, first, sdb_b, sdb_h, sdb_s)
     KEEP += batch * skeep_b
-    LSE += batch * sl_b + head * sl_h + first
-    DELTA += batch * sl_b + head * sl_h + first
-    j = j0 + tl.arange(0, BLOCK_N)
-    d = tl.arange(0, BLOCK_D)
-    key_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
+    stats = batch * sl_b + head * sl_h + first
+    LSE += stats
+    DELTA += stats
+    DA_ACC += 2 * split * stats_size + stats
+    DQ_ACC += split * sacc_split + start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
     key_end, holes = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
-    if j0 >= key_end:  # padding only: no probability reaches these keys
-        zeros = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-        tl.store(DK + j[:, None] * sk_s + d[None, :], zeros.to(DK.dtype.element_ty), mask=key_mask)
-        tl.store(DV + j[:, None] * sv_s + d[None, :], zeros.to(DV.dtype.element_ty), mask=key_mask)
-        if HAS_KEY:
-            zero_unpartnered(DB, j, n, n, True, sdb_s, REACH=REACH, CLIP=CLIP)
-        return
-    # A key's gradients depend on its own column of P and dS alone, and the log-sum-exp came from the forward, so
-    # pad keys are not masked tile by tile: their columns are computed, whatever they hold, and discarded at the end.
-    real = real_keys(KEEP, j, key_end, holes, HAS_KEEP=HAS_KEEP)
-    k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=key_mask, other=0.0)
-    v = tl.load(V + j[:, None] * sv_s + d[None, :], mask=key_mask, other=0.0)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    db_low = tl.zeros((BLOCK_N,), tl.float32)
-    db_high = tl.zeros((BLOCK_N,), tl.float32)
     seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
-    # query tiles for which these keys lie wholly right of the band (i < j - r), touch it, lie wholly left
-    band_first, band_last = band_tiles(j0, n, SIZE=BLOCK_N, OTHER=BLOCK_M, REACH=REACH)
-    # keys right of the band sit at column c(i - j) = 0 of their table row, left of it at 2r
-    right = edge(B, j, n, sb_s, COLUMN=0, HAS=HAS_KEY and CLIP)
-    left = edge(B, j, n, sb_s, COLUMN=2 * REACH, HAS=HAS_KEY and CLIP)
-    dk, dv, db_low, db_high = key_gradient_region(
-        dk, dv, db_low, db_high, k, v, j, j0, real, right, Q, DO, LSE, DELTA, A, B, DB, 0, band_first, n, seed,
-        rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, REGION=RIGHT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW,
-        HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-        PRECISION=PRECISION)
-    dk, dv, db_low, db_high = key_gradient_region(
-        dk, dv, db_low, db_high, k, v, j, j0, real, right, Q, DO, LSE, DELTA, A, B, DB, band_first, band_last, n,
-        seed, rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, REGION=BAND, REACH=REACH, CLIP=CLIP,
-        HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-        BLOCK_M=BLOCK_M, PRECISION=PRECISION)
-    dk, dv, db_low, db_high = key_gradient_region(
-        dk, dv, db_low, db_high, k, v, j, j0, real, left, Q, DO, LSE, DELTA, A, B, DB, band_last, n, n, seed,
-        rng_stride, p_drop, sq_s, sa_s, sb_s, sdb_s, scale, REGION=LEFT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW,
-        HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-        PRECISION=PRECISION)
-    dk = tl.where(real[:, None], dk * scale, 0.0)
-    dv = tl.where(real[:, None], dv, 0.0)
-    tl.store(DK + j[:, None] * sk_s + d[None, :], dk.to(DK.dtype.element_ty), mask=key_mask)
-    tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
-    if HAS_KEY:
-        # a pad key's band entries are not stored (band_table_gradient's stored_pairs): all its row is zeroed
-        zero_unpartnered(DB, j, n, n, ~real, sdb_s, REACH=REACH, CLIP=CLIP)
+    for j0 in range(split * BLOCK_N, n, splits * BLOCK_N):
+        key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
+                            seed, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s, sdb_s,
+                            sacc_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP,
+                            DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                            PRECISION=PRECISION)
+
+
+@triton.jit(do_not_specialize=["seqlen", "splits", "stats_size"])
+def query_gradient_kernel(DQ_ACC, DA_ACC, KEEP, CU, DQ, DA, scale, seqlen, heads, splits, stats_size, sacc_split,
+                          sacc_b, sacc_h, sacc_s, sl_b, sl_h, skeep_b, sq_b, sq_h, sq_s, sda_b, sda_h, sda_s,
+                          REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEEP: tl.constexpr,
+                          VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_M: tl.constexpr):
+    """dQ of one query block, its accumulators summed in split order, and the rest of its rows of the row table's
+    gradient: zeros where no key is a partner, and in clip mode the edge columns' sums. DQ is laid out as Q."""
+    block, bh = tl.program_id(0), tl.program_id(1)
+    batch, head = bh // heads, bh % heads
+    first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
+    i0 = block * BLOCK_M
+    if i0 >= n:
+        return
+    DQ += start_of(batch, head, first, sq_b, sq_h, sq_s)
+    DQ_ACC += start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
+    DA += start_of(batch, head, first, sda_b, sda_h, sda_s)
+    DA_ACC += batch * sl_b + head * sl_h + first
+    KEEP += batch * skeep_b
+    i = i0 + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    row_mask = (i < n)[:, None] & (d < HEAD_DIM)[None, :]
+    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for split in range(0, splits):
+        dq += tl.load(DQ_ACC + split * sacc_split + i[:, None] * sacc_s + d[None, :], mask=row_mask, other=0.0)
+    tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
+    if HAS_ROW:
+        key_end, _ = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
+        zero_unpartnered(DA, i, n, key_end, False, sda_s, REACH=REACH, CLIP=CLIP)
         if CLIP:
-            store_edges(DB, j, n, sdb_s, tl.where(real, db_low, 0.0), tl.where(real, db_high, 0.0), REACH=REACH)
+            low = tl.zeros((BLOCK_M,), tl.float32)
+            high = tl.zeros((BLOCK_M,), tl.float32)
+            for split in range(0, splits):
+                low += tl.load(DA_ACC + 2 * split * stats_size + i, mask=i < n, other=0.0)
+                high += tl.load(DA_ACC + (2 * split + 1) * stats_size + i, mask=i < n, other=0.0)
+            store_edges(DA, i, n, sda_s, low, high, REACH=REACH)

@@ -3,6 +3,7 @@ tries, the grids, and one function per direction that allocates the outputs and 
 
 from __future__ import annotations
 
+import math
 import os
 from functools import cache
 
@@ -29,22 +30,24 @@ def kernel_dropout_p(p: float) -> float:
 
 
 def configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the autotuner to try per kernel ("forward", "query", "key");
-    the first alone when interpreting. Half precision with heads of up to 64 channels: the fastest three of ten
-    tilings per kernel, timed on an H200 (benchmarks/triton_tuning.py; results/gpu_session/session2/tuning.md) at
-    n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. float32 and wider heads: from
-    ptxas's register report for sm_90 (benchmarks/triton_resources.py), untimed."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the autotuner to try per kernel ("forward", "backward"); the
+    first alone when interpreting. The forward in half precision with heads of up to 64 channels: the fastest three
+    of ten tilings, timed on an H200 (benchmarks/triton_tuning.py; results/gpu_session/session2/tuning.md) at
+    n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. The backward: the three
+    fastest of the former key-gradient kernel, whose loop was this one's less dQ's product and accumulator, untimed
+    since. float32 and wider heads: from ptxas's register report for sm_90 (benchmarks/triton_resources.py),
+    untimed."""
     if interpreting():
         return [(16, 32, 1, 1)]  # the smallest tiles dropout_keep allows
     if dtype == torch.float32 or head_dim > 64:
         return [(64, 32, 4, 2), (32, 64, 4, 2)]
     return {"forward": [(128, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3)],
-            "query": [(64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
-            "key": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3)]}[kernel]
+            "backward": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3)]}[kernel]
 
 
-KERNELS = {"forward": kernels.forward_kernel, "query": kernels.query_gradient_kernel,
-           "key": kernels.key_gradient_kernel}
+# the autotuned kernels; backward_preprocess and query_gradient_kernel, which stream rows, run at ROWS rows and 4 warps
+KERNELS = {"forward": kernels.forward_kernel, "backward": kernels.backward_kernel}
+ROWS = 64
 
 # the autotuners made so far, by (kernel, head size, dtype): what they chose is in their caches
 AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
@@ -62,7 +65,9 @@ def autotuned(kernel: str, head_dim: int, dtype: torch.dtype) -> triton.runtime.
         raise ValueError(f"BLOCK_M must be a multiple of 16 and BLOCK_N of 32 (dropout_keep's query pairs and key "
                          f"chunks); got {tilings}")
     options = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tilings]
-    tuned = triton.autotune(configs=options, key=["length_bucket", *TUNING_KEY])(KERNELS[kernel])
+    # the backward adds to its accumulators: the tilings' trial runs start them from zero
+    tuned = triton.autotune(configs=options, key=["length_bucket", *TUNING_KEY],
+                            reset_to_zero=["DQ_ACC", "DA_ACC"] if kernel == "backward" else None)(KERNELS[kernel])
     AUTOTUNERS[kernel, head_dim, dtype] = tuned
     return tuned
 
@@ -153,26 +158,76 @@ class Problem:
                 *strides(k, self.varlen), *strides(v, self.varlen), *strides(out, self.varlen),
                 *self.table_strides()]
 
-    def query_arguments(self, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor,
-                        delta: Tensor, grad_q: Tensor, grad_row: Tensor | None) -> list:
-        """The query-gradient kernel's runtime arguments (grad_row None without a row table); dO and O have q's
-        strides."""
-        return [q, k, v, *self.operands(q), grad_out, out, lse, delta, grad_q, q if grad_row is None else grad_row,
-                *self.scalars(), *self._gradient_strides(q, k, v), *strides(grad_row, self.varlen)]
+    def splits(self, q: Tensor) -> int:
+        """How many float32 accumulators of dQ the backward deals the key blocks of a (sequence, head) among: enough
+        programs (splits times sequences times heads) for one per multiprocessor, as FlashAttention-2's deterministic
+        backward launches, and no more than the key blocks at the smallest tiling. Under the interpreter, up to 8
+        programs, so that the tests meet several splits and several key blocks per split. Untimed on a GPU."""
+        programs = 8 if interpreting() else multiprocessors(q.device)
+        smallest = min(n for _, n, _, _ in configs("backward", self.head_dim, q.dtype))
+        return max(1, min(-(-programs // (self.batch * self.heads)), -(-self.seqlen // smallest)))
 
-    def key_arguments(self, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tensor, delta: Tensor,
-                      grad_k: Tensor, grad_v: Tensor, grad_key: Tensor | None) -> list:
-        """The key-gradient kernel's runtime arguments (grad_key None without a key table)."""
+    def accumulators(self, q: Tensor, splits: int) -> tuple[Tensor, Tensor]:
+        """(dQ's, the row table's edge columns') float32 accumulators of every split: (splits, *q.shape) and
+        (splits, 2, *stats_shape), the latter empty without a row table in clip mode."""
+        dq = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
+        edges = self.constants["HAS_ROW"] and self.constants["CLIP"]
+        da = torch.empty((splits, 2, *self.stats_shape) if edges else (0,), dtype=torch.float32, device=q.device)
+        return dq, da
+
+    def accumulator_strides(self, dq_acc: Tensor) -> list[int]:
+        """The split's, then the (batch, head, position) strides of dQ's accumulators."""
+        return [dq_acc.stride(0), *strides(dq_acc[0], self.varlen)]
+
+    def stats_size(self) -> int:
+        return math.prod(self.stats_shape)
+
+    def preprocess_arguments(self, grad_out: Tensor, out: Tensor, delta: Tensor, dq_acc: Tensor,
+                             da_acc: Tensor) -> tuple[list, dict]:
+        """backward_preprocess's runtime arguments and constexprs; dO and O have q's strides."""
+        return ([grad_out, out, delta, dq_acc, da_acc, self._offsets(grad_out), self.seqlen, self.heads,
+                 dq_acc.shape[0], self.stats_size(), *strides(grad_out, self.varlen), *self.stats_strides,
+                 *self.accumulator_strides(dq_acc)],
+                dict(ROW_EDGES=da_acc.numel() > 0, VARLEN=self.varlen, HEAD_DIM=self.head_dim,
+                     BLOCK_D=self.constants["BLOCK_D"], BLOCK_M=ROWS))
+
+    def backward_arguments(self, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tensor, delta: Tensor,
+                           grad_k: Tensor, grad_v: Tensor, grad_row: Tensor | None, grad_key: Tensor | None,
+                           dq_acc: Tensor, da_acc: Tensor) -> list:
+        """backward_kernel's runtime arguments, before length_bucket and the constexprs (`keywords`); dO has q's
+        strides; grad_row and grad_key None without their table."""
         return [q, k, v, *self.operands(q), grad_out, lse, delta, grad_k, grad_v,
-                q if grad_key is None else grad_key, *self.scalars(), *self._gradient_strides(q, k, v),
-                *strides(grad_key, self.varlen)]
+                q if grad_row is None else grad_row, q if grad_key is None else grad_key, dq_acc, da_acc,
+                *self.scalars(), dq_acc.shape[0], self.stats_size(), *strides(q, self.varlen),
+                *strides(k, self.varlen), *strides(v, self.varlen), *self.table_strides(),
+                *strides(grad_row, self.varlen), *strides(grad_key, self.varlen), *self.accumulator_strides(dq_acc)]
 
-    def _gradient_strides(self, q: Tensor, k: Tensor, v: Tensor) -> list[int]:
-        return [*strides(q, self.varlen), *strides(k, self.varlen), *strides(v, self.varlen),
-                *self.table_strides()]
+    def query_arguments(self, dq_acc: Tensor, da_acc: Tensor, grad_q: Tensor,
+                        grad_row: Tensor | None) -> tuple[list, dict]:
+        """query_gradient_kernel's runtime arguments and constexprs (grad_row None without a row table)."""
+        keep_stride = self.keep.stride(0) if self.keep is not None else 0
+        return ([dq_acc, da_acc, grad_q if self.keep is None else self.keep, self._offsets(grad_q), grad_q,
+                 grad_q if grad_row is None else grad_row, self.scale, self.seqlen, self.heads, dq_acc.shape[0],
+                 self.stats_size(), *self.accumulator_strides(dq_acc), *self.stats_strides, keep_stride,
+                 *strides(grad_q, self.varlen), *strides(grad_row, self.varlen)],
+                dict(REACH=self.constants["REACH"], CLIP=self.constants["CLIP"], HAS_ROW=grad_row is not None,
+                     HAS_KEEP=self.keep is not None, VARLEN=self.varlen, HEAD_DIM=self.head_dim,
+                     BLOCK_D=self.constants["BLOCK_D"], BLOCK_M=ROWS))
+
+    def _offsets(self, q: Tensor) -> Tensor:
+        return q if self.cu_seqlens is None else self.cu_seqlens
 
     def grid(self, along: str):
         return lambda meta: (-(-self.seqlen // meta[along]), self.batch * self.heads)
+
+    def rows_grid(self) -> tuple[int, int]:
+        """The grid of the kernels that stream ROWS rows a program."""
+        return -(-self.seqlen // ROWS), self.batch * self.heads
+
+
+@cache
+def multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -201,17 +256,23 @@ def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                  row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None,
                  seed: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float,
                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, d row table, d key table), the tables' in float32 per (sequence, head, position)."""
+    """(dq, dk, dv, d row table, d key table), the tables' per (sequence, head, position): backward_preprocess,
+    backward_kernel over `splits` accumulators, query_gradient_kernel summing them."""
     problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale)
-    # the query kernel reads dO and O with q's strides
+    # the kernels read dO and O with q's strides
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
-    delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)  # the query kernel fills it
+    delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
+    dq_acc, da_acc = problem.accumulators(q, problem.splits(q))
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_row, grad_key = (table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
-    launch("query", problem, problem.grid("BLOCK_M"),
-           problem.query_arguments(q, k, v, grad_out, out, lse, delta, grad_q,
-                                   grad_row if row_table is not None else None))
-    launch("key", problem, problem.grid("BLOCK_N"),
-           problem.key_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v,
-                                 grad_key if key_table is not None else None))
+    grad_row_or_none = grad_row if row_table is not None else None
+    arguments, constants = problem.preprocess_arguments(grad_out, out, delta, dq_acc, da_acc)
+    torch.library.wrap_triton(kernels.backward_preprocess)[problem.rows_grid()](*arguments, **constants,
+                                                                                num_warps=4)
+    launch("backward", problem, (dq_acc.shape[0], problem.batch * problem.heads),
+           problem.backward_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v, grad_row_or_none,
+                                      grad_key if key_table is not None else None, dq_acc, da_acc))
+    arguments, constants = problem.query_arguments(dq_acc, da_acc, grad_q, grad_row_or_none)
+    torch.library.wrap_triton(kernels.query_gradient_kernel)[problem.rows_grid()](*arguments, **constants,
+                                                                                  num_warps=4)
     return grad_q, grad_k, grad_v, grad_row, grad_key
