@@ -116,6 +116,7 @@ class Problem:
                  dropout_p: float, scale: float):
         self.varlen = cu_seqlens is not None
         self.stats_shape = stats_shape(q, self.varlen)
+        self.stats_size = math.prod(self.stats_shape)
         if self.varlen:
             total, self.heads, self.head_dim = q.shape
             self.batch, self.seqlen = cu_seqlens.numel() - 1, max_seqlen
@@ -169,25 +170,20 @@ class Problem:
 
     def accumulators(self, q: Tensor, splits: int) -> tuple[Tensor, Tensor]:
         """(dQ's, the row table's edge columns') float32 accumulators of every split: (splits, *q.shape) and
-        (splits, 2, *stats_shape), the latter empty without a row table in clip mode."""
+        (splits, 2, *stats_shape), the latter empty without a row table in clip mode. Sets accumulator_strides:
+        the split's, then the (batch, head, position) strides of dQ's."""
         dq = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
         edges = self.constants["HAS_ROW"] and self.constants["CLIP"]
         da = torch.empty((splits, 2, *self.stats_shape) if edges else (0,), dtype=torch.float32, device=q.device)
+        self.accumulator_strides = [dq.stride(0), *strides(dq[0], self.varlen)]
         return dq, da
-
-    def accumulator_strides(self, dq_acc: Tensor) -> list[int]:
-        """The split's, then the (batch, head, position) strides of dQ's accumulators."""
-        return [dq_acc.stride(0), *strides(dq_acc[0], self.varlen)]
-
-    def stats_size(self) -> int:
-        return math.prod(self.stats_shape)
 
     def preprocess_arguments(self, grad_out: Tensor, out: Tensor, delta: Tensor, dq_acc: Tensor,
                              da_acc: Tensor) -> tuple[list, dict]:
         """backward_preprocess's runtime arguments and constexprs; dO and O have q's strides."""
         return ([grad_out, out, delta, dq_acc, da_acc, self._offsets(grad_out), self.seqlen, self.heads,
-                 dq_acc.shape[0], self.stats_size(), *strides(grad_out, self.varlen), *self.stats_strides,
-                 *self.accumulator_strides(dq_acc)],
+                 dq_acc.shape[0], self.stats_size, *strides(grad_out, self.varlen), *self.stats_strides,
+                 *self.accumulator_strides],
                 dict(ROW_EDGES=da_acc.numel() > 0, VARLEN=self.varlen, HEAD_DIM=self.head_dim,
                      BLOCK_D=self.constants["BLOCK_D"], BLOCK_M=ROWS))
 
@@ -198,9 +194,9 @@ class Problem:
         strides; grad_row and grad_key None without their table."""
         return [q, k, v, *self.operands(q), grad_out, lse, delta, grad_k, grad_v,
                 q if grad_row is None else grad_row, q if grad_key is None else grad_key, dq_acc, da_acc,
-                *self.scalars(), dq_acc.shape[0], self.stats_size(), *strides(q, self.varlen),
+                *self.scalars(), dq_acc.shape[0], self.stats_size, *strides(q, self.varlen),
                 *strides(k, self.varlen), *strides(v, self.varlen), *self.table_strides(),
-                *strides(grad_row, self.varlen), *strides(grad_key, self.varlen), *self.accumulator_strides(dq_acc)]
+                *strides(grad_row, self.varlen), *strides(grad_key, self.varlen), *self.accumulator_strides]
 
     def query_arguments(self, dq_acc: Tensor, da_acc: Tensor, grad_q: Tensor,
                         grad_row: Tensor | None) -> tuple[list, dict]:
@@ -208,7 +204,7 @@ class Problem:
         keep_stride = self.keep.stride(0) if self.keep is not None else 0
         return ([dq_acc, da_acc, grad_q if self.keep is None else self.keep, self._offsets(grad_q), grad_q,
                  grad_q if grad_row is None else grad_row, self.scale, self.seqlen, self.heads, dq_acc.shape[0],
-                 self.stats_size(), *self.accumulator_strides(dq_acc), *self.stats_strides, keep_stride,
+                 self.stats_size, *self.accumulator_strides, *self.stats_strides, keep_stride,
                  *strides(grad_q, self.varlen), *strides(grad_row, self.varlen)],
                 dict(REACH=self.constants["REACH"], CLIP=self.constants["CLIP"], HAS_ROW=grad_row is not None,
                      HAS_KEEP=self.keep is not None, VARLEN=self.varlen, HEAD_DIM=self.head_dim,
