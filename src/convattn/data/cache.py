@@ -23,6 +23,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from convattn.errors import UsageError, option
+from convattn.files import write_json_atomic
 
 MANIFEST = ".convattn-manifest.json"
 USER_FIXABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG}
@@ -121,7 +122,7 @@ def _sha256(path: Path) -> str:
 def write_manifest(directory: Path) -> None:
     files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
              for p in _files(directory)}
-    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
+    write_json_atomic(directory / MANIFEST, {"files": files})
 
 
 def entry_problem(directory: Path) -> str | None:

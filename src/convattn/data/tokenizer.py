@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from convattn.data.cache import cache_entry
 from convattn.errors import UsageError, option
+from convattn.files import write_json_atomic
 
 MAX_VOCAB_SIZE = 1_000_000  # far above any published encoder; a typo beyond it would exhaust memory
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -56,7 +57,7 @@ def _fit_in_worker(tokenizer: Tokenizer, trainer_arguments: dict, texts: dataset
     with tempfile.TemporaryDirectory(prefix="convattn-unigram-", dir=scratch_dir) as scratch:
         directory = Path(scratch)
         tokenizer.save(str(directory / "untrained.json"))
-        (directory / "trainer.json").write_text(json.dumps(trainer_arguments), encoding="utf-8")
+        write_json_atomic(directory / "trainer.json", trainer_arguments)
         with open(directory / "text.jsonl", "w", encoding="utf-8") as f:
             for batch in _training_text(texts):
                 f.writelines(json.dumps(row) + "\n" for row in batch)

@@ -96,7 +96,7 @@ def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
     tmp = staging_dir(directory)
     try:
         tokenizer.save_pretrained(str(tmp))
-        (tmp / TOKENIZER_RECORD).write_text(json.dumps(wanted, indent=2) + "\n")
+        write_json_atomic(tmp / TOKENIZER_RECORD, wanted)
         tmp.replace(directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
