@@ -66,6 +66,27 @@ EMPTY, UNSTARTED, IN_PROGRESS, FINISHED = "empty", "unstarted", "in progress", "
 NOT_A_RUN = "not a run"
 
 
+# max_steps of a time-budget run that no step count ends, as its options file said before it said null: the number
+# those files hold, which stays whatever MAX_STEPS (the same number today) becomes
+LEGACY_NO_STEP_LIMIT = 1_000_000_000
+
+
+def recorded_options(file: Path) -> dict | None:
+    """The options a run recorded in `file` (None: no such file), as this version writes them; one line naming the
+    file when it is not the JSON object convattn writes."""
+    try:
+        saved = read_json(file)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UsageError(f"{file} is damaged or not written by convattn (not JSON: {str(err)[:80]}); restore it, "
+                         f"or start a new run in another {option('output_dir')}") from None
+    if saved is not None and not isinstance(saved, dict):
+        raise UsageError(f"{file} is damaged or not written by convattn (a JSON {type(saved).__name__}, not the "
+                         f"run's options); restore it, or start a new run in another {option('output_dir')}")
+    if saved is not None and saved.get("time_budget") is not None and saved.get("max_steps") == LEGACY_NO_STEP_LIMIT:
+        return {**saved, "max_steps": None}
+    return saved
+
+
 def run_state(out: Path) -> str:
     """EMPTY: no folder, or only a lock file. FINISHED: the final model is saved (a run saves it last).
     IN_PROGRESS: a complete checkpoint to --resume from. UNSTARTED: the options are recorded, nothing is saved

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from convattn.console import say
 from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_same_options, seed_dir
-from convattn.runs.pretrain import OPTIONS_FILE
+from convattn.runs.pretrain import OPTIONS_FILE, recorded_options
 from convattn.training.compare.grids import Grid, RunSpec
 from convattn.training.pretrain import PretrainOptions
-from convattn.training.pretrain.options import recorded_options
 from convattn.training.recipes import Recipe, recipe_for_preset, resolve_recipe
 
 MEMORY_FILE = "memory.json"

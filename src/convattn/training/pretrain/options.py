@@ -1,4 +1,5 @@
-"""What a pretraining run is asked to do (`PretrainOptions`) and every check made before anything is written."""
+"""What a pretraining run is asked to do (`PretrainOptions`) and the checks of it made before anything is written
+(the checks of what a run already wrote are in runs/)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from convattn.console import world_size
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError, option
-from convattn.files import read_json
 from convattn.runs.checkpoints import check_checkpoint
 from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_only_own_files, check_removable, check_same_options
 from convattn.runs.pretrain import (
@@ -28,6 +28,7 @@ from convattn.runs.pretrain import (
     foreign_files,
     read_metrics,
     recorded_data,
+    recorded_options,
     run_state,
 )
 from convattn.training.pretrain.budget import check_budget, time_spent
@@ -40,27 +41,6 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
 SCHEDULE_CHANGES = ("max_steps", "time_budget")
-
-
-# max_steps of a time-budget run that no step count ends, as its options file said before it said null: the number
-# those files hold, which stays whatever MAX_STEPS (the same number today) becomes
-LEGACY_NO_STEP_LIMIT = 1_000_000_000
-
-
-def recorded_options(file: Path) -> dict | None:
-    """The options a run recorded in `file` (None: no such file), as this version writes them; one line naming the
-    file when it is not the JSON object convattn writes."""
-    try:
-        saved = read_json(file)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UsageError(f"{file} is damaged or not written by convattn (not JSON: {str(err)[:80]}); restore it, "
-                         f"or start a new run in another {option('output_dir')}") from None
-    if saved is not None and not isinstance(saved, dict):
-        raise UsageError(f"{file} is damaged or not written by convattn (a JSON {type(saved).__name__}, not the "
-                         f"run's options); restore it, or start a new run in another {option('output_dir')}")
-    if saved is not None and saved.get("time_budget") is not None and saved.get("max_steps") == LEGACY_NO_STEP_LIMIT:
-        return {**saved, "max_steps": None}
-    return saved
 
 
 def default_cache_dir() -> Path:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from convattn.console import say
 from convattn.errors import UsageError, option
-from convattn.runs.pretrain import PRETRAIN
+from convattn.runs.pretrain import PRETRAIN, recorded_options
 from convattn.runs.replace import replaced_record
-from convattn.training.pretrain.options import PretrainOptions, recorded_options
+from convattn.training.pretrain.options import PretrainOptions
 from convattn.training.recipes import recipe_for_preset, resolve_recipe
 
 
