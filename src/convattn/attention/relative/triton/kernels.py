@@ -133,6 +133,15 @@ def sequence(CU, batch, seqlen, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def program_sequence(CU, seqlen, heads, VARLEN: tl.constexpr):
+    """(batch, head, first, n) of the (sequence, head) that this program's second grid axis numbers."""
+    bh = tl.program_id(1)
+    batch = bh // heads
+    first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
+    return batch, bh % heads, first, n
+
+
+@triton.jit
 def start_of(batch, head, first, s_b, s_h, s_s):
     """Where (batch, head)'s sequence starts in an operand with those strides (first: its packed offset)."""
     return batch * s_b + head * s_h + first * s_s
@@ -236,9 +245,8 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqle
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """The output of one query block and its rows' log2-sum-exp (LSE), which the backward reads."""
-    block, bh = tl.program_id(0), tl.program_id(1)
-    batch, head = bh // heads, bh % heads
-    first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
+    block = tl.program_id(0)
+    batch, head, first, n = program_sequence(CU, seqlen, heads, VARLEN=VARLEN)
     i0 = block * BLOCK_M
     if i0 >= n:
         return
@@ -263,7 +271,7 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqle
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
+    seed = dropout_seed(SEED, tl.program_id(1), DROPOUT=DROPOUT)
     band_first, band_last = band_tiles(i0, n, SIZE=BLOCK_M, OTHER=BLOCK_N, REACH=REACH)
     left = edge(A, i, n, sa_s, COLUMN=0, HAS=HAS_ROW and CLIP)
     right = edge(A, i, n, sa_s, COLUMN=2 * REACH, HAS=HAS_ROW and CLIP)
@@ -354,9 +362,8 @@ def backward_preprocess(DO, OUT, DELTA, DQ_ACC, DA_ACC, CU, seqlen, heads, split
                         BLOCK_M: tl.constexpr):
     """D_i = dO_i . O_i of one query block's rows, and zeros in those rows of every split's accumulators: dQ's, and
     the row table's edge columns' where ROW_EDGES (a row table in clip mode). DO and OUT are laid out as Q."""
-    block, bh = tl.program_id(0), tl.program_id(1)
-    batch, head = bh // heads, bh % heads
-    first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
+    block = tl.program_id(0)
+    batch, head, first, n = program_sequence(CU, seqlen, heads, VARLEN=VARLEN)
     i0 = block * BLOCK_M
     if i0 >= n:
         return
@@ -517,9 +524,8 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, D
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """The key blocks split, split + splits, .. of one (sequence, head), one after another (key_block_gradients),
     their dQ shares into split's accumulators. DO is laid out as Q, DK as K, DV as V."""
-    split, bh = tl.program_id(0), tl.program_id(1)
-    batch, head = bh // heads, bh % heads
-    first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
+    split = tl.program_id(0)
+    batch, head, first, n = program_sequence(CU, seqlen, heads, VARLEN=VARLEN)
     offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
     Q += offset_q
     DO += offset_q
@@ -540,7 +546,7 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, D
     DA_ACC += 2 * split * stats_size + stats
     DQ_ACC += split * sacc_split + start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
     key_end, holes = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
-    seed = dropout_seed(SEED, bh, DROPOUT=DROPOUT)
+    seed = dropout_seed(SEED, tl.program_id(1), DROPOUT=DROPOUT)
     for j0 in range(split * BLOCK_N, n, splits * BLOCK_N):
         key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
                             seed, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s, sdb_s,
@@ -557,9 +563,8 @@ def query_gradient_kernel(DQ_ACC, DA_ACC, KEEP, CU, DQ, DA, scale, seqlen, heads
                           BLOCK_M: tl.constexpr):
     """dQ of one query block, its accumulators summed in split order, and the rest of its rows of the row table's
     gradient: zeros where no key is a partner, and in clip mode the edge columns' sums. DQ is laid out as Q."""
-    block, bh = tl.program_id(0), tl.program_id(1)
-    batch, head = bh // heads, bh % heads
-    first, n = sequence(CU, batch, seqlen, VARLEN=VARLEN)
+    block = tl.program_id(0)
+    batch, head, first, n = program_sequence(CU, seqlen, heads, VARLEN=VARLEN)
     i0 = block * BLOCK_M
     if i0 >= n:
         return
