@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from convattn.errors import UsageError
+from convattn.training.execution import COMPILE_MODES, PRECISIONS, compile_mode
 from convattn.training.finetune.recipes import fine_tune_recipe_names
 from convattn.training.recipes import recipe_names
 
@@ -136,13 +137,27 @@ def add_training_arguments(group, recipe_help: str, seed: bool = True, recipe_de
     group.add_argument("--max-grad-norm", type=float, metavar="X", help="gradient clipping" + shown("max_grad_norm"))
     group.add_argument("--mlm-probability", type=float, metavar="X",
                        help="fraction of tokens masked" + shown("mlm_probability"))
-    group.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                       help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU; bf16 also runs on CPU (autocast)")
-    group.add_argument("--compile", action="store_true",
-                       help="torch.compile the model (same results; faster on GPUs, the first steps slower)")
+    add_execution_arguments(group)
     if seed:
         group.add_argument("--seed", type=int, metavar="N",
                            help="seed for initialisation, data order and masking" + shown("seed"))
+
+
+def add_execution_arguments(group) -> None:
+    """--precision, --compile and --compile-mode: how a training command runs (pretrain, compare, glue, squad)."""
+    group.add_argument("--precision", choices=PRECISIONS, default="auto",
+                       help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU; bf16 also runs on CPU (autocast)")
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the model (same results; faster on GPUs, the first steps slower)")
+    group.add_argument("--compile-mode", choices=COMPILE_MODES,
+                       help="torch.compile's mode, implies --compile: default; reduce-overhead replays each step as "
+                            "CUDA graphs, the host out of it (GPUs; one graph per batch shape); max-autotune also "
+                            "times inductor's kernel choices (minutes more to compile)")
+
+
+def compile_mode_asked(args: argparse.Namespace) -> str | None:
+    """The torch.compile mode --compile and --compile-mode ask for; None: eager."""
+    return compile_mode(args.compile, args.compile_mode)
 
 
 def duration(text: str) -> float:
@@ -229,6 +244,7 @@ def add_fine_tune_arguments(parser: argparse.ArgumentParser):
     hyper.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
     hyper.add_argument("--max-train-samples", type=int, default=None,
                        help="train on a fixed random subset of this many examples (quick runs)")
+    add_execution_arguments(parser.add_argument_group("how it runs"))
     parser.add_argument("--save-models", choices=("best", "all", "none"), default="best",
                         help="fine-tuned models to keep: the best dev seed's as OUTPUT_DIR/models/<task>/ (best), "
                              "also every seed's in its run folder (all), or none")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from convattn.commands.arguments import compile_mode_asked
 from convattn.commands.pretrain_flags import config_overrides, data_options, recipe_overrides
 from convattn.errors import UsageError
 
@@ -68,5 +69,5 @@ def compare_options(args: argparse.Namespace, grid, default_output: Path):
     return CompareOptions(
         grid=grid, output_dir=args.output_dir or default_output, data=data, seeds=args.seeds,
         recipe=args.recipe, model=config_overrides(args), training=training, precision=args.precision,
-        compile=args.compile, log_every=args.log_every, glue=glue_request(args), squad=squad_request(args),
+        compile=compile_mode_asked(args), log_every=args.log_every, glue=glue_request(args), squad=squad_request(args),
     )

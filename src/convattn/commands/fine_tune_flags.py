@@ -1,5 +1,6 @@
 """What `convattn glue` and `convattn squad` read from their flags: the settings fields given, each checked against
-its range in the library's table (`training/ranges.py`), and the folder a model's results go to by default."""
+its range in the library's table (`training/ranges.py`), how the runs execute (precision, torch.compile), and the
+folder a model's results go to by default."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ def fine_tune_overrides(args: argparse.Namespace, extra: tuple[str, ...] = ()) -
     """The settings fields of the flags (None: not given, the recipe's), each checked against its range (one
     UsageError naming the flag and the allowed values). `extra`: the command's own flags of settings fields.
     --max-length is checked against the model once it is loaded."""
+    from convattn.commands.arguments import compile_mode_asked
     from convattn.training.ranges import check_ranges
 
     overrides = {field: getattr(args, field) for field in (*FINE_TUNE_FIELDS, *extra)}
     check_ranges(overrides)
-    return overrides
+    return overrides | {"precision": args.precision, "compile": compile_mode_asked(args)}
 
 
 def model_output_dir(command: str, model: str) -> Path:

@@ -11,6 +11,7 @@ from convattn.commands.arguments import (
     add_data_arguments,
     add_schedule_arguments,
     add_training_arguments,
+    compile_mode_asked,
     user_path,
 )
 from convattn.commands.pretrain_flags import config_overrides, data_options, recipe_overrides
@@ -68,7 +69,7 @@ def options_from_args(args: argparse.Namespace):
     return resolve_options(
         output_dir=args.output_dir, preset=args.preset, recipe=args.recipe, model=config_overrides(args),
         training=recipe_overrides(args), data={**data_options(args), "cache_dir": args.cache_dir},
-        precision=args.precision, compile=args.compile, log_every=args.log_every, resume=args.resume,
+        precision=args.precision, compile=compile_mode_asked(args), log_every=args.log_every, resume=args.resume,
         overwrite=args.overwrite, allow_schedule_change=args.allow_schedule_change,
     )
 

@@ -220,17 +220,19 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
 
 
 def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
+    execution = {"precision": options.precision, "compile": options.compile}  # as the runs pretrained
     for seed in range(options.seeds):
         path = options.run_path(spec, seed)
         model = path / DISCRIMINATOR if (path / DISCRIMINATOR).is_dir() else path
         if request := options.glue:
             say("compare", f"{spec.name} seed {seed}: GLUE {','.join(request.tasks)}")
             run_glue(str(model), request.tasks, glue_dir(path), data_dir=request.data_dir, recipe=request.recipe,
-                     seeds=request.seeds, overrides=request.overrides, save_models="none")
+                     seeds=request.seeds, overrides=execution | request.overrides, save_models="none")
         if request := options.squad:
             say("compare", f"{spec.name} seed {seed}: SQuAD v{request.version}")
             run_squad(str(model), request.version, squad_dir(path), train_file=request.train_file,
-                      dev_file=request.dev_file, seeds=request.seeds, overrides=request.overrides, save_models="none")
+                      dev_file=request.dev_file, seeds=request.seeds, overrides=execution | request.overrides,
+                      save_models="none")
 
 
 def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None = None) -> int:

@@ -49,7 +49,7 @@ class CompareOptions:
     model: dict = field(default_factory=dict)  # config fields for every run, over the grid's and the runs' own
     training: dict = field(default_factory=dict)  # Recipe fields for every run, over the grid's
     precision: str = "auto"
-    compile: bool = False
+    compile: str | None = None  # torch.compile's mode (None: eager)
     log_every: int = 10
     glue: GlueOptions | None = None
     squad: SquadOptions | None = None

@@ -3,12 +3,15 @@ defaults < base-size settings < the task's own < overrides (the command line).""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from convattn.console import world_size
 from convattn.errors import UsageError, option
+from convattn.training.execution import compile_mode, resolved_precision
 from convattn.training.ranges import check_range
 
 
@@ -26,16 +29,37 @@ class FineTuneSettings:
     adam_epsilon: float
     max_length: int
     max_train_samples: int = 0     # 0 = the whole training set
+    precision: str = "auto"        # execution.PRECISIONS; resolved for this machine by `resolved_settings`
+    compile: str | None = None     # torch.compile's mode (execution.COMPILE_MODES; None: eager)
+
+
+# settings that change how a seed runs, not what it computes: a finished seed is reused whatever they were
+EXECUTION_ONLY = ("compile",)
+# what seeds recorded before these settings existed ran with
+UNRECORDED = {"precision": "fp32", "compile": None}
+
+
+def same_settings(recorded: Mapping, settings: FineTuneSettings) -> bool:
+    """Whether a finished seed's recorded settings compute what `settings` do."""
+    recorded = {**UNRECORDED, **recorded}
+    return all(recorded.get(name) == value for name, value in dataclasses.asdict(settings).items()
+               if name not in EXECUTION_ONLY)
+
+
+def resolved_settings(settings: AnySettings) -> AnySettings:
+    """The settings as this machine runs them: the precision resolved (auto: bf16 on a GPU that has it), the
+    compile mode checked; the recipe's warmup checked too (a ratio of 1 or more would be read as steps)."""
+    check_range("warmup_ratio", settings.warmup_ratio)
+    compile_mode(False, settings.compile)
+    return dataclasses.replace(settings, precision=resolved_precision(settings.precision))
+
+
+AnySettings = TypeVar("AnySettings", bound=FineTuneSettings)
 
 
 def given_overrides(overrides: Mapping | None) -> dict:
     """The settings fields the command line gave: a field set to None was not given (the recipe's value holds)."""
     return {name: value for name, value in (overrides or {}).items() if value is not None}
-
-
-def check_warmup(settings: FineTuneSettings) -> None:
-    """The recipe's warmup too (a ratio of 1 or more would be read as steps)."""
-    check_range("warmup_ratio", settings.warmup_ratio)
 
 
 def examples_per_step(batch_size: int) -> int:

@@ -9,13 +9,21 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    DataCollatorWithPadding,
+    PreTrainedTokenizerBase,
+    ProgressCallback,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from convattn.console import captured
 from convattn.errors import UsageError, option
 from convattn.files import read_json
 from convattn.runs.finetune import SEED_RUN_FILE
-from convattn.training.finetune.settings import FineTuneSettings
+from convattn.training.execution import COMPILED_PAD_MULTIPLE, compile_arguments, precision_flags
+from convattn.training.finetune.settings import FineTuneSettings, same_settings
 from convattn.training.guards import TrainedSteps
 
 RUN_FILE = SEED_RUN_FILE  # written last: a seed folder without it is an interrupted seed
@@ -28,7 +36,7 @@ def finished_run(path: Path) -> dict | None:
 def check_finished_settings(path: Path, settings: FineTuneSettings) -> None:
     """A finished seed is reused only if it was made with these settings."""
     run = finished_run(path)
-    if run and run["settings"] and run["settings"] != dataclasses.asdict(settings):
+    if run and run["settings"] and not same_settings(run["settings"], settings):
         raise UsageError(f"{path} was made with other settings ({run['settings']}); use another "
                          f"{option('output_dir')} or "
                          "delete that run")
@@ -46,6 +54,7 @@ def check_no_more_seeds(run_folder: Path, seeds: int) -> None:
 
 
 def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
+    flags = precision_flags(settings.precision)
     return TrainingArguments(
         output_dir=str(path),
         learning_rate=settings.learning_rate,
@@ -64,7 +73,26 @@ def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int) -> 
         logging_first_step=True,
         report_to="none",
         dataloader_pin_memory=torch.cuda.is_available(),
+        **compile_arguments(settings.compile),
+        **flags,
+        use_cpu=not torch.cuda.is_available() and flags["bf16"],  # the Trainer allows CPU autocast only when told
     )
+
+
+def padding_collator(collator_class: type[DataCollatorWithPadding], tokenizer: PreTrainedTokenizerBase,
+                     settings: FineTuneSettings):
+    """Batches padded to their longest example; under torch.compile, to the next multiple of COMPILED_PAD_MULTIPLE
+    and at most settings.max_length: a few shapes to compile and record, not one per batch."""
+    collator = collator_class(tokenizer)
+    if not settings.compile:
+        return collator
+
+    def bucketed(features: list[dict]) -> dict:
+        longest = max(len(feature["input_ids"]) for feature in features)
+        width = min(-(-longest // COMPILED_PAD_MULTIPLE) * COMPILED_PAD_MULTIPLE, settings.max_length)
+        return dataclasses.replace(collator, padding="max_length", max_length=max(width, longest))(features)
+
+    return bucketed
 
 
 def train_quietly(trainer: Trainer):

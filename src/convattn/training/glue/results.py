@@ -12,6 +12,7 @@ from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
 from convattn.runs.finetune import GLUE_RESULTS
 from convattn.runs.folder import seed_dir
+from convattn.training.finetune.settings import UNRECORDED
 from convattn.training.seed_statistics import format_mean_sem, mean_sem
 
 
@@ -125,14 +126,16 @@ def results_markdown(results: dict) -> str:
             for metric, stat in metrics.items():
                 lines.append(f"| {name} | {split} | {metric} | {cell(stat, 2)} | {stat['n']} | {entry['best_seed']} |")
     lines += ["", "## Settings", "",
-              "| Task | Init | LR | Batch | Epochs | Max steps | Warmup | WD | Layer decay | Max len | Train set |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| Task | Init | LR | Batch | Epochs | Max steps | Warmup | WD | Layer decay | Max len | Train set | "
+              "Precision |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, entry in results["tasks"].items():
         s = entry.get("settings")
         if s:
             lines.append(f"| {name} | {entry['init']} | {s['learning_rate']:g} | {s['batch_size']} | {s['epochs']:g} | "
                          f"{s['max_steps'] or '–'} | {s['warmup_ratio']:g} | {s['weight_decay']:g} | "
-                         f"{s['layer_decay']:g} | {s['max_length']} | {s['max_train_samples'] or 'all'} |")
+                         f"{s['layer_decay']:g} | {s['max_length']} | {s['max_train_samples'] or 'all'} | "
+                         f"{s.get('precision', UNRECORDED['precision'])} |")
     if results["submission"]:
         lines += ["", "Test predictions (GLUE submission format) in `submission/`: "
                   + ", ".join(f"{f} ({src})" for f, src in results["submission"].items()) + "."]

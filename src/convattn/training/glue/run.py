@@ -30,7 +30,13 @@ from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.pretrained import check_unchanged
-from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, quiet_trainer, train_quietly
+from convattn.training.finetune.trainer import (
+    RUN_FILE,
+    fine_tuning_arguments,
+    padding_collator,
+    quiet_trainer,
+    train_quietly,
+)
 from convattn.training.glue.data import TaskData
 from convattn.training.glue.metrics import (
     column_score,
@@ -72,7 +78,7 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
         check_unchanged(model_source, identity)
     trainer = LayerDecayTrainer(
         model=model, args=fine_tuning_arguments(path, settings, seed), train_dataset=data.train,
-        data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
+        data_collator=padding_collator(DataCollatorWithPadding, tokenizer, settings), processing_class=tokenizer,
         layer_decay=settings.layer_decay,
     )
     train_output = train_quietly(trainer)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from convattn.errors import UsageError
 from convattn.training.finetune.recipes import FineTuneRecipe, fine_tune_recipe_names, read_recipe
-from convattn.training.finetune.settings import FineTuneSettings, check_warmup, given_overrides
+from convattn.training.finetune.settings import FineTuneSettings, given_overrides, resolved_settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,5 +40,4 @@ def resolve_settings(recipe: GlueRecipe, task: str, base_size: bool, overrides: 
         fields["learning_rate"] = task_lr[task]
     fields["from_mnli"] = from_mnli and task in recipe.from_mnli_tasks
     settings = GlueSettings(**fields)
-    check_warmup(settings)
-    return settings
+    return resolved_settings(settings)

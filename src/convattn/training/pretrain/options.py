@@ -31,12 +31,12 @@ from convattn.runs.pretrain import (
     recorded_options,
     run_state,
 )
+from convattn.training.execution import compile_mode, recorded_compile_mode, resolved_precision
 from convattn.training.pretrain.budget import check_budget, time_spent
 from convattn.training.ranges import MAX_SEED, MAX_STEPS, RANGES
 from convattn.training.recipes import Recipe, warmup_steps
 
 OBJECTIVES = ("mlm", "electra")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # options that may change between a run and its --resume without changing what is computed
 RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
@@ -60,7 +60,7 @@ class PretrainOptions:
     tokenizer: str | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
     precision: str = "auto"
-    compile: bool = False  # torch.compile the model (through the Trainer); computes the same, faster where it can
+    compile: str | None = None  # torch.compile's mode (execution.COMPILE_MODES; None: eager): computes the same
     log_every: int = 10
     resume: bool = False
     overwrite: bool = False
@@ -77,6 +77,7 @@ class PretrainOptions:
         option_fields = {f.name for f in dataclasses.fields(cls)} - {"recipe"}
         fields = {k: v for k, v in saved.items() if k in option_fields}
         fields["output_dir"], fields["cache_dir"] = Path(fields["output_dir"]), Path(fields["cache_dir"])
+        fields["compile"] = recorded_compile_mode(fields.get("compile"))
         return cls(recipe=Recipe(**{k: v for k, v in saved.items() if k in recipe_fields}), **fields)
 
     def to_json(self) -> dict:
@@ -94,9 +95,8 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
                          f"{', '.join(OBJECTIVES)}")
     if recipe.format not in FORMATS:
         raise UsageError(f"{option('format')} {recipe.format!r} is not known; choose one of {', '.join(FORMATS)}")
-    if options.precision not in PRECISIONS:
-        raise UsageError(f"{option('precision')} {options.precision!r} is not known; choose one of "
-                         f"{', '.join(PRECISIONS)}")
+    resolved_precision(options.precision)
+    compile_mode(False, options.compile)
     counts = {name: getattr(recipe, name) for name in ("batch_size", "max_steps", "eval_every", "save_every",
                                                         "gradient_accumulation")}
     if recipe.max_steps is None and recipe.time_budget is None:

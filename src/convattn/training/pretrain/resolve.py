@@ -17,7 +17,7 @@ from convattn.training.recipes import recipe_for_preset, resolve_recipe
 
 def resolve_options(output_dir: Path | None = None, preset: str | None = None, recipe: str | None = None,
                     model: dict | None = None, training: dict | None = None, data: dict | None = None,
-                    precision: str | None = None, compile: bool = False, log_every: int | None = None,
+                    precision: str | None = None, compile: str | None = None, log_every: int | None = None,
                     resume: bool = False, overwrite: bool = False,
                     allow_schedule_change: bool = False) -> PretrainOptions:
     """The options of a pretraining run. `model`: config fields over the preset's; `training`: Recipe fields over

@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, se
 from convattn.config import ConvAttnConfig
 from convattn.console import world_size
 from convattn.electra import ConvAttnForPreTraining
-from convattn.errors import UsageError, option
 from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
 from convattn.runs.pretrain import checkpoints_dir
+from convattn.training.execution import compile_arguments, precision_flags
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch
@@ -117,17 +117,6 @@ class PretrainTrainer(FiniteTraining, Trainer):
         return metrics
 
 
-def precision_flags(precision: str) -> dict:
-    if precision == "auto":
-        gpu = torch.cuda.is_available()
-        precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if gpu else "fp32"
-    if precision == "fp16" and not torch.cuda.is_available():  # CPU autocast has bf16, not fp16 with loss scaling
-        precision_option = option("precision")
-        raise UsageError(f"{precision_option} fp16 needs a GPU here; use {precision_option} bf16 or fp32 (or auto) "
-                         "on CPU")
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-
-
 def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
     recipe = options.recipe
     flags = precision_flags(options.precision)
@@ -164,7 +153,7 @@ def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingA
         dataloader_pin_memory=torch.cuda.is_available(),
         report_to="none",
         disable_tqdm=False,
-        torch_compile=options.compile,
+        **compile_arguments(options.compile),
         # several processes without GPUs: CPU data parallel over gloo (accelerate decides only when told)
         # (bf16 autocast without a GPU: the Trainer only allows it when told to stay on the CPU)
         use_cpu=not torch.cuda.is_available() and (world_size() > 1 or flags["bf16"]),

@@ -27,7 +27,7 @@ from convattn.files import write_json_atomic
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
-from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, train_quietly
+from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, padding_collator, train_quietly
 from convattn.training.guards import check_finite_weights
 from convattn.training.squad.features import Progress
 from convattn.training.squad.metrics import squad_scores
@@ -95,7 +95,7 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
     start = time.time()
     set_seed(seed)  # the new span head's initialisation and the data order
     model = load_qa_model(model_source, settings.head)
-    collator = SquadCollator(tokenizer)
+    collator = padding_collator(SquadCollator, tokenizer, settings)
     trainer = LayerDecayTrainer(
         model=model, args=fine_tuning_arguments(path, settings, seed), train_dataset=data.train,
         data_collator=collator, processing_class=tokenizer, layer_decay=settings.layer_decay,

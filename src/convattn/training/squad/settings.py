@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.training.finetune.recipes import FineTuneRecipe, fine_tune_recipe_names, read_recipe
-from convattn.training.finetune.settings import FineTuneSettings, check_warmup, given_overrides
+from convattn.training.finetune.settings import FineTuneSettings, given_overrides, resolved_settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,8 +31,7 @@ def load_squad_recipe(name: str) -> FineTuneRecipe:
 def resolve_settings(recipe: FineTuneRecipe, base_size: bool, overrides: dict) -> SquadSettings:
     """recipe defaults < base-size settings < command-line overrides (None = not given)."""
     settings = SquadSettings(**{**recipe.settings_fields(base_size), **given_overrides(overrides)})
-    check_warmup(settings)
-    return settings
+    return resolved_settings(settings)
 
 
 def fitted_windows(settings: SquadSettings, special_tokens: int, doc_stride_given: bool) -> SquadSettings:

@@ -1,0 +1,89 @@
+"""How a training run executes: precision and torch.compile's mode, as the command line gives them and run records
+hold them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from convattn.errors import UsageError
+from convattn.training.execution import (
+    COMPILE_MODES,
+    compile_arguments,
+    compile_mode,
+    precision_flags,
+    recorded_compile_mode,
+    resolved_precision,
+)
+
+needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what auto means without a GPU")
+
+
+@needs_cpu_only
+def test_auto_precision_is_fp32_on_cpu_and_bf16_runs_there():
+    assert resolved_precision("auto") == "fp32"
+    assert precision_flags("bf16") == {"bf16": True, "fp16": False}
+    assert precision_flags("fp32") == {"bf16": False, "fp16": False}
+
+
+@needs_cpu_only
+def test_fp16_without_a_gpu_is_refused_naming_the_flag():
+    with pytest.raises(UsageError, match="fp16 needs a GPU"):
+        resolved_precision("fp16")
+
+
+def test_an_unknown_precision_names_the_choices():
+    with pytest.raises(UsageError, match="'fp8' is not known; choose one of auto, fp32, bf16, fp16"):
+        resolved_precision("fp8")
+
+
+@pytest.mark.parametrize(("compile", "mode", "expected"), [
+    (False, None, None), (True, None, "default"), (False, "reduce-overhead", "reduce-overhead"),
+    (True, "max-autotune", "max-autotune"),
+])
+def test_compile_mode_implies_compile(compile, mode, expected):
+    assert compile_mode(compile, mode) == expected
+
+
+def test_an_unknown_compile_mode_names_the_choices():
+    with pytest.raises(UsageError, match="'fast' is not known; choose one of default, reduce-overhead, max-autotune"):
+        compile_mode(False, "fast")
+
+
+@pytest.mark.parametrize(("recorded", "mode"), [(True, "default"), (False, None), (None, None),
+                                                 ("reduce-overhead", "reduce-overhead")])
+def test_records_from_before_compile_modes_read_as_modes(recorded, mode):
+    assert recorded_compile_mode(recorded) == mode
+
+
+@pytest.mark.parametrize("mode", [None, *COMPILE_MODES])
+def test_the_trainer_gets_the_mode(mode):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir="unused", report_to="none", **compile_arguments(mode))
+    assert args.torch_compile == (mode is not None)
+    assert args.torch_compile_mode == (None if mode in (None, "default") else mode)
+
+
+@pytest.mark.parametrize(("recorded", "mode"), [(True, "default"), (False, None), ("reduce-overhead",
+                                                                                    "reduce-overhead")])
+def test_a_pretraining_run_recorded_before_modes_resumes_with_its_compile_setting(tmp_path, recorded, mode):
+    from convattn.training.pretrain.options import PretrainOptions
+    from convattn.training.pretrain.resolve import resolve_options
+
+    saved = resolve_options(output_dir=tmp_path, preset="chang2021-small/composite",
+                            training={"max_steps": 10}).to_json()
+    assert PretrainOptions.from_json(saved | {"compile": recorded}).compile == mode
+
+
+def test_the_commands_take_the_mode(tmp_path):
+    from convattn.cli import build_parser
+    from convattn.commands.arguments import compile_mode_asked
+
+    parser = build_parser()
+    for command in (["pretrain"], ["compare", "--grid", "g.yaml"], ["glue", "--model", "m", "--task", "sst2"],
+                    ["squad", "--model", "m", "--version", "1.1"]):
+        args = parser.parse_args([*command, "--compile-mode", "reduce-overhead", "--precision", "bf16"])
+        assert compile_mode_asked(args) == "reduce-overhead" and args.precision == "bf16"
+        assert compile_mode_asked(parser.parse_args([*command, "--compile"])) == "default"
+        assert compile_mode_asked(parser.parse_args(command)) is None
