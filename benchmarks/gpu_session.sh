@@ -4,7 +4,8 @@
 # writing its file into $OUT as it goes (6 files): the kernel's CUDA tests (-x, 90 s at most); attention's device
 # time (the profiler's kernel sums) against SDPA flash and SDPA with the same mask and dropout, the kernels' names;
 # the host's time per call and per launch; the product's training step (`convattn pretrain`, composite against
-# absolute and BertForMaskedLM, batch 128 and 512, eager and compiled); then the summary, each bar's verdict.
+# absolute and BertForMaskedLM, batch 128 and 512, eager, compiled and as CUDA graphs); then the summary, each
+# bar's verdict.
 # The GPU machine (python3 with torch, triton and transformers, no `datasets`, no network) needs the kit for the
 # training step, as benchmarks/real_scale.py does: make it here with `python benchmarks/real_scale.py pack`, then
 #   device call: command "bash benchmarks/gpu_session.sh", carry [".gpu-kit"]

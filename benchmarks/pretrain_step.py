@@ -2,7 +2,8 @@
 at the chang2021-small recipe's shape (12 layers, hidden 256, 4 heads, 128 tokens, vocabulary 30,004, masked LM on
 line pairs) on CUDA in bf16, chang2021-small/composite (the fused kernel) against chang2021-small/absolute (SDPA)
 and transformers' BertForMaskedLM of the same shape (SDPA) trained by transformers' own Trainer, at two batches,
-eager and compiled (`--compile`).
+in three modes: eager, compiled (`--compile`: inductor's kernels, launched by the host) and graphs
+(`--compile-mode reduce-overhead`: the same kernels replayed as CUDA graphs).
 
 Each `convattn pretrain` runs in the stage's process through the command line's own entry (convattn.cli.main), one
 after another; a TrainerCallback added to every transformers.Trainer the process builds measures the steps:
@@ -47,6 +48,8 @@ KIT = ROOT / ".gpu-kit"  # benchmarks/real_scale.py pack: tokenizer/, corpus.tar
 CORPUS_BYTES = 8 * 2**20
 PRESETS = {"composite": "chang2021-small/composite", "absolute": "chang2021-small/absolute"}
 ARMS = (*PRESETS, "bert")
+# each mode's flags of `convattn pretrain`
+MODES = {"eager": (), "compiled": ("--compile",), "graphs": ("--compile-mode", "reduce-overhead")}
 SAVED = ("input_ids", "token_type_ids", "special_tokens_mask")  # the formatted examples' columns the BERT arm reads
 WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
 
@@ -68,20 +71,20 @@ class TrainPlan:
         return self.warmup[mode] + self.timed + self.profiled
 
 
-GPU_TRAIN = TrainPlan("bf16", (128, 512), {"eager": 4, "compiled": 10}, timed=20, profiled=3,
-                      least_seconds={"eager": 12, "compiled": 45})
+GPU_TRAIN = TrainPlan("bf16", (128, 512), {"eager": 4, "compiled": 10, "graphs": 10}, timed=20, profiled=3,
+                      least_seconds={"eager": 12, "compiled": 45, "graphs": 25})
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "embedding-size": 32}
 REHEARSAL_TRAIN = TrainPlan(
-    "fp32", (4, 8), {"eager": 1, "compiled": 1}, timed=2, profiled=1,
+    "fp32", (4, 8), {"eager": 1, "compiled": 1, "graphs": 1}, timed=2, profiled=1,
     flags=(*(item for name, value in TINY.items() for item in (f"--{name}", str(value))), "--vocab-size", "150",
            "--seq-len", "32"),
     compile_skipped="the rehearsal does not compile: torch.compile of a model takes minutes on this CPU")
 
 
 def rows(plan: TrainPlan) -> list[dict]:
-    """The runs in the order they go: the bars' first (composite and absolute, eager then compiled, each batch),
-    then the BERT arm, eager then compiled."""
-    modes = ("eager", "compiled")
+    """The runs in the order they go: the bars' first (composite and absolute, each mode, each batch), then the
+    BERT arm."""
+    modes = tuple(MODES)
     return ([dict(mode=mode, batch=batch, arm=arm) for mode in modes for batch in plan.batches for arm in PRESETS]
             + [dict(mode=mode, batch=batch, arm="bert") for mode in modes for batch in plan.batches])
 
@@ -321,7 +324,7 @@ def convattn_argv(row: dict, plan: TrainPlan, data: Corpus, work: Path, output: 
             "--cache-dir", str(work / "cache"), "--output-dir", str(output), "--batch-size", str(row["batch"]),
             "--max-steps", str(steps), "--warmup", "1", "--eval-every", never, "--save-every", never,
             "--log-every", str(steps), "--eval-samples", str(plan.eval_samples), "--precision", plan.precision,
-            "--seed", "0", *(["--compile"] if row["mode"] == "compiled" else []), *plan.flags]
+            "--seed", "0", *MODES[row["mode"]], *plan.flags]
 
 
 def run_convattn(row: dict, plan: TrainPlan, data: Corpus, work: Path, meter: StepMeter) -> None:
@@ -376,7 +379,8 @@ def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
             weight_decay=0.01, warmup_steps=1, lr_scheduler_type="linear", optim="adamw_torch_fused",
             bf16=plan.precision == "bf16", max_grad_norm=1.0, seed=0, data_seed=0, eval_strategy="no",
             save_strategy="no", logging_steps=steps, report_to="none", disable_tqdm=True,
-            torch_compile=row["mode"] == "compiled", include_num_input_tokens_seen="non_padding",
+            torch_compile=row["mode"] != "eager", torch_compile_mode="reduce-overhead" if row["mode"] == "graphs"
+            else None, include_num_input_tokens_seen="non_padding",
             remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=cuda, use_cpu=not cuda)
         collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
         trainer = Trainer(model=model, args=arguments, data_collator=collator, train_dataset=examples,
@@ -386,7 +390,7 @@ def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
 
 def measure(row: dict, plan: TrainPlan, work: Path, deadline: float, rehearse: bool, kit: Path = KIT) -> dict:
     """One row of the stage: a run of `row["arm"]` at its batch and mode, measured by a StepMeter."""
-    if row["mode"] == "compiled" and plan.compile_skipped:
+    if row["mode"] != "eager" and plan.compile_skipped:
         return {"error": f"skipped: {plan.compile_skipped}"}
     least = plan.least_seconds.get(row["mode"], 0)
     if deadline - time.time() < least:
@@ -413,7 +417,7 @@ def measure(row: dict, plan: TrainPlan, work: Path, deadline: float, rehearse: b
         import torch
 
         gc.collect()
-        if row["mode"] == "compiled":
+        if row["mode"] != "eager":
             torch.compiler.reset()  # the compiled graphs hold the run's model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -51,7 +51,7 @@ def test_the_rehearsal_runs_every_stage_and_prints_the_summary_last(tmp_path):
         assert all(row.get(measured, 0) > 0 for row in timed), [row for row in timed if "error" in row]
     train = json.loads((tmp_path / "train.json").read_text())["rows"]
     assert {(row["mode"], row["arm"]) for row in train} == {
-        (mode, arm) for mode in ("eager", "compiled") for arm in ("composite", "absolute", "bert")}
+        (mode, arm) for mode in ("eager", "compiled", "graphs") for arm in ("composite", "absolute", "bert")}
     for row in train:
         if row["mode"] == "eager":  # through `convattn pretrain` (and transformers' Trainer for BERT), timed
             assert row.get("tokens_per_s", 0) > 0 and row["steps"] > 0, row
@@ -130,7 +130,7 @@ def test_the_summary_gives_each_bar_its_verdict_on_the_named_device(gpu_session,
                for b, h, n in plan.shapes for arm, ms in times.items()]
     train = [dict(mode=mode, batch=batch, arm=arm, tokens_per_s=speed, peak_mib=memory, ms_per_step=10.0, busy=0.5,
                   first_step_s=1.0, steps=20)
-             for mode in ("eager", "compiled") for batch in (128, 512)
+             for mode in ("eager", "compiled", "graphs") for batch in (128, 512)
              for arm, speed, memory in (("composite", 85.0 if mode == "eager" else 80.0, 1050.0),
                                         ("absolute", 100.0, 1000.0), ("bert", 110.0, 1200.0))]
     for stage, rows in (("kernels", kernels), ("train", train)):
@@ -148,8 +148,10 @@ def test_the_summary_gives_each_bar_its_verdict_on_the_named_device(gpu_session,
             in short)
     assert ("| training step: composite's peak memory vs absolute's | batch 128, eager | 1.05x | <= 1.1x | pass |"
             in short)
-    # 2 plain + 4 dropout + 4 composite + 4 composite+key; 4 tokens/s + 4 memory
-    assert "Bars passed: 12 of 22 (10 failed, 0 not measured)." in short
+    assert ("| training step: composite's tokens/s vs absolute's | batch 512, graphs | 0.80x | >= 0.9x | fail |"
+            in short)
+    # 2 plain + 4 dropout + 4 composite + 4 composite+key; 6 tokens/s + 6 memory
+    assert "Bars passed: 14 of 26 (12 failed, 0 not measured)." in short
     assert "- sdpa+padding (32 x 4 x 512; 128 x 4 x 512; 8 x 4 x 2,048; 2 x 12 x 8,192): `sdpa+padding_kernel`" in short
     assert "## Failed, skipped or not measured" in short and "host: not measured: the stage did not run" in short
     assert "`composite+key_kernel` 6.8000 ms x 1" in text
