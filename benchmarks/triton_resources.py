@@ -8,8 +8,8 @@ real call, and read back from its machine code (cuobjdump):
                statically (a branch's both arms included), times the warps, over the tile's scores; a proxy for
                what a tile costs to issue, comparable across tilings
   smem         of those off the band, shared-memory loads and stores plus barriers: layout conversions
-  spills       of those off the band, loads and stores of spilled registers (most spills sit in the band's loop
-               and around the loops, where they cost little)
+  spills       loads and stores of spilled registers in the loops off the band, and in the band's loop (spills
+               around the loops cost little)
   wgmma        whether the tensor cores' Hopper path (HGMMA) is used
 
 The call compiled is `small` width's: 4 heads of 64 channels, n = 512, q, k and v strided as the model passes them,
@@ -130,21 +130,23 @@ def resources(job: tuple) -> dict:
         sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True,
                               check=True).stdout
     registers, stack = re.search(r"REG:(\d+).*STACK:(\d+)", usage).groups()
-    # the loops over tiles (those with matrix products): left of the band, the band, right of it, in source order;
-    # the innermost ones (the backward's run inside its loop over key blocks)
-    products = [loop for loop in loop_bodies(sass) if any(opcode(t) in ("HGMMA", "HMMA") for t in loop[2])]
+    # the loops over tiles (those with matrix products: fused multiply-adds in float32, whose products are "ieee"):
+    # left of the band, the band, right of it, in source order; the innermost ones (the backward's run inside its
+    # loop over key blocks)
+    multiplies = ("FFMA",) if dtype_name == "fp32" else ("HGMMA", "HMMA")
+    products = [loop for loop in loop_bodies(sass) if any(opcode(t) in multiplies for t in loop[2])]
     bodies = [body for start, end, body in products
               if not any(start <= other[0] and other[1] <= end and other[:2] != (start, end) for other in products)]
     if len(bodies) != 3:
         raise RuntimeError(f"{kernel_name} {variant} {tiling}: expected 3 tile loops in SASS, found {len(bodies)}")
     off_band = max(bodies[0], bodies[2], key=len)
     shared = sum(opcode(t) in ("LDS", "STS", "BAR", "LDSM", "STSM") for t in off_band)
-    spills = sum(opcode(t) in ("LDL", "STL") for t in off_band)
+    spills = [sum(opcode(t) in ("LDL", "STL") for t in body) for body in (off_band, bodies[1])]
     per_thousand = 1000 * warps / (block_m * block_n)
     return {"kernel": kernel_name, "variant": variant, "tiling": tiling, "registers": int(registers),
             "spilled": int(stack), "off_band": round(len(off_band) * per_thousand),
             "band": round(len(bodies[1]) * per_thousand), "smem": round(shared * per_thousand),
-            "spill_ops": round(spills * per_thousand),
+            "spill_ops": round(spills[0] * per_thousand), "band_spill_ops": round(spills[1] * per_thousand),
             "wgmma": any(opcode(t) == "HGMMA" for t in off_band)}
 
 
@@ -179,16 +181,17 @@ def main() -> int:
              f"triton {triton.__version__}, {args.dtype}, {HEADS} heads of {args.head_dim} channels, n = {LENGTH}, "
              f"r = {REACH}, clip, specialized as the JIT would. Registers per thread (255 is the most), bytes spilled "
              "per thread; issue: warp instructions per 1,000 scores in the loops off the band and in the band's "
-             "loop (static SASS counts), and of the former the shared-memory loads, stores and barriers and the "
+             "loop (static SASS counts), of the former the shared-memory loads, stores and barriers, and of both the "
              "spilled registers' loads and stores.",
              "", "| kernel | BLOCK_M x BLOCK_N | warps | stages | variant | registers | spilled bytes | "
-             "issue off the band | issue in the band | smem off the band | spills off the band | wgmma |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "issue off the band | issue in the band | smem off the band | spills off the band | spills in the band | "
+             "wgmma |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     with ProcessPoolExecutor(max(1, args.workers)) as pool:
         for r in pool.map(resources, jobs):
             m, n, w, s = r["tiling"]
             row = (f"| {r['kernel']} | {m} x {n} | {w} | {s} | {r['variant']} | {r['registers']} | {r['spilled']} | "
-                   f"{r['off_band']} | {r['band']} | {r['smem']} | {r['spill_ops']} | "
+                   f"{r['off_band']} | {r['band']} | {r['smem']} | {r['spill_ops']} | {r['band_spill_ops']} | "
                    f"{'yes' if r['wgmma'] else 'no'} |")
             lines.append(row)
             print(row, flush=True)

@@ -26,10 +26,10 @@ def test_every_kernel_compiles_for_sm90_and_is_read_back(tmp_path):
             if line.startswith("| ") and "64 x 32" in line]
     assert [(row[0], row[4]) for row in rows] == [(kernel, variant) for kernel in ("forward", "backward")
                                                   for variant in ("plain", "composite+key")]
-    for kernel, *_, registers, spilled, off_band, band, smem, spill_ops, wgmma in rows:
+    for kernel, *_, registers, spilled, off_band, band, smem, spill_ops, band_spill_ops, wgmma in rows:
         assert 0 < int(registers) <= 255 and int(spilled) >= 0 and wgmma == "yes"
         assert 0 < int(smem) < int(off_band) <= int(band) * 1.1, kernel
-        assert 0 <= int(spill_ops) < int(off_band)
+        assert 0 <= int(spill_ops) < int(off_band) and 0 <= int(band_spill_ops) < int(band)
 
 
 def test_unknown_variants_are_refused_by_name(tmp_path):

@@ -33,16 +33,24 @@ def configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, i
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the autotuner to try per kernel ("forward", "backward"); the
     first alone when interpreting. The forward in half precision with heads of up to 64 channels: the fastest three
     of ten tilings, timed on an H200 (benchmarks/triton_tuning.py; results/gpu_session/session2/tuning.md) at
-    n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. The backward: the three
-    fastest of the former key-gradient kernel, whose loop was this one's less dQ's product and accumulator, untimed
-    since. float32 and wider heads: from ptxas's register report for sm_90 (benchmarks/triton_resources.py),
-    untimed."""
+    n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. The rest: from ptxas's
+    register report for sm_90 (benchmarks/triton_resources.py), untimed. The backward's four in half precision, of
+    72 tilings compiled (results/triton_resources_backward.md), by instructions per score at n = 512 (the band's
+    loop weighed by its share of the tiles): 64 x 64 at 4 warps, the fewest of all with dropout or a table (where
+    its loops spill), and of those whose loops do not spill without them; 128 x 64 at 8 warps, no spill without
+    tables and 8-12 spill instructions per 1,000 scores with the row table; 32 x 64 at 4 and at 8 warps, the fewest
+    of those whose loops do not spill with the row table and with both tables. All are one-stage (the count charges
+    pipelining's extra instructions and cannot credit the latency it hides). The backward's two in float32 and at
+    128 channels: 32 x 64 at 8 warps, whose loops spill least in both (at 128 channels only with both tables), and
+    at 4 warps, 11 % fewer instructions at 128 channels without terms or dropout, where neither spills; the two kept
+    for the forward spill in every variant compiled. Every backward key block is 64 wide, so `splits` deals the same
+    blocks whichever the autotuner picks."""
     if interpreting():
         return [(16, 32, 1, 1)]  # the smallest tiles dropout_keep allows
     if dtype == torch.float32 or head_dim > 64:
-        return [(64, 32, 4, 2), (32, 64, 4, 2)]
+        return {"forward": [(64, 32, 4, 2), (32, 64, 4, 2)], "backward": [(32, 64, 8, 1), (32, 64, 4, 1)]}[kernel]
     return {"forward": [(128, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3)],
-            "backward": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3)]}[kernel]
+            "backward": [(64, 64, 4, 1), (128, 64, 8, 1), (32, 64, 4, 1), (32, 64, 8, 1)]}[kernel]
 
 
 # the autotuned kernels; backward_preprocess and query_gradient_kernel, which stream rows, run at ROWS rows and 4 warps
