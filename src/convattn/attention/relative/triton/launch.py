@@ -139,6 +139,7 @@ class Problem:
                               HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
                               PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         self.length_bucket = 1 << max(self.seqlen - 1, 0).bit_length()
+        self._keywords = dict(length_bucket=self.length_bucket, **self.constants)
 
     def operands(self, q: Tensor) -> list:
         """The pointers every kernel takes after q, k, v: tables, key mask, sequence offsets, dropout's seed (q where
@@ -154,7 +155,7 @@ class Problem:
     def keywords(self) -> dict:
         """The constexprs, and length_bucket: the next power of two of the length, which the kernels ignore and the
         autotuner keys on (one tuning per bucket, not per length)."""
-        return dict(length_bucket=self.length_bucket, **self.constants)
+        return self._keywords
 
     def table_strides(self) -> list[int]:
         keep_stride = self.keep.stride(0) if self.keep is not None else 0
@@ -173,7 +174,7 @@ class Problem:
         backward launches, and no more than the key blocks at the smallest tiling. Under the interpreter, up to 8
         programs, so that the tests meet several splits and several key blocks per split. Untimed on a GPU."""
         programs = 8 if interpreting() else multiprocessors(q.device)
-        smallest = min(n for _, n, _, _ in configs("backward", self.head_dim, q.dtype))
+        smallest = min(config.kwargs["BLOCK_N"] for config in autotuned("backward", self.head_dim, q.dtype).configs)
         return max(1, min(-(-programs // (self.batch * self.heads)), -(-self.seqlen // smallest)))
 
     def accumulators(self, q: Tensor, splits: int) -> tuple[Tensor, Tensor]:

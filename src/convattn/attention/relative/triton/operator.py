@@ -68,9 +68,13 @@ def _setup_context(ctx, inputs, output):
     q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed)
     ctx.table_shapes = _shapes(row_table, key_table)
+    # the log-sum-exp's gradient is never read: autograd need not fill one with zeros (a launch on a GPU)
+    ctx.set_materialize_grads(False)
 
 
 def _differentiate(ctx, grad_out, grad_lse):
+    if grad_out is None:  # only the log-sum-exp was used
+        return (None,) * 13
     q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed = ctx.saved_tensors
     grads = attention_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed,
                                *ctx.options)

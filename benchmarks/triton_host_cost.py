@@ -1,0 +1,149 @@
+"""The fused relative-attention kernel's host cost per eager call, measured on CPU without a GPU: the kernels' launches
+are stubbed out (triton's JITFunction.run and Autotuner.run return at once), so what is timed is the torch and Python
+work around them: the public entry, torch.library's operators and autograd, Problem, the argument lists and the
+outputs' allocations, which a GPU call pays on its host before and between its four launches. A CPU allocation is
+cheaper than the CUDA caching allocator's, and a GPU pays triton's own binding and the driver per launch on top.
+
+    python benchmarks/triton_host_cost.py                      # triton_op operators, as on a GPU
+    TRITON_INTERPRET=1 python benchmarks/triton_host_cost.py   # the interpreter's custom_op operators
+    python benchmarks/triton_host_cost.py --profile 25         # and cProfile's top functions by own time
+
+Each arm: the least over rounds (the machine's other work only adds) of the mean time per call, 1 x 4 heads x 128 x
+64, bfloat16, r = 8; plain, and composite+key (both tables, key padding, dropout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+
+import torch
+import triton.runtime.autotuner
+import triton.runtime.jit
+from torch._library.utils import fill_defaults  # what torch.library's autograd runs per call (arm below)
+
+from convattn.attention.relative.triton import launch, operator
+
+HEADS, LENGTH, HEAD_DIM, REACH = 4, 128, 64, 8
+
+
+def stub_launches() -> None:
+    """Every triton kernel call returns at once; the multiprocessor count is an H100's; the entry accepts CPU
+    tensors."""
+    kernel_classes = [triton.runtime.jit.JITFunction, triton.runtime.autotuner.Autotuner]
+    if launch.interpreting():
+        from triton.runtime.interpreter import InterpretedFunction
+        kernel_classes.append(InterpretedFunction)
+    for kernel_class in kernel_classes:
+        kernel_class.run = lambda self, *args, **kwargs: None
+    launch.multiprocessors = lambda device: 132
+    operator.interpreting = lambda: True  # the entry's device check only: the operators are already registered
+
+
+def operands(problem: str):
+    q, k, v = (torch.randn(1, LENGTH, HEADS, HEAD_DIM, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    tables = [torch.randn(1, HEADS, LENGTH, 2 * REACH + 1, dtype=torch.bfloat16, requires_grad=True)
+              if problem == "composite+key" else None for _ in range(2)]
+    keep = torch.ones(1, LENGTH, dtype=torch.bool) if problem == "composite+key" else None
+    return q, k, v, tables, keep, 0.1 if problem == "composite+key" else 0.0
+
+
+def bare(fn):
+    """fn with wrap_triton handing back the kernel, as it does inside a triton_op in eager mode (outside one it would
+    go through torch's higher-order operator instead)."""
+    def call():
+        wrap_triton = torch.library.wrap_triton
+        torch.library.wrap_triton = lambda kernel: kernel
+        try:
+            fn()
+        finally:
+            torch.library.wrap_triton = wrap_triton
+    return call
+
+
+def release(leaves: list) -> None:
+    """No gradient kept from the last call, as after an optimizer's zero_grad: autograd hands its gradients over
+    instead of adding them up on the CPU, which a GPU would do on the device."""
+    for leaf in leaves:
+        leaf.grad = None
+
+
+def arms(problem: str) -> dict:
+    """The calls timed: through the public entry, the operator (forward and backward through autograd), the two
+    runners alone (no torch.library: wrap_triton hands back the kernel, as inside a triton_op in eager mode), and
+    torch.library's argument-default filling on the forward's schema, which its autograd runs once per call."""
+    q, k, v, (row, key), keep, p = operands(problem)
+    grad = torch.randn_like(q)
+    keep8 = None if keep is None else keep.view(torch.uint8)
+    seed = torch.tensor(5) if p else None
+    options = (0, REACH, True, p, HEAD_DIM**-0.5)
+    inputs = (q, k, v, row, key, keep8, None, seed, *options)
+    detached = [None if x is None else x.detach() for x in inputs[:5]]
+    out, lse = torch.empty_like(q), torch.empty(launch.stats_shape(q, False))
+    schema = torch.ops.convattn.triton_relative_attention.default._schema
+
+    leaves = [x for x in (q, k, v, row, key) if x is not None]
+
+    def entry():
+        release(leaves)
+        operator.triton_relative_attention(q, k, v, row, key, reach=REACH, clip=True, keep=keep,
+                                           dropout_p=p).backward(grad)
+
+    def through_operator():
+        release(leaves)
+        operator.attention_forward(*inputs)[0].backward(grad)
+
+    def runners():
+        launch.run_forward(*detached, keep8, None, seed, *options)
+        launch.run_backward(grad, *detached[:3], out, lse, *detached[3:], keep8, None, seed, *options)
+
+    return {"entry forward + backward": entry, "operator forward + backward": through_operator,
+            "run_forward + run_backward": bare(runners),
+            "run_forward": bare(lambda: launch.run_forward(*detached, keep8, None, seed, *options)),
+            "run_backward": bare(lambda: launch.run_backward(grad, *detached[:3], out, lse, *detached[3:], keep8,
+                                                             None, seed, *options)),
+            "fill_defaults of the forward's schema": lambda: fill_defaults(schema, inputs, {})}
+
+
+def per_call_us(fn, calls: int, rounds: int) -> float:
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return min(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", default="plain,composite+key")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N (tottime) per problem")
+    args = parser.parse_args()
+    stub_launches()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, operators: {'custom_op' if launch.interpreting() else 'triton_op'}")
+    for problem in args.problems.split(","):
+        for name, fn in arms(problem).items():
+            print(f"{problem:14} {name:48} {per_call_us(fn, args.calls, args.rounds):8.1f} us", flush=True)
+        if args.profile:
+            profiler = cProfile.Profile()
+            fn = arms(problem)["entry forward + backward"]
+            profiler.enable()
+            for _ in range(args.calls):
+                fn()
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
