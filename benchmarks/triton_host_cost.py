@@ -7,6 +7,7 @@ cheaper than the CUDA caching allocator's, and a GPU pays triton's own binding a
     python benchmarks/triton_host_cost.py                      # triton_op operators, as on a GPU
     TRITON_INTERPRET=1 python benchmarks/triton_host_cost.py   # the interpreter's custom_op operators
     python benchmarks/triton_host_cost.py --profile 25         # and cProfile's top functions by own time
+    python benchmarks/triton_host_cost.py --output benchmarks/results/triton_host_cost.md   # the table, to a file
 
 Each arm: the least over rounds (the machine's other work only adds) of the mean time per call, 1 x 4 heads x 128 x
 64, bfloat16, r = 8; plain, and composite+key (both tables, key padding, dropout).
@@ -19,10 +20,12 @@ import cProfile
 import pstats
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton.runtime.autotuner
 import triton.runtime.jit
+from common import machine_line, write_atomic
 from torch._library.utils import fill_defaults  # what torch.library's autograd runs per call (arm below)
 
 from convattn.attention.relative.triton import launch, operator
@@ -127,13 +130,23 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N (tottime) per problem")
+    parser.add_argument("--output", type=Path, default=None, help="also write the table (markdown) to this file")
     args = parser.parse_args()
     stub_launches()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, operators: {'custom_op' if launch.interpreting() else 'triton_op'}")
+    operators = "custom_op" if launch.interpreting() else "triton_op"
+    print(f"torch {torch.__version__}, operators: {operators}")
+    lines = [f"# Host cost per eager call of the fused kernel, its launches stubbed ({machine_line()})", "",
+             f"Command: `python benchmarks/triton_host_cost.py {' '.join(sys.argv[1:])}`  ",
+             f"torch {torch.__version__}, {operators} operators; the least of {args.rounds} rounds of {args.calls} "
+             "calls' mean", "", "| problem | arm | us per call |", "|---|---|---:|"]
     for problem in args.problems.split(","):
         for name, fn in arms(problem).items():
-            print(f"{problem:14} {name:48} {per_call_us(fn, args.calls, args.rounds):8.1f} us", flush=True)
+            us = per_call_us(fn, args.calls, args.rounds)
+            print(f"{problem:14} {name:48} {us:8.1f} us", flush=True)
+            lines.append(f"| {problem} | {name} | {us:.1f} |")
+            if args.output:
+                write_atomic(args.output, "\n".join(lines) + "\n")  # what is measured survives a later failure
         if args.profile:
             profiler = cProfile.Profile()
             fn = arms(problem)["entry forward + backward"]
