@@ -68,6 +68,16 @@ def test_compiled_batches_pad_to_a_few_widths(lengths, max_length, width):
     assert eager([dict(f) for f in features])["input_ids"].shape == (len(lengths), max(lengths))
 
 
+def test_squads_answer_mask_pads_to_the_compiled_width():
+    from convattn.training.squad.run import SquadCollator
+
+    tokenizer = tiny_wordpiece_tokenizer(SENTENCES)
+    features = [{"input_ids": [5] * n, "attention_mask": [1] * n, "answer_mask": [1] * n} for n in (5, 9)]
+    batch = finetune_trainer.padding_collator(SquadCollator, tokenizer, settings(compile="reduce-overhead"))(features)
+    assert batch["input_ids"].shape == batch["answer_mask"].shape == (2, COMPILED_PAD_MULTIPLE)
+    assert batch["answer_mask"].sum(1).tolist() == [5, 9]
+
+
 def test_a_compiled_glue_run_computes_what_the_eager_one_does(tmp_path, monkeypatch):
     """`convattn glue --compile-mode reduce-overhead` through the Trainer's torch.compile (with aot_eager: the
     graph dynamo captures and AOTAutograd splits, without inductor's minutes of C++ compilation on this CPU):
