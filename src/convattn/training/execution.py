@@ -38,18 +38,23 @@ def precision_flags(precision: str) -> dict:
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
-def compile_mode(compile: bool, mode: str | None) -> str | None:
-    """The mode `--compile` and `--compile-mode` ask for (the latter implies the former); None: eager."""
+def checked_compile_mode(mode: str | None) -> str | None:
+    """`mode` if it is one of COMPILE_MODES or None (eager); else one error naming the choices."""
     if mode is not None and mode not in COMPILE_MODES:
         raise UsageError(f"{option('compile_mode')} {mode!r} is not known; choose one of {', '.join(COMPILE_MODES)}")
-    return mode or ("default" if compile else None)
+    return mode
+
+
+def compile_mode(compile: bool, mode: str | None) -> str | None:
+    """The mode `--compile` and `--compile-mode` ask for (the latter implies the former); None: eager."""
+    return checked_compile_mode(mode) or ("default" if compile else None)
 
 
 def recorded_compile_mode(value) -> str | None:
     """A run record's compile field: a mode, or the true / false that runs recorded before modes existed."""
     if isinstance(value, bool):
         return "default" if value else None
-    return compile_mode(False, value)
+    return checked_compile_mode(value)
 
 
 def compile_arguments(mode: str | None) -> dict:

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from convattn.console import world_size
 from convattn.errors import UsageError, option
-from convattn.training.execution import compile_mode, resolved_precision
+from convattn.training.execution import checked_compile_mode, resolved_precision
 from convattn.training.ranges import check_range
 
 
@@ -39,22 +39,23 @@ EXECUTION_ONLY = ("compile",)
 UNRECORDED = {"precision": "fp32", "compile": None}
 
 
+AnySettings = TypeVar("AnySettings", bound=FineTuneSettings)
+
+
 def same_settings(recorded: Mapping, settings: FineTuneSettings) -> bool:
     """Whether a finished seed's recorded settings compute what `settings` do."""
-    recorded = {**UNRECORDED, **recorded}
-    return all(recorded.get(name) == value for name, value in dataclasses.asdict(settings).items()
-               if name not in EXECUTION_ONLY)
+    def computed(fields: Mapping) -> dict:
+        return {name: value for name, value in fields.items() if name not in EXECUTION_ONLY}
+
+    return computed({**UNRECORDED, **recorded}) == computed(dataclasses.asdict(settings))
 
 
 def resolved_settings(settings: AnySettings) -> AnySettings:
     """The settings as this machine runs them: the precision resolved (auto: bf16 on a GPU that has it), the
     compile mode checked; the recipe's warmup checked too (a ratio of 1 or more would be read as steps)."""
     check_range("warmup_ratio", settings.warmup_ratio)
-    compile_mode(False, settings.compile)
+    checked_compile_mode(settings.compile)
     return dataclasses.replace(settings, precision=resolved_precision(settings.precision))
-
-
-AnySettings = TypeVar("AnySettings", bound=FineTuneSettings)
 
 
 def given_overrides(overrides: Mapping | None) -> dict:

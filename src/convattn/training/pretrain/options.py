@@ -31,7 +31,7 @@ from convattn.runs.pretrain import (
     recorded_options,
     run_state,
 )
-from convattn.training.execution import compile_mode, recorded_compile_mode, resolved_precision
+from convattn.training.execution import checked_compile_mode, recorded_compile_mode, resolved_precision
 from convattn.training.pretrain.budget import check_budget, time_spent
 from convattn.training.ranges import MAX_SEED, MAX_STEPS, RANGES
 from convattn.training.recipes import Recipe, warmup_steps
@@ -96,7 +96,7 @@ def check_options(options: PretrainOptions) -> ConvAttnConfig:
     if recipe.format not in FORMATS:
         raise UsageError(f"{option('format')} {recipe.format!r} is not known; choose one of {', '.join(FORMATS)}")
     resolved_precision(options.precision)
-    compile_mode(False, options.compile)
+    checked_compile_mode(options.compile)
     counts = {name: getattr(recipe, name) for name in ("batch_size", "max_steps", "eval_every", "save_every",
                                                         "gradient_accumulation")}
     if recipe.max_steps is None and recipe.time_budget is None:
