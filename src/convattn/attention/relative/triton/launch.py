@@ -134,6 +134,7 @@ class Problem:
             self.stats_strides = (self.heads * self.seqlen, self.seqlen)
         self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
         self.seed, self.scale, self.dropout_p = seed, scale, kernel_dropout_p(dropout_p)
+        self.keep_stride = keep.stride(0) if keep is not None else 0
         self.constants = dict(REACH=reach, CLIP=clip, HAS_ROW=row_table is not None, HAS_KEY=key_table is not None,
                               HAS_KEEP=keep is not None, VARLEN=self.varlen, DROPOUT=dropout_p > 0,
                               HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
@@ -158,8 +159,7 @@ class Problem:
         return self._keywords
 
     def table_strides(self) -> list[int]:
-        keep_stride = self.keep.stride(0) if self.keep is not None else 0
-        return [*strides(self.row_table, self.varlen), *strides(self.key_table, self.varlen), keep_stride,
+        return [*strides(self.row_table, self.varlen), *strides(self.key_table, self.varlen), self.keep_stride,
                 *self.stats_strides]
 
     def forward_arguments(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> list:
@@ -210,10 +210,9 @@ class Problem:
     def query_arguments(self, dq_acc: Tensor, da_acc: Tensor, grad_q: Tensor,
                         grad_row: Tensor | None) -> tuple[list, dict]:
         """query_gradient_kernel's runtime arguments and constexprs (grad_row None without a row table)."""
-        keep_stride = self.keep.stride(0) if self.keep is not None else 0
         return ([dq_acc, da_acc, grad_q if self.keep is None else self.keep, self._offsets(grad_q), grad_q,
                  grad_q if grad_row is None else grad_row, self.scale, self.seqlen, self.heads, dq_acc.shape[0],
-                 self.stats_size, *self.accumulator_strides, *self.stats_strides, keep_stride,
+                 self.stats_size, *self.accumulator_strides, *self.stats_strides, self.keep_stride,
                  *strides(grad_q, self.varlen), *strides(grad_row, self.varlen)],
                 dict(REACH=self.constants["REACH"], CLIP=self.constants["CLIP"], HAS_ROW=grad_row is not None,
                      HAS_KEEP=self.keep is not None, VARLEN=self.varlen, HEAD_DIM=self.head_dim,
