@@ -47,12 +47,15 @@ from convattn.attention.relative import triton_attention
 from convattn.attention.relative.triton import kernels, launch, operator
 
 KERNELS = ("forward", "backward")
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each is today's first pick
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): each kernel's list starts with the library's own candidates in half
+# precision at 64 channels (launch.configs), in its order, then alternatives. The backward's alternatives: its
+# one-stage picks' pipelined twins, and the tilings of the former key kernel that were fastest on an H200
+# (results/gpu_session/session2/tuning.md)
 TILINGS = {
-    "forward": [(128, 64, 8, 3), (128, 32, 8, 2), (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3),
-                (128, 128, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2)],
-    "backward": [(64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3),
-            (32, 64, 8, 2), (32, 128, 8, 2), (64, 128, 4, 2), (16, 64, 2, 3)],
+    "forward": [(128, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 32, 8, 2), (128, 64, 4, 4),
+                (128, 128, 8, 3), (128, 128, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 2)],
+    "backward": [(64, 64, 4, 1), (128, 64, 8, 1), (32, 64, 4, 1), (32, 64, 8, 1), (64, 64, 4, 3), (32, 64, 4, 3),
+                 (64, 128, 4, 2), (32, 128, 4, 3), (16, 128, 4, 3), (32, 128, 4, 5)],
 }
 SHAPES = [(32, 4, 512), (8, 4, 2048), (2, 12, 8192)]  # (batch, heads, n)
 # what each problem adds to plain attention: 1/8 of one row padded, the row table, the key table, dropout 0.1

@@ -37,3 +37,22 @@ def test_rehearsing_without_the_interpreter_is_refused():
     result = subprocess.run([sys.executable, str(BENCHMARKS / "triton_tuning.py"), "--rehearse"],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2 and "TRITON_INTERPRET=1" in result.stderr
+
+
+def test_each_sweep_starts_with_the_tilings_the_library_tries(monkeypatch):
+    """The sweep times what the autotuner would pick from on a GPU (half precision, 64 channels), then alternatives:
+    a tiling list changed in the library and not here would leave its picks untimed."""
+    import torch
+
+    from convattn.attention.relative.triton import launch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import triton_tuning
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    for kernel in triton_tuning.KERNELS:
+        library = launch.configs(kernel, 64, torch.bfloat16)
+        swept = triton_tuning.TILINGS[kernel]
+        assert swept[:len(library)] == library and len(set(swept)) == len(swept), kernel
