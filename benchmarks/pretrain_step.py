@@ -2,8 +2,8 @@
 at the chang2021-small recipe's shape (12 layers, hidden 256, 4 heads, 128 tokens, vocabulary 30,004, masked LM on
 line pairs) on CUDA in bf16, chang2021-small/composite (the fused kernel) against chang2021-small/absolute (SDPA)
 and transformers' BertForMaskedLM of the same shape (SDPA) trained by transformers' own Trainer, at two batches,
-in three modes: eager, compiled (`--compile`: inductor's kernels, launched by the host) and graphs
-(`--compile-mode reduce-overhead`: the same kernels replayed as CUDA graphs).
+in three modes: eager, compiled (`--compile-mode default`, as `--compile`: inductor's kernels, launched by the
+host) and graphs (`--compile-mode reduce-overhead`: the same kernels replayed as CUDA graphs).
 
 Each `convattn pretrain` runs in the stage's process through the command line's own entry (convattn.cli.main), one
 after another; a TrainerCallback added to every transformers.Trainer the process builds measures the steps:
@@ -48,8 +48,8 @@ KIT = ROOT / ".gpu-kit"  # benchmarks/real_scale.py pack: tokenizer/, corpus.tar
 CORPUS_BYTES = 8 * 2**20
 PRESETS = {"composite": "chang2021-small/composite", "absolute": "chang2021-small/absolute"}
 ARMS = (*PRESETS, "bert")
-# each mode's flags of `convattn pretrain`
-MODES = {"eager": (), "compiled": ("--compile",), "graphs": ("--compile-mode", "reduce-overhead")}
+# each mode's torch.compile mode (None: eager), for `convattn pretrain --compile-mode` and BERT's TrainingArguments
+MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
 SAVED = ("input_ids", "token_type_ids", "special_tokens_mask")  # the formatted examples' columns the BERT arm reads
 WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
 
@@ -317,14 +317,14 @@ class Tee(io.TextIOBase):
 # --- the runs ---------------------------------------------------------------------------------------------------
 
 def convattn_argv(row: dict, plan: TrainPlan, data: Corpus, work: Path, output: Path) -> list[str]:
-    steps = plan.steps(row["mode"])
+    steps, compile_mode = plan.steps(row["mode"]), MODES[row["mode"]]
     never = str(10**6)  # no evaluation or checkpoint between the steps; the run's final evaluation and save stay
     return ["pretrain", "--preset", PRESETS[row["arm"]], "--recipe", "chang2021-small",
             "--train-file", str(data.train), *(["--tokenizer", str(data.tokenizer)] if data.tokenizer else []),
             "--cache-dir", str(work / "cache"), "--output-dir", str(output), "--batch-size", str(row["batch"]),
             "--max-steps", str(steps), "--warmup", "1", "--eval-every", never, "--save-every", never,
             "--log-every", str(steps), "--eval-samples", str(plan.eval_samples), "--precision", plan.precision,
-            "--seed", "0", *MODES[row["mode"]], *plan.flags]
+            "--seed", "0", *(["--compile-mode", compile_mode] if compile_mode else []), *plan.flags]
 
 
 def run_convattn(row: dict, plan: TrainPlan, data: Corpus, work: Path, meter: StepMeter) -> None:
@@ -358,6 +358,8 @@ def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
         set_seed,
     )
 
+    from convattn.training.execution import compile_arguments
+
     saved = work / "examples"
     if not (saved / "model.json").exists():
         raise NotMeasured("no convattn run saved its examples before it (the BERT arm trains on them)")
@@ -379,8 +381,7 @@ def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
             weight_decay=0.01, warmup_steps=1, lr_scheduler_type="linear", optim="adamw_torch_fused",
             bf16=plan.precision == "bf16", max_grad_norm=1.0, seed=0, data_seed=0, eval_strategy="no",
             save_strategy="no", logging_steps=steps, report_to="none", disable_tqdm=True,
-            torch_compile=row["mode"] != "eager", torch_compile_mode="reduce-overhead" if row["mode"] == "graphs"
-            else None, include_num_input_tokens_seen="non_padding",
+            **compile_arguments(MODES[row["mode"]]), include_num_input_tokens_seen="non_padding",
             remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=cuda, use_cpu=not cuda)
         collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
         trainer = Trainer(model=model, args=arguments, data_collator=collator, train_dataset=examples,

@@ -174,3 +174,20 @@ def test_the_training_steps_corpus_is_the_kits_wikipedia_text_and_its_tokenizer(
     assert {path.name: path.read_text() for path in data.train.iterdir()} == {"a.txt": "first line\nsecond line\n"}
     with pytest.raises(pretrain_step.NotMeasured, match="no kit at"):
         pretrain_step.corpus(work, rehearse=False, kit=tmp_path / "none")
+
+
+def test_each_training_mode_reaches_convattn_pretrain_and_berts_trainer_as_its_compile_mode(gpu_session, tmp_path):
+    import pretrain_step
+
+    from convattn.cli import build_parser
+    from convattn.commands.arguments import compile_mode_asked
+    from convattn.training.execution import compile_arguments
+
+    data = pretrain_step.Corpus(train=tmp_path / "train", tokenizer=tmp_path / "tokenizer")
+    expected = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
+    for mode, compile_mode in expected.items():
+        row = dict(mode=mode, batch=128, arm="composite")
+        argv = pretrain_step.convattn_argv(row, pretrain_step.GPU_TRAIN, data, tmp_path, tmp_path / "out")
+        assert compile_mode_asked(build_parser().parse_args(argv)) == compile_mode, mode
+        assert compile_arguments(pretrain_step.MODES[mode]) == {
+            "torch_compile": mode != "eager", "torch_compile_mode": "reduce-overhead" if mode == "graphs" else None}
