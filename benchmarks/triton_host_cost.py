@@ -100,15 +100,19 @@ def arms(problem: str) -> dict:
         release(leaves)
         operator.attention_forward(*inputs)[0].backward(grad)
 
-    def runners():
+    def run_forward():
         launch.run_forward(*detached, keep8, None, seed, *options)
+
+    def run_backward():
         launch.run_backward(grad, *detached[:3], out, lse, *detached[3:], keep8, None, seed, *options)
 
+    def runners():
+        run_forward()
+        run_backward()
+
     return {"entry forward + backward": entry, "operator forward + backward": through_operator,
-            "run_forward + run_backward": bare(runners),
-            "run_forward": bare(lambda: launch.run_forward(*detached, keep8, None, seed, *options)),
-            "run_backward": bare(lambda: launch.run_backward(grad, *detached[:3], out, lse, *detached[3:], keep8,
-                                                             None, seed, *options)),
+            "run_forward + run_backward": bare(runners), "run_forward": bare(run_forward),
+            "run_backward": bare(run_backward),
             "fill_defaults of the forward's schema": lambda: fill_defaults(schema, inputs, {})}
 
 
