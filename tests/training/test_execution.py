@@ -14,6 +14,7 @@ from convattn.training.execution import (
     precision_flags,
     recorded_compile_mode,
     resolved_precision,
+    stays_on_cpu,
 )
 
 needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what auto means without a GPU")
@@ -24,6 +25,12 @@ def test_auto_precision_is_fp32_on_cpu_and_bf16_runs_there():
     assert resolved_precision("auto") == "fp32"
     assert precision_flags("bf16") == {"bf16": True, "fp16": False}
     assert precision_flags("fp32") == {"bf16": False, "fp16": False}
+
+
+@needs_cpu_only
+def test_a_cpu_run_is_kept_on_the_cpu_for_bf16_autocast_and_for_several_processes():
+    assert stays_on_cpu(bf16=True) and stays_on_cpu(bf16=False, processes=2)
+    assert not stays_on_cpu(bf16=False)
 
 
 @needs_cpu_only

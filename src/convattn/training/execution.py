@@ -38,6 +38,14 @@ def precision_flags(precision: str) -> dict:
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
+def stays_on_cpu(bf16: bool, processes: int = 1) -> bool:
+    """TrainingArguments' use_cpu: without a GPU, bf16 autocast (the Trainer allows it on the CPU only when told to
+    stay there) and several processes (CPU data parallel over gloo: accelerate decides only when told)."""
+    import torch
+
+    return not torch.cuda.is_available() and (bf16 or processes > 1)
+
+
 def checked_compile_mode(mode: str | None) -> str | None:
     """`mode` if it is one of COMPILE_MODES or None (eager); else one error naming the choices."""
     if mode is not None and mode not in COMPILE_MODES:

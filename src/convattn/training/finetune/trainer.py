@@ -22,7 +22,7 @@ from convattn.console import captured
 from convattn.errors import UsageError, option
 from convattn.files import read_json
 from convattn.runs.finetune import SEED_RUN_FILE
-from convattn.training.execution import COMPILED_PAD_MULTIPLE, compile_arguments, precision_flags
+from convattn.training.execution import COMPILED_PAD_MULTIPLE, compile_arguments, precision_flags, stays_on_cpu
 from convattn.training.finetune.settings import FineTuneSettings, same_settings
 from convattn.training.guards import TrainedSteps
 
@@ -75,7 +75,7 @@ def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int) -> 
         dataloader_pin_memory=torch.cuda.is_available(),
         **compile_arguments(settings.compile),
         **flags,
-        use_cpu=not torch.cuda.is_available() and flags["bf16"],  # the Trainer allows CPU autocast only when told
+        use_cpu=stays_on_cpu(flags["bf16"]),
     )
 
 

@@ -13,7 +13,7 @@ from convattn.console import world_size
 from convattn.electra import ConvAttnForPreTraining
 from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
 from convattn.runs.pretrain import checkpoints_dir
-from convattn.training.execution import compile_arguments, precision_flags
+from convattn.training.execution import compile_arguments, precision_flags, stays_on_cpu
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch
@@ -154,8 +154,6 @@ def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingA
         report_to="none",
         disable_tqdm=False,
         **compile_arguments(options.compile),
-        # several processes without GPUs: CPU data parallel over gloo (accelerate decides only when told)
-        # (bf16 autocast without a GPU: the Trainer only allows it when told to stay on the CPU)
-        use_cpu=not torch.cuda.is_available() and (world_size() > 1 or flags["bf16"]),
+        use_cpu=stays_on_cpu(flags["bf16"], processes=world_size()),
         **flags,
     )
