@@ -68,7 +68,7 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
     arguments = {"forward": lambda: problem.forward_arguments(q, k, v, out, stats),
                  "backward": lambda: problem.backward_arguments(q, k, v, out, stats, stats, out, out, *grads,
                                                                 *accumulators)}[kernel_name]()
-    return arguments, problem.keywords()
+    return arguments, problem.keywords
 
 
 def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int, block_m: int,

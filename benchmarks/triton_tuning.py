@@ -198,9 +198,9 @@ class Session:
         if not self.rehearse:
             tuner = launch.AUTOTUNERS["forward", HEAD_DIM, q.dtype]
             arms["one forward launch (triton Autotuner)"] = lambda: tuner[problem.grid("BLOCK_M")](
-                *args, **problem.keywords())
+                *args, **problem.keywords)
             arms["one forward launch (jitted kernel)"] = lambda: kernels.forward_kernel[
-                problem.grid("BLOCK_M")](*args, **problem.keywords(), BLOCK_M=m, BLOCK_N=n_, num_warps=w,
+                problem.grid("BLOCK_M")](*args, **problem.keywords, BLOCK_M=m, BLOCK_N=n_, num_warps=w,
                                          num_stages=s)
             arms["a 3-argument triton kernel"] = trivial_launch()
         calls = 300 if not self.rehearse else 3

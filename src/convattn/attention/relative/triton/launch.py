@@ -139,8 +139,9 @@ class Problem:
                               HAS_KEEP=keep is not None, VARLEN=self.varlen, DROPOUT=dropout_p > 0,
                               HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
                               PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
-        self.length_bucket = 1 << max(self.seqlen - 1, 0).bit_length()
-        self._keywords = dict(length_bucket=self.length_bucket, **self.constants)
+        # the keyword arguments of every autotuned launch: the constexprs, and length_bucket, the next power of two of
+        # the length, which the kernels ignore and the autotuner keys on (one tuning per bucket, not per length)
+        self.keywords = dict(length_bucket=1 << max(self.seqlen - 1, 0).bit_length(), **self.constants)
 
     def operands(self, q: Tensor) -> list:
         """The pointers every kernel takes after q, k, v: tables, key mask, sequence offsets, dropout's seed (q where
@@ -152,11 +153,6 @@ class Problem:
         """p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query pair: four per 32 keys) and
         heads."""
         return [self.dropout_p, self.scale, self.seqlen, 4 * -(-self.seqlen // 32), self.heads]
-
-    def keywords(self) -> dict:
-        """The constexprs, and length_bucket: the next power of two of the length, which the kernels ignore and the
-        autotuner keys on (one tuning per bucket, not per length)."""
-        return self._keywords
 
     def table_strides(self) -> list[int]:
         return [*strides(self.row_table, self.varlen), *strides(self.key_table, self.varlen), self.keep_stride,
@@ -241,8 +237,8 @@ def multiprocessors(device: torch.device) -> int:
 def launch(kernel: str, problem: Problem, grid, arguments: list) -> None:
     """One launch of an autotuned kernel, through torch.library.wrap_triton: a call torch.compile's tracing sees
     (and inductor launches itself); in eager mode, and under the interpreter, the kernel is called as it is."""
-    torch.library.wrap_triton(autotuned(kernel, problem.head_dim, arguments[0].dtype))[grid](*arguments,
-                                                                                           **problem.keywords())
+    tuned = autotuned(kernel, problem.head_dim, arguments[0].dtype)
+    torch.library.wrap_triton(tuned)[grid](*arguments, **problem.keywords)
 
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
