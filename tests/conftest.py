@@ -33,10 +33,13 @@ def one_thread():
 
 @pytest.fixture
 def step_clock(monkeypatch) -> StepClock:
-    """Time-budget training on a clock the test controls: every step takes 1/8 s (a power of two, so budgets sum
-    exactly), whatever the machine's load."""
-    from convattn.training.pretrain.budget import TrainingClock  # after TRITON_INTERPRET is set
+    """Time-budget training on clocks the test controls, whatever the machine's load: every step takes 1/8 s of
+    compute (a power of two, so budgets sum exactly) and 1/4 s on the wall clock; no step is slowed by other
+    processes."""
+    from convattn.training.pretrain.budget import StepMeter  # after TRITON_INTERPRET is set
 
     clock = StepClock(0.125)
-    monkeypatch.setattr(TrainingClock, "timer", staticmethod(clock))
+    monkeypatch.setattr(StepMeter, "compute", staticmethod(clock))
+    monkeypatch.setattr(StepMeter, "wall", staticmethod(StepClock(0.25)))
+    monkeypatch.setattr(StepMeter, "waiting", staticmethod(lambda: None))
     return clock

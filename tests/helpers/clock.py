@@ -6,7 +6,7 @@ import math
 
 
 class StepClock:
-    """Every training step takes `step_seconds`: `TrainingClock` reads its timer twice a step (when the step begins
+    """Every training step takes `step_seconds`: `StepMeter` reads each clock twice a step (when the step begins
     and when it ends), so the k-th reading is ceil(k / 2) steps in."""
 
     def __init__(self, step_seconds: float):

@@ -32,7 +32,7 @@ ARCHITECTURE_FLAGS = {
 # training flags -> Recipe fields (None on the command line: keep the recipe's value)
 RECIPE_FLAGS = ("objective", "format", "vocab_size", "seq_len", "batch_size", "gradient_accumulation",
                 "learning_rate", "weight_decay", "adam_epsilon", "warmup", "max_grad_norm", "mlm_probability",
-                "max_steps", "time_budget", "eval_every", "save_every", "eval_samples", "seed")
+                "max_steps", "time_budget", "budget_clock", "eval_every", "save_every", "eval_samples", "seed")
 
 
 def user_path(text: str) -> Path:
@@ -127,6 +127,10 @@ def add_training_arguments(group, recipe_help: str, seed: bool = True, recipe_de
                        help="train for this long instead (e.g. 90s, 30m, 2h: training time, evaluation not counted): "
                             "the lr warms up over --warmup of it and decays to 0 at the deadline; with --max-steps, "
                             "whichever ends first")
+    group.add_argument("--budget-clock", choices=("compute", "wall"),
+                       help="what --time-budget counts: compute (CPU seconds per thread, or the GPU's own time: other "
+                            "processes on the machine do not move it) or wall (the wall clock's time, which they do)"
+                            + shown("budget_clock"))
     group.add_argument("--lr", dest="learning_rate", type=float, metavar="X",
                        help="peak learning rate" + shown("learning_rate"))
     group.add_argument("--weight-decay", type=float, metavar="X",

@@ -69,6 +69,8 @@ NOT_A_RUN = "not a run"
 # max_steps of a time-budget run that no step count ends, as its options file said before it said null: the number
 # those files hold, which stays whatever MAX_STEPS (the same number today) becomes
 LEGACY_NO_STEP_LIMIT = 1_000_000_000
+# the clock of a time-budget run recorded before the options file named one (budget_clock): the wall's
+LEGACY_CLOCK = "wall"
 
 
 def recorded_options(file: Path) -> dict | None:
@@ -82,8 +84,12 @@ def recorded_options(file: Path) -> dict | None:
     if saved is not None and not isinstance(saved, dict):
         raise UsageError(f"{file} is damaged or not written by convattn (a JSON {type(saved).__name__}, not the "
                          f"run's options); restore it, or start a new run in another {option('output_dir')}")
-    if saved is not None and saved.get("time_budget") is not None and saved.get("max_steps") == LEGACY_NO_STEP_LIMIT:
-        return {**saved, "max_steps": None}
+    if saved is None:
+        return None
+    if saved.get("time_budget") is not None and saved.get("max_steps") == LEGACY_NO_STEP_LIMIT:
+        saved = {**saved, "max_steps": None}
+    if "budget_clock" not in saved:  # recorded before the budget had a choice of clock: it counted the wall's time
+        saved = {**saved, "budget_clock": LEGACY_CLOCK if saved.get("time_budget") is not None else "compute"}
     return saved
 
 

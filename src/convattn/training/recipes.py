@@ -35,6 +35,7 @@ class Recipe:
     warmup: float = 10000  # steps, or a fraction of max_steps when below 1
     max_steps: int | None = 125000  # None: no step limit (a time-budget run, which its clock ends)
     time_budget: float | None = None  # seconds of training: the schedule follows the clock (pretrain/budget.py)
+    budget_clock: str = "compute"  # what the time budget counts: compute or wall (pretrain/budget.py's CLOCKS)
     max_grad_norm: float = 1.0
     mlm_probability: float = 0.15
     eval_every: int = 5000

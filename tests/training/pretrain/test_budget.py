@@ -108,11 +108,12 @@ def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path,
     out = tmp_path / "run"
     assert main(budget_args(corpus, out, "4s")) == 0
     printed = capsys.readouterr()
-    assert "time budget     4 s of training, reached" in printed.out
-    assert "linear decay to 0 at the deadline" in printed.err
-    # the test's clock: 32 steps of 1/8 s fill the budget, and ten evaluations fall on its grid (every 0.4 s)
-    spent = time_spent(last_checkpoint(out))
-    assert spent == 4.0
+    assert "time budget     4 s of training (compute time), reached; 8 s of steps on the wall clock" in printed.out
+    assert "linear decay to 0 at the deadline" in printed.err and "4 s of training compute time" in printed.err
+    # the test's clocks: 32 steps of 1/8 s of compute fill the budget, and ten evaluations fall on its grid (every
+    # 0.4 s); the wall clock, which the budget does not read, ran 1/4 s a step
+    assert time_spent(last_checkpoint(out)) == {"compute": 4.0, "wall": 8.0}
+    spent = 4.0
     rates = logged_learning_rates(out)
     peak = rates.index(max(rates))
     assert rates[0] == 0.0 and rates[:peak + 1] == sorted(rates[:peak + 1])  # warm-up, then only decay
@@ -120,6 +121,8 @@ def test_a_budget_run_ends_at_its_deadline_with_the_lr_at_zero(corpus, tmp_path,
     evaluations = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in evaluations] == GRID_STEPS
     assert evaluations[-1]["training_seconds"] == spent  # the clock, for compare's figure
+    assert (evaluations[-1]["clock"], evaluations[-1]["training_wall_seconds"]) == ("compute", 8.0)
+    assert evaluations[-1]["step_seconds"] == {"p10": 0.25, "median": 0.25, "p90": 0.25}
     assert (out / "model.safetensors").is_file()
 
 
@@ -135,12 +138,15 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys,
         data={"train_files": [str(corpus / "train.txt")], "eval_files": [str(corpus / "valid.txt")]},
     )
     assert pretrain(options, callbacks=[InterruptAfterSaves(3)]).interrupted
-    assert time_spent(last_checkpoint(out)) == 1.25  # the third evaluation's checkpoint, at step 10
+    assert time_spent(last_checkpoint(out))["compute"] == 1.25  # the third evaluation's checkpoint, at step 10
     capsys.readouterr()
+    # another clock would end the budget elsewhere: a schedule change, refused unless asked for
+    assert main(["pretrain", "--output-dir", str(out), "--resume", "--time-budget", "4s", "--budget-clock", "wall"]) == 2
+    assert "budget_clock: 'compute' -> 'wall'" in capsys.readouterr().err
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0
     printed = capsys.readouterr()
     assert "already spent" in printed.err
-    assert time_spent(last_checkpoint(out)) == 4.0
+    assert time_spent(last_checkpoint(out)) == {"compute": 4.0, "wall": 8.0}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == GRID_STEPS  # the same run as one never stopped
     for clock in ("elapsed_seconds", "training_seconds"):  # both go on after the resume
@@ -179,9 +185,10 @@ def test_compare_gives_every_row_the_same_budget_and_reports_what_it_bought(corp
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("run "))
     assert header.split()[:4] == ["run", "params", "tok/s", "steps"]
     report = (out / "report.md").read_text()
-    assert "Steps reached" in report and "3 s of training (evaluation not counted)" in report
+    assert "Steps reached" in report and "3 s of training compute time (CPU seconds per thread" in report
+    assert "Step time (s): median [p10, p90]" in report and "| 0.25 [0.25, 0.25] | – |" in report
     assert "](perplexity_cost.png)" in report and (out / "perplexity_cost.png").is_file()
     runs = sorted((out / "runs").glob("*/seed0"))
     assert len(runs) == 2
     for run in runs:  # equal time on the test's clock: 24 steps of 1/8 s each
-        assert time_spent(last_checkpoint(run)) == 3.0 and last_checkpoint(run).name == "checkpoint-24"
+        assert time_spent(last_checkpoint(run))["compute"] == 3.0 and last_checkpoint(run).name == "checkpoint-24"

@@ -29,6 +29,10 @@ def test_elapsed_seconds_continues_from_the_checkpoint_after_a_resume(tmp_path):
     assert "training_seconds" not in row  # a step budget has no training clock
 
 
-def test_a_time_budget_run_records_its_training_time(tmp_path):
-    writer = MetricsWriter(tmp_path, TrainingClock(budget=60.0, spent=42.04))
-    assert evaluate(writer, 5)["training_seconds"] == 42.0
+def test_a_time_budget_run_records_its_training_time_on_both_clocks(tmp_path):
+    writer = MetricsWriter(tmp_path, TrainingClock(budget=60.0, spent={"compute": 42.04, "wall": 51.26}))
+    row = evaluate(writer, 5)
+    assert (row["training_seconds"], row["clock"]) == (42.0, "compute")
+    assert (row["training_compute_seconds"], row["training_wall_seconds"]) == (42.0, 51.3)
+    wall = MetricsWriter(tmp_path, TrainingClock(budget=60.0, clock="wall", spent={"compute": 42.04, "wall": 51.26}))
+    assert (evaluate(wall, 6)["training_seconds"], evaluate(wall, 7)["clock"]) == (51.3, "wall")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import read_json, write_json_atomic, write_text_atomic
-from convattn.runs.pretrain import OPTIONS_FILE
+from convattn.runs.pretrain import LEGACY_CLOCK, OPTIONS_FILE
 from convattn.training.compare.cells import (
     TEXT_COLUMNS,
     clear_winner,
@@ -33,7 +33,7 @@ from convattn.training.compare.results import (
     write_metrics_csv,
     write_summary_csv,
 )
-from convattn.training.pretrain.budget import EVALUATIONS, format_duration
+from convattn.training.pretrain.budget import CLOCK_EXPLAINED, CLOCK_WORDS, EVALUATIONS, SLOWED_SHARE, format_duration
 
 # ---------------------------------------------------------------------------------- report
 REPORT_RUNS = "report_runs.json"  # beside a report: the runs it covers
@@ -43,6 +43,19 @@ CURVES_NOTE = ("One line per run: the mean over its finished seeds (all seeds wh
                "end the line at the last step all of them reach.")
 COST_NOTE = ("The same curves against training time (the budget's clock: training steps only, stopped at the "
              "deadline, so the line ends at the reported mean) and against the tokens each seed had seen.")
+
+
+SLOWED_ROW = 0.1  # a run whose steps were slowed this often by other processes is marked in the report
+
+
+def step_spread(spread: dict | None) -> str:
+    return f"{spread['median']:.3g} [{spread['p10']:.3g}, {spread['p90']:.3g}]" if spread else "–"
+
+
+def slowed(share: float | None) -> str:
+    if share is None:
+        return "–"
+    return f"{share:.0%}" + (" (slowed)" if share > SLOWED_ROW else "")
 
 
 def report_dir(options: CompareOptions) -> Path:
@@ -121,8 +134,9 @@ class Report:
         budget = first.get("time_budget")
         warmup = (f"{first['warmup']:.0%} of the {'budget' if budget else 'steps'}" if first["warmup"] < 1
                   else f"{first['warmup']:g} step(s)")
-        length = (f"{format_duration(budget)} of training (evaluation not counted)" if budget
-                  else f"{first['max_steps']:,} steps")
+        clock = self.clock
+        length = (f"{format_duration(budget)} of training {CLOCK_WORDS[clock]} ({CLOCK_EXPLAINED[clock]}; evaluation "
+                  "not counted)" if budget else f"{first['max_steps']:,} steps")
         given = Path(first["tokenizer"]) != (self.options.output_dir / "tokenizer").resolve()
         # the vocabulary built, as the first run's model has it (--vocab-size is what was asked: at most that)
         model = read_json(self.options.run_path(self.results[0].spec, 0) / "config.json") or {}
@@ -154,6 +168,8 @@ class Report:
         columns += ["Encoder params", "Tokens/s", "Train memory (MiB)"]
         if self.timed:
             columns += ["Steps reached", "Tokens seen"]
+        if any(result.step_seconds for result in self.results):
+            columns += ["Step time (s): median [p10, p90]", "Slowed steps"]
         if any(result.cuda_peak for result in self.results):
             columns.append("GPU peak (MiB)")
         columns += ["Eval perplexity (mean ± std)", "Seeds done"]
@@ -172,6 +188,8 @@ class Report:
                 "Tokens/s": number(result.tokens_per_second, 0),
                 "Steps reached": number(result.steps_reached, 0),
                 "Tokens seen": number(result.tokens_seen, 0),
+                "Step time (s): median [p10, p90]": step_spread(result.step_seconds),
+                "Slowed steps": slowed(result.slowed_steps),
                 "Train memory (MiB)": number(estimate.get("total_bytes") and estimate["total_bytes"] / MIB),
                 "GPU peak (MiB)": number(result.cuda_peak and result.cuda_peak / MIB),
                 "Eval perplexity (mean ± std)": mean_std(result.final_perplexity, 2),
@@ -215,6 +233,15 @@ class Report:
             "Encoder params: the encoder without the pretraining head (the tokenizer's vocabulary sets the "
             "embedding size).",
         ]
+        if any(result.step_seconds for result in self.results):
+            notes.append("Step time: the wall time of one training step, the median of each evaluation interval's "
+                         "median over seeds, with the lowest 10th and highest 90th percentile. Slowed steps: the share "
+                         "of training steps whose threads spent more than "
+                         f"{SLOWED_SHARE:.0%} of their time waiting for a CPU that other processes held (Linux's "
+                         "scheduler statistics; – where the system does not say). A row marked 'slowed' shared the "
+                         "machine: its tokens/s and step times are not the model's own"
+                         + (", nor, on the wall clock, its steps reached; the compute clock does not count the wait."
+                            if self.timed else "."))
         if any(result.cuda_peak for result in self.results):
             notes.append("GPU peak: torch.cuda.max_memory_allocated over the training of a run (the highest of its "
                          "seeds trained in one process), mixed precision included.")
@@ -311,5 +338,17 @@ class Report:
         for row, result in zip(rows, self.results, strict=True):
             row += [mean_std(result.downstream_score(column), 1) for column in columns]
         widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
-        return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-                for row in [header, *rows]]
+        lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                 for row in [header, *rows]]
+        shared = [f"{r.spec.name} ({r.slowed_steps:.0%} of steps)" for r in self.results
+                  if r.slowed_steps is not None and r.slowed_steps > SLOWED_ROW]
+        if shared:
+            lines.append(f"slowed by other processes: {', '.join(shared)}: their tok/s are not the models' own"
+                         + ("" if self.timed and self.clock == "compute" else
+                            "; compare them again on a quiet machine"))
+        return lines
+
+    @property
+    def clock(self) -> str:
+        """The clock a time budget counted (every run's)."""
+        return self.run_settings()[0].get("budget_clock") or LEGACY_CLOCK

@@ -65,6 +65,23 @@ class RunResult:
         return statistics.fmean(steps) if steps else None
 
     @property
+    def step_seconds(self) -> dict | None:
+        """The spread of a training step's wall time over every seed's evaluations: the median of their medians,
+        the lowest 10th and the highest 90th percentile (None for runs recorded before steps were timed)."""
+        spreads = [row["step_seconds"] for rows in self.metrics.values() for row in rows if row.get("step_seconds")]
+        if not spreads:
+            return None
+        return {"p10": min(s["p10"] for s in spreads), "median": statistics.median(s["median"] for s in spreads),
+                "p90": max(s["p90"] for s in spreads)}
+
+    @property
+    def slowed_steps(self) -> float | None:
+        """The mean share of training steps that waited for a CPU other processes held (None: not known)."""
+        shares = [row["slowed_steps"] for rows in self.metrics.values() for row in rows
+                  if row.get("slowed_steps") is not None]
+        return statistics.fmean(shares) if shares else None
+
+    @property
     def tokens_seen(self) -> float | None:
         seen = [self.metrics[seed][-1]["tokens_seen"] for seed in self.finished]
         return statistics.fmean(seen) if seen else None

@@ -55,14 +55,15 @@ def steps_trained(checkpoint: Path) -> int | None:
 
 
 class MetricsWriter(TrainerCallback):
-    """metrics.jsonl (one row per evaluation) and perplexity.png, rewritten after each evaluation. A time-budget
-    run (`clock`, a `TrainingClock`) also records its training time."""
+    """metrics.jsonl (one row per evaluation) and perplexity.png, rewritten after each evaluation. With a `meter`
+    (budget.StepMeter) a row also records the training time on both clocks and the spread of the steps since the
+    last row; a time-budget run's meter (a `TrainingClock`) adds the budget's clock and its time."""
 
-    def __init__(self, output_dir: Path, clock=None):
+    def __init__(self, output_dir: Path, meter=None):
         self.path = output_dir / METRICS_FILE
         self.plot_path = output_dir / PLOT_FILE
         self.rows = read_metrics(output_dir)
-        self.clock = clock
+        self.meter = meter
         self._train: list[dict] = []
         self._started = time.perf_counter()
 
@@ -91,8 +92,12 @@ class MetricsWriter(TrainerCallback):
                 "tokens_seen": state.num_input_tokens_seen,
                 "elapsed_seconds": round(time.perf_counter() - self._started, 1),
             }
-            if self.clock is not None:
-                row["training_seconds"] = round(self.clock.spent, 1)
+            if getattr(self.meter, "budget", None) is not None:
+                row |= {"training_seconds": round(self.meter.spent, 1), "clock": self.meter.clock}
+            if self.meter is not None:
+                row |= {"training_wall_seconds": round(self.meter.wall_spent, 1),
+                        "training_compute_seconds": round(self.meter.compute_spent, 1) if self.meter.compute_known
+                        else None, **self.meter.take_interval()}
             row |= {k.removeprefix("eval_"): round(v, 5) for k, v in logs.items()
                     if k.startswith("eval_") and k.removeprefix("eval_") in ("generator_loss", "discriminator_loss",
                                                                              "discriminator_accuracy")}

@@ -47,7 +47,15 @@ from convattn.runs.replace import (
     restore_replaced,
 )
 from convattn.training.guards import TrainedSteps
-from convattn.training.pretrain.budget import EVALUATIONS, TrainingClock, format_duration, time_spent
+from convattn.training.pretrain.budget import (
+    CLOCK_EXPLAINED,
+    CLOCK_WORDS,
+    EVALUATIONS,
+    StepMeter,
+    TrainingClock,
+    format_duration,
+    time_spent,
+)
 from convattn.training.pretrain.callbacks import (
     MetricsWriter,
     PretrainProgress,
@@ -78,8 +86,11 @@ class PretrainSummary:
     corpus: str
     interrupted: bool = False
     already_finished: bool = False
-    budget: float | None = None  # a time-budget run: its budget and the training time spent, in seconds
+    budget: float | None = None  # a time-budget run: its budget, its clock and the training time spent, in seconds
+    clock: str | None = None
     spent: float = 0.0
+    wall_spent: float = 0.0
+    slowed: float | None = None  # the share of this session's steps that other processes slowed (None: not known)
     checkpoint: Path | None = None  # the last complete checkpoint of an interrupted run
 
     def lines(self) -> list[str]:
@@ -98,7 +109,12 @@ class PretrainSummary:
         ]
         if self.budget is not None:
             ended = "reached" if self.spent >= self.budget else f"{self.spent / self.budget:.0%} spent"
-            lines.append(f"  time budget     {format_duration(self.budget)} of training, {ended}")
+            lines.append(f"  time budget     {format_duration(self.budget)} of training ({CLOCK_WORDS[self.clock]}), "
+                         f"{ended}" + (f"; {format_duration(self.wall_spent)} of steps on the wall clock"
+                                       if self.clock != "wall" else ""))
+        if self.slowed:
+            lines.append(f"  outside load    {self.slowed:.0%} of the steps waited for a CPU that other processes held"
+                         + ("; the budget's compute clock does not count that" if self.clock == "compute" else ""))
         if not self.interrupted:
             return [*lines, f"  outputs         {self.output_dir}/ (model + tokenizer, {METRICS_FILE}, {PLOT_FILE}, "
                             f"{TENSORBOARD}/)"]
@@ -133,9 +149,9 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
     recipe, out = options.recipe, options.output_dir
     seq_len = sequence_length(recipe, config)
     args = pretraining_arguments(options, resuming=plan.resume_from is not None)
-    clock = None
-    if recipe.time_budget is not None:
-        clock = TrainingClock(recipe.time_budget, time_spent(plan.resume_from) if plan.resume_from else 0.0)
+    spent = time_spent(plan.resume_from) if plan.resume_from else {}
+    clock = TrainingClock(recipe.time_budget, recipe.budget_clock, spent) if recipe.time_budget is not None else None
+    meter = clock or StepMeter(spent.get("wall", 0.0), spent.get("compute", 0.0))
     say("pretrain", f"{schedule_line(recipe, clock)}; {processes()}")
     say_launch("pretrain")
     with args.main_process_first(desc="preparing data"):
@@ -160,7 +176,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
                                                  "tokenizer": data.tokenizer_fingerprint,
                                                  "vocab_size": len(data.tokenizer)})
         log_to(out)
-    metrics = MetricsWriter(out, clock)
+    metrics = MetricsWriter(out, meter)
     if plan.resume_from is not None and args.process_index == 0:
         metrics.keep_until(checkpoint_step(plan.resume_from))
     throughput = ThroughputMeter()
@@ -171,7 +187,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         model=model, args=args, data_collator=collator, train_dataset=data.train, eval_dataset=data.eval,
         processing_class=data.tokenizer, objective=recipe.objective, throughput=throughput, clock=clock,
         eval_collator=dataclasses.replace(collator, per_example=True) if recipe.objective == "mlm" else None,
-        warmup=recipe.warmup, callbacks=[throughput, trained, metrics, *([clock] if clock else []),
+        warmup=recipe.warmup, callbacks=[throughput, trained, meter, metrics,
                                          DropReplacedRun(out, trained), *callbacks],
     )
     trainer.divergence_hint = (f"start again with a lower --lr (now {recipe.learning_rate:g}) or --overwrite the run "
@@ -209,7 +225,8 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         steps=trainer.state.global_step, first_perplexity=rows[0]["perplexity"] if rows else None,
         final_perplexity=rows[-1]["perplexity"] if rows else None, seconds=time.perf_counter() - started,
         corpus=data.corpus, interrupted=interrupted, checkpoint=checkpoints[-1] if checkpoints else None,
-        budget=recipe.time_budget, spent=clock.spent if clock else 0.0,
+        budget=recipe.time_budget, clock=clock.clock if clock else None, spent=clock.spent if clock else 0.0,
+        wall_spent=meter.wall_spent, slowed=meter.steps_slowed / meter.steps_seen if meter.steps_seen else None,
     )
 
 
@@ -218,7 +235,8 @@ def schedule_line(recipe, clock: TrainingClock | None) -> str:
     if clock is None:
         return (f"schedule: {recipe.max_steps:,} steps of {recipe.batch_size} examples, linear warmup over "
                 f"{warmup_steps(recipe):,} steps to lr {recipe.learning_rate:g}, then linear decay")
-    line = (f"schedule: {format_duration(clock.budget)} of training (evaluation and checkpoints not counted) in "
+    line = (f"schedule: {format_duration(clock.budget)} of training {CLOCK_WORDS[clock.clock]} "
+            f"({CLOCK_EXPLAINED[clock.clock]}; evaluation and checkpoints not counted) in "
             f"steps of {recipe.batch_size} examples, linear warmup over the first {recipe.warmup:.0%} to lr "
             f"{recipe.learning_rate:g}, then linear decay to 0 at the deadline; an evaluation and a checkpoint "
             f"every {format_duration(clock.budget / EVALUATIONS)}")

@@ -32,7 +32,7 @@ from convattn.runs.pretrain import (
     run_state,
 )
 from convattn.training.execution import checked_compile_mode, recorded_compile_mode, resolved_precision
-from convattn.training.pretrain.budget import check_budget, time_spent
+from convattn.training.pretrain.budget import CLOCKS, check_budget, time_spent
 from convattn.training.ranges import MAX_SEED, MAX_STEPS, RANGES
 from convattn.training.recipes import Recipe, warmup_steps
 
@@ -40,7 +40,7 @@ OBJECTIVES = ("mlm", "electra")
 # options that may change between a run and its --resume without changing what is computed
 RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
-SCHEDULE_CHANGES = ("max_steps", "time_budget")
+SCHEDULE_CHANGES = ("max_steps", "time_budget", "budget_clock")
 
 
 def default_cache_dir() -> Path:
@@ -256,6 +256,9 @@ def check_numbers(recipe: Recipe) -> None:
     if recipe.eval_samples is not None and recipe.eval_samples < 1:
         raise UsageError(f"{option('eval_samples')} {recipe.eval_samples} must be at least 1 (leave it out to use "
                          "every eval example)")
+    if recipe.budget_clock not in CLOCKS:
+        raise UsageError(f"{option('budget_clock')} {recipe.budget_clock!r} is not known; choose one of "
+                         f"{', '.join(CLOCKS)}")
     if recipe.time_budget is not None:
         if not (isinstance(recipe.time_budget, int | float) and math.isfinite(recipe.time_budget) and
                 recipe.time_budget > 0):
@@ -341,6 +344,6 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
     if recipe.max_steps is not None and reached > recipe.max_steps:
         raise UsageError(f"{max_steps} {recipe.max_steps} is below step {reached}, which the run in {out} has already "
                          f"reached; give {max_steps} {reached} or more")
-    spent = time_spent(checkpoints[-1])
+    spent = time_spent(checkpoints[-1]).get(recipe.budget_clock, 0.0)
     budget_spent = recipe.time_budget is not None and spent >= recipe.time_budget
     return OutputPlan(resume_from=checkpoints[-1], schedule_ended=reached == recipe.max_steps or budget_spent)

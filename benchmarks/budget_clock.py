@@ -1,0 +1,92 @@
+"""Does `--time-budget` measure the model or the machine? The same `convattn pretrain` time-budget run, alone and
+beside busy processes (each a Python loop holding a core), on the compute clock (the default) and on the wall
+clock, and on the compute clock with OpenMP's threads spinning while they wait (libgomp's default, which the
+command line replaces with sleeping). Each arm is a fresh run in its own folder; the figure is the steps the
+budget bought, as a ratio to the same clock's run alone. Nothing here asserts a time. Rows are appended to
+benchmarks/results/budget_clock.jsonl (command, commit, machine, figures); RESULTS.md presents them.
+
+    python benchmarks/budget_clock.py                     # 25 s budgets, two busy processes
+    python benchmarks/budget_clock.py --budget 10s --busy 1 --arms compute,wall
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# the run of issue 66's report: 2 layers, hidden 128, batch 16 x 128 on the embedded corpus
+RUN = ["--layers", "2", "--hidden", "128", "--batch-size", "16", "--seq-len", "128"]
+# arm -> (the budget's clock, environment added): "spinning" keeps libgomp's own default spin count (300,000)
+ARMS = {"compute": ("compute", {}), "wall": ("wall", {}), "spinning": ("compute", {"GOMP_SPINCOUNT": "300000"})}
+
+
+def busy_processes(count: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def run_arm(arm: str, budget: str, busy: int, folder: Path) -> dict:
+    clock, env = ARMS[arm]
+    out = folder / f"{arm}-busy{busy}"
+    command = [sys.executable, "-m", "convattn", "pretrain", *RUN, "--time-budget", budget, "--budget-clock", clock,
+               "--output-dir", str(out)]
+    load = busy_processes(busy)
+    started = time.perf_counter()
+    try:
+        subprocess.run(command, env={**os.environ, **env}, check=True, capture_output=True, text=True)
+    finally:
+        for process in load:
+            process.kill()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    slowed = [row["slowed_steps"] for row in rows if row.get("slowed_steps") is not None]
+    return {"arm": arm, "clock": clock, "busy": busy, "steps": last["step"],
+            "training_compute_seconds": last["training_compute_seconds"],
+            "training_wall_seconds": last["training_wall_seconds"],
+            "slowed_steps": round(sum(slowed) / len(slowed), 3) if slowed else None,
+            "run_seconds": round(time.perf_counter() - started, 1)}
+
+
+def commit() -> str:
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return found.stdout.strip() or "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", default="25s", help="each run's --time-budget")
+    parser.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded runs")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "budget_clock.jsonl")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    if unknown := set(arms) - set(ARMS):
+        parser.error(f"--arms: unknown {', '.join(sorted(unknown))}; choose from {', '.join(ARMS)}")
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run([sys.executable, "-m", "convattn", "pretrain", *RUN, "--max-steps", "1", "--output-dir",
+                        str(Path(folder) / "warm")], check=True, capture_output=True)  # the corpus' cache, once
+        figures = []
+        for arm in arms:
+            alone = run_arm(arm, args.budget, 0, Path(folder))
+            loaded = run_arm(arm, args.budget, args.busy, Path(folder))
+            loaded["steps_vs_alone"] = round(loaded["steps"] / alone["steps"], 3)
+            figures += [alone, loaded]
+            print(json.dumps(alone), json.dumps(loaded), sep="\n", flush=True)
+    row = {"benchmark": "budget_clock", "command": shlex.join(["python", "benchmarks/budget_clock.py", *sys.argv[1:]]),
+           "commit": commit(), "machine": machine, "date": time.strftime("%Y-%m-%d"), "budget": args.budget,
+           "figures": figures}
+    with args.output.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
