@@ -95,6 +95,10 @@ def add_data_arguments(group, recipe_defaults: bool = True) -> None:
     group.add_argument("--eval-file", nargs="+", action="extend", default=[], type=os.path.expanduser, metavar="PATH",
                        help="held-out text (default: the dataset's validation split, or the last 1%% of the train "
                             "text up to 5000 lines)")
+    group.add_argument("--allow-eval-overlap", action="store_true",
+                       help="score on --eval-file text that is also training text (refused otherwise: the same "
+                            "file, a link to it, a copy, or mostly training lines); the run's record and report "
+                            "then say 'eval text is training text'")
     group.add_argument("--tokenizer", metavar="DIR", type=os.path.expanduser,
                        help="use this tokenizer directory (ours or any HF one) instead of training one")
     group.add_argument("--vocab-size", type=int, metavar="N",

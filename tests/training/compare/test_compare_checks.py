@@ -144,3 +144,13 @@ def options_of(argv: list[str]) -> dict:
 
     options = compare_options(build_parser().parse_args(argv), grid_from_presets(PRESETS), Path("unused"))
     return run_options(options, options.grid.runs[0], 0).to_json()
+
+
+def test_eval_text_that_is_training_text_is_refused_before_any_run(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = compare_args(corpus, out)
+    args[args.index(str(corpus / "valid.txt"))] = str(corpus / "train.txt")
+    assert main(args) == 2
+    one_error_line(capsys.readouterr().err, "compare", f"--eval-file {corpus / 'train.txt'} is the same file as "
+                   f"--train-file {corpus / 'train.txt'}", "eval text is training text", "--allow-eval-overlap")
+    assert not out.exists()

@@ -81,3 +81,16 @@ def test_one_step_trains_and_a_run_that_took_no_step_above_learning_rate_0_is_no
                               *SHORT)) == 2
     one_error_line(capsys.readouterr().err, "pretrain", "none at a learning rate above 0")
     assert files(out) == before
+
+
+@pytest.mark.parametrize("evaluated", ["the file", "a link", "its folder"])
+def test_eval_text_that_is_training_text_is_refused_naming_both(corpus, tmp_path, capsys, evaluated):
+    link = tmp_path / "valid-link.txt"
+    link.symlink_to(corpus / "train.txt")
+    given = {"the file": corpus / "train.txt", "a link": link, "its folder": corpus}[evaluated]
+    args = tiny_args(corpus, tmp_path / "out")
+    args[args.index(str(corpus / "valid.txt"))] = str(given)
+    assert main(args) == 2
+    one_error_line(capsys.readouterr().err, "pretrain", f"--eval-file {given}", f"--train-file {corpus / 'train.txt'}",
+                   "eval text is training text", "--allow-eval-overlap")
+    assert not (tmp_path / "out").exists()

@@ -81,6 +81,7 @@ class PretrainSummary:
     budget: float | None = None  # a time-budget run: its budget and the training time spent, in seconds
     spent: float = 0.0
     checkpoint: Path | None = None  # the last complete checkpoint of an interrupted run
+    eval_overlap: str | None = None  # eval text that is training text (--allow-eval-overlap): said with the score
 
     def lines(self) -> list[str]:
         if self.already_finished:
@@ -94,7 +95,7 @@ class PretrainSummary:
             f"  corpus          {self.corpus}",
             f"  parameters      {self.parameters:,}",
             f"  tokens seen     {self.tokens_seen:,}",
-            f"  eval perplexity {ppl}",
+            f"  eval perplexity {ppl}" + (f" ({self.eval_overlap})" if self.eval_overlap else ""),
         ]
         if self.budget is not None:
             ended = "reached" if self.spent >= self.budget else f"{self.spent / self.budget:.0%} spent"
@@ -158,7 +159,9 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         if plan.resume_from is None:
             write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint,
                                                  "tokenizer": data.tokenizer_fingerprint,
-                                                 "vocab_size": len(data.tokenizer)})
+                                                 "vocab_size": len(data.tokenizer),
+                                                 **({"eval_overlap": data.eval_overlap} if data.eval_overlap
+                                                    else {})})
         log_to(out)
     metrics = MetricsWriter(out, clock)
     if plan.resume_from is not None and args.process_index == 0:
@@ -209,7 +212,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         steps=trainer.state.global_step, first_perplexity=rows[0]["perplexity"] if rows else None,
         final_perplexity=rows[-1]["perplexity"] if rows else None, seconds=time.perf_counter() - started,
         corpus=data.corpus, interrupted=interrupted, checkpoint=checkpoints[-1] if checkpoints else None,
-        budget=recipe.time_budget, spent=clock.spent if clock else 0.0,
+        budget=recipe.time_budget, spent=clock.spent if clock else 0.0, eval_overlap=data.eval_overlap,
     )
 
 

@@ -38,7 +38,9 @@ from convattn.training.recipes import Recipe, warmup_steps
 
 OBJECTIVES = ("mlm", "electra")
 # options that may change between a run and its --resume without changing what is computed
-RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
+# (allow_eval_overlap only permits: the text read is held against the run's record by content)
+RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile",
+                     "allow_eval_overlap")
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
 SCHEDULE_CHANGES = ("max_steps", "time_budget")
 
@@ -57,6 +59,7 @@ class PretrainOptions:
     dataset_config: str | None = None
     train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
+    allow_eval_overlap: bool = False  # score on eval text that is training text (recorded: EVAL_IS_TRAIN)
     tokenizer: str | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
     precision: str = "auto"
