@@ -152,10 +152,14 @@ def add_execution_arguments(group) -> None:
     group.add_argument("--precision", choices=PRECISIONS, default="auto",
                        help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU; bf16 also runs on CPU (autocast)")
     group.add_argument("--compile", action="store_true",
-                       help="torch.compile the model (same results; faster on GPUs, the first steps slower)")
+                       help="torch.compile the model (faster on GPUs, the first steps slower): the same "
+                            "computation, but with dropout on, the same --seed gives other losses than eager (on "
+                            "CPU only where eager runs a batch padding-free, or fine-tuning pads it to a multiple of "
+                            "64; on a GPU everywhere); the run says so and records it")
     group.add_argument("--compile-mode", choices=COMPILE_MODES,
                        help="torch.compile's mode, implies --compile: default; reduce-overhead replays each step as "
-                            "CUDA graphs, the host out of it (GPUs; one graph per batch shape); max-autotune also "
+                            "CUDA graphs, the host out of it (GPUs; one graph per batch shape; without a GPU it "
+                            "runs as default, and says so); max-autotune also "
                             "times inductor's kernel choices (minutes more to compile)")
 
 

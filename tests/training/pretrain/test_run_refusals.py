@@ -24,6 +24,11 @@ SHORT = ["--eval-every", "1", "--save-every", "1"]
 REFUSED = [
     ({"RANK": "1"}, [], "RANK=1 is set, but this process runs alone (WORLD_SIZE is unset)"),
     ({"RANK": "3", "WORLD_SIZE": "1"}, [], "RANK=3 is set, but this process runs alone (WORLD_SIZE is 1)"),
+    ({"WORLD_SIZE": "0"}, [], "WORLD_SIZE='0' is not a number of processes (a whole number, at least 1)"),
+    ({"WORLD_SIZE": "two"}, [], "WORLD_SIZE='two' is not a number of processes"),
+    ({"RANK": "first"}, [], "RANK='first' is not a process number (a whole number, at least 0)"),
+    ({"LOCAL_RANK": "1"}, [], "LOCAL_RANK=1 is set, but this process runs alone (WORLD_SIZE is unset)"),
+    ({"RANK": "4", "WORLD_SIZE": "2"}, [], "RANK=4 is not below WORLD_SIZE=2"),
     ({}, ["--set", "relative_reach=1000000000"], "parameters (100% of them from relative_reach 1000000000)"),
     ({}, ["--set", "relative_reach=100000000"], "at least 4,800,496,504 parameters (100% of them from relative_reach"),
     ({}, ["--set", "value_depthwise_conv=true", "--set", "relative_reach=50000000"],
