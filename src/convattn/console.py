@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from convattn.errors import UsageError
 from convattn.files import append_text, check_plain_file
 
 LOG_FILE = "log.txt"
@@ -23,12 +24,47 @@ CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go 
 def main_process() -> bool:
     """Rank 0 of a multi-process run, or a process that runs alone (whatever RANK a former launch left set): the one
     that prints, takes the run folder's lock and writes it."""
-    return int(os.environ.get("RANK", "0")) == 0 or world_size() == 1
+    return launch_number("RANK", 0) == 0 or world_size() == 1
 
 
 def world_size() -> int:
     """The processes that joined this run (torch's launchers set WORLD_SIZE; 1 without one)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return launch_number("WORLD_SIZE", 1)
+
+
+def launch_number(name: str, unset: int) -> int:
+    """The launcher's variable `name` (RANK, WORLD_SIZE, LOCAL_RANK) as a number (`unset` where it is not set); one
+    line naming it where it is not a count a launcher sets (WORLD_SIZE=0, RANK=one)."""
+    value = os.environ.get(name)
+    if value is None:
+        return unset
+    least = 1 if name == "WORLD_SIZE" else 0
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = least - 1
+    if number < least:
+        raise UsageError(f"{name}={value!r} is not a {'number of processes' if least else 'process number'} (a whole "
+                         f"number, at least {least}), as a launcher sets it: a leftover or a typo; unset it (e.g. "
+                         f"env -u {name} convattn ...) to run one process, or start several with torchrun "
+                         "--nproc-per-node N")
+    return number
+
+
+def check_launch_environment() -> None:
+    """The launcher's variables a process reads, each a number, and none left over from another launch: a
+    LOCAL_RANK without WORLD_SIZE would make the Trainer join a process group that no launcher started."""
+    size = world_size()
+    launch_number("RANK", 0)
+    local_rank = launch_number("LOCAL_RANK", 0)
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" not in os.environ:
+        raise UsageError(f"LOCAL_RANK={local_rank} is set, but this process runs alone (WORLD_SIZE is unset): a "
+                         "leftover of another launch; unset LOCAL_RANK (e.g. env -u LOCAL_RANK convattn ...), or "
+                         "start several processes with torchrun --nproc-per-node N")
+    if size > 1 and launch_number("RANK", 0) >= size:
+        raise UsageError(f"RANK={os.environ['RANK']} is not below WORLD_SIZE={size}: a leftover of another launch; "
+                         "unset RANK and WORLD_SIZE (e.g. env -u RANK -u WORLD_SIZE convattn ...), or start several "
+                         "processes with torchrun --nproc-per-node N")
 
 
 def processes() -> str:

@@ -228,6 +228,19 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
 UNPAD_BELOW_REAL_FRACTION = {"cpu": 0.9}
 
 
+def check_in_table(name: str, ids: Tensor | None, size: int, field: str) -> None:
+    """Ids that index an embedding table lie inside it (outside, the CPU's lookup is a bare IndexError). Checked on
+    CPU only: on a GPU reading the range would wait for the device twice a forward (there a bad id is a device
+    assert)."""
+    if ids is None or ids.numel() == 0 or ids.device.type != "cpu":
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds {bad}, outside the model's {size} rows ({field}={size}): give ids in "
+                         f"0..{size - 1} (tokenized for this model; a single segment has token type 0, a pair 0 and 1)")
+
+
 class ConvAttnModel(ConvAttnPreTrainedModel):
     """The bare encoder: embeddings -> [Linear(E -> H) if E != H] -> L layers.
 
@@ -329,6 +342,9 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         batch, n = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
         device = input_ids.device if input_ids is not None else inputs_embeds.device
+        if n == 0:
+            raise ValueError(f"the batch holds no tokens (inputs of shape ({batch}, 0)): an empty flattened row or "
+                             "only empty examples; give every batch at least one token")
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -336,6 +352,9 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
         packed = flattened_sequences(
             batch, n, device, position_ids, attention_mask, token_type_ids, cu_seq_lens_q, cu_seq_lens_k,
             max_length_q, max_length_k, max_position=self.max_position)
+        if not is_tracing():
+            check_in_table("input_ids", input_ids, self.config.vocab_size, "vocab_size")
+            check_in_table("token_type_ids", token_type_ids, self.config.type_vocab_size, "type_vocab_size")
         if packed is not None:
             if not self.takes_packed_sequences:
                 raise ValueError(

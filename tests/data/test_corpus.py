@@ -55,8 +55,10 @@ def test_local_corpus_holds_out_the_tail_without_eval_file(tmp_path):
     write(tmp_path / "t.txt", "".join(f"line {i}\n\n" for i in range(300)))
     corpus = load_corpus(None, None, [str(tmp_path / "t.txt")], [], tmp_path / "cache")
     assert len(corpus.train) == 297 and corpus.eval["text"] == ["line 297", "line 298", "line 299"]
-    with_eval = load_corpus(None, None, [str(tmp_path / "t.txt")], [str(tmp_path / "t.txt")], tmp_path / "cache")
+    with_eval = load_corpus(None, None, [str(tmp_path / "t.txt")], [str(tmp_path / "t.txt")], tmp_path / "cache",
+                            allow_eval_overlap=True)
     assert len(with_eval.train) == len(with_eval.eval) == 300 and with_eval.identity != corpus.identity
+    assert with_eval.eval_overlap.startswith("eval text is training text")
 
 
 def test_unreachable_hub_dataset_is_one_line_pointing_at_local_files(tmp_path):
@@ -132,7 +134,8 @@ def test_an_over_long_line_is_read_in_bounded_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "MAX_ROW_CHARS", 1000)
     words = [f"word{i}" for i in range(60_000)]  # one line of about 500,000 characters
     write(tmp_path / "t.txt", "short first line\n" + " ".join(words) + "\n" + "z" * 2500 + "\nlast line")
-    data = load_corpus(None, None, [str(tmp_path / "t.txt")], [str(tmp_path / "t.txt")], tmp_path / "cache")
+    data = load_corpus(None, None, [str(tmp_path / "t.txt")], [str(tmp_path / "t.txt")], tmp_path / "cache",
+                       allow_eval_overlap=True)
     rows = data.train["text"]
     assert rows[0] == "short first line" and rows[-1] == "last line" and rows[-4:-1] == ["z" * 1000] * 2 + ["z" * 500]
     assert max(map(len, rows)) <= 1000 and " ".join(rows[1:-4]).split() == words
@@ -143,7 +146,7 @@ def test_rows_match_the_datasets_text_loader(tmp_path):
     write(tmp_path / "a.txt", text)
     write(tmp_path / "b.txt", "another file\n")
     files = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
-    ours = load_corpus(None, None, files, files, tmp_path / "cache").train["text"]
+    ours = load_corpus(None, None, files, files, tmp_path / "cache", allow_eval_overlap=True).train["text"]
     theirs = datasets.load_dataset("text", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))["text"]
     assert ours == [row for row in theirs if row.strip()]
 
@@ -153,7 +156,75 @@ WIKITEXT_VALID = Path("/work/shared/data/wikitext-103-raw/wiki.valid.raw")
 
 @pytest.mark.skipif(not WIKITEXT_VALID.is_file(), reason=f"real data not present: {WIKITEXT_VALID}")
 def test_wikitext_rows_match_the_datasets_text_loader(tmp_path):
-    ours = load_corpus(None, None, [str(WIKITEXT_VALID)], [str(WIKITEXT_VALID)], tmp_path / "cache").train["text"]
+    ours = load_corpus(None, None, [str(WIKITEXT_VALID)], [str(WIKITEXT_VALID)], tmp_path / "cache",
+                       allow_eval_overlap=True).train["text"]
     theirs = datasets.load_dataset("text", data_files=[str(WIKITEXT_VALID)], split="train",
                                    cache_dir=str(tmp_path / "hf"))["text"]
     assert list(ours) == [row for row in theirs if row.strip()] and len(ours) > 2000
+
+
+# ---------------------------------------------------------------------------------- what a run trains and scores on
+def overlap_cases(tmp_path):
+    """(train patterns, eval patterns) whose eval text is training text."""
+    text = "".join(f"line {i} of the training text\n" for i in range(40))
+    train = write(tmp_path / "corpus" / "train.txt", text)
+    write(tmp_path / "corpus" / "more.txt", "other lines\nof text\n")
+    copy = write(tmp_path / "copy.txt", text)
+    (tmp_path / "link.txt").symlink_to(train)
+    mostly = write(tmp_path / "mostly.txt", text + "one new line\n")
+    return {
+        "the same file": ([str(train)], [str(train)]),
+        "a link to it": ([str(train)], [str(tmp_path / "link.txt")]),
+        "a copy": ([str(train)], [str(copy)]),
+        "inside a train folder": ([str(tmp_path / "corpus")], [str(train)]),
+        "a folder holding it": ([str(train)], [str(tmp_path / "corpus")]),
+        "a glob": ([str(train)], [str(tmp_path / "corpus" / "*.txt")]),
+        "mostly its lines": ([str(train)], [str(mostly)]),
+    }
+
+
+@pytest.mark.parametrize("case", ["the same file", "a link to it", "a copy", "inside a train folder",
+                                  "a folder holding it", "a glob", "mostly its lines"])
+def test_eval_text_that_is_training_text_is_refused_naming_both(tmp_path, case):
+    train, evaluation = overlap_cases(tmp_path)[case]
+    with pytest.raises(UsageError) as err:
+        load_corpus(None, None, train, evaluation, tmp_path / "cache")
+    message = str(err.value)
+    assert "eval text is training text" in message and "`allow_eval_overlap`" in message and "\n" not in message
+    assert "`eval_file`" in message and str(tmp_path) in message
+    allowed = load_corpus(None, None, train, evaluation, tmp_path / "cache", allow_eval_overlap=True)
+    assert allowed.eval_overlap.startswith("eval text is training text")
+    assert any("--allow-eval-overlap" in note for note in allowed.notes)
+
+
+def test_eval_overlap_is_refused_before_anything_is_read(tmp_path):
+    from convattn.data.corpus import check_text_flags
+
+    train, evaluation = overlap_cases(tmp_path)["a link to it"]
+    with pytest.raises(UsageError, match="the same file as `train_file`"):
+        check_text_flags(train, evaluation)
+    check_text_flags(train, evaluation, allow_eval_overlap=True)
+
+
+def test_a_few_shared_eval_lines_are_counted_not_refused(tmp_path):
+    train = write(tmp_path / "train.txt", "= References =\n" + "".join(f"train line {i}\n" for i in range(20)))
+    valid = write(tmp_path / "valid.txt", "= References =\n" + "".join(f"eval line {i}\n" for i in range(9)))
+    corpus = load_corpus(None, None, [str(train)], [str(valid)], tmp_path / "cache")
+    assert corpus.eval_overlap is None
+    assert corpus.notes == ["eval: 1 of the 10 eval lines (10%) are also in the training text (repeated lines such "
+                            "as headings); the eval perplexity includes them"]
+
+
+def test_training_files_are_read_once_by_path_and_content(tmp_path):
+    a = write(tmp_path / "corpus" / "a.txt", "first file\n")
+    write(tmp_path / "corpus" / "b.txt", "second file\n")
+    (tmp_path / "corpus" / "c.txt").symlink_to(a)  # a folder holding a link to one of its own files
+    copy = write(tmp_path / "copy.txt", "first file\n")
+    corpus = load_corpus(None, None, [str(tmp_path / "corpus"), str(a), str(tmp_path / "corpus" / "*.txt"),
+                                      str(copy)], [], tmp_path / "cache")
+    assert sorted([*corpus.train["text"], *corpus.eval["text"]]) == ["first file", "second file"]
+    assert corpus.description.startswith("2 file(s)")
+    [note] = corpus.notes
+    assert note.startswith("--train-file: 6 duplicate file(s) read once, not twice: ")
+    assert f"{tmp_path / 'corpus' / 'c.txt'} (the same file as {a})" in note and "\n" not in note
+    assert not load_corpus(None, None, [str(a), str(tmp_path / "corpus" / "b.txt")], [], tmp_path / "cache").notes

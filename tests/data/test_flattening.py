@@ -219,6 +219,15 @@ NOT_FLATTENED = [
     ("a padded example", lambda es: [es[0], dict(es[1], attention_mask=[1] * (len(es[1]["input_ids"]) - 1) + [0]),
                                      es[2]],
      r"example 1 is padded \(its attention_mask holds 0s\)"),
+    ("embeddings, not ids", lambda es: [{"inputs_embeds": torch.randn(4, 16)}],
+     r"example 0 has no input_ids \(it carries inputs_embeds\): FlatteningCollator flattens token ids"),
+    ("a batch of one as the tokenizer's tensors", lambda es: [{k: torch.tensor([v]) for k, v in e.items()} for e in es],
+     r"input_ids of example 0 has shape \(1, \d+\), a batch, not one example: tokenize without "
+     r"return_tensors=\"pt\""),
+    ("a batch of one as lists", lambda es: [es[0], {k: [v] for k, v in es[1].items()}],
+     r"input_ids of example 1 has shape \(1, \d+\), a batch"),
+    ("a class name for a label", lambda es: [dict(e, label="positive") for e in es],
+     r"the label of example 0 is text \('positive'\), not a class number"),
 ]
 
 
@@ -283,3 +292,22 @@ def test_a_masked_batch_with_few_scored_tokens_that_all_kept_their_token_still_t
         model(input_ids=ids, position_ids=positions, labels=ids)
     assert torch.isfinite(model.eval()(input_ids=ids, position_ids=positions, labels=ids).loss)
     assert torch.isfinite(model.train()(input_ids=ids, labels=ids).loss)  # padded: a test's or benchmark's batch
+
+
+def test_masking_by_a_collator_that_does_not_mask_is_refused(tokenizer):
+    with pytest.raises(ValueError, match=r"has mlm=False .* give one with mlm=True, or leave masking out"):
+        FlatteningCollator(masking=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+
+
+@pytest.mark.parametrize(("batch", "message"), [
+    (lambda es: FlatteningCollator()([dict(e, token_type_ids=[2] * len(e["input_ids"])) for e in es]),
+     r"token_type_ids holds 2, outside the model's 2 rows \(type_vocab_size=2\): give ids in 0..1"),
+    (lambda es: {"input_ids": torch.tensor([[5, 500, 6]])}, r"input_ids holds 500, outside the model's \d+ rows"),
+    (lambda es: {"input_ids": torch.zeros(1, 0, dtype=torch.long), "position_ids": torch.zeros(1, 0, dtype=torch.long)},
+     r"the batch holds no tokens \(inputs of shape \(1, 0\)\): an empty flattened row"),
+])
+def test_a_batch_the_model_cannot_embed_is_one_line_naming_the_field(tokenizer, batch, message):
+    model = tiny_model(tokenizer)
+    with pytest.raises(ValueError, match=message) as refused:
+        model(**batch(pair_examples(tokenizer)[:3]))
+    assert "\n" not in str(refused.value)

@@ -94,3 +94,30 @@ def test_the_commands_take_the_mode(tmp_path):
         assert compile_mode_asked(args) == "reduce-overhead" and args.precision == "bf16"
         assert compile_mode_asked(parser.parse_args([*command, "--compile"])) == "default"
         assert compile_mode_asked(parser.parse_args(command)) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what compiling changes without a GPU")
+def test_compiling_on_cpu_draws_dropout_as_eager_and_says_what_still_differs(capsys):
+    import torch._inductor.config
+
+    from convattn.training import execution
+    from convattn.training.pretrain.options import COMPILE_DIFFERENCE
+    from convattn.training.pretrain.resolve import resolve_options
+
+    with torch._inductor.config.patch(fallback_random=False):
+        execution._SAID.clear()
+        assert compile_arguments("default", "pretrain") == {"torch_compile": True, "torch_compile_mode": None}
+        assert torch._inductor.config.fallback_random  # dropout from eager's generator: same seed, same masks
+        [line] = capsys.readouterr().err.splitlines()
+        assert line == f"convattn pretrain: --compile: {execution.compile_difference('default')}"
+        assert "runs padding-free in eager mode and padded when compiled" in line
+        for _ in range(2):  # fine-tuning builds its arguments once a seed: each line said once (the first was)
+            compile_arguments("reduce-overhead", "glue")
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "convattn glue: --compile-mode reduce-overhead replays CUDA graphs, and this machine has no GPU: it runs "
+            "as default")
+    options = resolve_options(preset="chang2021-small/composite", training={"max_steps": 10}, compile="default")
+    assert options.to_json()[COMPILE_DIFFERENCE] == execution.compile_difference("default")
+    assert COMPILE_DIFFERENCE not in resolve_options(preset="chang2021-small/composite",
+                                                     training={"max_steps": 10}).to_json()

@@ -95,6 +95,10 @@ def add_data_arguments(group, recipe_defaults: bool = True) -> None:
     group.add_argument("--eval-file", nargs="+", action="extend", default=[], type=os.path.expanduser, metavar="PATH",
                        help="held-out text (default: the dataset's validation split, or the last 1%% of the train "
                             "text up to 5000 lines)")
+    group.add_argument("--allow-eval-overlap", action="store_true",
+                       help="score on --eval-file text that is also training text (refused otherwise: the same "
+                            "file, a link to it, a copy, or mostly training lines); the run's record and report "
+                            "then say 'eval text is training text'")
     group.add_argument("--tokenizer", metavar="DIR", type=os.path.expanduser,
                        help="use this tokenizer directory (ours or any HF one) instead of training one")
     group.add_argument("--vocab-size", type=int, metavar="N",
@@ -152,10 +156,14 @@ def add_execution_arguments(group) -> None:
     group.add_argument("--precision", choices=PRECISIONS, default="auto",
                        help="auto: bf16 (or fp16) on GPUs that have it, fp32 on CPU; bf16 also runs on CPU (autocast)")
     group.add_argument("--compile", action="store_true",
-                       help="torch.compile the model (same results; faster on GPUs, the first steps slower)")
+                       help="torch.compile the model (faster on GPUs, the first steps slower): the same "
+                            "computation, but with dropout on, the same --seed gives other losses than eager (on "
+                            "CPU only where eager runs a batch padding-free, or fine-tuning pads it to a multiple of "
+                            "64; on a GPU everywhere); the run says so and records it")
     group.add_argument("--compile-mode", choices=COMPILE_MODES,
                        help="torch.compile's mode, implies --compile: default; reduce-overhead replays each step as "
-                            "CUDA graphs, the host out of it (GPUs; one graph per batch shape); max-autotune also "
+                            "CUDA graphs, the host out of it (GPUs; one graph per batch shape; without a GPU it "
+                            "runs as default, and says so); max-autotune also "
                             "times inductor's kernel choices (minutes more to compile)")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from convattn.commands.arguments import (
@@ -75,12 +74,13 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from convattn.console import main_process
     from convattn.training.pretrain import pretrain
 
     options = options_from_args(args)
     prepare_training_process()
     summary = pretrain(options)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if main_process():
         print("\n".join(summary.lines()), file=sys.stderr if summary.interrupted else sys.stdout)
     return 130 if summary.interrupted else 0
 

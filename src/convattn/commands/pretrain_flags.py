@@ -73,4 +73,5 @@ def data_options(args: argparse.Namespace) -> dict:
     return dict(dataset=args.dataset, dataset_config=dataset_config,
                 train_files=[os.path.abspath(p) for p in args.train_file],
                 eval_files=[os.path.abspath(p) for p in args.eval_file], tokenizer=tokenizer,
+                allow_eval_overlap=args.allow_eval_overlap,
                 cache_dir=args.cache_dir or default_cache_dir())

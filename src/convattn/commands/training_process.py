@@ -12,7 +12,10 @@ def _stop_on_sigterm(signum, frame):
 
 
 def prepare_training_process() -> None:
-    """Make a kill (SIGTERM) stop like Ctrl-C: checkpoints stay intact, and an --overwrite gives the old results back
-    at once."""
+    """Refuse a launcher's variables left over from another launch (`check_launch_environment`), and make a kill
+    (SIGTERM) stop like Ctrl-C: checkpoints stay intact, and an --overwrite gives the old results back at once."""
+    from convattn.console import check_launch_environment
+
+    check_launch_environment()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)

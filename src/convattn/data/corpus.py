@@ -27,14 +27,14 @@ import sys
 import sysconfig
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 
 from convattn.data.cache import cache_entry, check_cache_dir
 from convattn.data.hub_access import load_hub_dataset
-from convattn.errors import UsageError, option
+from convattn.errors import UsageError, listed, option
 from convattn.runs.folder import LOCK_FILE
 from convattn.runs.pretrain import FINAL_MODEL, OPTIONS_FILE
 
@@ -49,40 +49,54 @@ RUN_RECORDS = (OPTIONS_FILE, LOCK_FILE, FINAL_MODEL)
 MAX_ROW_CHARS = 100_000  # longer lines are split at whitespace into pieces of at most this many characters
 
 
+EVAL_IS_TRAIN = "eval text is training text"  # what a run's record and report say when it is allowed
+# eval text refused as training text: more than this fraction of its lines are training lines
+EVAL_OVERLAP_REFUSED = 0.5
+
+
 @dataclass
 class Corpus:
     train: datasets.Dataset
     eval: datasets.Dataset
     identity: str  # changes whenever the text can change (cache key)
     description: str
+    notes: list[str] = field(default_factory=list)  # what the run should say it did to the text (one line each)
+    eval_overlap: str | None = None  # allowed eval text that is training text: EVAL_IS_TRAIN and how much
 
 
 # ---------------------------------------------------------------------------------- local files
 def resolve_text_files(patterns: list[str], flag: str = "--train-file") -> list[Path]:
     """Expand files, directories (recursively, hidden files skipped) and globs, in sorted order."""
-    files: list[Path] = []
-    for pattern in patterns:
-        path = Path(pattern).expanduser()
-        if path.is_dir():
-            found = _files_under(path, flag)
-            if not found:
-                raise UsageError(f"{flag} {pattern}: the directory has no files; point at text files")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        elif glob.has_magic(pattern):
-            found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
-            if not found:
-                raise UsageError(f"{flag} {pattern}: the pattern matches no files")
-            files.extend(found)
-        elif path.exists():
-            raise UsageError(f"{flag} {pattern}: not a regular file (a FIFO, socket or device); give text files or a "
-                             "directory of them")
-        else:
-            raise UsageError(f"{flag} {pattern}: no such file or directory")
-    for file in files:
+    return [file for file, _ in _sourced_text_files(patterns, flag)]
+
+
+def _sourced_text_files(patterns: list[str], flag: str) -> list[tuple[Path, str]]:
+    """`resolve_text_files`, each file with the pattern that named it."""
+    files = [(file, pattern) for pattern in patterns for file in _pattern_files(pattern, flag)]
+    for file, _ in files:
         check_text_file(file, flag)
     return files
+
+
+def _pattern_files(pattern: str, flag: str) -> list[Path]:
+    """The files one --train-file / --eval-file value names: a file, a directory's files or a glob's."""
+    path = Path(pattern).expanduser()
+    if path.is_dir():
+        found = _files_under(path, flag)
+        if not found:
+            raise UsageError(f"{flag} {pattern}: the directory has no files; point at text files")
+        return found
+    if path.is_file():
+        return [path]
+    if glob.has_magic(pattern):
+        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not found:
+            raise UsageError(f"{flag} {pattern}: the pattern matches no files")
+        return found
+    if path.exists():
+        raise UsageError(f"{flag} {pattern}: not a regular file (a FIFO, socket or device); give text files or a "
+                         "directory of them")
+    raise UsageError(f"{flag} {pattern}: no such file or directory")
 
 
 def _files_under(directory: Path, flag: str) -> list[Path]:
@@ -166,11 +180,6 @@ def content_digest(path: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def _files_identity(files: list[Path]) -> str:
-    """The files' contents, in order (the same text wherever it lies keys the same cache entries)."""
-    return ";".join(content_digest(f) for f in files)
-
-
 # ---------------------------------------------------------------------------------- bounded rows
 _LAST_WHITESPACE = re.compile(r"\s(?=\S*\Z)")
 
@@ -221,7 +230,7 @@ def _bounded_rows(rows: dict, limit: int) -> dict:
 
 
 def _load_text_files(files: list[Path], identity: str, cache_dir: Path) -> datasets.Dataset:
-    """The rows of `files`, cached by `datasets` under their content (`identity`, of `_files_identity`)."""
+    """The rows of `files`, cached by `datasets` under their content (`identity`: their digests, in order)."""
     return datasets.Dataset.from_generator(
         _text_rows, features=datasets.Features({"text": datasets.Value("string")}),
         gen_kwargs={"files": [str(f) for f in files], "identity": identity, "limit": MAX_ROW_CHARS},
@@ -237,24 +246,128 @@ def _holdout(data: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset
     return data.select(range(len(data) - n_eval)), data.select(range(len(data) - n_eval, len(data)))
 
 
-def local_corpus(train_patterns: list[str], eval_patterns: list[str], cache_dir: Path) -> Corpus:
-    train_files = resolve_text_files(train_patterns, "--train-file")
-    eval_files = resolve_text_files(eval_patterns, "--eval-file") if eval_patterns else []
-    train_identity, eval_identity = _files_identity(train_files), _files_identity(eval_files)
-    train = _load_text_files(train_files, train_identity, cache_dir)
+@dataclass(frozen=True)
+class TextFile:
+    """A text file a flag names: its path, the flag's value that named it, where it really lies, its content."""
+
+    path: Path
+    given: str
+    real: str
+    digest: str
+
+    def named(self, flag: str) -> str:
+        return f"{flag} {self.path}" + ("" if str(self.path) == self.given else f" (from {self.given})")
+
+    def twin(self, others: list[TextFile]) -> tuple[TextFile, str] | None:
+        """The first of `others` that is this file or holds its text, and which it is."""
+        for other in others:
+            if other.real == self.real:
+                return other, "the same file as"
+            if other.digest == self.digest:
+                return other, "the same text as"
+        return None
+
+
+def text_files(patterns: list[str], flag: str) -> tuple[list[TextFile], str | None]:
+    """The distinct files `patterns` name (checked as `resolve_text_files` does): a file named twice (the same path,
+    a link to it, a glob and a file that overlap) or a copy of another's text is read once; the note says which."""
+    kept: list[TextFile] = []
+    dropped: list[str] = []
+    for path, given in _sourced_text_files(patterns, flag):
+        file = TextFile(path, given, os.path.realpath(path), content_digest(path))
+        if (found := file.twin(kept)) is None:
+            kept.append(file)
+        else:
+            dropped.append(f"{file.path} ({found[1]} {found[0].path})")
+    note = None if not dropped else (f"{flag}: {len(dropped)} duplicate file(s) read once, not twice: "
+                                     f"{listed(dropped)}")
+    return kept, note
+
+
+def check_eval_not_training(train: list[TextFile], evaluation: list[TextFile], allow: bool) -> str | None:
+    """An eval file that is a training file (the same file, a link to it, the same text) is refused: its eval
+    perplexity would be scored on text the model trains on. With `allow`, what the run records instead."""
+    for file in evaluation:
+        if (found := file.twin(train)) is not None:
+            twin, how = found
+            if not allow:
+                raise UsageError(
+                    f"{file.named(option('eval_file'))} is {how} {twin.named(option('train_file'))}: {EVAL_IS_TRAIN}, "
+                    f"so its perplexity would be scored on text the model trains on; give held-out text, leave out "
+                    f"{option('eval_file')} (the last 1% of the train text is held out), or add "
+                    f"{option('allow_eval_overlap')} to score on training text anyway")
+            return f"{EVAL_IS_TRAIN} ({file.path} is {how} {twin.path})"
+    return None
+
+
+def check_text_flags(train_patterns: list[str], eval_patterns: list[str], allow_eval_overlap: bool = False) -> None:
+    """Every file the flags name is text, and no eval file is a training file: said before anything runs (the
+    lines are compared once the text is read)."""
+    train = text_files(train_patterns, "--train-file")[0] if train_patterns else []
+    evaluation = text_files(eval_patterns, "--eval-file")[0] if eval_patterns else []
+    check_eval_not_training(train, evaluation, allow_eval_overlap)
+
+
+def eval_lines_in_training(train: datasets.Dataset, evaluation: datasets.Dataset) -> tuple[int, int]:
+    """(eval rows that are also training rows, eval rows)."""
+    wanted = set(evaluation["text"])
+    found = set()
+    for batch in train.iter(batch_size=10_000):
+        found.update(wanted.intersection(batch["text"]))
+    return sum(row in found for row in evaluation["text"]), len(evaluation)
+
+
+def check_eval_lines(train: datasets.Dataset, evaluation: datasets.Dataset, eval_patterns: list[str],
+                     train_source: str, allow: bool) -> tuple[str | None, str | None]:
+    """Eval text whose lines are mostly training lines (a copy with a line added, a file cut out of a training
+    file) is refused as the same file is; a few shared lines (headings, boilerplate) are counted and said. Returns
+    (the note to say, what the run records with `allow`)."""
+    shared, rows = eval_lines_in_training(train, evaluation)
+    if not shared:
+        return None, None
+    counted = f"{shared:,} of the {rows:,} eval lines ({shared / rows:.0%}) are also in the training text"
+    if shared <= EVAL_OVERLAP_REFUSED * rows:
+        return f"eval: {counted} (repeated lines such as headings); the eval perplexity includes them", None
+    if not allow:
+        raise UsageError(
+            f"{option('eval_file')} {', '.join(eval_patterns)}: {counted} ({train_source}): {EVAL_IS_TRAIN}, so its "
+            f"perplexity would be scored on text the model trains on; give held-out text, leave out "
+            f"{option('eval_file')} (the last 1% of the train text is held out), or add "
+            f"{option('allow_eval_overlap')} to score on training text anyway")
+    recorded = f"{EVAL_IS_TRAIN} ({counted})"
+    return f"eval: {recorded}, as --allow-eval-overlap allows", recorded
+
+
+def local_corpus(train_patterns: list[str], eval_patterns: list[str], cache_dir: Path,
+                 allow_eval_overlap: bool = False) -> Corpus:
+    train_files, train_note = text_files(train_patterns, "--train-file")
+    eval_files, eval_note = text_files(eval_patterns, "--eval-file") if eval_patterns else ([], None)
+    overlap = check_eval_not_training(train_files, eval_files, allow_eval_overlap)
+    train_identity = ";".join(file.digest for file in train_files)
+    eval_identity = ";".join(file.digest for file in eval_files)
+    train = _load_text_files([file.path for file in train_files], train_identity, cache_dir)
+    notes = [note for note in (train_note, eval_note) if note]
     if eval_files:
-        evaluation = _load_text_files(eval_files, eval_identity, cache_dir)
+        evaluation = _load_text_files([file.path for file in eval_files], eval_identity, cache_dir)
+        note, lines_overlap = check_eval_lines(train, evaluation, eval_patterns,
+                                               f"{option('train_file')} {', '.join(train_patterns)}",
+                                               allow_eval_overlap)
+        if overlap:  # the same file: said as such, whatever its lines
+            note = f"eval: {overlap}, as --allow-eval-overlap allows"
+        notes += [note] if note else []
+        overlap = overlap or lines_overlap
     else:
         train, evaluation = _holdout(train)
     identity = f"files[{train_identity}]eval[{eval_identity}]rows[{MAX_ROW_CHARS}]"
     described = f"{len(train_files)} file(s) from {', '.join(train_patterns)}"
-    return Corpus(train, evaluation, identity, described)
+    return Corpus(train, evaluation, identity, described, notes, overlap)
 
 
 # ---------------------------------------------------------------------------------- the hub
-def hub_corpus(name: str, config: str | None, eval_patterns: list[str], cache_dir: Path) -> Corpus:
-    eval_files = resolve_text_files(eval_patterns, "--eval-file") if eval_patterns else []
-    eval_identity = _files_identity(eval_files)
+def hub_corpus(name: str, config: str | None, eval_patterns: list[str], cache_dir: Path,
+               allow_eval_overlap: bool = False) -> Corpus:
+    eval_files, eval_note = text_files(eval_patterns, "--eval-file") if eval_patterns else ([], None)
+    eval_identity = ";".join(file.digest for file in eval_files)
     try:
         splits = load_hub_dataset(name, config, cache_dir=str(cache_dir / "hf-datasets"))
     except Exception as err:  # offline, unknown name, gated: the hub's errors vary by version
@@ -272,14 +385,19 @@ def hub_corpus(name: str, config: str | None, eval_patterns: list[str], cache_di
                    desc="splitting long rows")
     train = splits["train"].select_columns(["text"]).map(_bounded_rows, **bounded)
     eval_split = next((s for s in ("validation", "valid", "test") if s in splits), None)
+    notes, overlap = [eval_note] if eval_note else [], None
     if eval_files:
-        evaluation = _load_text_files(eval_files, eval_identity, cache_dir)
+        evaluation = _load_text_files([file.path for file in eval_files], eval_identity, cache_dir)
+        note, overlap = check_eval_lines(train, evaluation, eval_patterns, f"{option('dataset')} {name}",
+                                         allow_eval_overlap)
+        notes += [note] if note else []
     elif eval_split:
         evaluation = splits[eval_split].select_columns(["text"]).map(_bounded_rows, **bounded)
     else:
         train, evaluation = _holdout(train)
     identity = f"hub[{name}:{config}:{train._fingerprint}]eval[{eval_identity}:{eval_split}]"
-    return Corpus(train, evaluation, identity, f"{name}{f' ({config})' if config else ''} from the hub")
+    return Corpus(train, evaluation, identity, f"{name}{f' ({config})' if config else ''} from the hub", notes,
+                  overlap)
 
 
 # ---------------------------------------------------------------------------------- embedded default
@@ -361,7 +479,7 @@ def _version(package: str) -> str:
 
 
 def load_corpus(dataset: str | None, dataset_config: str | None, train_files: list[str], eval_files: list[str],
-                cache_dir: Path) -> Corpus:
+                cache_dir: Path, allow_eval_overlap: bool = False) -> Corpus:
     """The corpus the flags name: --dataset, --train-file, or (neither) the embedded default."""
     if dataset and train_files:
         raise UsageError(f"give either {option('dataset')} or {option('train_file')}, not both")
@@ -370,7 +488,7 @@ def load_corpus(dataset: str | None, dataset_config: str | None, train_files: li
                          "default has its own eval split)")
     cache_dir = check_cache_dir(cache_dir)
     if dataset:
-        return hub_corpus(dataset, dataset_config, eval_files, cache_dir)
+        return hub_corpus(dataset, dataset_config, eval_files, cache_dir, allow_eval_overlap)
     if train_files:
-        return local_corpus(train_files, eval_files, cache_dir)
+        return local_corpus(train_files, eval_files, cache_dir, allow_eval_overlap)
     return embedded_corpus(cache_dir)

@@ -57,7 +57,14 @@ class FlatteningCollator:
     return_flash_attn_kwargs: bool = False
     return_special_tokens_mask: bool = False
 
+    def __post_init__(self):
+        if self.masking is not None and not getattr(self.masking, "mlm", True):
+            raise ValueError("masking: the DataCollatorForLanguageModeling has mlm=False (causal LM labels, no "
+                             "masking), but masking here is MLM masking; give one with mlm=True, or leave masking out")
+
     def __call__(self, features: Sequence[dict]) -> dict:
+        for index, feature in enumerate(features):
+            check_example(index, feature)
         features = [f for f in features if len(f["input_ids"]) > 0]
         if not features:
             raise ValueError("FlatteningCollator received a batch where every example is empty")
@@ -107,6 +114,28 @@ class FlatteningCollator:
             if len(values) != len(ids):
                 raise ValueError(f"{key} of example {index} has {len(values)} entries for its {len(ids)} input_ids")
         return columns
+
+
+def check_example(index: int, example: dict) -> None:
+    """An example the collator can read: token ids (not embeddings), one sequence each (not a batch of one, as
+    `tokenizer(..., return_tensors="pt")` gives), and a label that is a number or numbers (not a class name)."""
+    if "input_ids" not in example:
+        carried = ", ".join(sorted(example)) or "nothing"
+        raise ValueError(f"example {index} has no input_ids (it carries {carried}): FlatteningCollator flattens "
+                         "token ids; tokenize the text (inputs_embeds cannot be flattened: pass them to the model "
+                         "padded, with an attention_mask)")
+    for key in (*FLATTENED_KEYS, "attention_mask", *LABEL_KEYS):
+        value = example.get(key)
+        nested = isinstance(value, list | tuple) and len(value) > 0 and isinstance(value[0], list | tuple)
+        if (hasattr(value, "ndim") and value.ndim > 1) or nested:
+            shape = tuple(value.shape) if hasattr(value, "shape") else (len(value), len(value[0]))
+            raise ValueError(f"{key} of example {index} has shape {shape}, a batch, not one example: "
+                             "tokenize without return_tensors=\"pt\" (the collator makes the batch), or give each "
+                             "row as its own example")
+    label = example_label(example)
+    if isinstance(label, str | bytes) or (is_token_level(label) and any(isinstance(t, str) for t in label)):
+        raise ValueError(f"the label of example {index} is text ({label!r}), not a class number: map the names to "
+                         "numbers first (e.g. the dataset's ClassLabel.str2int, or the model config's label2id)")
 
 
 def flattened_labels(features: Sequence[dict], lengths: list[int]) -> torch.Tensor | None:

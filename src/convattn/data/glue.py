@@ -134,6 +134,11 @@ def read_tsv(path: Path, fieldnames: tuple[str, ...] | None = None) -> list[dict
 def read_utf8(path: Path) -> str:
     """A file's text (utf-8-sig: MRPC starts with a BOM); one line naming the file and line that is not UTF-8."""
     data = path.read_bytes()
+    from convattn.data.corpus import looks_like_utf16
+
+    if looks_like_utf16(data[:4096]):
+        raise UsageError(f"{path}: UTF-16 text, not UTF-8; GLUE files are UTF-8: convert it, e.g. iconv -f UTF-16 -t "
+                         f"UTF-8 {path.name} > {path.stem}.utf8{path.suffix}")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -185,6 +190,10 @@ def load_tsv_split(task: GlueTask, split: str, data_dir: Path) -> Dataset:
                              f"({', '.join(k for k in row if k is not None)})")
         if any(row.get(c) is None for c in needed):
             raise ValueError(f"{where}: malformed row, expected the columns {', '.join(needed)}")
+        if not any(row[column].strip() for column in task.tsv_text_columns):
+            texts = " and ".join(task.tsv_text_columns)
+            raise ValueError(f"{where}: the {texts} {'is' if len(task.tsv_text_columns) == 1 else 'are'} empty, so "
+                             "there is nothing to classify; remove the row or fill it in")
         columns["text_a"].append(row[task.tsv_text_columns[0]])
         if len(task.tsv_text_columns) > 1:
             columns["text_b"].append(row[task.tsv_text_columns[1]])

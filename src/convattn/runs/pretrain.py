@@ -205,7 +205,8 @@ def json_kind(value) -> str:
 
 
 # the run's record of its data (DATA_FILE): the text it read and the tokenizer it split it with, by content
-DATA_FIELDS = {"corpus": TEXT, "fingerprint": TEXT, "vocab_size": INTEGER, "tokenizer": TEXT}
+# (eval_overlap: eval text that is training text, scored as --allow-eval-overlap allowed: corpus.EVAL_IS_TRAIN ...)
+DATA_FIELDS = {"corpus": TEXT, "fingerprint": TEXT, "vocab_size": INTEGER, "tokenizer": TEXT, "eval_overlap": TEXT}
 DATA_REQUIRED = ("fingerprint",)  # runs older than the tokenizer's fingerprint lack it: their tokenizer is not checked
 
 

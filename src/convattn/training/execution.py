@@ -65,6 +65,56 @@ def recorded_compile_mode(value) -> str | None:
     return checked_compile_mode(value)
 
 
-def compile_arguments(mode: str | None) -> dict:
-    """TrainingArguments' torch.compile fields for `mode` (None: eager)."""
+def compile_arguments(mode: str | None, command: str | None = None) -> dict:
+    """TrainingArguments' torch.compile fields for `mode` (None: eager); compiling, random operators as
+    `compiled_on_this_device` sets them, and `command` (if given) says what the mode changes on this machine."""
+    if mode is not None:
+        compiled_on_this_device(mode, command)
     return {"torch_compile": mode is not None, "torch_compile_mode": None if mode in (None, "default") else mode}
+
+
+# what compiling on this machine changes, said once a process (fine-tuning builds its arguments once a seed)
+_SAID: set[str] = set()
+
+
+def compile_difference(mode: str | None) -> str | None:
+    """What a run compiled in `mode` computes differently from an eager run with the same seed, on this machine (None:
+    eager). Recorded with the run and said when it starts."""
+    import torch
+
+    if mode is None:
+        return None
+    if torch.cuda.is_available():
+        return ("compiled on a GPU: dropout draws its masks from inductor's own random generator, so the losses differ "
+                "from an eager run's with the same seed (the same from one compiled run to the next); without dropout "
+                "the same numbers, up to rounding")
+    return ("compiled: dropout draws its masks from eager PyTorch's generator, as an eager run does, but a training "
+            "batch under 90% real tokens runs padding-free in eager mode and padded when compiled, so its dropout "
+            "masks, and the losses, differ from an eager run's with the same seed; without dropout, or without such "
+            "batches (--format packed), the same numbers, up to rounding")
+
+
+def compiled_on_this_device(mode: str, command: str | None) -> None:
+    """Without a GPU, inductor's random operators fall back to eager ones (`fallback_random`): dropout draws its
+    masks from the same generator, in the same order, as an eager run, so a batch computed the same way both ways
+    gets the same masks (inductor's own generator gave other masks everywhere: 5.706 for 5.693 at step 2); and
+    reduce-overhead, whose CUDA graphs need a GPU, runs as default (torch's own rule). `command` says what still
+    differs (`compile_difference`) and what a mode does not do here, once a process."""
+    import torch
+
+    def once(line: str) -> None:
+        from convattn.console import say
+
+        if command is not None and line not in _SAID:
+            _SAID.add(line)
+            say(command, line)
+
+    if not torch.cuda.is_available():
+        import torch._inductor.config
+
+        torch._inductor.config.fallback_random = True
+    once(f"--compile: {compile_difference(mode)}")
+    if mode == "reduce-overhead" and not torch.cuda.is_available():
+        once("--compile-mode reduce-overhead replays CUDA graphs, and this machine has no GPU: it runs as default "
+             "(the same kernels; on CPU compiling takes a minute or more before the first step, and pays back only "
+             "over a long run)")

@@ -144,3 +144,22 @@ def options_of(argv: list[str]) -> dict:
 
     options = compare_options(build_parser().parse_args(argv), grid_from_presets(PRESETS), Path("unused"))
     return run_options(options, options.grid.runs[0], 0).to_json()
+
+
+def test_eval_text_that_is_training_text_is_refused_before_any_run(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = compare_args(corpus, out)
+    args[args.index(str(corpus / "valid.txt"))] = str(corpus / "train.txt")
+    assert main(args) == 2
+    one_error_line(capsys.readouterr().err, "compare", f"--eval-file {corpus / 'train.txt'} is the same file as "
+                   f"--train-file {corpus / 'train.txt'}", "eval text is training text", "--allow-eval-overlap")
+    assert not out.exists()
+
+
+def test_a_length_given_twice_is_refused_not_reported_as_two_columns():
+    from convattn.errors import UsageError
+    from convattn.training.compare.lengths import parse_lengths
+
+    assert parse_lengths("32,64") == [32, 64]
+    with pytest.raises(UsageError, match=r"'32,64,32': 32 given more than once .* give each length once"):
+        parse_lengths("32,64,32")

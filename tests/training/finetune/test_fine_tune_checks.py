@@ -250,7 +250,11 @@ def glue_data_with(tmp_path: Path, train_tsv: bytes) -> Path:
 
 BAD_GLUE_DATA = [  # (SST-2 train.tsv, the line's fragments): found before anything is written
     (b"sentence\tlabel\ncaf\xe9 au lait\t1\n", ["train.tsv:2: not UTF-8 (byte 0xe9)", "iconv -f latin1"]),
+    ("sentence\tlabel\nhello world\t1\n".encode("utf-16"), ["train.tsv: UTF-16 text, not UTF-8",
+                                                          "iconv -f UTF-16 -t UTF-8 train.tsv"]),
     (b"sentence\tlabel\nhello world\tabc\n", ["train.tsv:2: unknown sst2 label 'abc'"]),
+    (b"sentence\tlabel\nhello world\t1\n \t0\n", ["train.tsv:3: the sentence is empty, so there is nothing to "
+                                                   "classify; remove the row or fill it in"]),
     (b"sentence\tlabel\nhello\tworld\t1\n", ["train.tsv:2: 3 tab-separated columns, expected 2"]),
     (b"sentence\tlabel\n", ["train.tsv has no data rows"]),
 ]

@@ -89,7 +89,7 @@ def test_a_compiled_glue_run_computes_what_the_eager_one_does(tmp_path, monkeypa
                                                                   "attention_probs_dropout_prob": 0.0}))
     modes = []
 
-    def aot_eager(mode):
+    def aot_eager(mode, command=None):
         modes.append(mode)
         return {"torch_compile": mode is not None, "torch_compile_backend": "aot_eager"} if mode else {}
 

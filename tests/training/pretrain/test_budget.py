@@ -141,7 +141,8 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys,
     assert time_spent(last_checkpoint(out))["compute"] == 1.25  # the third evaluation's checkpoint, at step 10
     capsys.readouterr()
     # another clock would end the budget elsewhere: a schedule change, refused unless asked for
-    assert main(["pretrain", "--output-dir", str(out), "--resume", "--time-budget", "4s", "--budget-clock", "wall"]) == 2
+    resume = ["pretrain", "--output-dir", str(out), "--resume"]
+    assert main([*resume, "--time-budget", "4s", "--budget-clock", "wall"]) == 2
     assert "budget_clock: 'compute' -> 'wall'" in capsys.readouterr().err
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0
     printed = capsys.readouterr()

@@ -165,6 +165,22 @@ def test_a_small_train_file_without_eval_file_trains(tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
+def test_eval_on_training_text_is_allowed_only_by_name_and_then_said_in_the_record_and_summary(corpus, tmp_path,
+                                                                                               capsys):
+    out = tmp_path / "out"
+    args = tiny_args(corpus, out, "--max-steps", "2", "--eval-every", "2", "--warmup", "1", "--eval-samples", "8",
+                     "--allow-eval-overlap")
+    args[args.index(str(corpus / "valid.txt"))] = str(corpus / "train.txt")
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    said = f"eval text is training text ({corpus / 'train.txt'} is the same file as {corpus / 'train.txt'})"
+    assert json.loads((out / "pretrain_data.json").read_text())["eval_overlap"] == said
+    assert json.loads((out / "pretrain_options.json").read_text())["allow_eval_overlap"] is True
+    assert f"eval: {said}, as --allow-eval-overlap allows" in captured.err
+    [line] = [line for line in captured.out.splitlines() if line.startswith("  eval perplexity")]
+    assert line.endswith(f"({said})")
+
+
 def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)

@@ -24,6 +24,11 @@ SHORT = ["--eval-every", "1", "--save-every", "1"]
 REFUSED = [
     ({"RANK": "1"}, [], "RANK=1 is set, but this process runs alone (WORLD_SIZE is unset)"),
     ({"RANK": "3", "WORLD_SIZE": "1"}, [], "RANK=3 is set, but this process runs alone (WORLD_SIZE is 1)"),
+    ({"WORLD_SIZE": "0"}, [], "WORLD_SIZE='0' is not a number of processes (a whole number, at least 1)"),
+    ({"WORLD_SIZE": "two"}, [], "WORLD_SIZE='two' is not a number of processes"),
+    ({"RANK": "first"}, [], "RANK='first' is not a process number (a whole number, at least 0)"),
+    ({"LOCAL_RANK": "1"}, [], "LOCAL_RANK=1 is set, but this process runs alone (WORLD_SIZE is unset)"),
+    ({"RANK": "4", "WORLD_SIZE": "2"}, [], "RANK=4 is not below WORLD_SIZE=2"),
     ({}, ["--set", "relative_reach=1000000000"], "parameters (100% of them from relative_reach 1000000000)"),
     ({}, ["--set", "relative_reach=100000000"], "at least 4,800,496,504 parameters (100% of them from relative_reach"),
     ({}, ["--set", "value_depthwise_conv=true", "--set", "relative_reach=50000000"],
@@ -81,3 +86,16 @@ def test_one_step_trains_and_a_run_that_took_no_step_above_learning_rate_0_is_no
                               *SHORT)) == 2
     one_error_line(capsys.readouterr().err, "pretrain", "none at a learning rate above 0")
     assert files(out) == before
+
+
+@pytest.mark.parametrize("evaluated", ["the file", "a link", "its folder"])
+def test_eval_text_that_is_training_text_is_refused_naming_both(corpus, tmp_path, capsys, evaluated):
+    link = tmp_path / "valid-link.txt"
+    link.symlink_to(corpus / "train.txt")
+    given = {"the file": corpus / "train.txt", "a link": link, "its folder": corpus}[evaluated]
+    args = tiny_args(corpus, tmp_path / "out")
+    args[args.index(str(corpus / "valid.txt"))] = str(given)
+    assert main(args) == 2
+    one_error_line(capsys.readouterr().err, "pretrain", f"--eval-file {given}", f"--train-file {corpus / 'train.txt'}",
+                   "eval text is training text", "--allow-eval-overlap")
+    assert not (tmp_path / "out").exists()

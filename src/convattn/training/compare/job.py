@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from convattn.console import log_to, say
-from convattn.data.corpus import load_corpus, resolve_text_files
+from convattn.data.corpus import check_text_flags, load_corpus
 from convattn.data.glue import get_task
 from convattn.data.squad import load_squad
 from convattn.data.tokenizer import load_tokenizer, trained_tokenizer
@@ -87,7 +87,7 @@ def shared_tokenizer(options: CompareOptions, seq_len: int) -> Path:
         return directory
     say("compare", f"training the shared tokenizer (unigram, up to {wanted['vocab_size']:,} pieces) -> {directory}")
     corpus = load_corpus(data["dataset"], data["dataset_config"], data["train_files"], data["eval_files"],
-                         data["cache_dir"])
+                         data["cache_dir"], data.get("allow_eval_overlap", False))
     tokenizer = trained_tokenizer(corpus.train, corpus.identity, wanted["vocab_size"], seq_len, data["cache_dir"])
     if len(tokenizer) < wanted["vocab_size"]:
         say("compare", f"the shared tokenizer has {len(tokenizer):,} pieces, fewer than the "
@@ -128,9 +128,9 @@ def validate(options: CompareOptions) -> int:
             # what the report reads of a run made earlier, checked now rather than after the others have trained
             read_metrics(pretrain_options.output_dir)
             read_downstream(pretrain_options.output_dir)
-    for flag, files in (("--train-file", options.data["train_files"]), ("--eval-file", options.data["eval_files"])):
-        if files:
-            resolve_text_files(files, flag)  # each file text: said now, not after the first runs
+    # each file text, and no eval file a training file: said now, not after the first runs
+    check_text_flags(options.data["train_files"], options.data["eval_files"],
+                     options.data.get("allow_eval_overlap", False))
     check_fine_tuning_steps(options)
     if options.glue:  # read now, not after hours of pretraining
         check_task_files([get_task(name) for name in options.glue.tasks], options.glue.data_dir)

@@ -34,6 +34,9 @@ def parse_lengths(text: str) -> list[int]:
                          "128,512,1024") from None
     if not lengths or any(n < 3 for n in lengths):
         raise UsageError(f"{option('eval_lengths')} {text!r}: every length must be an integer >= 3")
+    if repeated := sorted({n for n in lengths if lengths.count(n) > 1}):
+        raise UsageError(f"{option('eval_lengths')} {text!r}: {', '.join(map(str, repeated))} given more than once "
+                         "(each length is one column of the report); give each length once")
     return lengths
 
 

@@ -102,6 +102,6 @@ def run_options(options: CompareOptions, spec: RunSpec, seed: int, resume: bool 
 def check_same_settings(options: PretrainOptions) -> None:
     """An existing run directory must come from the same settings (budget included), or the comparison is off."""
     check_same_options(recorded_options(options.output_dir / OPTIONS_FILE), options.to_json(),
-                       (*BOOKKEEPING_OPTIONS, "compile"),
+                       (*BOOKKEEPING_OPTIONS, "compile", "compile_difference", "allow_eval_overlap"),
                        f"{options.output_dir} was trained with other settings ({{details}}); use another "
                        "--output-dir, or delete that run directory to train it again")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import read_json, write_json_atomic, write_text_atomic
-from convattn.runs.pretrain import LEGACY_CLOCK, OPTIONS_FILE
+from convattn.runs.pretrain import DATA_FILE, LEGACY_CLOCK, OPTIONS_FILE
 from convattn.training.compare.cells import (
     TEXT_COLUMNS,
     clear_winner,
@@ -155,11 +155,17 @@ class Report:
                            + (f"the first {first['eval_samples']:,} eval examples" if first["eval_samples"]
                               else "all eval examples")),
             ("train text", corpus),
-            ("eval text", ", ".join(first["eval_files"]) or "the corpus' own held-out split"),
+            ("eval text", (", ".join(first["eval_files"]) or "the corpus' own held-out split") + self.eval_overlap()),
             ("tokenizer", tokenizer),
             ("seeds", f"{self.options.seeds} per run (seed k: initialisation, data order and masking; the same k "
                       "gives every run the same data order)"),
         ]
+
+    def eval_overlap(self) -> str:
+        """' (eval text is training text ...)' where a run scored on training text, as --allow-eval-overlap let it
+        (its data record says how much); '' otherwise."""
+        record = read_json(self.options.run_path(self.results[0].spec, 0) / DATA_FILE) or {}
+        return f" ({record['eval_overlap']})" if isinstance(record.get("eval_overlap"), str) else ""
 
     def columns(self) -> list[str]:
         columns = ["Run"]

@@ -53,7 +53,8 @@ def check_no_more_seeds(run_folder: Path, seeds: int) -> None:
                          f"{extra[-1] + 1} or another {option('output_dir')}")
 
 
-def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int) -> TrainingArguments:
+def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int,
+                          command: str | None = None) -> TrainingArguments:
     flags = precision_flags(settings.precision)
     return TrainingArguments(
         output_dir=str(path),
@@ -73,7 +74,7 @@ def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int) -> 
         logging_first_step=True,
         report_to="none",
         dataloader_pin_memory=torch.cuda.is_available(),
-        **compile_arguments(settings.compile),
+        **compile_arguments(settings.compile, command),
         **flags,
         use_cpu=stays_on_cpu(flags["bf16"]),
     )

@@ -26,6 +26,7 @@ class PretrainData:
     seq_len: int
     fingerprint: str  # of the train and eval text (`text_fingerprint`): a resumed run must read the same
     tokenizer_fingerprint: str  # of how the tokenizer splits text: a resumed run must split it the same way
+    eval_overlap: str | None = None  # eval text that is training text, allowed: what the record and report say
 
 
 def text_fingerprint(*datasets) -> str:
@@ -43,8 +44,11 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
     recipe, cache = options.recipe, options.cache_dir
     say("pretrain", "reading the corpus" + ("" if options.dataset or options.train_files else
                                 " (the embedded default: installed documentation, extracted once and cached)"))
-    corpus = load_corpus(options.dataset, options.dataset_config, options.train_files, options.eval_files, cache)
+    corpus = load_corpus(options.dataset, options.dataset_config, options.train_files, options.eval_files, cache,
+                         options.allow_eval_overlap)
     say("pretrain", f"corpus: {corpus.description}; {len(corpus.train):,} train / {len(corpus.eval):,} eval lines")
+    for note in corpus.notes:
+        say("pretrain", note)
     if options.tokenizer:
         tokenizer = load_tokenizer(options.tokenizer)
         say("pretrain", f"tokenizer: {options.tokenizer}, {len(tokenizer):,} pieces")
@@ -68,7 +72,7 @@ def prepare_data(options: PretrainOptions, seq_len: int, resume_from: Path | Non
         evaluation = evaluation.select(range(min(recipe.eval_samples, len(evaluation))))
     say("pretrain", f"data: {len(train):,} train / {len(evaluation):,} eval examples")
     return PretrainData(tokenizer, train, evaluation, corpus.description, seq_len,
-                        text_fingerprint(corpus.train, corpus.eval), splits)
+                        text_fingerprint(corpus.train, corpus.eval), splits, corpus.eval_overlap)
 
 
 @dataclass

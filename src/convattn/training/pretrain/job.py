@@ -92,6 +92,7 @@ class PretrainSummary:
     wall_spent: float = 0.0
     slowed: float | None = None  # the share of this session's steps that other processes slowed (None: not known)
     checkpoint: Path | None = None  # the last complete checkpoint of an interrupted run
+    eval_overlap: str | None = None  # eval text that is training text (--allow-eval-overlap): said with the score
 
     def lines(self) -> list[str]:
         if self.already_finished:
@@ -105,7 +106,7 @@ class PretrainSummary:
             f"  corpus          {self.corpus}",
             f"  parameters      {self.parameters:,}",
             f"  tokens seen     {self.tokens_seen:,}",
-            f"  eval perplexity {ppl}",
+            f"  eval perplexity {ppl}" + (f" ({self.eval_overlap})" if self.eval_overlap else ""),
         ]
         if self.budget is not None:
             ended = "reached" if self.spent >= self.budget else f"{self.spent / self.budget:.0%} spent"
@@ -174,7 +175,9 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         if plan.resume_from is None:
             write_json_atomic(out / DATA_FILE, {"corpus": data.corpus, "fingerprint": data.fingerprint,
                                                  "tokenizer": data.tokenizer_fingerprint,
-                                                 "vocab_size": len(data.tokenizer)})
+                                                 "vocab_size": len(data.tokenizer),
+                                                 **({"eval_overlap": data.eval_overlap} if data.eval_overlap
+                                                    else {})})
         log_to(out)
     metrics = MetricsWriter(out, meter)
     if plan.resume_from is not None and args.process_index == 0:
@@ -227,6 +230,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         corpus=data.corpus, interrupted=interrupted, checkpoint=checkpoints[-1] if checkpoints else None,
         budget=recipe.time_budget, clock=clock.clock if clock else None, spent=clock.spent if clock else 0.0,
         wall_spent=meter.wall_spent, slowed=meter.steps_slowed / meter.steps_seen if meter.steps_seen else None,
+        eval_overlap=data.eval_overlap,
     )
 
 

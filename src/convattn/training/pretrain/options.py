@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convattn.config import ConvAttnConfig
-from convattn.console import world_size
+from convattn.console import check_launch_environment, world_size
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
 from convattn.errors import UsageError, option
@@ -31,14 +31,22 @@ from convattn.runs.pretrain import (
     recorded_options,
     run_state,
 )
-from convattn.training.execution import checked_compile_mode, recorded_compile_mode, resolved_precision
+from convattn.training.execution import (
+    checked_compile_mode,
+    compile_difference,
+    recorded_compile_mode,
+    resolved_precision,
+)
 from convattn.training.pretrain.budget import CLOCKS, check_budget, time_spent
 from convattn.training.ranges import MAX_SEED, MAX_STEPS, RANGES
 from convattn.training.recipes import Recipe, warmup_steps
 
 OBJECTIVES = ("mlm", "electra")
 # options that may change between a run and its --resume without changing what is computed
-RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile")
+# (allow_eval_overlap only permits: the text read is held against the run's record by content)
+RESUMABLE_CHANGES = (*BOOKKEEPING_OPTIONS, "eval_every", "save_every", "allow_schedule_change", "compile",
+                     "allow_eval_overlap", "compile_difference")
+COMPILE_DIFFERENCE = "compile_difference"  # in a compiled run's record: what differs from eager (`compile_difference`)
 # options that change the learning-rate schedule of a resumed run: only with --allow-schedule-change
 SCHEDULE_CHANGES = ("max_steps", "time_budget", "budget_clock")
 
@@ -57,6 +65,7 @@ class PretrainOptions:
     dataset_config: str | None = None
     train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
+    allow_eval_overlap: bool = False  # score on eval text that is training text (recorded: EVAL_IS_TRAIN)
     tokenizer: str | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
     precision: str = "auto"
@@ -83,6 +92,8 @@ class PretrainOptions:
     def to_json(self) -> dict:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "recipe"}
         fields.update(dataclasses.asdict(self.recipe))
+        if self.compile is not None:  # the record says what a compiled run computes differently (not an option)
+            fields[COMPILE_DIFFERENCE] = compile_difference(self.compile)
         return json.loads(json.dumps(fields, default=str))
 
 
@@ -223,7 +234,9 @@ def check_batch_fits_memory(recipe: Recipe, config: ConvAttnConfig, seq_len: int
 
 def check_rank() -> None:
     """A RANK other than 0 left in the environment of a process that runs alone (no launcher set WORLD_SIZE) would
-    make it write the run as the only process while it skips the folder's lock, which only rank 0 takes."""
+    make it write the run as the only process while it skips the folder's lock, which only rank 0 takes; and the
+    launcher's variables are numbers, none left over (`check_launch_environment`)."""
+    check_launch_environment()
     rank = os.environ.get("RANK", "0").strip()
     if rank != "0" and world_size() == 1:
         raise UsageError(f"RANK={rank} is set, but this process runs alone (WORLD_SIZE is "

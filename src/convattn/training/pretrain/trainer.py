@@ -153,7 +153,7 @@ def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingA
         dataloader_pin_memory=torch.cuda.is_available(),
         report_to="none",
         disable_tqdm=False,
-        **compile_arguments(options.compile),
+        **compile_arguments(options.compile, "pretrain"),
         use_cpu=stays_on_cpu(flags["bf16"], processes=world_size()),
         **flags,
     )
