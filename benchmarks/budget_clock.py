@@ -29,6 +29,13 @@ RUN = ["--layers", "2", "--hidden", "128", "--batch-size", "16", "--seq-len", "1
 ARMS = {"compute": ("compute", {}), "wall": ("wall", {}), "spinning": ("compute", {"GOMP_SPINCOUNT": "300000"})}
 
 
+def convattn(command: list[str], env: dict | None = None) -> None:
+    done = subprocess.run([sys.executable, "-m", "convattn", *command], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"convattn {shlex.join(command)} failed:\n{done.stderr[-2000:]}")
+
+
 def busy_processes(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
@@ -36,12 +43,10 @@ def busy_processes(count: int) -> list[subprocess.Popen]:
 def run_arm(arm: str, budget: str, busy: int, folder: Path) -> dict:
     clock, env = ARMS[arm]
     out = folder / f"{arm}-busy{busy}"
-    command = [sys.executable, "-m", "convattn", "pretrain", *RUN, "--time-budget", budget, "--budget-clock", clock,
-               "--output-dir", str(out)]
     load = busy_processes(busy)
     started = time.perf_counter()
     try:
-        subprocess.run(command, env={**os.environ, **env}, check=True, capture_output=True, text=True)
+        convattn(["pretrain", *RUN, "--time-budget", budget, "--budget-clock", clock, "--output-dir", str(out)], env)
     finally:
         for process in load:
             process.kill()
@@ -72,8 +77,7 @@ def main() -> None:
         parser.error(f"--arms: unknown {', '.join(sorted(unknown))}; choose from {', '.join(ARMS)}")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([sys.executable, "-m", "convattn", "pretrain", *RUN, "--max-steps", "1", "--output-dir",
-                        str(Path(folder) / "warm")], check=True, capture_output=True)  # the corpus' cache, once
+        convattn(["pretrain", *RUN, "--max-steps", "1", "--output-dir", str(Path(folder) / "warm")])  # the cache, once
         figures = []
         for arm in arms:
             alone = run_arm(arm, args.budget, 0, Path(folder))

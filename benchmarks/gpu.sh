@@ -16,6 +16,8 @@
 # Copy what comes back into benchmarks/results/ and commit it in the same session.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# when the call began, for real_scale.py run's plan (the wheels' install below counts against the call too)
+export CALL_STARTED="${CALL_STARTED:-$(date +%s.%N)}"
 # "site-packages" in the path: dill (datasets' fingerprints) pickles by value any module from a path without it
 site=/tmp/convattn/site-packages
 if [ -d .gpu-kit/wheels ] && [ ! -f "$site/.installed" ]; then

@@ -158,12 +158,74 @@ def unpack(kit: Path, work: Path) -> None:
         staged.rmdir()
 
 
-def compare_command(args, work: Path) -> list[str]:
+# The call's time: the device tool allows 600 s a command; 540 leaves a minute for what runs before this script
+# (benchmarks/gpu.sh's wheel install, which it stamps in CALL_STARTED) and the files' return.
+CALL_LIMIT = 540
+# Estimates of what the call spends besides training, in seconds; each call's plan.json records the measured ones
+# that replace the first two. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU machine's 16 cores:
+ESTIMATES = {"unpack": 15, "prepare": 90}
+MODEL_OVERHEAD = 35  # a model's CUDA set-up, build, 11 evaluations of 2,048 examples and 10 checkpoints (~160 MB)
+BRING_BACK = 45  # both models in bfloat16 through xz (about 27 MB each), the report and the status
+INTERRUPT_GRACE = 20  # a comparison interrupted at the deadline stops within this (it only ends the step)
+MIN_BUDGET = 60  # below this a model trains too little to compare: the call refuses rather than waste the slot
+PLAN_FILE = "plan.json"  # in --work: the budget of the first call, which a continuing call must keep
+
+
+def training_budget(limit: float, spent: float, models: int) -> float:
+    """Seconds of training for each of `models` models when `spent` of the call's `limit` has gone (unpacking and
+    tokenizing): what remains after every model's overhead, the models' return and the interrupt's grace, shared
+    equally."""
+    return (limit - spent - BRING_BACK - INTERRUPT_GRACE - models * MODEL_OVERHEAD) / models
+
+
+def plan_lines(limit: float, spent: dict, models: int) -> tuple[float, list[str]]:
+    """The budget per model and the call's plan, phase by phase, from `spent` (phase -> seconds, measured or
+    estimated)."""
+    budget = training_budget(limit, sum(spent.values()), models)
+    phases = [*((phase, seconds) for phase, seconds in spent.items()),
+              *((f"model {k + 1}: training (budget)", budget) for k in range(models)),
+              *((f"model {k + 1}: set-up, evaluations, checkpoints", MODEL_OVERHEAD) for k in range(models)),
+              ("interrupt's grace", INTERRUPT_GRACE), ("bringing the models back", BRING_BACK)]
+    lines = [f"  {phase:<45} {seconds:6.0f} s" for phase, seconds in phases]
+    lines.append(f"  {'total (the call allows ' + str(round(limit)) + ' s)':<45} "
+                 f"{sum(seconds for _, seconds in phases):6.0f} s")
+    return budget, lines
+
+
+def call_started() -> float:
+    """When the device call's command began (benchmarks/gpu.sh stamps it), else now, on time.time()'s clock."""
+    stamp = os.environ.get("CALL_STARTED")
+    try:
+        return float(stamp) if stamp else time.time()
+    except ValueError:
+        return time.time()
+
+
+def prepare(command: list[str]) -> None:
+    """Tokenize and format the comparison's data into its cache, exactly as its first run would (the same options,
+    parsed by the command line's own parser), so that the budgets can be set from the time it took."""
+    import convattn
+    from convattn.cli import build_parser
+    from convattn.commands.compare import parse_presets
+    from convattn.commands.compare_flags import compare_options
+    from convattn.training.compare.grids import grid_from_presets
+    from convattn.training.compare.options import run_options
+    from convattn.training.pretrain.data import prepare_data
+    from convattn.training.pretrain.options import check_options, sequence_length
+
+    convattn.register_auto_classes()
+    args = build_parser().parse_args(command[3:])  # after `python -m convattn`
+    grid = grid_from_presets(parse_presets(args.presets))
+    first = run_options(compare_options(args, grid, Path(args.output_dir)), grid.runs[0], 0)
+    prepare_data(first, sequence_length(first.recipe, check_options(first)), None)
+
+
+def compare_command(args, work: Path, budget: str) -> list[str]:
     smoke = ["--layers", "1", "--hidden", "64", "--heads", "2", "--intermediate", "128", "--batch-size", "8",
              "--eval-samples", "32"] if args.smoke else []
     return [
         sys.executable, "-m", "convattn", "compare", "--presets", PRESETS, "--recipe", "chang2021-small",
-        "--time-budget", args.budget, "--warmup", "0.08", "--seeds", "1",
+        "--time-budget", budget, "--warmup", "0.08", "--seeds", "1",
         "--train-file", str(work / "corpus"), "--eval-file", str(work / EVAL_FILE),
         "--tokenizer", str(args.kit / "tokenizer"), "--eval-samples", str(args.eval_samples),
         "--output-dir", str(work / "compare"), "--cache-dir", str(work / "cache"),
@@ -171,7 +233,7 @@ def compare_command(args, work: Path) -> list[str]:
     ]
 
 
-def run_until(command: list[str], stop_after: float, log) -> int | None:
+def run_until(command: list[str], stop_after: float, log, grace: float = INTERRUPT_GRACE) -> int | None:
     """Run `command` (its output to `log`); interrupt it as Ctrl-C does once `stop_after` seconds have passed.
     Returns its exit code."""
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -182,7 +244,7 @@ def run_until(command: list[str], stop_after: float, log) -> int | None:
         say(f"{stop_after:.0f} s passed: interrupting the comparison (it keeps its last checkpoint)")
         process.send_signal(signal.SIGINT)
         try:
-            return process.wait(timeout=120)
+            return process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             process.kill()
             return process.wait()
@@ -198,6 +260,12 @@ def machine() -> dict:
 
 
 def run(args) -> int:
+    if args.dry_run:
+        budget, lines = plan_lines(args.limit, ESTIMATES, len(PRESETS.split(",")))
+        say(f"the plan (unpacking and tokenizing estimated; a real call measures them first): {budget:.0f} s of "
+            "training each")
+        print("\n".join(lines))
+        return 0
     import torch
 
     if not torch.cuda.is_available() and not args.smoke:
@@ -207,12 +275,25 @@ def run(args) -> int:
                  "../shared first and carry the kit")
     work, out = args.work, args.out
     out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    unpack(args.kit, work)
-    command = compare_command(args, work)
+    started = call_started()
+    models = len(PRESETS.split(","))
+    estimate, lines = plan_lines(args.limit, ESTIMATES, models)
+    say(f"the plan, before anything runs (unpacking and tokenizing estimated): {estimate:.0f} s of training each")
+    print("\n".join(lines), flush=True)
+    spent = {}
+    for phase, work_of in (("unpack", lambda: unpack(args.kit, work)),
+                           ("prepare", lambda: prepare(compare_command(args, work, "1s")))):
+        phase_start = time.time()
+        work_of()
+        spent[phase] = time.time() - phase_start
+    spent = {"before this script": time.time() - started - sum(spent.values()), **spent}
+    budget = budget_for_call(args, work, spent, models)
+    command = compare_command(args, work, budget)
     say("$ " + " ".join(command))
+    stop_after = args.stop_after or started + args.limit - BRING_BACK - INTERRUPT_GRACE - time.time()
+    start = time.monotonic()
     with open(work / "compare.log", "a") as log:
-        code = run_until(command, args.stop_after - (time.monotonic() - start), log)
+        code = run_until(command, stop_after, log)
     report = work / "compare"
     for name in REPORT_FILES:
         if (report / name).is_file():
@@ -220,7 +301,9 @@ def run(args) -> int:
     shutil.copy(work / "compare.log", out / "compare.log")
     brought = bring_back(report, out)
     finished = code == 0
-    status = {"finished": finished, "exit_code": code, "seconds": round(time.monotonic() - start, 1),
+    status = {"finished": finished, "exit_code": code, "seconds": round(time.time() - started, 1),
+              "training_call_seconds": round(time.monotonic() - start, 1), "budget": budget,
+              "phases": {phase: round(seconds, 1) for phase, seconds in spent.items()},
               "models": brought, "command": command[1:], "machine": machine()}
     write_json_atomic(out / "real_scale.json", status)
     say(f"exit code {code} after {status['seconds']:.0f} s; report and {len(brought)} models in {out}")
@@ -229,6 +312,29 @@ def run(args) -> int:
         return 0
     say("not finished: run the same command again to continue")
     return 3
+
+
+def budget_for_call(args, work: Path, spent: dict, models: int) -> str:
+    """Each model's --time-budget: --budget if given; else the first call's (recorded in PLAN_FILE: a continuing
+    call must keep it, or the comparison refuses its runs); else computed from what unpacking and tokenizing took,
+    said with the plan."""
+    if args.budget:
+        return args.budget
+    recorded = work / PLAN_FILE
+    if recorded.is_file():
+        budget = json.loads(recorded.read_text())["budget"]
+        say(f"continuing the first call's plan: {budget} of training each")
+        return budget
+    seconds, lines = plan_lines(args.limit, spent, models)
+    if seconds < MIN_BUDGET:
+        sys.exit(f"real_scale run: {seconds:.0f} s of training each is left (under {MIN_BUDGET}); the call spent "
+                 f"{sum(spent.values()):.0f} s before training")
+    budget = f"{int(seconds)}s"
+    say(f"the plan, measured: {budget} of training each")
+    print("\n".join(lines), flush=True)
+    write_json_atomic(recorded, {"budget": budget, "limit": args.limit,
+                                 "phases": {phase: round(value, 1) for phase, value in spent.items()}})
+    return budget
 
 
 def bring_back(compare_dir: Path, out: Path) -> list[str]:
@@ -350,10 +456,14 @@ def main() -> int:
     running = stages.add_parser("run", help="on the GPU machine: run or continue the comparison")
     running.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", WORK / "out")),
                          help="where the report goes (default: $OUT)")
-    running.add_argument("--budget", default="3.5m", help="training time of each model (default: 3.5m)")
-    running.add_argument("--stop-after", type=float, default=480,
-                         help="interrupt after this many seconds (default: 480, so that bringing the models back "
-                              "fits a 9-minute device call)")
+    running.add_argument("--budget", help="training time of each model (default: what the call's --limit leaves, "
+                                           "computed once unpacking and tokenizing have been timed)")
+    running.add_argument("--limit", type=float, default=CALL_LIMIT,
+                         help=f"seconds the whole call may take, from gpu.sh's start (default: {CALL_LIMIT})")
+    running.add_argument("--stop-after", type=float,
+                         help="interrupt the comparison after this many seconds (default: what leaves time to bring "
+                              "the models back inside --limit)")
+    running.add_argument("--dry-run", action="store_true", help="print the plan with estimated phases, run nothing")
     running.add_argument("--eval-samples", type=int, default=2048)
     running.add_argument("--compile", action="store_true", help="torch.compile the models")
     running.add_argument("--smoke", action="store_true", help="a tiny model that runs on CPU (tests)")
