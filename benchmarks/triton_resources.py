@@ -67,8 +67,10 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
     accumulators = problem.accumulators(q, 2)
     arguments = {"forward": lambda: problem.forward_arguments(q, k, v, out, stats),
                  "backward": lambda: problem.backward_arguments(q, k, v, out, stats, stats, out, out, *grads,
-                                                                *accumulators)}[kernel_name]()
-    return arguments, problem.keywords
+                                                                *accumulators, 2)}[kernel_name]()
+    # the backward's dQ design: the split accumulators', unless the features ask for atomic adds
+    design = {"ATOMIC": "atomic" in features} if kernel_name == "backward" else {}
+    return arguments, {**problem.keywords, **design}
 
 
 def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int, block_m: int,

@@ -67,6 +67,13 @@ def reference_attention(q, k, v, rel, keep=None, dropped=None, dropout_p=0.0):
     return probs @ v.double()
 
 
+@pytest.fixture(params=["split", "atomic"])
+def dq_design(request, monkeypatch):
+    """Both of the backward's dQ designs (launch.DQ_DESIGNS): split accumulators, and atomic adds into one."""
+    monkeypatch.setenv(launch.DQ_ENVIRONMENT, request.param)
+    return request.param
+
+
 def make_relative(terms, out_of_window, heads, head_dim, reach, seed=0):
     """Random tables on DEVICE, float64 (the kernel's calls cast them)."""
     rel = RelativePositionBias(terms, heads, head_dim, reach, out_of_window)
@@ -123,7 +130,7 @@ def assert_matches(ours, expected, q, k, v, rel, tolerance=1e-4):
 
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.parametrize("terms", list(TERMS))
-def test_every_term_combination_matches_the_reference_with_padding(terms, out_of_window):
+def test_every_term_combination_matches_the_reference_with_padding(terms, out_of_window, dq_design):
     if DEVICE == "cuda" and (terms, out_of_window) not in {("composite", "clip"), ("composite+key", "zero")}:
         pytest.skip("covered under the interpreter; GPU compile time")
     # odd n, no multiple of any block size, batch 2 with one row padded, 32-channel heads
@@ -134,14 +141,14 @@ def test_every_term_combination_matches_the_reference_with_padding(terms, out_of
 @interpreter_only
 @pytest.mark.parametrize("n, reach, head_dim", [(1, 8, 64), (5, 8, 64), (8, 8, 64), (40, 2, 64), (19, 4, 128),
                                                 (23, 3, 48)])
-def test_short_sequences_and_other_head_sizes(n, reach, head_dim):
+def test_short_sequences_and_other_head_sizes(n, reach, head_dim, dq_design):
     """n <= r (every pair on the band), n = 1, and heads of 64, 128 and 48 (not a power of two) channels."""
     check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=head_dim, reach=reach,
                             lengths=[n, max(1, n - 3)])
 
 
 @pytest.mark.parametrize("terms", ["composite", "composite+key"])
-def test_padding_anywhere_and_keys_past_the_last_real_one(terms):
+def test_padding_anywhere_and_keys_past_the_last_real_one(terms, dq_design):
     """The kernels skip the keys past a sequence's last real one and mask pads by position, reading the key mask only
     where pads come before real keys: left padding, pads scattered among real keys, right padding that leaves whole
     key tiles (32 keys under the interpreter) of pads, no padding, and no real key at all."""
@@ -186,11 +193,11 @@ def test_large_table_values_leave_no_nan_from_rows_past_the_sequence():
 
 
 @interpreter_only
-def test_plain_attention_without_terms():
+def test_plain_attention_without_terms(dq_design):
     check_against_reference([], "clip", batch=2, heads=2, n=23, head_dim=32, reach=0, lengths=[23, 11])
 
 
-def test_packed_variable_lengths_equal_each_sequence_alone():
+def test_packed_variable_lengths_equal_each_sequence_alone(dq_design):
     lengths, heads, head_dim = [7, 1, 23, 16], 2, 32
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
     sequences = [operands(1, heads, n, head_dim, seed=s) for s, n in enumerate(lengths)]
@@ -219,7 +226,7 @@ def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
     return (out[..., :n] == 0) & keep[:, None, None, :]
 
 
-def test_dropout_is_replayed_in_backward():
+def test_dropout_is_replayed_in_backward(dq_design):
     batch, heads, n, head_dim, dropout_p, seed = 2, 2, 21, 32, 0.3, 7
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
@@ -314,6 +321,50 @@ def test_the_backward_sums_any_number_of_splits_to_the_reference(splits, monkeyp
     keep = torch.stack([(position % 9 != 4) & (position < 120), torch.zeros(n, dtype=torch.bool)])
     check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=32, reach=3,
                             keep=keep.to(DEVICE))
+
+
+@interpreter_only
+def test_the_atomic_design_adds_every_key_block_into_one_accumulator_to_the_reference(monkeypatch):
+    """A program per key block (five of 32 keys under the interpreter), each adding its shares of dQ and of the row
+    table's edge columns atomically into one float32 accumulator: against the reference with pads among the keys
+    and a sequence without real keys, as the split design is tested above."""
+    monkeypatch.setenv(launch.DQ_ENVIRONMENT, "atomic")
+    made = []
+    original = launch.Problem.accumulators
+    monkeypatch.setattr(launch.Problem, "accumulators", lambda self, q, splits: made.append(splits) or
+                        original(self, q, splits))
+    n = 140
+    position = torch.arange(n)
+    keep = torch.stack([(position % 9 != 4) & (position < 120), torch.zeros(n, dtype=torch.bool)])
+    check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=32, reach=3,
+                            keep=keep.to(DEVICE))
+    assert made == [1]
+
+
+def test_the_dq_design_follows_the_variable_and_deterministic_algorithms(monkeypatch):
+    """CONVATTN_TRITON_DQ chooses; torch.use_deterministic_algorithms(True) keeps the bit-identical split design and
+    refuses an explicit atomic one (warn-only mode takes split); a value it cannot take is one line naming it."""
+    q = torch.zeros(1, 2, 40, 32, device=DEVICE)
+    problem = launch.Problem(q, None, None, None, None, None, 0, 0, True, 0.0, 1.0)
+    for asked, design in (("split", "split"), ("atomic", "atomic"), ("", "split" if DEVICE == "cpu" else None)):
+        monkeypatch.setenv(launch.DQ_ENVIRONMENT, asked)
+        assert design is None or problem.dq_design(q) == design
+    monkeypatch.setenv(launch.DQ_ENVIRONMENT, "fast")
+    with pytest.raises(ValueError, match="CONVATTN_TRITON_DQ='fast': choose one of auto, split, atomic"):
+        problem.dq_design(q)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        for asked in ("auto", "split"):
+            monkeypatch.setenv(launch.DQ_ENVIRONMENT, asked)
+            torch.use_deterministic_algorithms(True)
+            assert problem.dq_design(q) == "split"
+        monkeypatch.setenv(launch.DQ_ENVIRONMENT, "atomic")
+        with pytest.raises(RuntimeError, match="asks for the same bits every time"):
+            problem.dq_design(q)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        assert problem.dq_design(q) == "split"
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def test_two_backward_passes_give_the_same_bits():

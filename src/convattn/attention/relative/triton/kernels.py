@@ -304,17 +304,24 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqle
 #
 # backward_kernel deals the key blocks among `splits` programs per (sequence, head). Each holds a key block's dK, dV
 # and key-table gradient in registers while every query tile goes by, and adds the tile's share of dQ (dS K) and of
-# the row table's edge columns to float32 accumulators of its own, one per split: no atomics, and every sum is taken
-# in an order fixed by the shapes, so two backward passes are bit-identical (as FlashAttention-2's deterministic
-# mode). A table's gradient at [i, t] is the sum of dS_ij over the keys j whose pair falls in column t: inside the
-# band there is one (stored where the tile finds it), beyond it in clip mode's edge columns every other one (summed:
-# the key table's in registers, the row table's in the accumulators).
+# the row table's edge columns to float32 accumulators. Two designs (ATOMIC, launch.dq_design): a split's own
+# accumulators, no atomics, every sum taken in an order fixed by the shapes, so two backward passes are
+# bit-identical (as FlashAttention-2's deterministic mode); or one accumulator that a program per key block adds
+# into atomically, as the flash backward behind SDPA does (a full grid, one accumulator's memory traffic instead of
+# one per split, sums in whatever order the programs reach them). A table's gradient at [i, t] is the sum of dS_ij
+# over the keys j whose pair falls in column t: inside the band there is one (stored where the tile finds it),
+# beyond it in clip mode's edge columns every other one (summed: the key table's in registers, the row table's in
+# the accumulators).
 
 
 @triton.jit
-def accumulate(pointers, values, mask):
-    """*pointers += values where mask, in a split's own accumulator: no other program reads or writes it meanwhile."""
-    tl.store(pointers, tl.load(pointers, mask=mask, other=0.0) + values, mask=mask)
+def accumulate(pointers, values, mask, ATOMIC: tl.constexpr):
+    """*pointers += values where mask: atomically in the one shared accumulator (ATOMIC), else in a split's own, which
+    no other program reads or writes meanwhile."""
+    if ATOMIC:
+        tl.atomic_add(pointers, values, mask=mask, sem="relaxed")
+    else:
+        tl.store(pointers, tl.load(pointers, mask=mask, other=0.0) + values, mask=mask)
 
 
 @triton.jit
@@ -394,7 +401,7 @@ def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge
                     DQ_ACC, DA_ACC, first, last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s,
                     sdb_s, sacc_s, scale, REGION: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
                     HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
     """The query tiles first .. last, for which the key block j lies in REGION, and the five products of each: the
     scores Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, and dQ's share dS K (into the accumulator)."""
     d = tl.arange(0, BLOCK_D)
@@ -426,7 +433,7 @@ def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         accumulate(DQ_ACC + i[:, None] * sacc_s + d[None, :], tl.dot(ds.to(k.dtype), k, input_precision=PRECISION),
-                   row_mask)
+                   row_mask, ATOMIC=ATOMIC)
         if HAS_ROW:
             # query i's column is c(j - i), summed over the keys (axis 1): keys left of the band sit at 0
             if REGION == BAND:
@@ -435,12 +442,12 @@ def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge
                                                 rows[:, None] & (j < n)[None, :], sda_s, zeros, zeros, AXIS=1,
                                                 REACH=REACH, CLIP=CLIP)
                 if CLIP:
-                    accumulate(DA_ACC + i, low, rows)
-                    accumulate(DA_ACC + stats_size + i, high, rows)
+                    accumulate(DA_ACC + i, low, rows, ATOMIC=ATOMIC)
+                    accumulate(DA_ACC + stats_size + i, high, rows, ATOMIC=ATOMIC)
             elif CLIP and REGION == LEFT:
-                accumulate(DA_ACC + i, tl.sum(ds, 1), rows)
+                accumulate(DA_ACC + i, tl.sum(ds, 1), rows, ATOMIC=ATOMIC)
             elif CLIP:
-                accumulate(DA_ACC + stats_size + i, tl.sum(ds, 1), rows)
+                accumulate(DA_ACC + stats_size + i, tl.sum(ds, 1), rows, ATOMIC=ATOMIC)
         if HAS_KEY:
             # key j's column is c(i - j), summed over the queries (axis 0): keys right of the band sit at 0
             if REGION == BAND:
@@ -461,7 +468,7 @@ def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB,
                         sacc_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
                         HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
     """dK, dV and the key table's gradient of the keys j0 .. j0 + BLOCK_N - 1, and their shares of dQ and of the row
     table's gradient."""
     j = j0 + tl.arange(0, BLOCK_N)
@@ -493,17 +500,17 @@ def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB,
             dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
             0, band_first, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s, scale,
             REGION=RIGHT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION)
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
         dk, dv, db_low, db_high = backward_region(
             dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
             band_first, band_last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s,
             scale, REGION=BAND, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION)
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
         dk, dv, db_low, db_high = backward_region(
             dk, dv, db_low, db_high, k, v, j, j0, real, padded, left, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
             band_last, n, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s, scale,
             REGION=LEFT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION)
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
         # pads' columns of P and dS were masked: their dK and dV are zero
         tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
         tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
@@ -521,9 +528,10 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, D
                     sdb_s, sacc_split, sacc_b, sacc_h, sacc_s, length_bucket, REACH: tl.constexpr,
                     CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
                     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
     """The key blocks split, split + splits, .. of one (sequence, head), one after another (key_block_gradients),
-    their dQ shares into split's accumulators. DO is laid out as Q, DK as K, DV as V."""
+    their dQ shares into split's accumulators, or all into the one accumulator (ATOMIC: `splits` is then at least the
+    key blocks, one a program). DO is laid out as Q, DK as K, DV as V."""
     split = tl.program_id(0)
     batch, head, first, n = program_sequence(CU, seqlen, heads, VARLEN=VARLEN)
     offset_q = start_of(batch, head, first, sq_b, sq_h, sq_s)
@@ -543,8 +551,9 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, D
     stats = batch * sl_b + head * sl_h + first
     LSE += stats
     DELTA += stats
-    DA_ACC += 2 * split * stats_size + stats
-    DQ_ACC += split * sacc_split + start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
+    accumulator = 0 if ATOMIC else split
+    DA_ACC += 2 * accumulator * stats_size + stats
+    DQ_ACC += accumulator * sacc_split + start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
     key_end, holes = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
     seed = dropout_seed(SEED, tl.program_id(1), DROPOUT=DROPOUT)
     for j0 in range(split * BLOCK_N, n, splits * BLOCK_N):
@@ -552,7 +561,7 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, D
                             seed, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s, sdb_s,
                             sacc_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP,
                             DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                            PRECISION=PRECISION)
+                            PRECISION=PRECISION, ATOMIC=ATOMIC)
 
 
 @triton.jit(do_not_specialize=["seqlen", "splits", "stats_size"])

@@ -60,8 +60,16 @@ ROWS = 64
 # the autotuners made so far, by (kernel, head size, dtype): what they chose is in their caches
 AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
 
-# what the autotuner keys a tiling on, beside the length bucket
+# what the autotuner keys a tiling on, beside the length bucket (and the backward's dQ design)
 TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT")
+
+# The backward's two ways of summing dQ (kernels.py): "split", float32 accumulators of each split's own, summed in a
+# fixed order (bit-identical passes), or "atomic", one accumulator a program per key block adds into atomically.
+# CONVATTN_TRITON_DQ chooses; by default (auto), torch.use_deterministic_algorithms(True) keeps "split", and
+# otherwise "atomic" serves on a GPU where the split accumulators would not fit in half its L2 cache (where their
+# traffic outweighs the atomics': issue 62's estimate, which benchmarks/gpu_session.py times both to settle).
+DQ_DESIGNS = ("auto", "split", "atomic")
+DQ_ENVIRONMENT = "CONVATTN_TRITON_DQ"
 
 
 @cache
@@ -74,7 +82,8 @@ def autotuned(kernel: str, head_dim: int, dtype: torch.dtype) -> triton.runtime.
                          f"chunks); got {tilings}")
     options = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tilings]
     # the backward adds to its accumulators: the tilings' trial runs start them from zero
-    tuned = triton.autotune(configs=options, key=["length_bucket", *TUNING_KEY],
+    key = ["length_bucket", *TUNING_KEY, *(["ATOMIC"] if kernel == "backward" else [])]
+    tuned = triton.autotune(configs=options, key=key,
                             reset_to_zero=["DQ_ACC", "DA_ACC"] if kernel == "backward" else None)(KERNELS[kernel])
     AUTOTUNERS[kernel, head_dim, dtype] = tuned
     return tuned
@@ -173,10 +182,36 @@ class Problem:
         smallest = min(config.kwargs["BLOCK_N"] for config in autotuned("backward", self.head_dim, q.dtype).configs)
         return max(1, min(-(-programs // (self.batch * self.heads)), -(-self.seqlen // smallest)))
 
+    def key_blocks(self, q: Tensor) -> int:
+        """The key blocks of the longest sequence at the narrowest backward tiling: the atomic design's programs
+        per (sequence, head), one block each whichever tiling the autotuner picks."""
+        smallest = min(config.kwargs["BLOCK_N"] for config in autotuned("backward", self.head_dim, q.dtype).configs)
+        return max(1, -(-self.seqlen // smallest))
+
+    def dq_design(self, q: Tensor) -> str:
+        """"split" or "atomic" for this call (DQ_DESIGNS); one line naming the variable for a value it cannot
+        take."""
+        asked = os.environ.get(DQ_ENVIRONMENT, "auto") or "auto"
+        if asked not in DQ_DESIGNS:
+            raise ValueError(f"{DQ_ENVIRONMENT}={asked!r}: choose one of {', '.join(DQ_DESIGNS)} (the fused "
+                             "kernel's backward: split accumulators, bit-identical; or atomic adds)")
+        if torch.are_deterministic_algorithms_enabled():
+            if asked == "atomic" and not torch.is_deterministic_algorithms_warn_only_enabled():
+                raise RuntimeError(f"{DQ_ENVIRONMENT}=atomic sums dQ in any order, and "
+                                   "torch.use_deterministic_algorithms(True) asks for the same bits every time: "
+                                   f"unset {DQ_ENVIRONMENT} (the split design is deterministic)")
+            return "split"
+        if asked != "auto":
+            return asked
+        if q.device.type != "cuda":
+            return "split"
+        fits = self.splits(q) * q.numel() * 4 <= torch.cuda.get_device_properties(q.device).L2_cache_size // 2
+        return "split" if fits else "atomic"
+
     def accumulators(self, q: Tensor, splits: int) -> tuple[Tensor, Tensor]:
-        """(dQ's, the row table's edge columns') float32 accumulators of every split: (splits, *q.shape) and
-        (splits, 2, *stats_shape), the latter empty without a row table in clip mode. Sets accumulator_strides:
-        the split's, then the (batch, head, position) strides of dQ's."""
+        """(dQ's, the row table's edge columns') float32 accumulators, `splits` of them (one for the atomic design):
+        (splits, *q.shape) and (splits, 2, *stats_shape), the latter empty without a row table in clip mode. Sets
+        accumulator_strides: the split's, then the (batch, head, position) strides of dQ's."""
         dq = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
         edges = self.constants["HAS_ROW"] and self.constants["CLIP"]
         da = torch.empty((splits, 2, *self.stats_shape) if edges else (0,), dtype=torch.float32, device=q.device)
@@ -194,12 +229,12 @@ class Problem:
 
     def backward_arguments(self, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tensor, delta: Tensor,
                            grad_k: Tensor, grad_v: Tensor, grad_row: Tensor | None, grad_key: Tensor | None,
-                           dq_acc: Tensor, da_acc: Tensor) -> list:
+                           dq_acc: Tensor, da_acc: Tensor, splits: int) -> list:
         """backward_kernel's runtime arguments, before length_bucket and the constexprs (`keywords`); dO has q's
         strides; grad_row and grad_key None without their table."""
         return [q, k, v, *self.operands(q), grad_out, lse, delta, grad_k, grad_v,
                 q if grad_row is None else grad_row, q if grad_key is None else grad_key, dq_acc, da_acc,
-                *self.scalars(), dq_acc.shape[0], self.stats_size, *strides(q, self.varlen),
+                *self.scalars(), splits, self.stats_size, *strides(q, self.varlen),
                 *strides(k, self.varlen), *strides(v, self.varlen), *self.table_strides(),
                 *strides(grad_row, self.varlen), *strides(grad_key, self.varlen), *self.accumulator_strides]
 
@@ -234,11 +269,12 @@ def multiprocessors(device: torch.device) -> int:
 # launches
 
 
-def launch(kernel: str, problem: Problem, grid, arguments: list) -> None:
+def launch(kernel: str, problem: Problem, grid, arguments: list, **constants) -> None:
     """One launch of an autotuned kernel, through torch.library.wrap_triton: a call torch.compile's tracing sees
-    (and inductor launches itself); in eager mode, and under the interpreter, the kernel is called as it is."""
+    (and inductor launches itself); in eager mode, and under the interpreter, the kernel is called as it is.
+    `constants`: the kernel's own constexprs beside the shared `keywords`."""
     tuned = autotuned(kernel, problem.head_dim, arguments[0].dtype)
-    torch.library.wrap_triton(tuned)[grid](*arguments, **problem.keywords)
+    torch.library.wrap_triton(tuned)[grid](*arguments, **problem.keywords, **constants)
 
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
@@ -257,21 +293,25 @@ def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                  seed: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float,
                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), the tables' per (sequence, head, position): backward_preprocess,
-    backward_kernel over `splits` accumulators, query_gradient_kernel summing them."""
+    backward_kernel into `splits` accumulators or atomically into one (`Problem.dq_design`), query_gradient_kernel
+    summing them."""
     problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale)
     # the kernels read dO and O with q's strides
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-    dq_acc, da_acc = problem.accumulators(q, problem.splits(q))
+    atomic = problem.dq_design(q) == "atomic"
+    splits = problem.key_blocks(q) if atomic else problem.splits(q)
+    dq_acc, da_acc = problem.accumulators(q, 1 if atomic else splits)
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_row, grad_key = (table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
     grad_row_or_none = grad_row if row_table is not None else None
     arguments, constants = problem.preprocess_arguments(grad_out, out, delta, dq_acc, da_acc)
     torch.library.wrap_triton(kernels.backward_preprocess)[problem.rows_grid()](*arguments, **constants,
                                                                                 num_warps=4)
-    launch("backward", problem, (dq_acc.shape[0], problem.batch * problem.heads),
+    launch("backward", problem, problem.grid("BLOCK_N") if atomic else (splits, problem.batch * problem.heads),
            problem.backward_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v, grad_row_or_none,
-                                      grad_key if key_table is not None else None, dq_acc, da_acc))
+                                      grad_key if key_table is not None else None, dq_acc, da_acc, splits),
+           ATOMIC=atomic)
     arguments, constants = problem.query_arguments(dq_acc, da_acc, grad_q, grad_row_or_none)
     torch.library.wrap_triton(kernels.query_gradient_kernel)[problem.rows_grid()](*arguments, **constants,
                                                                                   num_warps=4)
