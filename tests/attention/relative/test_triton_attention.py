@@ -164,7 +164,7 @@ def test_padding_anywhere_and_keys_past_the_last_real_one(terms, dq_design):
 @interpreter_only
 @pytest.mark.parametrize("terms", ["fixed", "key", "composite+key"])
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
-def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch):
+def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch, dq_design):
     """The kernels write every entry of a table's gradient, those without a partner key or query too (the ends of a
     sequence, pad keys, a row without real keys), so its buffer is not zero-filled first: here it starts as NaN.
     A broadcast table ("fixed": one row for the batch) and per-sequence ones, padded and packed."""
@@ -179,7 +179,7 @@ def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch):
 
 
 @interpreter_only
-def test_large_table_values_leave_no_nan_from_rows_past_the_sequence():
+def test_large_table_values_leave_no_nan_from_rows_past_the_sequence(dq_design):
     """Key-table terms of +-160 (a diverging run's, say) overflow exp in float32 where nothing normalises them: the
     rows of a last query tile past n, which the key kernel sums over. They must get no probability there, not
     inf * 0 = NaN in dK, dV and the key table's gradient (as they did)."""
