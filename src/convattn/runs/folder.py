@@ -224,15 +224,25 @@ def check_removable(path: Path, record: str, flag: str = option("overwrite")) ->
             resolved.parent == Path("/home"):
         raise UsageError(f"{flag}: will not remove {path} (the working directory, one of its parents, a home "
                          f"directory or the filesystem root); choose another {option('output_dir')}")
-    if path.is_dir() and any(path.iterdir()) and not (path / record).is_file():
-        raise UsageError(f"{flag}: {path} is not a convattn run (no {record}); convattn only replaces what it "
-                         f"wrote: choose another {option('output_dir')}, or empty that directory yourself")
+    held = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in path.iterdir()
+                  if p.name != LOCK_FILE) if path.is_dir() else []
+    if held and not (path / record).is_file():
+        raise UsageError(f"{flag}: {path} is not a convattn run (no {record}; it holds {listed(held)}); convattn "
+                         f"only replaces what it wrote: choose another {option('output_dir')}, or empty that "
+                         "directory yourself")
 
 
-def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> str:
-    """'key: old -> new, ...' for the options (other than `allowed`) that differ; '' when none do."""
-    changed = sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))
-    return ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+def changed_fields(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> list[str]:
+    """The options (other than `allowed`) whose values differ, sorted."""
+    return sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))
+
+
+def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS,
+                    name: Callable[[str], str] = str) -> str:
+    """'key: old -> new, ...' for the options (other than `allowed`) that differ, each key as `name` says it; ''
+    when none do."""
+    return ", ".join(f"{name(k)}: {saved.get(k)!r} -> {current.get(k)!r}"
+                     for k in changed_fields(saved, current, allowed))
 
 
 def check_same_options(saved: dict | None, current: dict, allowed: tuple[str, ...], problem: str) -> None:

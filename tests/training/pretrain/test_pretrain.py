@@ -80,9 +80,17 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run
     assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
 
 
-def test_resume_rejects_changed_options(corpus, finished_run, capsys):
+def test_resume_rejects_changed_options_naming_the_option_and_its_fix(corpus, finished_run, capsys):
+    """The hint is the one for the option that changed: --allow-schedule-change only for a schedule change (issue
+    66: a changed --lr got the hint for changing --max-steps)."""
     assert main(tiny_args(corpus, finished_run, "--resume", "--lr", "0.5")) == 2
-    assert "learning_rate" in capsys.readouterr().err
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--lr: 0.0003 -> 0.5" in line and "drop --lr" in line, line
+    assert "--allow-schedule-change" not in line and "--max-steps" not in line, line
+    assert main(tiny_args(corpus, finished_run, "--resume", "--lr", "0.5", "--max-steps", "12")) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "drop --lr, --max-steps (" in line and "drop --lr and add --allow-schedule-change to change --max-steps" \
+        in line, line
 
 
 def test_no_decay_on_biases_and_layernorm():
@@ -172,7 +180,7 @@ def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run,
     capsys.readouterr()
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12"]) == 2
     err = capsys.readouterr().err
-    assert "max_steps: 8 -> 12" in err and "--allow-schedule-change" in err and len(err.strip().splitlines()) == 1
+    assert "--max-steps: 8 -> 12" in err and "--allow-schedule-change" in err and len(err.strip().splitlines()) == 1
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12",
                  "--allow-schedule-change"]) == 0
     assert complete_checkpoints(run / "checkpoints")[-1].name == "checkpoint-12"
