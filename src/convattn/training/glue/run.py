@@ -77,7 +77,7 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
     if identity is not None:
         check_unchanged(model_source, identity)
     trainer = LayerDecayTrainer(
-        model=model, args=fine_tuning_arguments(path, settings, seed), train_dataset=data.train,
+        model=model, args=fine_tuning_arguments(path, settings, seed, "glue"), train_dataset=data.train,
         data_collator=padding_collator(DataCollatorWithPadding, tokenizer, settings), processing_class=tokenizer,
         layer_decay=settings.layer_decay,
     )

@@ -97,7 +97,7 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
     model = load_qa_model(model_source, settings.head)
     collator = padding_collator(SquadCollator, tokenizer, settings)
     trainer = LayerDecayTrainer(
-        model=model, args=fine_tuning_arguments(path, settings, seed), train_dataset=data.train,
+        model=model, args=fine_tuning_arguments(path, settings, seed, "squad"), train_dataset=data.train,
         data_collator=collator, processing_class=tokenizer, layer_decay=settings.layer_decay,
     )
     train_output = train_quietly(trainer)
