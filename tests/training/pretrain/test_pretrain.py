@@ -51,6 +51,12 @@ def test_outputs_load_with_auto_classes(finished_run):
     assert model(**batch).logits.shape[-1] == len(tokenizer)
     assert (finished_run / "perplexity.png").stat().st_size > 0
     assert any((finished_run / "tensorboard").iterdir())
+    # the model folder carries its modeling code as one file; a checkpoint, which convattn resumes, none (issue 66)
+    assert sorted(p.name for p in finished_run.glob("*.py")) == ["convattn_modeling.py"]
+    for checkpoint in (finished_run / "checkpoints").iterdir():
+        assert not list(checkpoint.glob("*.py")), checkpoint
+        assert "auto_map" not in json.loads((checkpoint / "config.json").read_text()), checkpoint
+        assert AutoModelForMaskedLM.from_pretrained(checkpoint).config.num_hidden_layers == 2  # convattn loads it
 
 
 def test_metrics_rows_have_exact_perplexity(finished_run):

@@ -12,6 +12,7 @@ from convattn.config import ConvAttnConfig
 from convattn.console import say, world_size
 from convattn.electra import ConvAttnForPreTraining
 from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
+from convattn.remote_code import without_remote_code
 from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.execution import compile_arguments, precision_flags, settle_launcher, stays_on_cpu
 from convattn.training.guards import FiniteTraining
@@ -45,6 +46,10 @@ class PretrainTrainer(FiniteTraining, Trainer):
         self.objective = objective
         self.throughput = throughput
         self.clock, self.warmup = clock, warmup
+
+    def _save_checkpoint(self, model, trial) -> None:
+        with without_remote_code():  # convattn resumes a checkpoint itself: the model folder alone carries the code
+            super()._save_checkpoint(model, trial)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.clock is None or self.lr_scheduler is not None:
