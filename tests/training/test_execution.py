@@ -140,7 +140,7 @@ def test_the_fsdp2_recipe_without_gpus_says_it_runs_plain_data_parallel_in_fp32_
     flags = precision_flags("auto")
     assert what_the_trainer_runs(flags)[1]  # unsettled: bf16 autocast behind a record saying fp32
     note = settle_launcher(flags, processes=8)
-    assert note == ("accelerate's FSDP (fsdp_version 2, 13 fsdp_config settings) and mixed_precision bf16 do not "
+    assert note == ("accelerate's FSDP (fsdp_version 2, 13 more FSDP_* settings) and mixed_precision bf16 do not "
                     "apply without GPUs: this run is plain data parallelism over 8 processes in fp32 (--precision "
                     "bf16 computes in bf16 on CPU)")
     assert what_the_trainer_runs(flags) == ("DistributedType.NO", False, False)
@@ -151,9 +151,9 @@ def test_the_fsdp2_recipe_without_gpus_says_it_runs_plain_data_parallel_in_fp32_
 def test_bf16_asked_of_convattn_keeps_the_launchers_bf16_and_drops_only_fsdp(monkeypatch):
     launched_with(monkeypatch, "--config_file", str(FSDP2_YAML))
     flags = precision_flags("bf16")
-    assert settle_launcher(flags, processes=2) == ("accelerate's FSDP (fsdp_version 2, 13 fsdp_config settings) does "
-                                                   "not apply without GPUs: this run is plain data parallelism over 2 "
-                                                   "processes in bf16")
+    assert settle_launcher(flags, processes=2) == (
+        "accelerate's FSDP (fsdp_version 2, 13 more FSDP_* settings) does not apply without GPUs: this run is plain "
+        "data parallelism over 2 processes in bf16")
     assert what_the_trainer_runs(flags) == ("DistributedType.NO", True, False)
 
 

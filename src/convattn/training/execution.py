@@ -74,10 +74,10 @@ def settle_launcher(flags: dict, processes: int = 1) -> str | None:
     gpu = torch.cuda.is_available()
     fsdp = env.get(LAUNCHER_FSDP, "false").lower() == "true"
     if fsdp and not gpu:
-        settings = sorted(name for name in env if name.startswith(LAUNCHER_FSDP_SETTINGS))
         version = env.get("FSDP_VERSION")
+        others = sum(name.startswith(LAUNCHER_FSDP_SETTINGS) for name in env) - ("FSDP_VERSION" in env)
         detail = ", ".join(([f"fsdp_version {version}"] if version else [])
-                           + ([f"{len(settings) - bool(version)} fsdp_config settings"] if settings else []))
+                           + ([f"{others} more FSDP_* settings"] if others else []))
         dropped.append(f"FSDP ({detail})" if detail else "FSDP")
         del env[LAUNCHER_FSDP]
     launcher = env.get(LAUNCHER_PRECISION)
