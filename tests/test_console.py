@@ -65,3 +65,22 @@ def test_the_main_process_is_rank_0_or_a_process_that_runs_alone(monkeypatch, tm
     assert main_process() is main
     with run_folder_lock(tmp_path / "run"):
         assert (tmp_path / "run" / LOCK_FILE).is_file() is main
+
+
+def test_a_librarys_python_warning_goes_to_the_log_file_and_with_verbose_to_the_screen(tmp_path, capsys):
+    """A warnings.warn of a library (torch's pin_memory on CPU, issue 66) asks nothing of the user: log.txt only,
+    unless --verbose."""
+    import warnings
+
+    from convattn import console
+
+    for verbose, folder in ((False, tmp_path / "quiet"), (True, tmp_path / "verbose")):
+        console.configure(verbose=verbose)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found", UserWarning,
+                          stacklevel=1)
+        console.log_to(folder)
+        assert ("pin_memory" in capsys.readouterr().err) == verbose
+        assert "py.warnings WARNING" in (folder / "log.txt").read_text()
+    console.configure(verbose=False)

@@ -284,3 +284,31 @@ def test_masked_lm_loss_alone_skips_the_full_decoder():
     alone = model(input_ids=ids, labels=labels, return_logits=False)
     assert alone.logits is None and full.logits.shape == (2, 12, 101)
     torch.testing.assert_close(alone.loss, full.loss)
+
+
+def test_loading_a_folder_without_its_other_heads_reports_nothing_unexpected(tmp_path):
+    """A pretraining folder (MLM head, or ELECTRA's generator) loaded as the encoder or a classifier: the heads
+    left out are intended, not a load-report table on every load (issue 66); the new head is still reported."""
+    import logging
+
+    from convattn.electra import ConvAttnForPreTraining
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).save_pretrained(tmp_path / "mlm")
+        config = tiny_config("convbert/small")
+        config.mask_token_id = 4
+        ConvAttnForPreTraining(config).save_pretrained(tmp_path / "electra")
+        for folder in (tmp_path / "mlm", tmp_path / "electra"):
+            records.clear()
+            ConvAttnModel.from_pretrained(folder)
+            assert not any("UNEXPECTED" in r for r in records), records
+            AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
+            report = "\n".join(records)
+            assert "UNEXPECTED" not in report and "classifier" in report and "MISSING" in report, report
+    finally:
+        logger.removeHandler(handler)

@@ -1,10 +1,10 @@
 """What a command prints: one progress bar per long phase and short `convattn <command>: ...` lines (`say`).
 
-The libraries' own output (transformers' load reports and warnings, the Trainer's per-log dicts, datasets' Map
-bars, weight-loading bars) goes to the run folder's `log.txt` instead: `configure` (called by the command line
-for every command that loads models) captures it, kept in memory until the command knows its folder and calls
-`log_to`. `--verbose` also shows it live, at info level, with the libraries' progress bars. Errors still
-reach the screen.
+The libraries' own output (transformers' load reports and warnings, Python warnings of any library, the Trainer's
+per-log dicts, datasets' Map bars, weight-loading bars) goes to the run folder's `log.txt` instead: `configure`
+(called by the command line for every command that loads models) captures it, kept in memory until the command
+knows its folder and calls `log_to`. `--verbose` also shows it live, at info level, with the libraries' progress
+bars. Errors still reach the screen.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from convattn.errors import UsageError
 from convattn.files import append_text, check_plain_file
 
 LOG_FILE = "log.txt"
-CAPTURED = ("transformers", "datasets", "convattn")  # loggers whose records go to log.txt
+# loggers whose records go to log.txt; py.warnings: the Python warnings of any library (torch's pin_memory on CPU,
+# deprecations), which `configure` routes there
+CAPTURED = ("transformers", "datasets", "convattn", "py.warnings")
 
 
 def main_process() -> bool:
@@ -166,6 +168,8 @@ def configure(verbose: bool) -> None:
         _saved[name] = (logger.handlers[:], logger.level, logger.propagate)
         logger.handlers, logger.propagate = [_run_log, screen], False
         logger.setLevel(logging.INFO)
+    logging.captureWarnings(False)  # anew: whoever replaced warnings.showwarning since (a test's recorder)
+    logging.captureWarnings(True)
 
 
 def log_to(folder: Path) -> Path | None:

@@ -176,6 +176,10 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
     # the heads' **sequence_offsets are a flattened batch's offsets, not loss kwargs: the Trainer must not pass
     # num_items_in_batch (it would read any ** in forward as accepting them)
     accepts_loss_kwargs = False
+    # a pretraining head in the folder (the MLM head, ELECTRA's generator and heads) that the model loaded has not
+    # (the encoder, a task head) is left out as intended: not a load-report table on every fine-tuning. A task head
+    # or encoder weights that do not fit are still reported (and refused by checkpoint.load_checked)
+    _keys_to_ignore_on_load_unexpected = [r"^(mlm_head|discriminator_head|generator_head|generator)\."]  # noqa: RUF012
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:

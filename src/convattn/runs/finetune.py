@@ -152,3 +152,16 @@ def check_restartable(out: Path, job: str, seed_folders: list[Path]) -> None:
     prefixes = [str(Path(folder).relative_to(out)) + "/" for folder in folders if Path(folder).is_dir()]
     if prefixes and (foreign := [f for f in foreign_files(out, job) if f.startswith(tuple(prefixes))]):
         check_only_own_files(out, foreign, option("output_dir"))
+
+
+def reused_seeds(what: str, seeds: int, pending: list[int], out: Path) -> str | None:
+    """The line naming the seeds of `what` that a rerun reuses from `out` (finished there), or None when every seed
+    is trained now: a reused seed's scores enter the results, so the run says which."""
+    reused = [s for s in range(seeds) if s not in pending]
+    if not reused:
+        return None
+    names = f"seed {reused[0]}" if len(reused) == 1 else f"seeds {', '.join(map(str, reused))}"
+    if not pending:
+        return f"{what}: all {seeds} seeds already finished in {out} ({names}), reused: nothing to train"
+    return (f"{what}: {names} already finished in {out}, reused as they are (their scores enter the results); "
+            f"training {'seed' if len(pending) == 1 else 'seeds'} {', '.join(map(str, pending))}")

@@ -3,7 +3,8 @@
 * one writer: `run_folder_lock`, `fcntl.flock` on `<folder>/.convattn.lock`, so the operating system releases it
   when the process ends, however it ends (a kill -9 leaves no stale lock, only a lock file that the next run takes
   over). A second process asking for a busy folder gets one `UsageError` naming the holder. The lock file is
-  removed when the run ends, and a folder the run created but wrote nothing into is removed with it;
+  removed when the run ends, and the folders the run created but wrote nothing into (the parents it made
+  included) are removed with it;
 * links: the folder given is followed, but nothing inside it is written or removed through a symbolic link. A
   link where a run's file or folder goes is refused by name (`check_no_links`, `foreign_entries`), a hard-linked
   file convattn writes in place (the lock, log.txt) is replaced by a file of its own, so its other names keep
@@ -64,7 +65,8 @@ def run_folder_lock(folder: Path, flag: str = option("output_dir"), enabled: boo
         yield
         return
     folder = Path(folder)
-    created = not folder.exists()
+    # the folders made here, the deepest first (`squad/<model>` may make `squad/` too)
+    created = [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
     descriptor = _acquire(path, flag)
@@ -76,8 +78,16 @@ def run_folder_lock(folder: Path, flag: str = option("output_dir"), enabled: boo
     finally:
         path.unlink(missing_ok=True)  # before the lock is released: a newcomer then finds no file, or a new one
         os.close(descriptor)
-        if created and not any(folder.iterdir()):
-            folder.rmdir()
+        remove_if_empty(created)
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove `folders` (made by this run, the deepest first) while they are empty: a refused command leaves
+    none of them behind."""
+    for path in folders:
+        if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
+            return
+        path.rmdir()
 
 
 def _acquire(path: Path, flag: str) -> int:
@@ -214,15 +224,25 @@ def check_removable(path: Path, record: str, flag: str = option("overwrite")) ->
             resolved.parent == Path("/home"):
         raise UsageError(f"{flag}: will not remove {path} (the working directory, one of its parents, a home "
                          f"directory or the filesystem root); choose another {option('output_dir')}")
-    if path.is_dir() and any(path.iterdir()) and not (path / record).is_file():
-        raise UsageError(f"{flag}: {path} is not a convattn run (no {record}); convattn only replaces what it "
-                         f"wrote: choose another {option('output_dir')}, or empty that directory yourself")
+    held = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in path.iterdir()
+                  if p.name != LOCK_FILE) if path.is_dir() else []
+    if held and not (path / record).is_file():
+        raise UsageError(f"{flag}: {path} is not a convattn run (no {record}; it holds {listed(held)}); convattn "
+                         f"only replaces what it wrote: choose another {option('output_dir')}, or empty that "
+                         "directory yourself")
 
 
-def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> str:
-    """'key: old -> new, ...' for the options (other than `allowed`) that differ; '' when none do."""
-    changed = sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))
-    return ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+def changed_fields(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS) -> list[str]:
+    """The options (other than `allowed`) whose values differ, sorted."""
+    return sorted(k for k in set(saved) | set(current) if k not in allowed and saved.get(k) != current.get(k))
+
+
+def changed_options(saved: dict, current: dict, allowed: tuple[str, ...] = BOOKKEEPING_OPTIONS,
+                    name: Callable[[str], str] = str) -> str:
+    """'key: old -> new, ...' for the options (other than `allowed`) that differ, each key as `name` says it; ''
+    when none do."""
+    return ", ".join(f"{name(k)}: {saved.get(k)!r} -> {current.get(k)!r}"
+                     for k in changed_fields(saved, current, allowed))
 
 
 def check_same_options(saved: dict | None, current: dict, allowed: tuple[str, ...], problem: str) -> None:

@@ -3,6 +3,8 @@ torch.compile's mode. torch is imported where it is needed (the command line rea
 
 from __future__ import annotations
 
+import os
+
 from convattn.errors import UsageError, option
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -44,6 +46,55 @@ def stays_on_cpu(bf16: bool, processes: int = 1) -> bool:
     import torch
 
     return not torch.cuda.is_available() and (bf16 or processes > 1)
+
+
+# accelerate launch hands its configuration to the processes it starts as environment variables, which the
+# Trainer's TrainingArguments and Accelerator read: FSDP (ACCELERATE_USE_FSDP and its FSDP_* settings) and the
+# mixed precision (ACCELERATE_MIXED_PRECISION, "no" for fp32), used where convattn's own flags say nothing
+LAUNCHER_FSDP, LAUNCHER_PRECISION, LAUNCHER_FSDP_SETTINGS = "ACCELERATE_USE_FSDP", "ACCELERATE_MIXED_PRECISION", "FSDP_"
+
+
+def run_precision(flags: dict) -> str:
+    """The precision TrainingArguments' bf16 and fp16 flags (`precision_flags`) compute in."""
+    return "bf16" if flags["bf16"] else "fp16" if flags["fp16"] else "fp32"
+
+
+def settle_launcher(flags: dict, processes: int = 1) -> str | None:
+    """Make what accelerate's launcher asked for (its environment) agree with what this run does, before the
+    TrainingArguments read it, and return one line naming each launcher setting dropped (None: none is).
+
+    Without a GPU, FSDP cannot apply (accelerate shards only over GPUs): the Trainer ran plain data parallelism with
+    it, so it is removed and said. The run's precision is convattn's (`--precision`, `flags`): a launcher's
+    mixed_precision that differs is set to it, since the Trainer would otherwise compute in the launcher's (bf16
+    autocast on CPU) while the run records fp32."""
+    import torch
+
+    env, dropped = os.environ, []
+    precision = run_precision(flags)
+    gpu = torch.cuda.is_available()
+    fsdp = env.get(LAUNCHER_FSDP, "false").lower() == "true"
+    if fsdp and not gpu:
+        version = env.get("FSDP_VERSION")
+        others = sum(name.startswith(LAUNCHER_FSDP_SETTINGS) for name in env) - ("FSDP_VERSION" in env)
+        detail = ", ".join(([f"fsdp_version {version}"] if version else [])
+                           + ([f"{others} more FSDP_* settings"] if others else []))
+        dropped.append(f"FSDP ({detail})" if detail else "FSDP")
+        del env[LAUNCHER_FSDP]
+    launcher = env.get(LAUNCHER_PRECISION)
+    if launcher is not None and launcher != ("no" if precision == "fp32" else precision):
+        if launcher != "no":
+            dropped.append(f"mixed_precision {launcher}")
+        env[LAUNCHER_PRECISION] = "no" if precision == "fp32" else precision
+    if not dropped:
+        return None
+    names = " and ".join(dropped)
+    if fsdp and not gpu:
+        runs = f"plain data parallelism over {processes} processes" if processes > 1 else "one process"
+        hint = " (--precision bf16 computes in bf16 on CPU)" if precision == "fp32" else ""
+        return (f"accelerate's {names} {'do' if len(dropped) > 1 else 'does'} not apply without GPUs: this run is "
+                f"{runs} in {precision}{hint}")
+    hint = f" (give --precision {launcher} for the launcher's)" if launcher in PRECISIONS else ""
+    return f"accelerate's {names} is not used: this run computes in {precision}, as --precision says{hint}"
 
 
 def checked_compile_mode(mode: str | None) -> str | None:

@@ -46,10 +46,11 @@ def test_a_seed_recorded_before_precision_was_reuses_as_fp32_and_compile_never_m
 
 @needs_cpu_only
 def test_the_trainer_gets_the_precision_and_the_compile_mode(tmp_path):
-    args = finetune_trainer.fine_tuning_arguments(tmp_path, settings(precision="bf16", compile="reduce-overhead"), 0)
+    args = finetune_trainer.fine_tuning_arguments(tmp_path, settings(precision="bf16", compile="reduce-overhead"), 0,
+                                                  "glue")
     assert args.bf16 and not args.fp16 and args.use_cpu  # CPU autocast needs use_cpu
     assert args.torch_compile and args.torch_compile_mode == "reduce-overhead"
-    eager = finetune_trainer.fine_tuning_arguments(tmp_path, settings(precision="fp32"), 0)
+    eager = finetune_trainer.fine_tuning_arguments(tmp_path, settings(precision="fp32"), 0, "glue")
     assert not eager.bf16 and not eager.torch_compile
 
 

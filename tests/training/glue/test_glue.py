@@ -202,6 +202,8 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     assert main(argv) == 0
     printed = capsys.readouterr().err
     assert "sst2: all 2 seeds already finished" in printed and "cola seed 1: fine-tuning" in printed
+    # the finished seed a rerun reuses is named (issue 66: reused without a word)
+    assert f"cola: seed 0 already finished in {out}, reused as they are" in printed and "training seed 1" in printed
     assert "cola seed 0: fine-tuning" not in printed
     assert interrupted.is_file()
     assert all(p.stat().st_mtime_ns == t for p, t in markers.items() if p != interrupted)

@@ -51,6 +51,12 @@ def test_outputs_load_with_auto_classes(finished_run):
     assert model(**batch).logits.shape[-1] == len(tokenizer)
     assert (finished_run / "perplexity.png").stat().st_size > 0
     assert any((finished_run / "tensorboard").iterdir())
+    # the model folder carries its modeling code as one file; a checkpoint, which convattn resumes, none (issue 66)
+    assert sorted(p.name for p in finished_run.glob("*.py")) == ["convattn_modeling.py"]
+    for checkpoint in (finished_run / "checkpoints").iterdir():
+        assert not list(checkpoint.glob("*.py")), checkpoint
+        assert "auto_map" not in json.loads((checkpoint / "config.json").read_text()), checkpoint
+        assert AutoModelForMaskedLM.from_pretrained(checkpoint).config.num_hidden_layers == 2  # convattn loads it
 
 
 def test_metrics_rows_have_exact_perplexity(finished_run):
@@ -80,9 +86,17 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run
     assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
 
 
-def test_resume_rejects_changed_options(corpus, finished_run, capsys):
+def test_resume_rejects_changed_options_naming_the_option_and_its_fix(corpus, finished_run, capsys):
+    """The hint is the one for the option that changed: --allow-schedule-change only for a schedule change (issue
+    66: a changed --lr got the hint for changing --max-steps)."""
     assert main(tiny_args(corpus, finished_run, "--resume", "--lr", "0.5")) == 2
-    assert "learning_rate" in capsys.readouterr().err
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--lr: 0.0003 -> 0.5" in line and "drop --lr" in line, line
+    assert "--allow-schedule-change" not in line and "--max-steps" not in line, line
+    assert main(tiny_args(corpus, finished_run, "--resume", "--lr", "0.5", "--max-steps", "12")) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "drop --lr, --max-steps (" in line and "drop --lr and add --allow-schedule-change to change --max-steps" \
+        in line, line
 
 
 def test_no_decay_on_biases_and_layernorm():
@@ -188,7 +202,7 @@ def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run,
     capsys.readouterr()
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12"]) == 2
     err = capsys.readouterr().err
-    assert "max_steps: 8 -> 12" in err and "--allow-schedule-change" in err and len(err.strip().splitlines()) == 1
+    assert "--max-steps: 8 -> 12" in err and "--allow-schedule-change" in err and len(err.strip().splitlines()) == 1
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--max-steps", "12",
                  "--allow-schedule-change"]) == 0
     assert complete_checkpoints(run / "checkpoints")[-1].name == "checkpoint-12"

@@ -99,3 +99,16 @@ def test_eval_text_that_is_training_text_is_refused_naming_both(corpus, tmp_path
     one_error_line(capsys.readouterr().err, "pretrain", f"--eval-file {given}", f"--train-file {corpus / 'train.txt'}",
                    "eval text is training text", "--allow-eval-overlap")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--resume"], ["--overwrite"]])
+def test_a_folder_holding_only_a_users_notes_is_refused_naming_them(corpus, tmp_path, capsys, extra):
+    """Not the generic "not empty ... continue with --resume" (there is no run to continue): the user's file is
+    named, and nothing is written (issue 66)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.md").write_text("my notes\n")
+    assert main(tiny_args(corpus, out, *extra)) == 2
+    line = one_error_line(capsys.readouterr().err, "pretrain", str(out), "notes.md")
+    assert "continue that run" not in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.md"]

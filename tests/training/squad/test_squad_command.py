@@ -77,6 +77,9 @@ def test_fine_tunes_scores_and_resumes(checkpoint, tmp_path, capsys, version):
     assert json.loads((seed / "run.json").read_text()) == run
 
     assert squad(checkpoint, out, version, "--seeds", "2", "--save-models", "all") == 0  # only seed 1 trains
+    printed = capsys.readouterr().err  # the seed reused is named (issue 66)
+    assert f"v{version}: seed 0 already finished in {out}, reused as they are" in printed, printed
+    assert f"v{version} seed 1: fine-tuning" in printed and f"v{version} seed 0: fine-tuning" not in printed
     assert json.loads((seed / "run.json").read_text()) == run
     results = json.loads((out / "squad_results.json").read_text())
     assert results["seeds"] == [0, 1]

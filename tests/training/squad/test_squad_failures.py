@@ -126,3 +126,12 @@ def test_an_error_message_of_several_lines_is_said_on_one(monkeypatch, capsys):
     monkeypatch.setattr(command, "add_arguments", lambda parser: parser.set_defaults(func=fails))
     assert main(["glue"]) == 2
     assert capsys.readouterr().err == "convattn glue: error: a table: | a | b | | 1 | 2 |\n"
+
+
+def test_a_refused_squad_leaves_no_folder_not_even_its_default_parent(checkpoint, tmp_path, monkeypatch, capsys):
+    """Without --output-dir the run goes to ./squad/<model>/; refused (offline, no SQuAD files given), neither
+    folder stays (issue 66: an empty ./squad/ was left)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["squad", "--model", str(checkpoint), "--version", "1.1", "--seeds", "1"]) == 2
+    one_error_line(capsys.readouterr().err, "squad", "from the HF hub", "--train-file and --dev-file")
+    assert entries(tmp_path) == []

@@ -18,11 +18,17 @@ from transformers import (
     TrainingArguments,
 )
 
-from convattn.console import captured
+from convattn.console import captured, say, world_size
 from convattn.errors import UsageError, option
 from convattn.files import read_json
 from convattn.runs.finetune import SEED_RUN_FILE
-from convattn.training.execution import COMPILED_PAD_MULTIPLE, compile_arguments, precision_flags, stays_on_cpu
+from convattn.training.execution import (
+    COMPILED_PAD_MULTIPLE,
+    compile_arguments,
+    precision_flags,
+    settle_launcher,
+    stays_on_cpu,
+)
 from convattn.training.finetune.settings import FineTuneSettings, same_settings
 from convattn.training.guards import TrainedSteps
 
@@ -53,9 +59,11 @@ def check_no_more_seeds(run_folder: Path, seeds: int) -> None:
                          f"{extra[-1] + 1} or another {option('output_dir')}")
 
 
-def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int,
-                          command: str | None = None) -> TrainingArguments:
+def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int, command: str) -> TrainingArguments:
+    """The Trainer's arguments of one seed of `command` (glue, squad)."""
     flags = precision_flags(settings.precision)
+    if note := settle_launcher(flags, processes=world_size()):  # before TrainingArguments reads the launcher's
+        say(command, f"warning: {note}")
     return TrainingArguments(
         output_dir=str(path),
         learning_rate=settings.learning_rate,

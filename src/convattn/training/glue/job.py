@@ -10,7 +10,7 @@ from pathlib import Path
 from convattn.console import log_to, processes, say, say_launch
 from convattn.data.glue import get_task
 from convattn.errors import UsageError, option
-from convattn.runs.finetune import GLUE_MODEL_RECORD, check_restartable, foreign_files, layout
+from convattn.runs.finetune import GLUE_MODEL_RECORD, check_restartable, foreign_files, layout, reused_seeds
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.failures import new_job, seed_attempt
@@ -135,8 +135,9 @@ def run_task(name: str, output_dir: Path, splits: TaskSplits | None, settings: d
     """The `pending` seeds of one task, each from `model` as it was when the job started (`identity`: its
     fingerprint) or from the same seed's MNLI model."""
     task = get_task(name)
+    if line := reused_seeds(name, seeds, pending, output_dir):
+        say("glue", line)
     if not pending:
-        say("glue", f"{name}: all {seeds} seeds already finished, skipping")
         return
     tokenizer = pretrained.tokenizer
     data = encode_task(splits, tokenizer, settings[name], pretrained.token_types)

@@ -14,12 +14,20 @@ from convattn.config import ConvAttnConfig
 from convattn.console import check_launch_environment, world_size
 from convattn.data.formatting import FORMATS
 from convattn.data.tokenizer import check_vocab_size
-from convattn.errors import UsageError, option
+from convattn.errors import UsageError, listed, option
 from convattn.runs.checkpoints import check_checkpoint
-from convattn.runs.folder import BOOKKEEPING_OPTIONS, check_only_own_files, check_removable, check_same_options
+from convattn.runs.folder import (
+    BOOKKEEPING_OPTIONS,
+    LOCK_FILE,
+    changed_fields,
+    changed_options,
+    check_only_own_files,
+    check_removable,
+)
 from convattn.runs.pretrain import (
     DATA_FILE,
     EMPTY,
+    NOT_A_RUN,
     OPTIONS_FILE,
     UNSTARTED,
     checkpoint_step,
@@ -314,6 +322,13 @@ class OutputPlan:
     replace: bool = False  # remove the old run's files once the new run is ready to write
 
 
+def held_names(out: Path) -> list[str]:
+    """What `out` holds that a pretraining run did not write (its top-level names when all of it could be a run's:
+    a run's leftovers without its record), for a message."""
+    return foreign_files(out) or sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                                        if p.name != LOCK_FILE)
+
+
 def check_output_dir(options: PretrainOptions) -> OutputPlan:
     """What to do with `options.output_dir` (a folder: `check_output_folder`); raises, before anything is written,
     when it is in the way."""
@@ -323,13 +338,38 @@ def check_output_dir(options: PretrainOptions) -> OutputPlan:
     state = run_state(out)
     if state == EMPTY:
         return OutputPlan()
+    if state == NOT_A_RUN and not options.overwrite:  # a user's files, or a run's leftovers without its record
+        raise UsageError(f"{option('output_dir')} {out} is not empty: it holds {listed(held_names(out))} and no "
+                         f"pretraining run to continue or replace; move those out, or choose another "
+                         f"{option('output_dir')}")
     if not options.overwrite and state != UNSTARTED:
-        raise UsageError(f"{option('output_dir')} {out} is not empty; continue that run with {option('resume')}, "
-                         f"replace it with {option('overwrite')}, or choose another {option('output_dir')}")
+        raise UsageError(f"{option('output_dir')} {out} is not empty: it holds a pretraining run ({state}); continue "
+                         f"that run with {option('resume')}, replace it with {option('overwrite')}, or choose another "
+                         f"{option('output_dir')}")
     flag = option("overwrite") if options.overwrite else option("output_dir")
     check_removable(out, OPTIONS_FILE, flag)
     check_only_own_files(out, foreign_files(out), flag)
     return OutputPlan(replace=True)
+
+
+def check_resumed_options(saved: dict, options: PretrainOptions) -> None:
+    """Refuse options of a --resume that differ from those the run in `options.output_dir` was started with, naming
+    each changed option and the way to go on: drop it (the run's own options are read from the run), or, for a
+    schedule change (`SCHEDULE_CHANGES`), add --allow-schedule-change."""
+    allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
+    current = options.to_json()
+    changed = changed_fields(saved, current, allowed)
+    if not changed:
+        return
+    named = lambda fields: ", ".join(option(k) for k in fields)  # noqa: E731
+    fixed = [k for k in changed if k not in SCHEDULE_CHANGES]
+    schedule = [k for k in changed if k in SCHEDULE_CHANGES]
+    fixes = [f"drop {named(changed)} (the run's own options are read from it)"]
+    if schedule:
+        fixes.append(f"{'drop ' + named(fixed) + ' and ' if fixed else ''}add {option('allow_schedule_change')} to "
+                     f"change {named(schedule)}")
+    raise UsageError(f"{option('resume')}: options differ from the run in {options.output_dir} "
+                     f"({changed_options(saved, current, allowed, name=option)}); {', or '.join(fixes)}")
 
 
 def resume_plan(options: PretrainOptions) -> OutputPlan:
@@ -340,7 +380,10 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
         if out.is_dir() and (out / OPTIONS_FILE).is_file():
             raise UsageError(f"{resume}: the run in {out} stopped before its first checkpoint, so there is nothing to "
                              f"continue; run the same command without {resume} to start it again")
-        raise UsageError(f"{resume}: {out} holds no run to continue; drop {resume} to start one")
+        held = held_names(out) if out.is_dir() else []
+        raise UsageError(f"{resume}: {out} holds no run to continue"
+                         + (f" (it holds {listed(held)}, which no run wrote there)" if held else "")
+                         + f"; drop {resume} to start one" + (" in another folder" if held else ""))
     saved = recorded_options(out / OPTIONS_FILE)
     if saved is None:
         raise UsageError(f"{resume}: {out} has checkpoints but no {OPTIONS_FILE} (the options it was started with), "
@@ -348,10 +391,7 @@ def resume_plan(options: PretrainOptions) -> OutputPlan:
                          f"{option('output_dir')}")
     read_metrics(out)  # damaged run files are named now, not once the run is under way
     recorded_data(out / DATA_FILE)
-    allowed = RESUMABLE_CHANGES + (SCHEDULE_CHANGES if options.allow_schedule_change else ())
-    check_same_options(saved, options.to_json(), allowed,
-                       f"{resume}: options differ from the run in {out} ({{details}}); drop those flags (the run's "
-                       f"own options are read from it), or add {option('allow_schedule_change')} to change {max_steps}")
+    check_resumed_options(saved, options)
     check_checkpoint(checkpoints)
     reached = checkpoint_step(checkpoints[-1])
     if recipe.max_steps is not None and reached > recipe.max_steps:

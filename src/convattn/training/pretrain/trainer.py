@@ -9,11 +9,12 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
 from convattn.config import ConvAttnConfig
-from convattn.console import world_size
+from convattn.console import say, world_size
 from convattn.electra import ConvAttnForPreTraining
 from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
+from convattn.remote_code import without_remote_code
 from convattn.runs.pretrain import checkpoints_dir
-from convattn.training.execution import compile_arguments, precision_flags, stays_on_cpu
+from convattn.training.execution import compile_arguments, precision_flags, settle_launcher, stays_on_cpu
 from convattn.training.guards import FiniteTraining
 from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch
@@ -45,6 +46,10 @@ class PretrainTrainer(FiniteTraining, Trainer):
         self.objective = objective
         self.throughput = throughput
         self.clock, self.warmup = clock, warmup
+
+    def _save_checkpoint(self, model, trial) -> None:
+        with without_remote_code():  # convattn resumes a checkpoint itself: the model folder alone carries the code
+            super()._save_checkpoint(model, trial)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.clock is None or self.lr_scheduler is not None:
@@ -120,6 +125,8 @@ class PretrainTrainer(FiniteTraining, Trainer):
 def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
     recipe = options.recipe
     flags = precision_flags(options.precision)
+    if note := settle_launcher(flags, processes=world_size()):  # before TrainingArguments reads the launcher's
+        say("pretrain", f"warning: {note}")
     return TrainingArguments(
         output_dir=str(checkpoints_dir(options.output_dir)),
         max_steps=CLOCK_ONLY_STEPS if recipe.max_steps is None else recipe.max_steps,

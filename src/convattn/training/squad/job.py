@@ -10,7 +10,7 @@ from pathlib import Path
 from convattn.console import log_to, processes, say, say_launch
 from convattn.data.squad import check_regular_file, check_version, load_squad
 from convattn.errors import UsageError
-from convattn.runs.finetune import SQUAD_MODEL_RECORD, check_restartable, foreign_files, layout
+from convattn.runs.finetune import SQUAD_MODEL_RECORD, check_restartable, foreign_files, layout, reused_seeds
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
 from convattn.training.finetune.failures import new_job, seed_attempt
@@ -94,11 +94,11 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
             if data:
                 say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} "
                              f"windows, {len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
+            if line := reused_seeds(f"v{version}", seeds, pending, output_dir):
+                say("squad", line)
             for seed in pending:
                 run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir, save_models != "none")
                 drop_replaced_if_standing(output_dir, SQUAD)  # a job --overwrite replaces goes once this one has a seed
-            if not pending:
-                say("squad", f"v{version}: all {seeds} seeds already finished")
             results = aggregate(output_dir, version)
             if results["best_seed"] is not None:
                 best = results["best_seed"]
