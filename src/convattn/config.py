@@ -318,7 +318,7 @@ class ConvAttnConfig(PretrainedConfig):
         from convattn.remote_code import auto_map, wanted, write_remote_code
 
         os.makedirs(save_directory, exist_ok=True)
-        if not wanted():  # a checkpoint: convattn resumes it, no code and no auto_map naming code that is not there
+        if not wanted():  # a checkpoint: convattn resumes it; no code, and no auto_map naming code that is not there
             kept = self.__dict__.pop("auto_map", None)
             try:
                 return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
@@ -327,13 +327,7 @@ class ConvAttnConfig(PretrainedConfig):
                     self.auto_map = kept
         write_remote_code(save_directory, type(self).__module__)
         self.auto_map = auto_map()
-        # a config loaded through trust_remote_code would also save "its" code (transformers' custom_object_save),
-        # naming the submodule of the bundle that defines it in auto_map: written above already, as one file
-        self._auto_class = None
-        try:
-            super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-        finally:
-            del self._auto_class
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     # ------------------------------------------------------------------ presets
     @classmethod

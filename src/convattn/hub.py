@@ -162,7 +162,7 @@ def push(run_dir: str | os.PathLike, repo_id: str, *, private: bool = False, tok
     if missing:
         raise FileNotFoundError(f"{run} is not a saved model: missing {', '.join(missing)}")
     if not any(run.glob("convattn_*.py")):
-        raise FileNotFoundError(f"{run} has no modeling code (convattn_modeling.py): save it again with this convattn")
+        raise FileNotFoundError(f"{run} has no modeling code (convattn_*.py): save it again with this convattn")
     api = HfApi(token=token)
     card = run / CARD
     local_card = card.read_text() if card.is_file() else None

@@ -51,8 +51,8 @@ def test_outputs_load_with_auto_classes(finished_run):
     assert model(**batch).logits.shape[-1] == len(tokenizer)
     assert (finished_run / "perplexity.png").stat().st_size > 0
     assert any((finished_run / "tensorboard").iterdir())
-    # the model folder carries its modeling code as one file; a checkpoint, which convattn resumes, none (issue 66)
-    assert sorted(p.name for p in finished_run.glob("*.py")) == ["convattn_modeling.py"]
+    # the model folder carries its modeling code; a checkpoint, which convattn resumes, none (issue 66)
+    assert (finished_run / "convattn_model.py").is_file()
     for checkpoint in (finished_run / "checkpoints").iterdir():
         assert not list(checkpoint.glob("*.py")), checkpoint
         assert "auto_map" not in json.loads((checkpoint / "config.json").read_text()), checkpoint

@@ -284,7 +284,7 @@ def test_a_path_component_too_long_for_the_filesystem_is_one_line(corpus, tmp_pa
 def test_files_are_readable_by_others_and_the_tokenizer_states_the_models_length(finished_run):
     from transformers import AutoTokenizer
 
-    for name in ("README.md", "metrics.jsonl", "pretrain_options.json", "convattn_modeling.py", "perplexity.png",
+    for name in ("README.md", "metrics.jsonl", "pretrain_options.json", "convattn_model.py", "perplexity.png",
                  "model.safetensors"):
         assert (finished_run / name).stat().st_mode & 0o777 == 0o666 & ~current_umask(), name
     tokenizer = AutoTokenizer.from_pretrained(finished_run)  # relative positions: any length
