@@ -105,10 +105,26 @@ class Design:
     deterministic: bool  # two backward passes give the same bits
 
 
-# "split": dQ in float32 accumulators, one per split of the key blocks, summed in split order afterwards (today's
-# only design). Issue 62's second design (one accumulator the key blocks add into atomically) joins here, with the
-# context that selects it; the plans name the designs they time.
-DESIGNS = {"split": Design(None, True)}
+@contextlib.contextmanager
+def dq_environment(design: str):
+    """CONVATTN_TRITON_DQ=design inside: the variable the kernel's rework reads at each backward launch to choose its
+    dQ design (a kernel without it ignores it)."""
+    before = os.environ.get("CONVATTN_TRITON_DQ")
+    os.environ["CONVATTN_TRITON_DQ"] = design
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CONVATTN_TRITON_DQ", None)
+        else:
+            os.environ["CONVATTN_TRITON_DQ"] = before
+
+
+# "split": dQ in float32 accumulators, one per split of the key blocks, summed in split order afterwards (this
+# branch's only design; named explicitly, so that a kernel that chooses by itself still runs it). Issue 62's second
+# design joins with one line, where the kernel has it: "atomic": Design(lambda: dq_environment("atomic"), False).
+# The plans time and check every design named here, side by side.
+DESIGNS = {"split": Design(lambda: dq_environment("split"), True)}
 
 
 @dataclass(frozen=True)
