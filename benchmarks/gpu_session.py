@@ -610,8 +610,9 @@ def selection_command(plan: Plan, files: list[str], listing: Path) -> list[str]:
 def pytest_run(command: list[str], deadline: float) -> tuple[int, str]:
     """The command's exit status and output; killed at the deadline (status -SIGKILL)."""
     print("$", " ".join(command[1:]), flush=True)
+    path = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))  # the plugin
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as proc:
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": path}) as proc:
         try:
             output, _ = proc.communicate(timeout=max(deadline - time.time(), 1))
         except subprocess.TimeoutExpired:
