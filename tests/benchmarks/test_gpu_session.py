@@ -406,3 +406,38 @@ def test_the_gpus_selection_is_read_from_the_tests_marks_the_bars_first(gpu_sess
         "test_every_term_combination_matches_the_reference_with_padding[composite-clip]",
         "test_half_precision_against_float32[dtype0]", "test_each_replay",
         "test_layers_take_the_kernel_by_name_and_match_eager", "test_string_condition"]
+
+
+def test_a_tiling_is_pinned_for_the_gate_and_the_warm_up_and_a_launch_only_compiles_inside_compile_only(
+        gpu_session, monkeypatch):
+    import kernel_tilings
+    import torch
+
+    from convattn.attention.relative.triton import launch
+
+    tilings = [(64, 64, 4, 1), (128, 64, 8, 1), (32, 64, 4, 1)]
+    monkeypatch.setattr(launch, "configs", lambda kernel, head_dim, dtype: tilings[:2] if kernel == "forward"
+                        else tilings)
+    assert kernel_tilings.tiling_count(64, torch.bfloat16) == 3
+    with kernel_tilings.pinned_tiling(2):
+        assert launch.configs("forward", 64, torch.bfloat16) == [tilings[1]]  # its last, where it has fewer
+        assert launch.configs("backward", 64, torch.bfloat16) == [tilings[2]]
+    assert launch.configs("backward", 64, torch.bfloat16) == tilings
+
+    warmed = []
+
+    class Kernel:
+        __name__ = "backward_kernel"
+
+        def warmup(self, *args, grid, **kwargs):
+            warmed.append((args, grid, kwargs))
+
+    original = torch.library.wrap_triton
+    with kernel_tilings.compile_only() as compiled:
+        torch.library.wrap_triton(Kernel())[(4, 2)](1, 2, BLOCK_M=64)
+    assert torch.library.wrap_triton is original
+    assert warmed == [((1, 2), (4, 2), {"BLOCK_M": 64})] and compiled[0][0] == "backward_kernel"
+
+    monkeypatch.delattr(launch, "AUTOTUNERS")  # a rework that renames what a tiling is pinned through
+    with pytest.raises(kernel_tilings.TilingsUnknown, match="AUTOTUNERS"):
+        kernel_tilings.tiling_count(64, torch.bfloat16)
