@@ -527,13 +527,13 @@ def gate_check(row: dict, plan: Plan, deadline: float) -> dict:
 def warm_unit(row: dict, index: int, plan: Plan) -> list:
     """Compile the row's kernels at its `index`-th tiling without launching them: the row's forward and backward
     with every launch a warmup (kernel_tilings). The (kernel, seconds) compiled."""
+    import torch
+
     with kernel_tilings.pinned_tiling(index), kernel_tilings.compile_only() as compiled:
         if "gate" in row:
             qkv, rel, keep = gpu_gate.problem(row["gate"], row["batch"], row["heads"], row["n"], plan.head_dim,
                                               plan.device)
             select = DESIGNS[row["design"]].select
-            import torch
-
             weights = torch.ones(row["batch"], row["heads"], row["n"], plan.head_dim, dtype=torch.float64,
                                  device=plan.device)
             with select() if select is not None else contextlib.nullcontext():
