@@ -1,38 +1,49 @@
-"""One GPU session in one command (issues 37 and 47): what a user of the fused relative-attention kernel meets, in
-four stages of priority order, each time-boxed and writing its file as soon as it finishes a row:
+"""One GPU session in one command (issues 37, 47 and 62): what a user of the fused relative-attention kernel meets,
+ordered by what decides the GPU speed issue's bars, each stage time-boxed and writing its file as soon as it finishes
+a row. The call's plan (each stage's budget and rows, in order) is printed before anything runs.
 
-  tests    (90 s at most) the kernel's CUDA tests (tests/attention/relative/test_triton*.py, or the triton/
-           folder beside them), stopping at the first failure (pytest -x)
+  warm-up  at the call's start, background processes compile every Triton tiling the stages will launch (the
+           autotuner's candidates for each row: the gate's, the kernels stage's, the training step's attention) into
+           Triton's cache, the first rows' first (kernel_tilings.py); stopped when the kernels stage ends. Every
+           stage runs with TRITON_CACHE_AUTOTUNING=1: the autotuner's picks go to the same cache, and a later stage
+           (or one started again) launches them without timing the tilings again
+  gate     (20 s) the kernel against SDPA and float64 at one small shape, output and every gradient, each tiling,
+           each dQ design (gpu_gate.py): a failure, or a gate that did not finish, marks every kernel and training
+           row "unverified" (they are still measured)
   kernels  the device's time per forward + backward of attention alone: the sum of the device's kernels, copies and
-           memsets under torch.profiler (not the wall clock), at batch x heads x n = 32 x 4 x 512, 128 x 4 x 512,
-           8 x 4 x 2,048 and 2 x 12 x 8,192 (64 channels a head, bf16): the kernel plain, + dropout 0.1, + padding
-           (1/8 of one row, and the dropout), + the row table (fixed + dynamic_query: composite), + the key table
-           (dynamic_key), and composite+key, against SDPA without a mask (its flash backend, without and with the
-           dropout) and SDPA with the same mask and dropout (the backend it chooses); the names of the kernels
-           each arm ran (SDPA's too) are recorded. The bars' rows first, every shape, then the others
-  host     the host's time per call (issuing forward + backward, no profiler) and per launch (over the device's
-           launches of a profiled call), beside the wall and device time, every arm at 32 x 4 x 512: launch-bound
-           where the host issues a call slower than the device runs it
+           memsets under torch.profiler (not the wall clock), bf16, 64 channels a head. n = 2,048 and 8,192 first:
+           plain (SDPA flash, the kernel in each dQ design; then both with dropout 0.1), then the relative terms
+           (SDPA with the same mask and dropout, composite, composite+key; then padding alone and the key table
+           alone); then n = 512 (32 x 4 and 128 x 4) in the same order. The kernels each arm ran are named
   train    the product's own training step (benchmarks/pretrain_step.py): `convattn pretrain` at the
-           chang2021-small recipe's shape in bf16, chang2021-small/composite against chang2021-small/absolute (SDPA)
-           and transformers' BertForMaskedLM (SDPA), batch 128 and 512, eager and --compile: tokens/s after the
-           warm-up, the allocator's peak, the device's busy share. Needs the kit (.gpu-kit, carried: `datasets`'
-           wheels, the recipe's tokenizer, the text); without it the rows say so
-  summary  every bar with its verdict (pass / fail) on the named device, the stages' tables: summary.md, printed
-           last
+           chang2021-small recipe's shape in bf16. Batch 128 first: composite and absolute (SDPA) as CUDA graphs
+           (--compile-mode reduce-overhead), eager, then compiled; then transformers' BertForMaskedLM the same way;
+           batch 512 with the time left. Tokens/s after the warm-up, the allocator's peak, the device's busy share;
+           each compiled row its graph breaks and cudagraph skips (a graphs row with any says "not graphed"). Needs
+           the kit (.gpu-kit, carried: `datasets`' wheels, the recipe's tokenizer, the text); without it the rows
+           say so
+  tests    the packages the call relies on, imported, their versions (the kit's wheels among them); then the
+           kernel's tests a GPU runs (cuda_selection.py reads them from their marks), the bars' first, pytest -x
+  host     the host's time per call (no profiler) and per launch, every arm at 32 x 4 x 512
+  flex     with the time left: FlexAttention without a score_mod (PyTorch's own Triton kernels, compiled) at
+           8 x 4 x 2,048 beside SDPA flash and the plain kernel: the Triton floor on that GPU
+  summary  the gate, every bar with its verdict (pass / fail, "unverified" where the gate did not pass) on the
+           named device, the stages' tables: summary.md, printed last
 
 An arm that fails (an exception, out of memory) is recorded with its reason and the stage goes on; one that breaks
 the CUDA context ends its stage's process, and the session starts the stage again without that arm. A stage that
 runs out of time records what it did not measure. A stage continues the rows its file already holds (the session
-removes the files first). Files (6 of the device call's 8): session.log, tests.json, kernels.json, host.json,
-train.json, summary.md.
+removes the files first). Files (the device call's 8): session.log, gate.json, kernels.json, train.json,
+tests.json, host.json, flex.json, summary.md.
 
-    bash benchmarks/gpu_session.sh               # the GPU machine's one call: every stage in under 8 minutes
+    bash benchmarks/gpu_session.sh               # the GPU machine's one call: every stage in about 8 minutes
     bash benchmarks/gpu_session.sh --rehearse    # on CPU: tiny shapes, the kernel under TRITON_INTERPRET=1 (CI)
     bash benchmarks/gpu_session.sh --stage kernels --deadline $(( $(date +%s) + 120 ))    # one stage by hand
 
-Files go to --out: $OUT where set (the GPU machine's folder that comes back), else benchmarks/results/gpu_session
-(or a temporary folder when rehearsing).
+The rehearsal runs every stage in the call's order at tiny shapes (the compiled training rows skipped), resolves the
+tests a GPU would run from their marks and runs the first of them under the interpreter, and prints the GPU call's
+plan first. Files go to --out: $OUT where set (the GPU machine's folder that comes back), else
+benchmarks/results/gpu_session (or a temporary folder when rehearsing).
 """
 
 from __future__ import annotations
@@ -52,12 +63,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import gpu_gate
+import kernel_tilings
 import pretrain_step
 
 # torch, transformers and convattn are imported where a stage measures (seconds each): the session's own process and
@@ -66,20 +81,55 @@ import pretrain_step
 ROOT = Path(__file__).resolve().parents[1]
 # the kernel's tests, wherever the kernel's rework puts them
 TEST_GLOBS = ("tests/attention/relative/test_triton*.py", "tests/attention/relative/triton/**/test_*.py")
-# Seconds per stage, in order; a stage may use what the ones before it left. 455 s in all, under the 8 minutes the
-# session has on an H100 or H200, Triton's and Inductor's compilation included (the machine's start is not the
-# command's).
-BUDGETS = {"tests": 90, "kernels": 120, "host": 25, "train": 220}
+# Seconds per stage, in the call's order; a stage may use what the ones before it left. 490 s in all: the device
+# call's command may run 600 s, and the session's 15 minutes of device time hold the machine's start (a minute or
+# more) and the files' return too. Triton's and Inductor's compilation fall inside the stages (the warm-up's beside
+# the gate and the kernels stage); the kit's wheels' install counts against the gate's 20 s (gpu_session.sh stamps
+# the call's start before it).
+GPU_BUDGETS = {"gate": 20, "kernels": 130, "train": 220, "tests": 80, "host": 20, "flex": 20}
+# the rehearsal's: room for a loaded CPU (2 cores shared), so that no stage is cut short by the machine's load
+REHEARSAL_BUDGETS = {"gate": 240, "kernels": 400, "train": 600, "tests": 400, "host": 300, "flex": 240}
 SLACK = 10  # a stage's own deadline comes this much before its process is stopped
+STAGE_SLACK = {"gate": 2}  # the gate checks tiling by tiling (a second or two each once compiled)
 RESTART = 75  # a stage's exit status after an arm broke the CUDA context
 RESTARTS = 3  # at most this many times a stage starts again after its process died (a crash in an arm)
-SPEC = ("tests", "batch", "heads", "n", "mode", "arm")  # the fields that name a row
+SPEC = ("tests", "gate", "batch", "heads", "n", "mode", "arm", "design")  # the fields that name a row
 DROPOUT = 0.1
 
 
 @dataclass(frozen=True)
+class Design:
+    """A design of the kernel's backward for dQ, which the kernels stage times side by side and the gate checks."""
+
+    select: Callable[[], contextlib.AbstractContextManager] | None  # entered around each call; None: the default
+    deterministic: bool  # two backward passes give the same bits
+
+
+@contextlib.contextmanager
+def dq_environment(design: str):
+    """CONVATTN_TRITON_DQ=design inside: the variable the kernel's rework reads at each backward launch to choose its
+    dQ design (a kernel without it ignores it)."""
+    before = os.environ.get("CONVATTN_TRITON_DQ")
+    os.environ["CONVATTN_TRITON_DQ"] = design
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CONVATTN_TRITON_DQ", None)
+        else:
+            os.environ["CONVATTN_TRITON_DQ"] = before
+
+
+# "split": dQ in float32 accumulators, one per split of the key blocks, summed in split order afterwards (this
+# branch's only design; named explicitly, so that a kernel that chooses by itself still runs it). Issue 62's second
+# design joins with one line, where the kernel has it: "atomic": Design(lambda: dq_environment("atomic"), False).
+# The plans time and check every design named here, side by side.
+DESIGNS = {"split": Design(lambda: dq_environment("split"), True)}
+
+
+@dataclass(frozen=True)
 class Arm:
-    kind: str  # "sdpa" or "kernel"
+    kind: str  # "sdpa", "kernel" or "flex"
     dropout: float
     padding: bool
     terms: tuple[str, ...] = ()
@@ -96,30 +146,42 @@ ARMS = {
     "+row table": Arm("kernel", DROPOUT, True, ("fixed", "dynamic_query"), "sdpa+padding"),  # composite
     "+key table": Arm("kernel", DROPOUT, True, ("dynamic_key",), "sdpa+padding"),
     "composite+key": Arm("kernel", DROPOUT, True, ("fixed", "dynamic_query", "dynamic_key"), "sdpa+padding"),
+    "flex": Arm("flex", 0.0, False, baseline="sdpa"),  # FlexAttention without a score_mod (the flex stage)
 }
+# the kernels stage's arms in its order, each group at every shape before the next: plain (its bar from n = 2,048),
+# then dropout, then the relative terms' bars, then the other arms
+ARM_GROUPS = (("sdpa", "plain"), ("sdpa+dropout", "+dropout"), ("sdpa+padding", "+row table", "composite+key"),
+              ("+padding", "+key table"))
 # (arm, limit, from which n: 0 every shape, else the plan's `long`): device time over its baseline's, at most
 KERNEL_BARS = (("plain", 1.15, "long"), ("+dropout", 1.3, 0), ("+row table", 1.35, 0), ("composite+key", 1.6, 0))
 BAR_NAMES = {"plain": "plain kernel vs SDPA flash", "+dropout": "kernel + dropout 0.1 vs SDPA flash + dropout",
              "+row table": "composite vs SDPA with the same mask and dropout",
              "composite+key": "composite+key vs SDPA with the same mask and dropout"}
 # the training step: composite's tokens/s over absolute's, at least (per mode); its peak over absolute's, at most
-TOKENS_BARS, MEMORY_BAR = {"compiled": 0.9, "graphs": 0.9, "eager": 0.8}, 1.1
+TOKENS_BARS, MEMORY_BAR = {"graphs": 0.9, "eager": 0.8, "compiled": 0.9}, 1.1
 
 
 @dataclass(frozen=True)
 class Plan:
     device: str
     dtype: str  # torch's name
-    shapes: tuple[tuple[int, int, int], ...]  # (batch, heads, n) of the kernels stage
+    shapes: tuple[tuple[int, int, int], ...]  # (batch, heads, n) of the kernels stage, the longest first
     host_shapes: tuple[tuple[int, int, int], ...]
-    long: int  # the plain kernel's bar holds from this n
+    long: int  # the plain kernel's bar holds from this n; the kernels stage measures these lengths first
     head_dim: int
     warmup: int
     profiled: int  # steps profiled per kernels row
     host_steps: int
     train: pretrain_step.TrainPlan
-    tests: str | None = None  # pytest -k (None: every test of the files)
+    budgets: dict  # seconds per stage, in the call's order
+    gate_shape: tuple[int, int, int]  # (batch, heads, n) of the gate
+    flex_shape: tuple[int, int, int]
+    train_attention: tuple[tuple[int, int, int], ...]  # the training step's attention, for the warm-up
+    designs: tuple[str, ...] = tuple(DESIGNS)  # the dQ designs timed and checked
+    warm_workers: int = 0  # the warm-up's processes
+    tests_limit: int | None = None  # run the first this many tests of the selection (None: all)
     flash: bool = True  # SDPA without a mask through its flash backend
+    compile_flex: bool = True  # FlexAttention through torch.compile (eager, it is a reference implementation)
     work: str = ""  # the train stage's scratch folder (the session's; set by main)
 
     @property
@@ -127,12 +189,19 @@ class Plan:
         return self.device != "cuda"
 
 
-GPU = Plan("cuda", "bfloat16", ((32, 4, 512), (128, 4, 512), (8, 4, 2048), (2, 12, 8192)), ((32, 4, 512),),
-           long=2048, head_dim=64, warmup=3, profiled=10, host_steps=20, train=pretrain_step.GPU_TRAIN)
+# 10 warm-up processes: the machine has 16 cores, and the stage and the gate want theirs. n = 120: a padded batch of
+# the recipe's lines whose longest is 120 tokens (a multiple of 8, not of 16: Triton specialises the kernel apart)
+GPU = Plan("cuda", "bfloat16", ((8, 4, 2048), (2, 12, 8192), (32, 4, 512), (128, 4, 512)), ((32, 4, 512),),
+           long=2048, head_dim=64, warmup=3, profiled=10, host_steps=20, train=pretrain_step.GPU_TRAIN,
+           budgets=GPU_BUDGETS, gate_shape=(4, 8, 512), flex_shape=(8, 4, 2048),
+           train_attention=((2, 4, 128), (2, 4, 120)), warm_workers=10)
 # A call of the kernel under the interpreter takes 0.2-0.5 s on CPU at 1 x 1 x 16 (1-5 s at 2 x 2 x 24): one tiny
-# shape, one call of each kind
+# shape, one call of each kind; two warm-up processes (the logic, nothing to compile); the first two tests of the
+# selection (each takes 10 s or more here)
 REHEARSAL = Plan("cpu", "float32", ((1, 1, 16),), ((1, 1, 16),), long=0, head_dim=16, warmup=0, profiled=1,
-                 host_steps=1, train=pretrain_step.REHEARSAL_TRAIN, tests="cuda", flash=False)
+                 host_steps=1, train=pretrain_step.REHEARSAL_TRAIN, budgets=REHEARSAL_BUDGETS, gate_shape=(1, 2, 40),
+                 flex_shape=(1, 1, 16), train_attention=((1, 1, 16),), warm_workers=2, tests_limit=2, flash=False,
+                 compile_flex=False)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -144,26 +213,100 @@ def write_atomic(path: Path, text: str) -> None:
 
 # --- the rows of each stage, in the order they run ---------------------------------------------------------------
 
-def test_rows(plan: Plan) -> list[dict]:
-    return [{"tests": "kernel"}]
+def shape_row(shape: tuple[int, int, int], arm: str, design: str | None = None) -> dict:
+    row = dict(zip(("batch", "heads", "n"), shape, strict=True), arm=arm)
+    return {**row, "design": design} if design else row
+
+
+def gate_rows(plan: Plan) -> list[dict]:
+    batch, heads, n = plan.gate_shape
+    return [dict(gate=case, design=design, batch=batch, heads=heads, n=n) for design in plan.designs
+            for case in gpu_gate.CASES]
+
+
+def arm_rows(plan: Plan, shape: tuple[int, int, int], arm: str) -> list[dict]:
+    """The arm at the shape: an SDPA arm once, a kernel arm in each dQ design."""
+    if ARMS[arm].kind != "kernel":
+        return [shape_row(shape, arm)]
+    return [shape_row(shape, arm, design) for design in plan.designs]
 
 
 def kernel_rows(plan: Plan) -> list[dict]:
-    """The bars' arms and their baselines at every shape first, then the other arms."""
-    def row(shape, arm):
-        return dict(zip(("batch", "heads", "n"), shape, strict=True), arm=arm)
-    barred = {"sdpa", "sdpa+dropout", "sdpa+padding", *(arm for arm, _, _ in KERNEL_BARS)}
-    return ([row(shape, arm) for shape in plan.shapes for arm in ARMS if arm in barred]
-            + [row(shape, arm) for shape in plan.shapes for arm in ARMS if arm not in barred])
+    """The lengths from plan.long first, then the shorter ones; at each, ARM_GROUPS in order, a group at every shape
+    before the next (plain at n = 2,048 and 8,192 first)."""
+    rows = []
+    for shapes in ([s for s in plan.shapes if s[2] >= plan.long], [s for s in plan.shapes if s[2] < plan.long]):
+        for group in ARM_GROUPS:
+            rows += [row for shape in shapes for arm in group for row in arm_rows(plan, shape, arm)]
+    return rows
 
 
 def host_rows(plan: Plan) -> list[dict]:
-    return [dict(zip(("batch", "heads", "n"), shape, strict=True), arm=arm) for shape in plan.host_shapes
-            for arm in ARMS]
+    return [shape_row(shape, arm, plan.designs[0] if ARMS[arm].kind == "kernel" else None)
+            for shape in plan.host_shapes for arm in ARMS if ARMS[arm].kind != "flex"]
 
 
 def train_rows(plan: Plan) -> list[dict]:
     return pretrain_step.rows(plan.train)
+
+
+def test_rows(plan: Plan) -> list[dict]:
+    return [{"tests": "packages"}, {"tests": "kernel"}]
+
+
+def flex_rows(plan: Plan) -> list[dict]:
+    """FlexAttention beside its baseline and the plain kernel, in one process (every ratio from one process)."""
+    return [shape_row(plan.flex_shape, "sdpa"), shape_row(plan.flex_shape, "flex"),
+            shape_row(plan.flex_shape, "plain", plan.designs[0])]
+
+
+def warm_rows(plan: Plan) -> list[dict]:
+    """What the warm-up compiles, in the call's order: the gate's cases, the kernels stage's kernel rows, then the
+    training step's attention (composite, dropout and padding, at the recipe's lengths; its eager rows launch
+    these, and the host and flex stages' kernel rows are among the kernels stage's)."""
+    rows = gate_rows(plan) + [row for row in kernel_rows(plan) if ARMS[row["arm"]].kind == "kernel"]
+    rows += [shape_row(shape, "+row table", design) for shape in plan.train_attention for design in plan.designs]
+    seen, unique = set(), []
+    for row in rows:
+        if key(row) not in seen:
+            seen.add(key(row))
+            unique.append(row)
+    return unique
+
+
+def warm_units(plan: Plan, tilings: int) -> list[tuple[dict, int]]:
+    """(row, tiling) pairs: each row's tilings next to each other, so that the processes compile them side by
+    side."""
+    return [(row, index) for row in warm_rows(plan) for index in range(tilings)]
+
+
+def describe(row: dict) -> str:
+    """A row in a few words: its case or arm, shape, dQ design, mode and batch."""
+    if "tests" in row:
+        return f"tests {row['tests']}"
+    if "mode" in row:
+        return f"{row['mode']} batch {row['batch']} {row['arm']}"
+    what = f"{row['gate']} at" if "gate" in row else ""
+    design = f" dQ {row['design']}" if row.get("design") else ""
+    arm = "" if "gate" in row else f" {row.get('arm')}"
+    shape = shape_name(row) if {"batch", "heads", "n"} <= row.keys() else f"n {row.get('n')}"
+    return f"{what} {shape}{arm}{design}".strip()
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    """The call's plan: each stage's budget and rows, in order."""
+    total = sum(plan.budgets.values())
+    lines = [f"stages in order, {total} s of budgets (a stage may use what the ones before it left); warm-up: "
+             f"{plan.warm_workers} processes compile the tilings of {len(warm_rows(plan))} rows ahead (the gate's "
+             "first)"]
+    for stage, budget in plan.budgets.items():
+        rows = STAGES[stage][0](plan)
+        if stage == "tests":
+            said = "the packages, then the kernel's tests a GPU runs, resolved from their marks (the bars' first)"
+        else:
+            said = "; ".join(describe(row) for row in rows)
+        lines.append(f"{stage} ({budget} s, {len(rows)} rows): {said}")
+    return lines
 
 
 # --- one attention call, forward + backward ------------------------------------------------------------------------
@@ -230,6 +373,17 @@ def attention_step(row: dict, plan: Plan):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=arm.dropout)
             out.backward(grad)
         return step, [q, k, v]
+    if arm.kind == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        attend = torch.compile(flex_attention, dynamic=False) if plan.compile_flex else flex_attention
+
+        def step():
+            if plan.rehearsal:  # FlexAttention has no backward on CPU: the rehearsal runs its forward alone
+                attend(q.detach(), k.detach(), v.detach())
+                return
+            attend(q, k, v).backward(grad)
+        return step, [q, k, v]
     config = ConvAttnConfig.from_preset("chang2021-small/composite+key")
     relative = None
     if arm.terms:
@@ -242,8 +396,11 @@ def attention_step(row: dict, plan: Plan):
     # without terms only the kernel's attn_implementation reaches it; with terms the forced path does
     implementation = "sdpa" if arm.terms else TRITON_IMPLEMENTATION
 
+    select = DESIGNS[row.get("design") or plan.designs[0]].select
+
     def step():
-        with dispatch.forced_path("triton") if arm.terms else contextlib.nullcontext():
+        with (dispatch.forced_path("triton") if arm.terms else contextlib.nullcontext(),
+              select() if select is not None else contextlib.nullcontext()):
             out, _ = dispatch.relative_attention(q, k, v, relative, token_mask, dropout_p=arm.dropout,
                                                  attn_implementation=implementation)
         out.backward(grad)
@@ -347,47 +504,166 @@ def train_step(row: dict, plan: Plan, deadline: float) -> dict:
     return pretrain_step.measure(row, plan.train, Path(plan.work), deadline, plan.rehearsal)
 
 
+# --- the gate and the warm-up ---------------------------------------------------------------------------------------
+
+def tiling_count(plan: Plan) -> int | None:
+    """How many tilings the kernel's autotuners try at the plan's dtype and head size; None where they cannot be
+    pinned (the kernel's launch module renamed what kernel_tilings reads)."""
+    import torch
+
+    try:
+        return kernel_tilings.tiling_count(plan.head_dim, getattr(torch, plan.dtype))
+    except kernel_tilings.TilingsUnknown:
+        return None
+
+
+def gate_check(row: dict, plan: Plan, deadline: float) -> dict:
+    """Stage gate: one case in one dQ design at every tiling (gpu_gate.check)."""
+    design = DESIGNS[row["design"]]
+    return gpu_gate.check(row["gate"], (row["batch"], row["heads"], row["n"]), plan.head_dim, plan.dtype,
+                          plan.device, design.select, design.deterministic, tiling_count(plan), deadline)
+
+
+def warm_unit(row: dict, index: int, plan: Plan) -> list:
+    """Compile the row's kernels at its `index`-th tiling without launching them: the row's forward and backward
+    with every launch a warmup (kernel_tilings). The (kernel, seconds) compiled."""
+    import torch
+
+    with kernel_tilings.pinned_tiling(index), kernel_tilings.compile_only() as compiled:
+        if "gate" in row:
+            qkv, rel, keep = gpu_gate.problem(row["gate"], row["batch"], row["heads"], row["n"], plan.head_dim,
+                                              plan.device)
+            select = DESIGNS[row["design"]].select
+            weights = torch.ones(row["batch"], row["heads"], row["n"], plan.head_dim, dtype=torch.float64,
+                                 device=plan.device)
+            with select() if select is not None else contextlib.nullcontext():
+                gpu_gate.kernel_call(qkv, rel, keep, getattr(torch, plan.dtype), weights)
+        else:
+            attention_step(row, plan)[0]()
+    return compiled
+
+
+def warm(plan: Plan, worker: int, workers: int) -> int:
+    """One warm-up process: its share of warm_units (every `workers`-th, from its own index), one line each."""
+    tilings = tiling_count(plan)
+    if tilings is None:
+        print(f"warm {worker}: nothing to do: the kernel's tilings cannot be pinned", flush=True)
+        return 0
+    units = warm_units(plan, tilings)[worker::workers]
+    start = time.time()
+    for row, index in units:
+        began = time.time()
+        try:
+            compiled = warm_unit(row, index, plan)
+            said = f"{len(compiled)} kernels in {time.time() - began:.1f} s"
+        except Exception as error:
+            said = f"failed: {one_line(error)}"
+        print(f"warm {worker}: {describe(row)} tiling {index}: {said}", flush=True)
+    print(f"warm {worker}: done, {len(units)} units in {time.time() - start:.0f} s", flush=True)
+    return 0
+
+
 # --- the tests ----------------------------------------------------------------------------------------------------
 
 def test_files() -> list[str]:
     return sorted({str(path.relative_to(ROOT)) for pattern in TEST_GLOBS for path in ROOT.glob(pattern)})
 
 
-def run_tests(row: dict, plan: Plan, deadline: float) -> dict:
-    """pytest -x on the kernel's test files (with the plan's selection), stopped at the deadline."""
-    files = test_files()
-    if not files:
-        return {"error": f"not measured: no test files match {', '.join(TEST_GLOBS)}"}
+# the packages the call relies on, by import name: the image's, and the kit's wheels (benchmarks/real_scale.py's
+# WHEELS) with what `datasets` takes from the image
+PACKAGES = ("torch", "triton", "transformers", "tokenizers", "datasets", "dill", "multiprocess", "pyarrow", "fsspec",
+            "pytest", "xdist")
+
+
+def package_versions(row: dict, plan: Plan, deadline: float) -> dict:
+    """Each package imported (in a process of its own: an import that breaks cannot break the stage), its version
+    or its error; the kit's wheels named."""
+    script = ("import importlib, json, sys\nfound = {}\nfor name in sys.argv[1:]:\n    try:\n"
+              "        found[name] = str(getattr(importlib.import_module(name), '__version__', 'no __version__'))\n"
+              "    except Exception as error:\n"
+              "        found[name] = 'import failed: ' + ' '.join(f'{type(error).__name__}: {error}'.split())[:160]\n"
+              "print(json.dumps(found))")
+    done = subprocess.run([sys.executable, "-c", script, *PACKAGES], capture_output=True, text=True, cwd=ROOT,
+                          timeout=max(deadline - time.time(), 1))
+    if done.returncode != 0:
+        return {"error": f"failed: the import check exited {done.returncode}: {done.stderr.strip()[-300:]}"}
+    versions = json.loads(done.stdout.strip().splitlines()[-1])
+    wheels = sorted(path.name for path in (ROOT / ".gpu-kit/wheels").glob("*.whl"))
+    broken = [name for name, said in versions.items() if said.startswith("import failed")]
+    print("gpu_session: tests: packages: " + ", ".join(f"{name} {said}" for name, said in versions.items()),
+          flush=True)
+    return {"versions": versions, "kit_wheels": wheels or "none (no .gpu-kit/wheels here)", "import_failed": broken}
+
+
+def selection_command(plan: Plan, files: list[str], listing: Path) -> list[str]:
+    """pytest collecting the tests a GPU runs (cuda_selection.py) into `listing`: on a GPU the run itself; on a CPU
+    a collection as a GPU would make it."""
+    options = ["-p", "cuda_selection", "--cuda-selection", "--selection-file", str(listing)]
+    if plan.rehearsal:
+        return [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *options,
+                "--as-cuda", *files]
     # several processes compile Triton's kernels side by side where pytest-xdist is installed (the GPU image)
-    workers = ["-n", "8"] if plan.device == "cuda" and importlib.util.find_spec("xdist") else []
-    command = [sys.executable, "-m", "pytest", "-x", "-v", "-p", "no:cacheprovider", "-rfE", *workers, *files,
-               *(["-k", plan.tests] if plan.tests else [])]
+    workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []
+    return [sys.executable, "-m", "pytest", "-x", "-v", "-p", "no:cacheprovider", "-rfE", *workers, *options, *files]
+
+
+def pytest_run(command: list[str], deadline: float) -> tuple[int, str]:
+    """The command's exit status and output; killed at the deadline (status -SIGKILL)."""
     print("$", " ".join(command[1:]), flush=True)
-    start = time.time()
+    path = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))  # the plugin
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as proc:
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": path}) as proc:
         try:
-            output, _ = proc.communicate(timeout=max(deadline - start, 1))
+            output, _ = proc.communicate(timeout=max(deadline - time.time(), 1))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
     print(output, flush=True)
+    return proc.returncode, output
+
+
+def run_tests(row: dict, plan: Plan, deadline: float) -> dict:
+    """The kernel's tests a GPU runs, the bars' first, pytest -x, stopped at the deadline. On a GPU one run that
+    names its selection as it collects; in the rehearsal the GPU's selection is resolved from the tests' marks, then
+    its first plan.tests_limit tests run here under the interpreter (those a GPU alone runs skip)."""
+    files = test_files()
+    if not files:
+        return {"error": f"not measured: no test files match {', '.join(TEST_GLOBS)}"}
+    listing = Path(plan.work or tempfile.gettempdir()) / "tests.selection"
+    listing.unlink(missing_ok=True)
+    start = time.time()
+    status, output = pytest_run(selection_command(plan, files, listing), deadline)
+    selection = listing.read_text().split() if listing.exists() else []
+    result = {"files": files, "selection": selection}
+    print(f"gpu_session: tests: the GPU's selection, {len(selection)} tests, the bars' first: "
+          + (", ".join(name.split("::", 1)[-1] for name in selection) or "none"), flush=True)
+    if plan.rehearsal and selection and status == 0:
+        ran = selection[:plan.tests_limit] if plan.tests_limit else selection
+        result["rehearsed"] = ran
+        status, output = pytest_run([sys.executable, "-m", "pytest", "-x", "-v", "-p", "no:cacheprovider", "-rfE",
+                                     "-p", "cuda_selection", "--bars-first", *ran], deadline)
     seconds = round(time.time() - start, 1)
-    result = {"files": files, "selection": plan.tests, "seconds": seconds}
+    result["seconds"] = seconds
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
     if failed:
         result["first_failure"] = failed[0]
-    if proc.returncode == -signal.SIGKILL:
+    if status == -signal.SIGKILL:
         counts = Counter(re.findall(r" (PASSED|FAILED|ERROR|SKIPPED)", output))
         so_far = ", ".join(f"{count} {word.lower()}" for word, count in counts.items()) or "nothing"
         return {**result, "error": f"not measured: stopped at the stage's time limit after {seconds:.0f} s, "
                                    f"{so_far} by then"}
     lines = [line for line in output.splitlines() if line.strip()]
-    return {**result, "rc": proc.returncode, "result": lines[-1].strip("= ") if lines else "no output"}
+    result = {**result, "rc": status, "result": lines[-1].strip("= ") if lines else "no output"}
+    print(f"gpu_session: tests: {result['result']} (exit {status})", flush=True)
+    return result
 
 
-STAGES = {"tests": (test_rows, run_tests), "kernels": (kernel_rows, device_time), "host": (host_rows, host_time),
-          "train": (train_rows, train_step)}
+def run_test_row(row: dict, plan: Plan, deadline: float) -> dict:
+    return package_versions(row, plan, deadline) if row["tests"] == "packages" else run_tests(row, plan, deadline)
+
+
+STAGES = {"gate": (gate_rows, gate_check), "kernels": (kernel_rows, device_time), "train": (train_rows, train_step),
+          "tests": (test_rows, run_test_row), "host": (host_rows, host_time), "flex": (flex_rows, device_time)}
 
 
 # --- a stage ------------------------------------------------------------------------------------------------------
@@ -457,6 +733,7 @@ def run_stage(stage: str, plan: Plan, out: Path, deadline: float) -> int:
     # process dies in it (a crash in the kernel, say), the session starts the stage again past it
     current = Path(plan.work) / f"{stage}.current" if plan.work else None
     died = json.loads(current.read_text()) if current is not None and current.exists() else None
+    unverified = gate_verdict(out, plan) if stage != "gate" else None
     for spec in rows_of(plan):
         if key(spec) in done:
             continue
@@ -482,9 +759,13 @@ def run_stage(stage: str, plan: Plan, out: Path, deadline: float) -> int:
                     import torch
 
                     torch.cuda.empty_cache()
+        if unverified and (stage == "train" or ARMS.get(spec.get("arm"), ARMS["sdpa"]).kind == "kernel"):
+            result["unverified"] = unverified
         rows.append({**spec, **result})
         print(stage, json.dumps({k: v for k, v in rows[-1].items() if k not in ("traceback", "kernels")}),
               flush=True)
+        if stage != "tests":  # the tests stage says its own
+            print(f"gpu_session: {stage}: {describe(spec)}: {outcome(rows[-1], plan)}", flush=True)
         write_atomic(file, json.dumps({**header, "autotuned": autotuned(), "rows": rows}, indent=1) + "\n")
         if current is not None:
             current.unlink(missing_ok=True)
@@ -493,7 +774,77 @@ def run_stage(stage: str, plan: Plan, out: Path, deadline: float) -> int:
     return 0
 
 
+def gate_verdict(out: Path, plan: Plan) -> str | None:
+    """None where the gate passed every case; else why the kernel and training rows are unverified."""
+    return gpu_gate.verdict(load(out, "gate")[0], len(gate_rows(plan)))
+
+
+def outcome(row: dict, plan: Plan) -> str:
+    """A measured row's result in a few words."""
+    if "error" in row:
+        said = row["error"][:160]
+    elif "gate" in row:
+        worst = max((error for tiling in row["tilings"].values() for error in tiling["errors"].values()),
+                    default=None)
+        said = f"{row['verdict']}, {len(row['tilings'])} tilings, largest error {worst:.1e}" if worst is not None \
+            else row["verdict"]
+        said += f" ({row['failed']})" if row.get("failed") else ""
+    elif "tokens_per_s" in row:
+        said = f"{row['tokens_per_s']:,.0f} tokens/s"
+        said += f", {row['not_graphed']}" if row.get("not_graphed") else ""
+    else:
+        field = time_field(plan)
+        said = f"{row[field]:.3f} ms ({'device' if field == 'device_ms' else 'wall'})" if row.get(field) else "-"
+    return said + (" [unverified]" if row.get("unverified") else "")
+
+
 # --- the session --------------------------------------------------------------------------------------------------
+
+def copy_lines(source, sink, echo) -> threading.Thread:
+    """A thread that writes each line of `source` (a stage's output) to `sink` (session.log), and to `echo` too where
+    it begins "gpu_session: " (what the stage says for the call's output)."""
+    def copy():
+        for line in source:
+            sink.write(line)
+            sink.flush()
+            if line.startswith("gpu_session: "):
+                echo.write(line)
+                echo.flush()
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
+def start_warmup(plan: Plan, out: Path, work: Path, rehearse: bool) -> list[subprocess.Popen]:
+    """The warm-up's processes (warm), each writing its lines to its log in `work`."""
+    processes = []
+    for worker in range(plan.warm_workers):
+        command = [sys.executable, __file__, "--warm", f"{worker}/{plan.warm_workers}", "--out", str(out),
+                   "--work", str(work)] + ["--rehearse"] * rehearse
+        with (work / f"warm-{worker}.log").open("w") as sink:
+            processes.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+    return processes
+
+
+def stop_warmup(processes: list[subprocess.Popen], work: Path, started: float, sink) -> str:
+    """Stops what is still compiling; its lines go to session.log; one line of what it did."""
+    stopped = 0
+    for proc in processes:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stopped += 1
+        proc.wait()
+    lines = [line for log in sorted(work.glob("warm-*.log")) for line in log.read_text().splitlines()]
+    sink.write("".join(f"{line}\n" for line in lines))
+    units = [line for line in lines if " tiling " in line]
+    failed = [line for line in units if ": failed: " in line]
+    said = (f"gpu_session: warm-up: {len(units) - len(failed)} units compiled by {len(processes)} processes in "
+            f"{time.time() - started:.0f} s")
+    said += f", {len(failed)} failed (session.log: {failed[0][:160]})" if failed else ""
+    said += f"; {stopped} processes stopped unfinished" if stopped else "; all finished"
+    return said
+
 
 def session(plan: Plan, out: Path, rehearse: bool) -> int:
     for stage in [*STAGES, "summary"]:
@@ -502,31 +853,52 @@ def session(plan: Plan, out: Path, rehearse: bool) -> int:
     log = out / "session.log"
     # the budgets count from the call's start: gpu_session.sh's, before it installed the kit's wheels
     start = end = min(float(os.environ.get("GPU_SESSION_STARTED") or time.time()), time.time())
+    # every process of the call: the autotuner's picks into Triton's cache (TRITON_CACHE_DIR, else ~/.triton/cache),
+    # where the warm-up compiles too; read again by any later process (the interpreter keeps none)
+    os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
+    heading = "the GPU call's plan (the rehearsal runs it at tiny shapes)" if rehearse else "the call's plan"
+    print(f"gpu_session: {heading}:", *(f"gpu_session: plan: {line}" for line in plan_lines(GPU if rehearse
+                                                                                            else plan)),
+          sep="\n", flush=True)
+    warmup = start_warmup(plan, out, work, rehearse)
     try:
         with log.open("w") as sink:
-            for stage, budget in BUDGETS.items():
+            for stage, budget in plan.budgets.items():
                 end += budget
+                slack = STAGE_SLACK.get(stage, SLACK)
                 status, restarts = RESTART, 0
-                if time.time() >= end - SLACK:
+                if time.time() >= end - slack:
                     print(f"gpu_session: stage {stage}: not started, its time is gone", flush=True)
-                while again(status, restarts) and time.time() < end - SLACK:
+                while again(status, restarts) and time.time() < end - slack:
                     restarts += status != RESTART
                     started = time.time()
-                    command = [sys.executable, __file__, "--stage", stage, "--deadline", f"{end - SLACK:.0f}",
+                    command = [sys.executable, __file__, "--stage", stage, "--deadline", f"{end - slack:.0f}",
                                "--out", str(out), "--work", str(work)] + ["--rehearse"] * rehearse
-                    with subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           start_new_session=True) as proc:
+                        copying = copy_lines(proc.stdout, sink, sys.stdout)
                         try:
                             status = proc.wait(timeout=end - time.time())
                         except subprocess.TimeoutExpired:
                             os.killpg(proc.pid, signal.SIGKILL)
                             status = f"stopped at its time limit ({proc.wait()})"
+                        copying.join(timeout=10)
                     line = f"gpu_session: stage {stage}: exit {status} after {time.time() - started:.0f} s"
                     print(line, file=sink, flush=True)
                     if status not in (0, RESTART):  # what the stage said last (a traceback, say) comes back too
                         print("\n".join(f"  | {said}" for said in log.read_text().splitlines()[-12:]))
                     print(line, flush=True)
+                if stage == "kernels" and warmup:  # what it has not compiled by now, the stages compile themselves
+                    said = stop_warmup(warmup, work, start, sink)
+                    warmup = []
+                    print(said, file=sink, flush=True)
+                    print(said, flush=True)
+            if warmup:
+                print(stop_warmup(warmup, work, start, sink), file=sink, flush=True)
     finally:
+        for proc in warmup:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(work, ignore_errors=True)
     for staged in out.glob(".*.tmp"):  # what a stage stopped in the middle of writing: not one of the files
         staged.unlink()
@@ -606,27 +978,37 @@ def time_field(plan: Plan) -> str:
 
 
 class Bars:
-    """Each bar's verdict, one line each: pass, fail, or not measured."""
+    """Each bar's verdict, one line each: pass, fail, or not measured; "(unverified)" beside where the gate did not
+    pass."""
 
     def __init__(self):
         self.lines: list[str] = []
         self.counts = Counter()
 
-    def add(self, name: str, where: str, value: float | None, limit: float, at_most: bool) -> None:
+    def add(self, name: str, where: str, value: float | None, limit: float, at_most: bool,
+            unverified: bool = False) -> None:
         if value is None:
             verdict = "not measured"
         else:
             verdict = "pass" if (value <= limit if at_most else value >= limit) else "fail"
         self.counts[verdict] += 1
+        self.counts["unverified"] += unverified and value is not None
         bound = f"{'<=' if at_most else '>='} {limit:g}x"
-        self.lines.append(f"| {name} | {where} | {times(value)} | {bound} | {verdict} |")
+        said = f"{verdict} (unverified)" if unverified and value is not None else verdict
+        self.lines.append(f"| {name} | {where} | {times(value)} | {bound} | {said} |")
 
     def text(self) -> list[str]:
-        total = sum(self.counts.values())
+        total = sum(self.counts[word] for word in ("pass", "fail", "not measured"))
         said = f"Bars passed: {self.counts['pass']} of {total}"
         if self.counts["fail"] or self.counts["not measured"]:
             said += f" ({self.counts['fail']} failed, {self.counts['not measured']} not measured)"
+        if self.counts["unverified"]:
+            said += f"; {self.counts['unverified']} measured on rows the gate did not verify"
         return [*table("| bar | where | measured | bar | verdict |", self.lines), "", said + "."]
+
+
+def unverified(*rows: dict | None) -> bool:
+    return any(row is not None and row.get("unverified") for row in rows)
 
 
 def kernel_bars(bars: Bars, rows: list[dict], plan: Plan) -> None:
@@ -634,41 +1016,64 @@ def kernel_bars(bars: Bars, rows: list[dict], plan: Plan) -> None:
     field = time_field(plan)
     for arm, limit, smallest in KERNEL_BARS:
         least = plan.long if smallest == "long" else smallest
-        for batch, heads, n in plan.shapes:
+        for batch, heads, n in sorted(plan.shapes, key=lambda shape: shape[2] < plan.long):
             if n < least:
                 continue
-            row = by_key.get(key(dict(batch=batch, heads=heads, n=n, arm=arm)))
             base = by_key.get(key(dict(batch=batch, heads=heads, n=n, arm=ARMS[arm].baseline)))
-            bars.add(BAR_NAMES[arm], f"{batch} x {heads} x {n:,}", ratio(row, base, field), limit, True)
+            for design in plan.designs:
+                row = by_key.get(key(dict(batch=batch, heads=heads, n=n, arm=arm, design=design)))
+                where = f"{batch} x {heads} x {n:,}" + (f", dQ {design}" if len(plan.designs) > 1 else "")
+                bars.add(BAR_NAMES[arm], where, ratio(row, base, field), limit, True, unverified(row))
 
 
 def train_bars(bars: Bars, rows: list[dict], plan: Plan) -> None:
     by_key = {key(row): row for row in rows}
-    for mode in TOKENS_BARS:
-        for batch in plan.train.batches:
+    for batch in plan.train.batches:
+        for mode in TOKENS_BARS:
             row = by_key.get(key(dict(mode=mode, batch=batch, arm="composite")))
             base = by_key.get(key(dict(mode=mode, batch=batch, arm="absolute")))
-            where = f"batch {batch}, {mode}"
+            graphed = not any((r or {}).get("not_graphed") for r in (row, base))
+            where = f"batch {batch}, {mode}" + ("" if graphed else ", not graphed")
             bars.add("training step: composite's tokens/s vs absolute's", where,
-                     ratio(row, base, "tokens_per_s"), TOKENS_BARS[mode], False)
+                     ratio(row, base, "tokens_per_s"), TOKENS_BARS[mode], False, unverified(row, base))
             bars.add("training step: composite's peak memory vs absolute's", where,
-                     ratio(row, base, "peak_mib"), MEMORY_BAR, True)
+                     ratio(row, base, "peak_mib"), MEMORY_BAR, True, unverified(row, base))
 
 
-def kernel_table(rows: list[dict], plan: Plan) -> list[str]:
+def kernel_table(rows: list[dict], plan: Plan, shapes: tuple | None = None) -> list[str]:
     by_key = {key(row): row for row in rows}
     field = time_field(plan)
+    shapes = list(shapes or plan.shapes)
     lines = []
-    for row in sorted(rows, key=lambda r: (list(plan.shapes).index((r["batch"], r["heads"], r["n"])),
-                                           list(ARMS).index(r["arm"]))):
+    for row in sorted(rows, key=lambda r: (shapes.index((r["batch"], r["heads"], r["n"])),
+                                           list(ARMS).index(r["arm"]),
+                                           plan.designs.index(r["design"]) if r.get("design") in plan.designs
+                                           else -1)):
         arm = ARMS[row["arm"]]
-        base = by_key.get(key({**row, "arm": arm.baseline})) if arm.baseline else None
+        base = by_key.get(key({**row, "arm": arm.baseline, "design": None})) if arm.baseline else None
         top = "; ".join(f"{k['name'][:70]} {k['ms']:.3f}" for k in row.get("kernels", [])[:2])
         measured = why(row) or cell(row, field, 3)
-        lines.append(f"| {shape_name(row)} | {row['arm']} | {arm.baseline or '-'} | {measured} | "
-                     f"{times(ratio(row, base, field))} | {cell(row, 'launches', 0)} | {top or '-'} |")
-    return table(f"| batch x heads x n | arm | against | {'wall' if plan.rehearsal else 'device'} ms | ratio | "
-                 "launches | top kernels (ms per call) |", lines)
+        lines.append(f"| {shape_name(row)} | {row['arm']} | {row.get('design') or '-'} | {arm.baseline or '-'} | "
+                     f"{measured} | {times(ratio(row, base, field))} | {cell(row, 'launches', 0)} | {top or '-'} |"
+                     + (" unverified |" if row.get("unverified") else " |"))
+    return table(f"| batch x heads x n | arm | dQ | against | {'wall' if plan.rehearsal else 'device'} ms | ratio | "
+                 "launches | top kernels (ms per call) | note |", lines)
+
+
+def gate_table(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in rows:
+        tilings = row.get("tilings", {})
+        worst = max((error for tiling in tilings.values() for error in tiling["errors"].values()), default=None)
+        sdpa = max(row.get("sdpa_errors", {}).values(), default=None)
+        bits = {tiling.get("same_bits") for tiling in tilings.values()} - {None}
+        lines.append(f"| {row['gate']} | {shape_name(row)} | {row['design']} | "
+                     f"{row.get('verdict') or why(row)} | {len(tilings)} | "
+                     f"{'-' if worst is None else f'{worst:.1e}'} | {'-' if sdpa is None else f'{sdpa:.1e}'} | "
+                     f"{'-' if not bits else 'yes' if bits == {True} else 'no'} | "
+                     f"{(row.get('failed') or row.get('error') or '')[:160]} |")
+    return table("| case | batch x heads x n | dQ | verdict | tilings | largest error | SDPA's largest | same bits "
+                 "twice | what failed |", lines)
 
 
 def sdpa_kernels(rows: list[dict]) -> list[str]:
@@ -696,66 +1101,98 @@ def host_table(rows: list[dict]) -> list[str]:
                  "device ms | verdict |", lines)
 
 
+def train_note(row: dict) -> str:
+    """What a training row's numbers need beside them: not graphed (and why), graph breaks, recompilation, a stop,
+    the gate."""
+    notes = [row.get("not_graphed") or "", row.get("recompiled") or "", row.get("stopped") or ""]
+    if row.get("graph_breaks") and not row.get("not_graphed"):
+        notes.append(f"{row['graph_breaks']} graph breaks")
+    notes.append("unverified" if row.get("unverified") else "")
+    return "; ".join(note for note in notes if note)[:240]
+
+
 def train_table(rows: list[dict]) -> list[str]:
     by_key = {key(row): row for row in rows}
     lines = []
     for row in rows:
         base = by_key.get(key({**row, "arm": "absolute"}))
         busy = "-" if row.get("busy") is None else f"{row['busy']:.0%}"
-        note = row.get("recompiled") or row.get("stopped") or ""
         measured = why(row) or cell(row, "tokens_per_s", 0)
         lines.append(f"| {row['mode']} | {row['batch']} | {row['arm']} | {measured} | "
                      f"{times(ratio(row, base, 'tokens_per_s'))} | {cell(row, 'ms_per_step', 1)} | "
                      f"{cell(row, 'peak_mib', 0)} | {times(ratio(row, base, 'peak_mib'))} | {busy} | "
-                     f"{cell(row, 'first_step_s', 1)} | {note} |")
+                     f"{cell(row, 'first_step_s', 1)} | {train_note(row)} |")
     return table("| mode | batch | arm | tokens/s | vs absolute | ms per step | peak MiB | vs absolute | device busy | "
                  "s to step 1 | note |", lines)
 
 
-def summary(out: Path, plan: Plan) -> tuple[str, str]:
-    """summary.md's text, and its short part: the tests, the bars with their verdicts, the stages' tables, what
-    failed."""
-    stages = {stage: planned(out, stage, plan) for stage in STAGES}
-    machine_name = next((name for _, name in stages.values() if name), "no stage ran")
-    tests = []
-    for row in stages["tests"][0]:
-        selection = f" -k '{row['selection']}'" if row.get("selection") else ""
+def tests_lines(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in rows:
+        if row["tests"] == "packages":
+            if "versions" in row:
+                lines.append("- packages: " + ", ".join(f"{name} {said}" for name, said in row["versions"].items()))
+                wheels = row["kit_wheels"]
+                lines.append(f"- the kit's wheels: {', '.join(wheels) if isinstance(wheels, list) else wheels}")
+            else:
+                lines.append(f"- packages: {row['error']}")
+            continue
         said = f"{row['result']} (exit {row['rc']})" if "rc" in row else row["error"]
         if row.get("first_failure"):
             said += f"; first failure: {row['first_failure']}"
-        tests.append(f"- `pytest -x {' '.join(row.get('files', []))}{selection}`: {said}")
+        selection = row.get("selection") or []
+        ran = row.get("rehearsed")
+        where = f", the first {len(ran)} run here" if ran is not None else ""
+        lines.append(f"- the kernel's tests a GPU runs ({len(selection)} of {', '.join(row.get('files', []))}, the "
+                     f"bars' first{where}): {said}")
+        lines += [f"  - `{name}`" for name in selection]
+    return lines
+
+
+def summary(out: Path, plan: Plan) -> tuple[str, str]:
+    """summary.md's text, and its short part: the gate, the tests, the bars with their verdicts, the stages' tables,
+    what failed."""
+    stages = {stage: planned(out, stage, plan) for stage in STAGES}
+    machine_name = next((name for _, name in stages.values() if name), "no stage ran")
     bars = Bars()
     kernel_bars(bars, stages["kernels"][0], plan)
     train_bars(bars, stages["train"][0], plan)
     problems = Counter(f"{stage}: {row['error']}" for stage, (rows, _) in stages.items()
                        for row in rows if "error" in row)
     stand_in = "; in the rehearsal the wall time under the profiler stands in" if plan.rehearsal else ""
+    gate = gate_verdict(out, plan)
     short = [
         f"# GPU session: {machine_name}", "",
         f"`bash benchmarks/gpu_session.sh`: attention forward + backward, {plan.head_dim} channels a head, padding "
         f"1/8 of one row, attention dropout {DROPOUT:g} where named; the training step through `convattn pretrain`.",
         "",
-        "## Tests", "", *(tests or ["- not run"]), "",
+        "## Gate (the kernel against SDPA and float64 before any timing)", "",
+        f"{'Passed: the kernel and training rows are verified.' if gate is None else gate[0].upper() + gate[1:]}",
+        "", *gate_table(stages["gate"][0]), "",
         f"## Bars on {machine_name.split(', torch')[0]}", "",
         f"Attention: the device's time per forward + backward (the profiler's kernel sums{stand_in}) over its "
         "SDPA baseline's. Training step: composite's over absolute's, the same batch and mode.", "",
         *bars.text(), "",
+        "## Tests", "", *(tests_lines(stages["tests"][0]) or ["- not run"]), "",
         "## Device time per call (stage kernels)", "", *kernel_table(stages["kernels"][0], plan), "",
         "SDPA's kernels:", "", *sdpa_kernels(stages["kernels"][0]), "",
-        "## Host time per call and per launch (stage host; launch-bound: the host issues the call slower than the "
-        "device runs it)", "", *host_table(stages["host"][0]), "",
         "## Training step: `convattn pretrain`, chang2021-small recipe (stage train; tokens that are not padding, "
         "per second of the timed steps after the warm-up; device busy: kernel time over wall time; s to step 1: from "
-        "the start of training, its first evaluation and the compilation included)", "",
+        "the start of training, its first evaluation and the compilation included; not graphed: a graphs row with "
+        "cudagraph skips or graph breaks)", "",
         *train_table(stages["train"][0]), "",
+        "## Host time per call and per launch (stage host; launch-bound: the host issues the call slower than the "
+        "device runs it)", "", *host_table(stages["host"][0]), "",
+        "## FlexAttention without a score_mod (stage flex: PyTorch's own Triton kernels, the Triton floor)", "",
+        *kernel_table(stages["flex"][0], plan, (plan.flex_shape,)), "",
         "## Failed, skipped or not measured", "",
         *([f"- {count} x {text[:200]}" for text, count in problems.most_common(12)] or ["- nothing"]),
         *[f"- and {len(problems) - 12} other reasons: the stages' files"] * (len(problems) > 12),
     ]
     text = "\n".join(short) + "\n"
-    every = [f"- {shape_name(row)} {row['arm']}: " + (", ".join(f"`{k['name']}` {k['ms']:.4f} ms x {k['calls']:g}"
-                                                               for k in row.get("kernels", [])) or "-")
-             for row in stages["kernels"][0] if "error" not in row]
+    every = [f"- {describe(row)}: " + (", ".join(f"`{k['name']}` {k['ms']:.4f} ms x {k['calls']:g}"
+                                                 for k in row.get("kernels", [])) or "-")
+             for stage in ("kernels", "flex") for row in stages[stage][0] if "error" not in row]
     tuned = [f"- {line}" for line in tilings(out)] or ["- none (no kernel ran on a GPU)"]
     return text + "\n".join(["", "## Every arm's kernels (per call)", "", *(every or ["- none"]), "",
                              "## The kernel's autotuned tilings", "", *tuned]) + "\n", text
@@ -769,11 +1206,19 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="the results' folder (default: $OUT, else benchmarks/results/"
                                                  "gpu_session, or a temporary folder when rehearsing)")
     parser.add_argument("--work", type=Path, help="with --stage train: its scratch folder (default: a new one)")
+    parser.add_argument("--warm", metavar="I/N", help="be the I-th of N warm-up processes (the session starts them)")
     args = parser.parse_args()
     plan = REHEARSAL if args.rehearse else GPU
     if args.rehearse and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--rehearse runs the kernel under Triton's interpreter: set TRITON_INTERPRET=1 (gpu_session.sh "
                      "does)")
+    if args.warm:
+        worker, workers = (int(part) for part in args.warm.split("/"))
+        if args.rehearse:
+            import torch
+
+            torch.set_num_threads(1)
+        return warm(dataclasses.replace(plan, work=str(args.work or "")), worker, workers)
     if not args.rehearse and args.stage in (None, *STAGES):
         import torch
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# A GPU session's one call (issues 37 and 47): the stages of benchmarks/gpu_session.py, what a user of the fused
-# kernel meets, in under 8 minutes on one H100 or H200 (Triton's and Inductor's compilation included), each stage
-# writing its file into $OUT as it goes (6 files): the kernel's CUDA tests (-x, 90 s at most); attention's device
-# time (the profiler's kernel sums) against SDPA flash and SDPA with the same mask and dropout, the kernels' names;
-# the host's time per call and per launch; the product's training step (`convattn pretrain`, composite against
-# absolute and BertForMaskedLM, batch 128 and 512, eager, compiled and as CUDA graphs); then the summary, each
-# bar's verdict.
+# A GPU session's one call (issues 37, 47 and 62): the stages of benchmarks/gpu_session.py, ordered by what decides
+# the GPU speed issue's bars, 490 s of stage budgets on one H100 or H200 (Triton's and Inductor's compilation
+# included), each stage writing its file into $OUT as it goes (8 files). Its plan is printed first; background
+# processes compile the kernel's tilings ahead while the first stages run. The gate (20 s): the kernel against SDPA
+# and float64, every gradient, each tiling; attention's device time, n = 2,048 and 8,192 first, plain first; the
+# training step (`convattn pretrain`), batch 128 first, CUDA graphs first; the packages and the kernel's CUDA tests,
+# the bars' first; the host's time per launch; FlexAttention with the time left; then the summary, each bar's
+# verdict ("unverified" where the gate did not pass).
 # The GPU machine (python3 with torch, triton and transformers, no `datasets`, no network) needs the kit for the
 # training step, as benchmarks/real_scale.py does: make it here with `python benchmarks/real_scale.py pack`, then
-#   device call: command "bash benchmarks/gpu_session.sh", carry [".gpu-kit"]
+#   device call: command "bash benchmarks/gpu_session.sh", carry [".gpu-kit"], timeout_s 600
 # (its wheels are installed below; without the kit every other stage runs and the training step's rows say why not)
 #   bash benchmarks/gpu_session.sh --rehearse    # on CPU, tiny shapes, the kernel under Triton's interpreter (CI)
 # Other arguments go to gpu_session.py (--stage, --deadline, --out); PYTHON picks the interpreter (python3).

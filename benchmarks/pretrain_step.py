@@ -3,7 +3,9 @@ at the chang2021-small recipe's shape (12 layers, hidden 256, 4 heads, 128 token
 line pairs) on CUDA in bf16, chang2021-small/composite (the fused kernel) against chang2021-small/absolute (SDPA)
 and transformers' BertForMaskedLM of the same shape (SDPA) trained by transformers' own Trainer, at two batches,
 in three modes: eager, compiled (`--compile-mode default`, as `--compile`: inductor's kernels, launched by the
-host) and graphs (`--compile-mode reduce-overhead`: the same kernels replayed as CUDA graphs).
+host) and graphs (`--compile-mode reduce-overhead`: the same kernels replayed as CUDA graphs). Issue 62's order
+(`rows`): batch 128 first, composite and absolute before BERT, graphs, eager, then compiled. A compiled run records
+its graph breaks and cudagraph skips with their reasons (`compile_events`); a graphs row with any is "not graphed".
 
 Each `convattn pretrain` runs in the stage's process through the command line's own entry (convattn.cli.main), one
 after another; a TrainerCallback added to every transformers.Trainer the process builds measures the steps:
@@ -36,6 +38,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,12 +84,16 @@ REHEARSAL_TRAIN = TrainPlan(
     compile_skipped="the rehearsal does not compile: torch.compile of a model takes minutes on this CPU")
 
 
+# the modes in the order they run at each batch: CUDA graphs first (the answer to the host's cost per launch), eager,
+# then compiled
+ORDER = ("graphs", "eager", "compiled")
+
+
 def rows(plan: TrainPlan) -> list[dict]:
-    """The runs in the order they go: the bars' first (composite and absolute, each mode, each batch), then the
-    BERT arm."""
-    modes = tuple(MODES)
-    return ([dict(mode=mode, batch=batch, arm=arm) for mode in modes for batch in plan.batches for arm in PRESETS]
-            + [dict(mode=mode, batch=batch, arm="bert") for mode in modes for batch in plan.batches])
+    """The runs in the order they go (issue 62): batch by batch, the first (128) first; at each, composite and
+    absolute (the bars' pair) in ORDER, then BertForMaskedLM in ORDER. The later batches run with the time left."""
+    return [dict(mode=mode, batch=batch, arm=arm) for batch in plan.batches
+            for arms in (tuple(PRESETS), ("bert",)) for mode in ORDER for arm in arms]
 
 
 # --- the corpus -------------------------------------------------------------------------------------------------
@@ -253,6 +260,65 @@ def graphs_compiled() -> int:
         return 0
 
 
+class _SkipReasons:
+    """Stands in for torch._inductor.cudagraph_utils' log while a run compiles: keeps each message it warns with
+    (inductor's reason for each cudagraph skip) and passes everything on."""
+
+    def __init__(self, log, reasons: list[str]):
+        self._log, self._reasons = log, reasons
+
+    def warning(self, message, *args, **kwargs):
+        self._reasons.append(" ".join(str(message % args if args else message).split())[:200])
+        return self._log.warning(message, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+
+@contextlib.contextmanager
+def compile_events():
+    """What torch.compile did to a run's step, filled in as the block ends: graph breaks (torch._dynamo's
+    counters["graph_break"], a count per reason), cudagraph skips (counters["inductor"]["cudagraph_skips"]) and the
+    reasons inductor logged for them (the log of torch._inductor.cudagraph_utils, where
+    log_cudagraph_skip_and_bump_counter warns; a skip counted elsewhere has none). Counted from the block's start;
+    "unknown" where this torch does not say."""
+    events: dict = {}
+    try:
+        from torch._dynamo.utils import counters
+        from torch._inductor import cudagraph_utils
+    except ImportError as error:
+        events["compile_events"] = f"unknown: {error}"
+        yield events
+        return
+    breaks, skips = Counter(counters["graph_break"]), counters["inductor"]["cudagraph_skips"]
+    reasons: list[str] = []
+    log = getattr(cudagraph_utils, "cudagraphs_log", None)
+    if log is not None:
+        cudagraph_utils.cudagraphs_log = _SkipReasons(log, reasons)
+    try:
+        yield events
+    finally:
+        if log is not None:
+            cudagraph_utils.cudagraphs_log = log
+        new_breaks = Counter(counters["graph_break"]) - breaks
+        events.update(graph_breaks=sum(new_breaks.values()),
+                      graph_break_reasons=[" ".join(str(reason).split())[:200]
+                                           for reason, _ in new_breaks.most_common(3)],
+                      cudagraph_skips=counters["inductor"]["cudagraph_skips"] - skips,
+                      cudagraph_skip_reasons=reasons[:3])
+
+
+def not_graphed(events: dict) -> str | None:
+    """Why a graphs row's step was not (wholly) replayed as CUDA graphs; None where nothing says so."""
+    said = []
+    if events.get("cudagraph_skips"):
+        reasons = events.get("cudagraph_skip_reasons") or ["no reason logged"]
+        said.append(f"{events['cudagraph_skips']} cudagraph skips ({reasons[0]})")
+    if events.get("graph_breaks"):
+        said.append(f"{events['graph_breaks']} graph breaks ({events['graph_break_reasons'][0]})")
+    return f"not graphed: {'; '.join(said)}"[:300] if said else None
+
+
 def device_time(prof, steps: int) -> dict:
     """Per step: the device's time (its kernels, copies and memsets, summed) and how many it ran; None on CPU."""
     from torch.autograd import DeviceType
@@ -404,12 +470,19 @@ def measure(row: dict, plan: TrainPlan, work: Path, deadline: float, rehearse: b
     capture = work / "examples" if row["arm"] != "bert" else None
     meter = step_meter(plan.warmup[row["mode"]], plan.timed, plan.profiled, deadline, capture,
                        examples=max(plan.steps(mode) for mode in plan.warmup) * max(plan.batches))
+    compiled = row["mode"] != "eager"
     try:
-        if row["arm"] == "bert":
-            run_bert(row, plan, work, meter)
-        else:
-            run_convattn(row, plan, data, work, meter)
-        return meter.measured()
+        with compile_events() if compiled else contextlib.nullcontext({}) as events:
+            if row["arm"] == "bert":
+                run_bert(row, plan, work, meter)
+            else:
+                run_convattn(row, plan, data, work, meter)
+        result = meter.measured()
+        if compiled:
+            result.update(events)
+            if row["mode"] == "graphs" and not_graphed(events):
+                result["not_graphed"] = not_graphed(events)
+        return result
     except NotMeasured as reason:
         return {"error": f"not measured: {reason}"}
     finally:

@@ -31,27 +31,56 @@ def gpu_session():
 
 
 @pytest.mark.slow
-def test_the_rehearsal_runs_every_stage_and_prints_the_summary_last(tmp_path):
+def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summary_last(tmp_path):
     result = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), "--rehearse"], capture_output=True,
-                            text=True, timeout=600, env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+                            text=True, timeout=1200, env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert {path.name for path in tmp_path.iterdir()} == {
-        "session.log", "tests.json", "kernels.json", "host.json", "train.json", "summary.md"}
-    for stage in ("tests", "kernels", "host", "train"):
-        assert "exit 0" in next(line for line in result.stdout.splitlines() if f"stage {stage}:" in line)
-    tests = json.loads((tmp_path / "tests.json").read_text())["rows"]
-    assert tests[0]["rc"] in (0, 5), tests  # 5: the selection (CUDA tests) holds none that run here
+        "session.log", "gate.json", "kernels.json", "train.json", "tests.json", "host.json", "flex.json", "summary.md"}
+    said = result.stdout.splitlines()
+    stages = [line.split()[2] for line in said if line.startswith("gpu_session: stage ")]
+    assert stages == ["gate:", "kernels:", "train:", "tests:", "host:", "flex:"], said
+    assert all("exit 0" in line for line in said if line.startswith("gpu_session: stage "))
+    # the GPU call's plan first, then what each stage said, in the call's order: the gate, the kernels stage's long
+    # lengths plain first, the training step's batch-128 graphs rows first, the tests a GPU runs, named
+    plan = [line for line in said if line.startswith("gpu_session: plan: ")]
+    assert [line.split()[2] for line in plan[1:]] == ["gate", "kernels", "train", "tests", "host", "flex"]
+    assert "kernels (130 s, 36 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 2 x 12 x 8,192 sdpa;" in (
+        plan[2])
+    assert "train (220 s, 18 rows): graphs batch 128 composite; graphs batch 128 absolute; eager batch 128" in plan[3]
+    first = {stage: next(i for i, line in enumerate(said) if line.startswith(f"gpu_session: {stage}: "))
+             for stage in ("gate", "warm-up", "kernels", "train", "tests", "host", "flex")}
+    assert first["gate"] < first["kernels"] < first["warm-up"] < first["train"] < first["tests"] < first["host"] < (
+        first["flex"])
+    assert said[first["gate"]].startswith("gpu_session: gate: plain at 1 x 2 x 40 dQ split: pass")
+    assert said[first["kernels"]].startswith("gpu_session: kernels: 1 x 1 x 16 sdpa: ")
+    assert said[first["train"]].startswith("gpu_session: train: graphs batch 4 composite: skipped")
+    selection = next(line for line in said if line.startswith("gpu_session: tests: the GPU's selection, "))
+    assert "test_every_term_combination_matches_the_reference_with_padding[composite-clip]" in selection
+    assert "test_the_step_replays_as_cuda_graphs_and_computes_what_eager_does" in selection  # a GPU's alone
+    assert "8 units compiled by 2 processes" in said[first["warm-up"]]
+
+    gate = json.loads((tmp_path / "gate.json").read_text())["rows"]
+    assert [(row["gate"], row["verdict"]) for row in gate] == [("plain", "pass"), ("composite+key", "pass")]
+    assert set(gate[1]["tilings"]["tiling 0"]["errors"]) == {"out", "q", "k", "v", "fixed", "query_kernel",
+                                                             "key_kernel"}
+    packages, tests = json.loads((tmp_path / "tests.json").read_text())["rows"]
+    assert packages["versions"]["torch"] and not packages["import_failed"], packages
+    assert len(tests["selection"]) >= 10 and tests["selection"][0].endswith("[composite-clip]"), tests
+    assert tests["rehearsed"] == tests["selection"][:2] and tests["rc"] == 0, tests
     kernel = (SRC / "triton_attention.py").exists() or (SRC / "triton").is_dir()
-    for stage, measured in (("kernels", "wall_ms"), ("host", "host_ms")):
+    for stage, measured in (("kernels", "wall_ms"), ("host", "host_ms"), ("flex", "wall_ms")):
         rows = json.loads((tmp_path / f"{stage}.json").read_text())["rows"]
-        assert {row["arm"] for row in rows} == {
-            "sdpa", "sdpa+dropout", "sdpa+padding", "plain", "+dropout", "+padding", "+row table", "+key table",
-            "composite+key"}
-        timed = [row for row in rows if kernel or row["arm"].startswith("sdpa")]
-        assert all(row.get(measured, 0) > 0 for row in timed), [row for row in timed if "error" in row]
+        timed = [row for row in rows if kernel or row["arm"] in ("sdpa", "sdpa+dropout", "sdpa+padding", "flex")]
+        assert all(row.get(measured, 0) > 0 and "unverified" not in row for row in timed), [
+            row for row in timed if "error" in row]
+    assert [row["arm"] for row in json.loads((tmp_path / "flex.json").read_text())["rows"]] == [
+        "sdpa", "flex", "plain"]
     train = json.loads((tmp_path / "train.json").read_text())["rows"]
-    assert {(row["mode"], row["arm"]) for row in train} == {
-        (mode, arm) for mode in ("eager", "compiled", "graphs") for arm in ("composite", "absolute", "bert")}
+    assert [(row["mode"], row["arm"]) for row in train[:9]] == [
+        (mode, arm) for arms in (("composite", "absolute"), ("bert",)) for mode in ("graphs", "eager", "compiled")
+        for arm in arms]
+    assert {row["batch"] for row in train[:9]} == {4} and {row["batch"] for row in train[9:]} == {8}
     for row in train:
         if row["mode"] == "eager":  # through `convattn pretrain` (and transformers' Trainer for BERT), timed
             assert row.get("tokens_per_s", 0) > 0 and row["steps"] > 0, row
@@ -59,8 +88,9 @@ def test_the_rehearsal_runs_every_stage_and_prints_the_summary_last(tmp_path):
             assert row["error"].startswith("skipped: the rehearsal does not compile"), row
     summary = (tmp_path / "summary.md").read_text()
     assert result.stdout.rstrip().endswith(summary.split("\n## Every arm's kernels")[0].rstrip())
-    for section in ("## Tests", "## Bars on CPU (rehearsal", "## Device time per call", "## Host time per call",
-                    "## Training step"):
+    for section in ("## Gate", "Passed: the kernel and training rows are verified.", "## Tests",
+                    "## Bars on CPU (rehearsal", "## Device time per call", "## Host time per call",
+                    "## Training step", "## FlexAttention"):
         assert section in summary
     assert "| training step: composite's tokens/s vs absolute's | batch 4, eager |" in summary
 
@@ -126,7 +156,8 @@ def test_the_summary_gives_each_bar_its_verdict_on_the_named_device(gpu_session,
     times = {"sdpa": 1.0, "sdpa+dropout": 2.0, "sdpa+padding": 4.0, "plain": 1.1, "+dropout": 2.8, "+padding": 4.4,
              "+row table": 5.2, "+key table": 6.0, "composite+key": 6.8}
     kernels = [dict(batch=b, heads=h, n=n, arm=arm, device_ms=ms * n / 512, launches=3,
-                    kernels=[{"name": f"{arm}_kernel", "ms": ms, "calls": 1}])
+                    kernels=[{"name": f"{arm}_kernel", "ms": ms, "calls": 1}],
+                    **({} if arm.startswith("sdpa") else {"design": "split"}))
                for b, h, n in plan.shapes for arm, ms in times.items()]
     train = [dict(mode=mode, batch=batch, arm=arm, tokens_per_s=speed, peak_mib=memory, ms_per_step=10.0, busy=0.5,
                   first_step_s=1.0, steps=20)
@@ -152,7 +183,8 @@ def test_the_summary_gives_each_bar_its_verdict_on_the_named_device(gpu_session,
             in short)
     # 2 plain + 4 dropout + 4 composite + 4 composite+key; 6 tokens/s + 6 memory
     assert "Bars passed: 14 of 26 (12 failed, 0 not measured)." in short
-    assert "- sdpa+padding (32 x 4 x 512; 128 x 4 x 512; 8 x 4 x 2,048; 2 x 12 x 8,192): `sdpa+padding_kernel`" in short
+    assert "- sdpa+padding (8 x 4 x 2,048; 2 x 12 x 8,192; 32 x 4 x 512; 128 x 4 x 512): `sdpa+padding_kernel`" in short
+    assert "Unverified: the gate did not run" in short  # no gate.json: its rows say nothing, the summary says so
     assert "## Failed, skipped or not measured" in short and "host: not measured: the stage did not run" in short
     assert "`composite+key_kernel` 6.8000 ms x 1" in text
 
@@ -191,3 +223,221 @@ def test_each_training_mode_reaches_convattn_pretrain_and_berts_trainer_as_its_c
         assert compile_mode_asked(build_parser().parse_args(argv)) == compile_mode, mode
         assert compile_arguments(pretrain_step.MODES[mode]) == {
             "torch_compile": mode != "eager", "torch_compile_mode": "reduce-overhead" if mode == "graphs" else None}
+
+
+# --- the call's order (issue 62), read from the plan's functions: no stage runs --------------------------------------
+
+def test_the_call_runs_the_gate_first_and_its_budgets_fit_the_device_call(gpu_session):
+    plan = gpu_session.GPU
+    assert list(plan.budgets) == list(gpu_session.STAGES) == ["gate", "kernels", "train", "tests", "host", "flex"]
+    assert plan.budgets["gate"] <= 20
+    # the device call's command may run 600 s; the machine's start and the files' return need the rest of 15 minutes
+    assert sum(plan.budgets.values()) + gpu_session.SLACK <= 510
+    assert list(gpu_session.REHEARSAL.budgets) == list(plan.budgets)
+    lines = gpu_session.plan_lines(plan)
+    assert [line.split()[0] for line in lines[1:]] == list(plan.budgets)
+    assert lines[1] == "gate (20 s, 2 rows): plain at 4 x 8 x 512 dQ split; composite+key at 4 x 8 x 512 dQ split"
+
+
+def test_the_kernels_stage_measures_the_long_lengths_first_plain_first_each_dq_design_side_by_side(gpu_session,
+                                                                                               monkeypatch):
+    monkeypatch.setitem(gpu_session.DESIGNS, "atomic", gpu_session.Design(None, False))
+    plan = gpu_session.dataclasses.replace(gpu_session.GPU, designs=("split", "atomic"))
+    rows = gpu_session.kernel_rows(plan)
+    named = [(row["n"], row["arm"], row.get("design")) for row in rows]
+    assert named[:6] == [(2048, "sdpa", None), (2048, "plain", "split"), (2048, "plain", "atomic"),
+                         (8192, "sdpa", None), (8192, "plain", "split"), (8192, "plain", "atomic")]
+    lengths = [n for n, _, _ in named]
+    assert lengths.index(512) == sum(n >= 2048 for n in lengths)  # every long row before the first n = 512
+    long = [arm for n, arm, _ in named if n >= 2048]
+    terms = ("+row table", "composite+key", "+padding", "+key table")
+    assert max(long.index(arm) for arm in ("plain", "+dropout")) < min(long.index(arm) for arm in terms)
+    assert named[lengths.index(512):][:2] == [(512, "sdpa", None), (512, "plain", "split")]
+    kernel_arms = [arm for arm, spec in gpu_session.ARMS.items() if spec.kind == "kernel"]
+    for design in plan.designs:  # every kernel arm at every shape in every design, the SDPA arms once
+        assert sum(d == design for _, _, d in named) == len(kernel_arms) * len(plan.shapes)
+    assert sum(d is None for _, _, d in named) == 3 * len(plan.shapes)
+    assert len({gpu_session.key(row) for row in rows}) == len(rows)
+
+
+def test_the_training_stage_runs_batch_128_as_cuda_graphs_first_and_bert_after_the_bars_pair(gpu_session):
+    rows = [(row["batch"], row["mode"], row["arm"]) for row in gpu_session.train_rows(gpu_session.GPU)]
+    assert rows[:6] == [(128, "graphs", "composite"), (128, "graphs", "absolute"), (128, "eager", "composite"),
+                        (128, "eager", "absolute"), (128, "compiled", "composite"), (128, "compiled", "absolute")]
+    assert rows[6:9] == [(128, mode, "bert") for mode in ("graphs", "eager", "compiled")]
+    assert [batch for batch, _, _ in rows] == [128] * 9 + [512] * 9
+    assert rows[9:] == [(512, mode, arm) for batch, mode, arm in rows[:9]]
+
+
+def test_the_warm_up_compiles_every_tiling_of_every_timed_kernel_row_the_gates_first(gpu_session):
+    plan = gpu_session.GPU
+    units = gpu_session.warm_units(plan, 4)
+    assert [(row.get("gate"), index) for row, index in units[:8]] == [
+        (case, index) for case in ("plain", "composite+key") for index in range(4)]
+    warmed = {gpu_session.key(row) for row, _ in units}
+    kernel_rows = [row for stage in ("kernels", "host", "flex") for row in gpu_session.STAGES[stage][0](plan)
+                   if gpu_session.ARMS[row["arm"]].kind == "kernel"]
+    assert kernel_rows and all(gpu_session.key(row) in warmed for row in kernel_rows)
+    assert all(gpu_session.key(gpu_session.shape_row(shape, "+row table", "split")) in warmed
+               for shape in ((2, 4, 128), (2, 4, 120)))  # the training step's attention, eager
+    assert len(warmed) * 4 == len(units)
+    # the processes take the units in turn: the first ones side by side
+    shares = [units[worker::plan.warm_workers] for worker in range(plan.warm_workers)]
+    assert [share[0] for share in shares] == units[:plan.warm_workers]
+
+
+# --- the gate ---------------------------------------------------------------------------------------------------------
+
+def test_the_gate_fails_a_kernel_whose_numbers_are_off_or_differ_between_two_backward_passes(gpu_session,
+                                                                                           monkeypatch):
+    import gpu_gate
+    import torch
+
+    calls = []
+
+    def kernel(qkv, rel, keep, dtype, weights, scale=1.0):
+        calls.append(scale)
+        return [x * scale for x in gpu_gate.expected(qkv, rel, keep, weights)]
+
+    monkeypatch.setattr(gpu_gate, "kernel_call", kernel)
+    right = gpu_gate.check("plain", (1, 2, 24), 8, "float32", "cpu", tilings=2)
+    assert right["verdict"] == "pass" and list(right["tilings"]) == ["tiling 0", "tiling 1"]
+    assert right["tilings"]["tiling 0"]["same_bits"] and set(right["sdpa_errors"]) == {"out", "q", "k", "v"}
+
+    monkeypatch.setattr(gpu_gate, "kernel_call", lambda *args: kernel(*args, scale=1.01))
+    wrong = gpu_gate.check("composite+key", (1, 2, 24), 8, "float32", "cpu")
+    assert wrong["verdict"] == "fail" and wrong["failed"].startswith("tiling 0: out 1.00e-02 > 0.0001")
+    assert "key_kernel" in wrong["tilings"]["tiling 0"]["errors"]
+
+    scales = iter([1.0, 1.0 + 2**-20])  # the second pass a rounding apart: within tolerance, not the same bits
+    monkeypatch.setattr(gpu_gate, "kernel_call", lambda *args: kernel(*args, scale=next(scales)))
+    racy = gpu_gate.check("plain", (1, 2, 24), 8, "float32", "cpu")
+    assert racy["verdict"] == "fail" and racy["failed"] == "tiling 0: two backward passes differ"
+    assert torch.isfinite(torch.tensor(list(racy["tilings"]["tiling 0"]["errors"].values()))).all()
+
+    late = gpu_gate.check("plain", (1, 2, 24), 8, "float32", "cpu", tilings=3, deadline=0)
+    assert late["verdict"] == "not finished" and late["tilings"] == {}
+
+
+def test_a_gate_that_did_not_pass_marks_the_kernel_and_training_rows_unverified(gpu_session, tmp_path, monkeypatch):
+    plan = gpu_session.REHEARSAL
+    gate = gpu_session.gate_rows(plan)
+    assert gpu_session.gate_verdict(tmp_path, plan) == "unverified: the gate did not run"
+    (tmp_path / "gate.json").write_text(json.dumps({"machine": "", "autotuned": [], "rows": [
+        {**gate[0], "verdict": "pass", "tilings": {}},
+        {**gate[1], "verdict": "fail", "failed": "tiling 2: q 3.10e-01 > 0.02", "tilings": {}}]}))
+    reason = gpu_session.gate_verdict(tmp_path, plan)
+    assert reason == "unverified: the gate failed (composite+key, dQ split: tiling 2: q 3.10e-01 > 0.02)"
+
+    kernel_rows = [gpu_session.shape_row((1, 1, 16), arm, design)
+                   for arm, design in (("sdpa", None), ("plain", "split"))]
+    train_rows = [dict(mode="eager", batch=4, arm=arm) for arm in ("composite", "absolute")]
+    monkeypatch.setitem(gpu_session.STAGES, "kernels", (lambda plan: kernel_rows,
+                                                        lambda row, plan, deadline: {"wall_ms": 1.0}))
+    monkeypatch.setitem(gpu_session.STAGES, "train", (lambda plan: train_rows,
+                                                      lambda row, plan, deadline: {"tokens_per_s": 10.0}))
+    for stage in ("kernels", "train"):
+        assert gpu_session.run_stage(stage, plan, tmp_path, time.time() + 60) == 0
+    kernels = json.loads((tmp_path / "kernels.json").read_text())["rows"]
+    assert [row.get("unverified") for row in kernels] == [None, reason]  # SDPA needs no gate; both still measured
+    assert all(row["wall_ms"] == 1.0 for row in kernels)
+    assert [row["unverified"] for row in json.loads((tmp_path / "train.json").read_text())["rows"]] == [reason] * 2
+    _, short = gpu_session.summary(tmp_path, plan)
+    assert "Unverified: the gate failed (composite+key" in short
+    assert "| training step: composite's tokens/s vs absolute's | batch 4, eager | 1.00x | >= 0.8x | pass " \
+           "(unverified) |" in short
+    assert "| 1 x 1 x 16 | plain | split | sdpa | 1.000 | 1.00x | - | - | unverified |" in short
+
+
+# --- the training step's graphs, the tests' selection ---------------------------------------------------------------
+
+def test_a_compiled_run_records_its_graph_breaks_and_cudagraph_skips_and_a_graphs_row_with_any_is_not_graphed(
+        gpu_session):
+    import pretrain_step
+    import torch
+    from torch._inductor import cudagraph_utils
+
+    def step(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    torch._dynamo.reset()
+    with pretrain_step.compile_events() as events:
+        cudagraph_utils.log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs")
+        torch.compile(step, backend="eager")(torch.ones(3))
+    torch._dynamo.reset()
+    assert events["graph_breaks"] == 1 and "graph_break()" in events["graph_break_reasons"][0]
+    assert events["cudagraph_skips"] == 1
+    assert events["cudagraph_skip_reasons"] == ["skipping cudagraphs due to mutated inputs"]
+    assert pretrain_step.not_graphed(events).startswith(
+        "not graphed: 1 cudagraph skips (skipping cudagraphs due to mutated inputs); 1 graph breaks (")
+    assert cudagraph_utils.cudagraphs_log.__class__.__name__ != "_SkipReasons"  # the log is given back
+    with pretrain_step.compile_events() as quiet:
+        pass
+    assert pretrain_step.not_graphed(quiet) is None
+
+
+def test_the_gpus_selection_is_read_from_the_tests_marks_the_bars_first(gpu_session):
+    import cuda_selection
+
+    class Mark:
+        def __init__(self, name, *args, **kwargs):
+            self.name, self.args, self.kwargs = name, args, kwargs
+
+    class Item:
+        def __init__(self, nodeid, *marks):
+            self.nodeid, self.marks = nodeid, marks
+
+        def iter_markers(self):
+            return iter(self.marks)
+
+    file = "tests/attention/relative/test_triton_attention.py::"
+    items = [Item(f"{file}test_layers_take_the_kernel_by_name_and_match_eager"),
+             Item(f"{file}test_short_sequences_and_other_head_sizes[1-8-64]", Mark("skipif", True, reason="GPU")),
+             Item(f"{file}test_half_precision_against_float32[dtype0]", Mark("skipif", False, reason="CPU")),
+             Item("tests/attention/relative/test_triton_cuda_graphs.py::test_each_replay"),
+             Item(f"{file}test_every_term_combination_matches_the_reference_with_padding[composite-clip]"),
+             Item(f"{file}test_string_condition", Mark("skipif", "sys.platform == 'win32'")),
+             Item(f"{file}test_skipped", Mark("skip"))]
+    kept = [item for item in items if not cuda_selection.skipped(item)]
+    kept.sort(key=lambda item: cuda_selection.rank(item.nodeid))
+    assert [item.nodeid.split("::")[1] for item in kept] == [
+        "test_every_term_combination_matches_the_reference_with_padding[composite-clip]",
+        "test_half_precision_against_float32[dtype0]", "test_each_replay",
+        "test_layers_take_the_kernel_by_name_and_match_eager", "test_string_condition"]
+
+
+def test_a_tiling_is_pinned_for_the_gate_and_the_warm_up_and_a_launch_only_compiles_inside_compile_only(
+        gpu_session, monkeypatch):
+    import kernel_tilings
+    import torch
+
+    from convattn.attention.relative.triton import launch
+
+    tilings = [(64, 64, 4, 1), (128, 64, 8, 1), (32, 64, 4, 1)]
+    monkeypatch.setattr(launch, "configs", lambda kernel, head_dim, dtype: tilings[:2] if kernel == "forward"
+                        else tilings)
+    assert kernel_tilings.tiling_count(64, torch.bfloat16) == 3
+    with kernel_tilings.pinned_tiling(2):
+        assert launch.configs("forward", 64, torch.bfloat16) == [tilings[1]]  # its last, where it has fewer
+        assert launch.configs("backward", 64, torch.bfloat16) == [tilings[2]]
+    assert launch.configs("backward", 64, torch.bfloat16) == tilings
+
+    warmed = []
+
+    class Kernel:
+        __name__ = "backward_kernel"
+
+        def warmup(self, *args, grid, **kwargs):
+            warmed.append((args, grid, kwargs))
+
+    original = torch.library.wrap_triton
+    with kernel_tilings.compile_only() as compiled:
+        torch.library.wrap_triton(Kernel())[(4, 2)](1, 2, BLOCK_M=64)
+    assert torch.library.wrap_triton is original
+    assert warmed == [((1, 2), (4, 2), {"BLOCK_M": 64})] and compiled[0][0] == "backward_kernel"
+
+    monkeypatch.delattr(launch, "AUTOTUNERS")  # a rework that renames what a tiling is pinned through
+    with pytest.raises(kernel_tilings.TilingsUnknown, match="AUTOTUNERS"):
+        kernel_tilings.tiling_count(64, torch.bfloat16)
