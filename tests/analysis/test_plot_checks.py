@@ -40,6 +40,15 @@ def test_bad_checkpoints_are_one_line_and_no_figure(checkpoint, capsys, kind, da
     assert not (checkpoint / "plots").exists()
 
 
+def test_a_checkpoint_without_its_tokenizer_is_named_as_the_positional_argument(checkpoint, capsys):
+    # the line said "--checkpoint DIR", a flag plot does not have
+    code = main(["plot", "attention", str(checkpoint)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith(f"convattn plot: error: checkpoint {checkpoint}: cannot load a tokenizer from it (")
+    assert err.endswith("save the tokenizer into it (tokenizer.save_pretrained)") and "--checkpoint" not in err
+
+
 def test_a_checkpoint_that_is_not_a_folder_is_refused(checkpoint, capsys):
     assert main(["plot", "kernels", str(checkpoint / "config.json")]) == 2
     assert "is not a saved model directory" in capsys.readouterr().err

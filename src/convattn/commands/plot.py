@@ -149,7 +149,7 @@ def _encode(checkpoint: str, text: str, config):
     from convattn.console import say
     from convattn.data.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(checkpoint, flag="--checkpoint")
+    tokenizer = load_tokenizer(checkpoint, flag="checkpoint")  # the positional argument, as load_encoder names it
     check_tokenizer_fits(tokenizer, config, f"checkpoint {checkpoint}")
     max_length = config.max_position_embeddings
     encoded = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length)
