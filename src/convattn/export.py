@@ -139,6 +139,9 @@ def check_onnx_path(path: str | os.PathLike) -> None:
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise UsageError(f"{option('onnx')} {path}: {blocking} is a file, so the folder cannot be made")
+    from convattn.runs.folder import check_can_make
+
+    check_can_make(path.parent, option("onnx"), path)
     if path.is_file() and path.suffix != ".onnx":  # the model's own weights, a user's file
         raise UsageError(f"{option('onnx')} {path} is an existing file that is not an ONNX graph, which the export "
                          "would replace; give a new file name ending in .onnx")

@@ -63,3 +63,13 @@ def test_an_output_dir_that_is_a_file_is_refused_before_drawing(checkpoint, tmp_
         err = capsys.readouterr().err.strip()
         assert err.startswith("convattn plot: error: --output-dir ") and "\n" not in err and message in err, err
     assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder that takes no new folders")
+@pytest.mark.parametrize("kind", ["kernels", "attention"])
+def test_an_output_dir_that_cannot_be_made_is_one_line(checkpoint, capsys, kind):
+    # /proc looks writable to root, so the folder's making failed later, as a bare errno
+    assert main(["plot", kind, str(checkpoint), "--output-dir", "/proc/convattn-x/plots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("convattn plot: error: --output-dir /proc/convattn-x/plots: /proc/convattn-x cannot be made (No "
+                   "such file or directory); give a folder on a filesystem you can write to")

@@ -48,6 +48,13 @@ def test_plot_attention_writes_the_map(checkpoint, tmp_path):
     assert (out / "attention_maps.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_output_folder_whose_name_starts_with_a_dash_is_given_with_an_equals_sign(checkpoint, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "attention", str(checkpoint), "--text", "the lazy dog", "--output-dir=-figs"]) == 0
+    assert (tmp_path / "-figs" / "attention_maps.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize("kind", ["attention", "kernels"])
 def test_a_text_longer_than_the_model_says_how_many_tokens_were_cut(tmp_path, capsys, kind):
     # the figures showed the first positions only, without a word
