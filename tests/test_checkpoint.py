@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.damage import config_with, pickle_only
 from helpers.tiny import save_tiny_mlm, tiny_config
 from safetensors.torch import load_file, save_file
@@ -109,6 +110,19 @@ def test_a_transformers_model_is_named_and_refused_where_convattn_is_needed(bert
     assert not checked.is_convattn and "transformers bert model, not a convattn model" in checked.foreign_note("x")
     with pytest.raises(UsageError, match="is a transformers bert model, not a convattn model; plots need it"):
         check_model_folder(bert_folder, need_convattn="plots need it")
+
+
+def test_an_older_checkpoints_position_ids_are_not_an_integer_weight(bert_folder):
+    # BERT checkpoints saved by older transformers hold embeddings.position_ids (int64) beside their weights
+    weights = load_file(bert_folder / "model.safetensors")
+    weights["bert.embeddings.position_ids"] = torch.arange(64)[None]
+    save_file(weights, bert_folder / "model.safetensors", metadata={"format": "pt"})
+    check_model_folder(bert_folder)
+    weights["bert.embeddings.word_embeddings.weight"] = weights["bert.embeddings.word_embeddings.weight"].bool()
+    save_file(weights, bert_folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UsageError, match=r"the weight bert\.embeddings\.word_embeddings\.weight is bool, not a "
+                                         r"floating-point type"):
+        check_model_folder(bert_folder)
 
 
 def test_a_bert_config_over_convattn_weights_is_refused_when_loading(folder, bert_folder):

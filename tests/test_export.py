@@ -1,4 +1,5 @@
-"""torch.export and ONNX export match eager outputs, with padding, at lengths other than the traced one."""
+"""torch.export and ONNX export match eager outputs, with padding, at lengths other than the traced one: every head,
+question answering included (its start and end logits, the joint head's answerable logit)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ import pytest
 import torch
 from helpers.tiny import randomize_, tiny_config
 
-from convattn import ConvAttnForMaskedLM, ConvAttnForSequenceClassification
+from convattn import ConvAttnForMaskedLM, ConvAttnForQuestionAnswering, ConvAttnForSequenceClassification
 from convattn.cli import main
-from convattn.export import export_program
+from convattn.export import export_program, input_names, output_names
 
 CASES = [("chang2021-small/composite+conv-qkv", ConvAttnForMaskedLM),
          ("chang2021-small/composite+key", ConvAttnForSequenceClassification),
          ("chang2021-small/convbert", ConvAttnForMaskedLM)]
 
 
-def tiny(preset, cls=ConvAttnForMaskedLM):
+def tiny(preset, cls=ConvAttnForMaskedLM, **fields):
     torch.manual_seed(0)
-    model = cls(tiny_config(preset, max_position_embeddings=128))
+    model = cls(tiny_config(preset, max_position_embeddings=128, **fields))
     randomize_(model)
     return model.eval()
 
@@ -32,15 +33,48 @@ def padded_batch(n: int, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, keep
 
 
+def segments(ids: torch.Tensor) -> torch.Tensor:
+    """Token type ids: a question (a third of the row), then its context."""
+    types = torch.zeros_like(ids)
+    types[:, ids.shape[1] // 3:] = 1
+    return types
+
+
 @pytest.mark.parametrize(("preset", "cls"), CASES)
 def test_exported_program_matches_eager_at_two_lengths_with_padding(preset, cls):
     model = tiny(preset, cls)
     exported = export_program(model).module()
     for n, batch in ((37, 3), (128, 5)):
         ids, keep = padded_batch(n, batch)
+        types = (segments(ids),) if "token_type_ids" in input_names(model) else ()
         with torch.no_grad():
-            expected = model(input_ids=ids, attention_mask=keep).logits
-            torch.testing.assert_close(exported(ids, keep), expected, rtol=1e-5, atol=1e-5)
+            expected = model(input_ids=ids, attention_mask=keep, token_type_ids=(types or (None,))[0]).logits
+            torch.testing.assert_close(exported(ids, keep, *types), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_classifier_takes_the_token_types_it_was_fine_tuned_with():
+    # a sentence-pair task's logits depend on the segments; a graph without them scored every pair as one segment
+    model = tiny("chang2021-small/composite+key", ConvAttnForSequenceClassification)
+    assert input_names(model) == ["input_ids", "attention_mask", "token_type_ids"]
+    assert input_names(tiny("chang2021-small/composite+key")) == ["input_ids", "attention_mask"]  # masked LM
+
+
+@pytest.mark.parametrize("qa_head", ["span", "joint"])
+def test_question_answering_exports_with_a_dynamic_length(qa_head):
+    # the joint head's beam (min(20, n) starts) made torch.export fail: "Constraints violated (sequence)"
+    model = tiny("chang2021-small/composite+conv-qkv", ConvAttnForQuestionAnswering, qa_head=qa_head)
+    randomize_(model)
+    names = output_names(model)
+    assert names == ["start_logits", "end_logits"] + (["answerable_logits"] if qa_head == "joint" else [])
+    exported = export_program(model).module()
+    for n, batch in ((37, 3), (128, 5), (7, 3)):  # past the traced 16, and below the joint head's beam of 20
+        ids, keep = padded_batch(n, batch)
+        got = exported(ids, keep, segments(ids))
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=keep, token_type_ids=segments(ids))
+        assert len(got) == len(names)
+        for value, name in zip(got, names, strict=True):
+            torch.testing.assert_close(value, getattr(expected, name), rtol=1e-5, atol=1e-5)
 
 
 def test_exported_relative_model_runs_past_its_trained_length():
@@ -84,3 +118,24 @@ def test_onnx_export_command_matches_eager(tmp_path, capfd):
         with torch.no_grad():
             expected = model(input_ids=ids, attention_mask=keep).logits
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs the [onnx] extra (onnxruntime)")
+def test_onnx_export_command_writes_a_squad_model(tmp_path):
+    import onnxruntime
+
+    model = tiny("chang2021-small/composite+conv-qkv", ConvAttnForQuestionAnswering, qa_head="joint")
+    randomize_(model)
+    model.save_pretrained(tmp_path / "model")
+    assert main(["export", str(tmp_path / "model"), "--onnx", str(tmp_path / "qa.onnx")]) == 0
+    session = onnxruntime.InferenceSession(str(tmp_path / "qa.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [o.name for o in session.get_outputs()] == ["start_logits", "end_logits", "answerable_logits"]
+    for n in (37, 128):
+        ids, keep = padded_batch(n)
+        got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": keep.numpy(),
+                                 "token_type_ids": segments(ids).numpy()})
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=keep, token_type_ids=segments(ids))
+        for value, name in zip(got, ("start_logits", "end_logits", "answerable_logits"), strict=True):
+            torch.testing.assert_close(torch.from_numpy(value), getattr(expected, name), rtol=1e-4, atol=1e-4)

@@ -59,6 +59,14 @@ def test_an_onnx_path_that_is_a_folder_or_under_a_file_is_refused(model, tmp_pat
     assert leftovers(tmp_path) == ["file", "out"] and not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder that takes no new folders")
+def test_an_onnx_path_whose_folder_cannot_be_made_is_one_line(model, capsys):
+    # /proc looks writable to root, so the folder's making failed later, as a bare errno
+    assert_refused(export(model, Path("/proc/convattn-x/m.onnx")), capsys.readouterr().err,
+                   "--onnx /proc/convattn-x/m.onnx: /proc/convattn-x cannot be made (No such file or directory); "
+                   "give a folder on a filesystem you can write to")
+
+
 def test_an_onnx_path_over_another_file_is_refused(model, tmp_path, capsys):
     """No export writes over one of its inputs (the model's weights) or a file that is not a graph."""
     weights = model / "model.safetensors"

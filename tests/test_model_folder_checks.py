@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.damage import config_with, config_without, swap_tokens
+from helpers.damage import config_with, config_without, integer_weight, swap_tokens
 from helpers.tiny import save_tiny_checkpoint, tiny_wordpiece_tokenizer
 
 from convattn.cli import main
@@ -76,6 +76,9 @@ CASES = [
     ("a [MASK] id other than the config's", lambda f: config_with(f, mask_token_id=7),
      "its mask token '[MASK]' at id 4, the model at 7 (config.json mask_token_id)", WITH_TOKENIZER),
     ("a tokenizer one piece larger", larger_tokenizer, "more than the model's", WITH_TOKENIZER),
+    ("an integer weight", integer_weight, "model.safetensors: the weight convattn.encoder.layer.0.output.dense.weight "
+     "is int32, not a floating-point type, which loading would cast without a word; save the model from its "
+     "floating-point weights", ALL),
 ]
 
 

@@ -6,7 +6,8 @@
   numbers, a torch `dtype`, special-token ids inside the vocabulary, and, for a convattn config, every field
   convattn writes, each of the type it writes, and no field convattn does not know (the unknown ones are named);
 * the weights are safetensors (a folder of pickles only, `pytorch_model.bin`, gets the line that converts it),
-  every *.safetensors file opens, and every floating-point weight is a finite number;
+  every *.safetensors file opens, every weight is floating-point (index buffers such as position_ids aside) and
+  a finite number;
 * the config's sizes are those of the weights, read from the safetensors headers (vocabulary, widths, layers,
   positions, relative reach, kernels), and the tables it declares are the ones the file holds: a tampered size
   is refused before anything is built from it (10^9 would allocate terabytes).

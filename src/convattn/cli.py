@@ -30,6 +30,10 @@ COMMAND_MODULES = (
 # argparse's words for a value its type rejected, and what the value must be instead
 TYPE_WORDS = {"int": "a whole number, e.g. 8000", "float": "a number, e.g. 3e-4"}
 INVALID_VALUE = re.compile(r"argument (?P<flag>[^:]+): invalid (?P<type>\w+) value: (?P<value>.*)")
+# a flag without its value (given none, or one starting with "-", which argparse takes for a flag)
+EXPECTED_VALUE = re.compile(r"argument (?P<flag>-[^:]+): expected one argument")
+# an argument argparse took for a flag it does not know
+UNKNOWN_DASHED = re.compile(r"unrecognized arguments: (?P<first>-(?!-)\S*)(?: .*)?")
 # a negative number, also in scientific notation (argparse alone takes `--lr -1e-3` for a flag named -1e-3)
 NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
@@ -42,15 +46,36 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = NEGATIVE_NUMBER
 
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)  # what error() may name
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {one_line_error(message)} (see {self.prog} --help)\n")
+        message = one_line_error(message)
+        if message.startswith("the following arguments are required") and (taken := self.taken_for_flag()):
+            message += f" ({taken} was taken for a flag: a path that starts with \"-\" is given as ./{taken})"
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def taken_for_flag(self) -> str | None:
+        """The first argument given that starts with "-" and is none of this parser's flags (nor a number)."""
+        flags = {flag for action in self._actions for flag in action.option_strings}
+        return next((arg for arg in getattr(self, "given", ()) if arg.startswith("-") and arg != "--"
+                     and arg.split("=")[0] not in flags and not NEGATIVE_NUMBER.match(arg)), None)
 
 
 def one_line_error(message: str) -> str:
-    """argparse's error message, a rejected value said as what the flag takes."""
+    """argparse's error message, a rejected value said as what the flag takes; a flag missing its value, or an
+    argument argparse took for a flag, with how to give a value that starts with "-" (a folder named -runs)."""
     rejected = INVALID_VALUE.fullmatch(message)
     if rejected and rejected["type"] in TYPE_WORDS:
         return f"{rejected['flag']} {rejected['value']} is not {TYPE_WORDS[rejected['type']]}"
+    if expecting := EXPECTED_VALUE.fullmatch(message):
+        flag = expecting["flag"].split("/")[-1]
+        return (f"{flag} expects a value; one that starts with \"-\" is given as {flag}=-name, or as a path "
+                "./-name")
+    if unknown := UNKNOWN_DASHED.fullmatch(message):
+        return (f"{message}: a path that starts with \"-\" is given as ./{unknown['first']} (an option's value as "
+                f"--option={unknown['first']})")
     return message.removeprefix("argument ")
 
 

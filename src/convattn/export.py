@@ -14,15 +14,47 @@ from convattn.errors import UsageError, option
 from convattn.files import atomic_path, special_file
 
 
+def takes_token_types(model: nn.Module) -> bool:
+    """A question-answering or classification model with segment embeddings was fine-tuned on question/context and
+    sentence pairs with their token type ids (SQuAD's answer mask is the second segment): its graph takes them."""
+    from convattn import ConvAttnForQuestionAnswering, ConvAttnForSequenceClassification, ConvAttnForTokenClassification
+
+    tasks = (ConvAttnForQuestionAnswering, ConvAttnForSequenceClassification, ConvAttnForTokenClassification)
+    return isinstance(model, tasks) and model.config.type_vocab_size > 1
+
+
+def input_names(model: nn.Module) -> list[str]:
+    return ["input_ids", "attention_mask"] + (["token_type_ids"] if takes_token_types(model) else [])
+
+
+def output_names(model: nn.Module) -> list[str]:
+    """The head's logits: a question-answering model's start and end logits (the joint head's end logits are those
+    of its most likely start, and its answerable logit, "no answer", follows), any other head's one tensor."""
+    from convattn import ConvAttnForQuestionAnswering
+
+    if not isinstance(model, ConvAttnForQuestionAnswering):
+        return ["logits"]
+    return ["start_logits", "end_logits"] + (["answerable_logits"] if model.config.qa_head == "joint" else [])
+
+
 class LogitsOnly(nn.Module):
-    """(input_ids, attention_mask) -> the head's first output, so the graph has plain tensor in/outputs."""
+    """(input_ids, attention_mask[, token_type_ids]) -> the head's logits (`output_names`), so the graph has plain
+    tensor in/outputs."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.outputs = output_names(model)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None):
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
+        if token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        if self.outputs == ["logits"]:
+            return self.model(**inputs, return_dict=False)[0]
+        # the joint head's beam is a branch on the length (min(beam, n)) that a graph cannot keep symbolic
+        out = self.model(**inputs, beam=0, return_dict=True)
+        return tuple(getattr(out, name) for name in self.outputs)
 
 
 def load_saved(model_dir: str | os.PathLike, attn_implementation: str | None = None, **config_overrides) -> nn.Module:
@@ -45,27 +77,32 @@ def fixed_length(config) -> int | None:
     return config.max_position_embeddings if any(p != "none" for p in config.layer_projections) else None
 
 
-def example_inputs(config, batch: int = 2) -> tuple[Tensor, Tensor]:
+def example_inputs(model: nn.Module, batch: int = 2) -> tuple[Tensor, ...]:
+    config = model.config
     n = fixed_length(config) or 16
     ids = torch.randint(5, config.vocab_size, (batch, n))
     keep = torch.ones_like(ids)
     keep[-1, n // 2:] = 0
-    return ids, keep
+    if not takes_token_types(model):
+        return ids, keep
+    types = torch.zeros_like(ids)
+    types[:, n // 4:] = 1  # a question, then its context
+    return ids, keep, types
 
 
-def dynamic_shapes(config) -> dict:
+def dynamic_shapes(model: nn.Module) -> tuple[dict, ...]:
     # sizes 0 and 1 are specialised by torch.export, so the symbolic ranges start at 2
     axes = {0: Dim("batch", min=1, max=4096)}
-    if fixed_length(config) is None:
-        axes[1] = Dim("sequence", min=2, max=config.max_input_length or 1 << 20)
-    return {"input_ids": axes, "attention_mask": axes}
+    if fixed_length(model.config) is None:
+        axes[1] = Dim("sequence", min=2, max=model.config.max_input_length or 1 << 20)
+    return (axes,) * len(input_names(model))
 
 
 def export_program(model: nn.Module) -> ExportedProgram:
-    """The model (in eval mode) as an ExportedProgram taking (input_ids, attention_mask) of any batch and length
-    (a Linformer model: any batch, its `fixed_length`; inputs padded to it)."""
-    wrapped = LogitsOnly(model.eval())
-    return torch.export.export(wrapped, example_inputs(model.config), dynamic_shapes=dynamic_shapes(model.config))
+    """The model (in eval mode) as an ExportedProgram taking (input_ids, attention_mask[, token_type_ids]:
+    `input_names`) of any batch and length (a Linformer model: any batch, its `fixed_length`; inputs padded to it)
+    and giving `output_names`."""
+    return torch.export.export(LogitsOnly(model.eval()), example_inputs(model), dynamic_shapes=dynamic_shapes(model))
 
 
 def supported_opsets() -> range:
@@ -102,13 +139,16 @@ def check_onnx_path(path: str | os.PathLike) -> None:
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise UsageError(f"{option('onnx')} {path}: {blocking} is a file, so the folder cannot be made")
+    from convattn.runs.folder import check_can_make
+
+    check_can_make(path.parent, option("onnx"), path)
     if path.is_file() and path.suffix != ".onnx":  # the model's own weights, a user's file
         raise UsageError(f"{option('onnx')} {path} is an existing file that is not an ONNX graph, which the export "
                          "would replace; give a new file name ending in .onnx")
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> None:
-    """Write an ONNX graph (inputs input_ids, attention_mask; output logits) via the torch.export path. The file
+    """Write an ONNX graph (inputs `input_names`, outputs `output_names`) via the torch.export path. The file
     appears complete or not at all (a temporary file beside it, removed on any failure).
 
     Give it a model built with attn_implementation="eager": the ONNX decompositions re-trace SDPA with other
@@ -119,8 +159,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = 18) -> N
     check_opset(opset)
     check_onnx_path(path)
     program = export_program(model)
-    onnx_program = torch.onnx.export(program, example_inputs(model.config), dynamo=True, opset_version=opset,
-                                     input_names=["input_ids", "attention_mask"], output_names=["logits"],
+    onnx_program = torch.onnx.export(program, example_inputs(model), dynamo=True, opset_version=opset,
+                                     input_names=input_names(model), output_names=output_names(model),
                                      verbose=False)
     written = onnx_program.model.opset_imports.get("", opset)
     if written != opset:

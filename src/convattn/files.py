@@ -152,22 +152,40 @@ def weight_shapes(file: str | os.PathLike) -> dict[str, list[int]]:
                 for name in weights.keys()}  # noqa: SIM118 (a safetensors handle, not a dict)
 
 
+def index_buffer(name: str) -> bool:
+    """A tensor of indices some checkpoints hold beside their weights (BERT's `embeddings.position_ids`)."""
+    return name.endswith("_ids")
+
+
 def check_weight_file(file: Path) -> dict[str, list[int]]:
-    """The file opens as safetensors and its floating-point tensors are finite (one UsageError naming them).
+    """The file opens as safetensors, its weights are floating-point (an integer weight was cast on loading and
+    trained without a word; index buffers such as `position_ids` aside) and finite (one UsageError naming them).
     Returns the shape of each weight (`weight_shapes`)."""
     import torch
     from safetensors import safe_open
 
     try:
         shapes = weight_shapes(file)
+        bad, integer = [], []
         with safe_open(str(file), framework="pt") as weights:
-            bad = [name for name in shapes
-                   if (tensor := weights.get_tensor(name)).is_floating_point() and not torch.isfinite(tensor).all()]
+            for name in shapes:
+                tensor = weights.get_tensor(name)
+                if tensor.is_floating_point():
+                    if not torch.isfinite(tensor).all():
+                        bad.append(name)
+                elif not index_buffer(name):
+                    integer.append((name, tensor.dtype))
     except OSError as err:
         raise UsageError(f"cannot read {file}: {err.strerror or err}") from None
     except Exception as err:  # safetensors raises its own error type for every kind of damage
         detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         raise UsageError(f"{file} is truncated or corrupt ({detail}); save or copy the model again") from None
+    if integer:
+        name, dtype = integer[0]
+        more = f" ({len(integer) - 1} more)" if len(integer) > 1 else ""
+        raise UsageError(f"{file}: the weight {name} is {str(dtype).removeprefix('torch.')}{more}, not a "
+                         "floating-point type, which loading would cast without a word; save the model from its "
+                         "floating-point weights (float32, float16 or bfloat16)")
     if bad:
         raise UsageError(f"{file} holds non-finite (NaN or infinite) weights: {listed(bad)}; this model cannot be used "
                          "(a diverged training run?)")

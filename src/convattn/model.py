@@ -30,7 +30,7 @@ from convattn.attention.core import is_tracing
 from convattn.config import ConvAttnConfig, check_attn_implementation
 from convattn.files import follow_umask
 from convattn.flattened_inputs import flattened_sequences
-from convattn.qa import JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
+from convattn.qa import BEAM, JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
 
 
 class ConvAttnEmbeddings(nn.Module):
@@ -661,8 +661,9 @@ class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
 
 class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
     """Extractive QA. `config.qa_head` "span": start and end logits per token (BERT's head, transformers'
-    ConvBERT's); "joint": ELECTRA's head (qa.py), which also takes `answer_mask` and, for SQuAD 2.0 training,
-    `is_impossible`."""
+    ConvBERT's); "joint": ELECTRA's head (qa.py), which also takes `answer_mask`, for SQuAD 2.0 training
+    `is_impossible`, and predicts with a `beam` of starts and ends (0: the end logits of the most likely start
+    only, which an exported graph computes)."""
 
     def __init__(self, config: ConvAttnConfig):
         super().__init__(config)
@@ -677,8 +678,8 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, answer_mask=None,
-                is_impossible=None, **sequence_offsets) -> QuestionAnsweringModelOutput | JointQuestionAnsweringOutput:
+                output_hidden_states=None, return_dict=None, answer_mask=None, is_impossible=None,
+                beam=BEAM, **sequence_offsets) -> QuestionAnsweringModelOutput | JointQuestionAnsweringOutput:
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
@@ -688,7 +689,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
         if self.config.qa_head == "joint":
             if answer_mask is None:
                 answer_mask = default_answer_mask(attention_mask, token_type_ids, hidden.shape[:2]).to(hidden.device)
-            out = self.qa_joint(hidden, answer_mask.bool(), start_positions, end_positions, is_impossible)
+            out = self.qa_joint(hidden, answer_mask.bool(), start_positions, end_positions, is_impossible, beam)
             out.hidden_states, out.attentions = encoded.hidden_states, encoded.attentions
             return out
         start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)

@@ -89,13 +89,17 @@ class JointSpanHead(nn.Module):
                                                                                      is_impossible.float())
             out.loss = loss
             return out
-        k = min(beam, hidden.shape[1])
-        out.start_top_log_probs, out.start_top_index = start_logits.log_softmax(-1).topk(k)
-        states = hidden.gather(1, out.start_top_index[..., None].expand(-1, -1, hidden.shape[-1]))
+        # beam 0: the end logits of the most likely start only, no beam outputs. An exported graph takes that:
+        # min(beam, length) is a branch on the length that torch.export cannot keep symbolic
+        k = min(beam, hidden.shape[1]) if beam else 1
+        start_top_log_probs, start_top_index = start_logits.log_softmax(-1).topk(k)
+        states = hidden.gather(1, start_top_index[..., None].expand(-1, -1, hidden.shape[-1]))
         end_logits = self.end_logits(states, hidden, penalty)
-        out.end_top_log_probs, out.end_top_index = end_logits.log_softmax(-1).topk(k)
+        if beam:
+            out.start_top_log_probs, out.start_top_index = start_top_log_probs, start_top_index
+            out.end_top_log_probs, out.end_top_index = end_logits.log_softmax(-1).topk(k)
         # so that start_logits.argmax() and end_logits.argmax() read a span, as with any QA head
-        before_start = torch.arange(hidden.shape[1], device=hidden.device) < out.start_top_index[:, :1]
+        before_start = torch.arange(hidden.shape[1], device=hidden.device) < start_top_index[:, :1]
         out.end_logits = end_logits[:, 0] - before_start * MASK_PENALTY
         return out
 

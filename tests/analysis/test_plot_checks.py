@@ -40,6 +40,15 @@ def test_bad_checkpoints_are_one_line_and_no_figure(checkpoint, capsys, kind, da
     assert not (checkpoint / "plots").exists()
 
 
+def test_a_checkpoint_without_its_tokenizer_is_named_as_the_positional_argument(checkpoint, capsys):
+    # the line said "--checkpoint DIR", a flag plot does not have
+    code = main(["plot", "attention", str(checkpoint)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith(f"convattn plot: error: checkpoint {checkpoint}: cannot load a tokenizer from it (")
+    assert err.endswith("save the tokenizer into it (tokenizer.save_pretrained)") and "--checkpoint" not in err
+
+
 def test_a_checkpoint_that_is_not_a_folder_is_refused(checkpoint, capsys):
     assert main(["plot", "kernels", str(checkpoint / "config.json")]) == 2
     assert "is not a saved model directory" in capsys.readouterr().err
@@ -54,3 +63,13 @@ def test_an_output_dir_that_is_a_file_is_refused_before_drawing(checkpoint, tmp_
         err = capsys.readouterr().err.strip()
         assert err.startswith("convattn plot: error: --output-dir ") and "\n" not in err and message in err, err
     assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder that takes no new folders")
+@pytest.mark.parametrize("kind", ["kernels", "attention"])
+def test_an_output_dir_that_cannot_be_made_is_one_line(checkpoint, capsys, kind):
+    # /proc looks writable to root, so the folder's making failed later, as a bare errno
+    assert main(["plot", kind, str(checkpoint), "--output-dir", "/proc/convattn-x/plots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("convattn plot: error: --output-dir /proc/convattn-x/plots: /proc/convattn-x cannot be made (No "
+                   "such file or directory); give a folder on a filesystem you can write to")

@@ -17,13 +17,17 @@ WORDS = "the quick brown fox jumps over lazy dog and which had been asleep did n
 
 @pytest.fixture
 def checkpoint(tmp_path):
+    return save_word_model(tmp_path)
+
+
+def save_word_model(tmp_path, **fields):
     vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS.split()])}
     core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
                                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     torch.manual_seed(0)
-    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite+depthwise", vocab_size=len(vocab)))
+    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite+depthwise", vocab_size=len(vocab), **fields))
     randomize_(model)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -42,6 +46,25 @@ def test_plot_attention_writes_the_map(checkpoint, tmp_path):
     out = tmp_path / "figs"
     assert main(["plot", "attention", str(checkpoint), "--text", "the lazy dog", "--output-dir", str(out)]) == 0
     assert (out / "attention_maps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_output_folder_whose_name_starts_with_a_dash_is_given_with_an_equals_sign(checkpoint, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "attention", str(checkpoint), "--text", "the lazy dog", "--output-dir=-figs"]) == 0
+    assert (tmp_path / "-figs" / "attention_maps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("kind", ["attention", "kernels"])
+def test_a_text_longer_than_the_model_says_how_many_tokens_were_cut(tmp_path, capsys, kind):
+    # the figures showed the first positions only, without a word
+    checkpoint = save_word_model(tmp_path / "model", max_position_embeddings=8)
+    assert main(["plot", kind, str(checkpoint), "--text", WORDS, "--output-dir", str(tmp_path / "figs")]) == 0
+    err = capsys.readouterr().err
+    assert ("convattn plot: --text has 19 tokens, more than the model's 8 positions: the figures show its first 8 "
+            "(11 tokens cut)") in err
+    assert main(["plot", kind, str(checkpoint), "--text", "the lazy dog", "--output-dir", str(tmp_path / "figs")]) == 0
+    assert "cut" not in capsys.readouterr().err
 
 
 def test_kernel_values_come_from_the_model(checkpoint):

@@ -18,6 +18,13 @@ REJECTED = [  # (argv after the command, what the line says)
     (["plot", "kernel-size", "--max-steps", "1.5"], "convattn plot kernel-size: error: --max-steps '1.5' is not"),
     (["squad", "--model", "m", "--doc-stride", "x"], "convattn squad: error: --doc-stride 'x' is not a whole number"),
     (["frobnicate"], "convattn: error: COMMAND: invalid choice: 'frobnicate'"),
+    # a value that starts with "-" (a folder named -runs) is taken for a flag: the line says how to give it
+    (["pretrain", "--output-dir", "-runs"], "convattn pretrain: error: --output-dir expects a value; one that "
+                                             "starts with \"-\" is given as --output-dir=-name, or as a path ./-name"),
+    (["export", "-model", "--onnx", "m.onnx"], "convattn export: error: the following arguments are required: "
+     "model_dir (-model was taken for a flag: a path that starts with \"-\" is given as ./-model)"),
+    (["plot", "attention", "-model"], "required: checkpoint (-model was taken for a flag: a path that starts with "
+                                      "\"-\" is given as ./-model)"),
 ]
 
 

@@ -125,3 +125,64 @@ def test_what_is_not_a_json_file_is_one_usage_error(tmp_path, build, message):
     with pytest.raises(UsageError) as caught:
         read_squad_json(build(tmp_path))
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_unanswerable_question_with_answers_is_refused(tmp_path):
+    # its answers were dropped without a word: trained and scored as unanswerable
+    contradictory = {"id": "q7", "question": "which?", "is_impossible": True,
+                     "answers": [{"text": "two", "answer_start": 4}]}
+    for split in ("train", "dev"):
+        with pytest.raises(UsageError) as caught:
+            load_squad_file(squad_file(tmp_path, contradictory, version="v2.0"), "2.0", split)
+        message = str(caught.value)
+        assert message.startswith(f"{tmp_path / 'train.json'}: question 'q7': \"is_impossible\" is true but the "
+                                  "question has 1 answer(s); set \"is_impossible\": false")
+        assert "\"plausible_answers\"" in message and "\n" not in message
+    plausible = {"id": "q7", "question": "which?", "is_impossible": True, "answers": [],
+                 "plausible_answers": [{"text": "two", "answer_start": 4}]}
+    assert load_squad_file(squad_file(tmp_path, plausible, version="v2.0"), "2.0", "dev")["answers"] == \
+        [{"text": [], "answer_start": []}]
+
+
+def test_dev_answers_that_occur_nowhere_are_counted(tmp_path, capsys):
+    good = [{"id": f"q{k}", "question": "which?", "answers": [{"text": "two  three", "answer_start": 4}]}
+            for k in range(30)]  # spaces that differ from the context's still occur
+    typo = {"id": "typo", "question": "which?", "answers": [{"text": "tw0", "answer_start": 4},
+                                                            {"text": "four", "answer_start": 4}]}
+    path = squad_file(tmp_path, paragraphs=[{"context": "one two three", "qas": [*good, typo]}])
+    assert len(load_squad_file(path, "1.1", "dev")) == 31  # scored as the official evaluation scores it
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "2 dev answer(s) occur nowhere in their context (1 question(s) without one that does" in err
+    assert "question 'typo', answer 'tw0'" in err
+
+
+def test_dev_answers_mostly_from_elsewhere_are_refused(tmp_path):
+    elsewhere = {"id": "q1", "question": "which?", "answers": [{"text": "five", "answer_start": 4}]}
+    with pytest.raises(UsageError, match=r"1 of 1 questions have no answer that occurs in their context .*question "
+                                         r"'q1', answer 'five'.*check that the file's answers and contexts belong"):
+        load_squad_file(squad_file(tmp_path, elsewhere), "1.1", "dev")
+
+
+@pytest.mark.skipif(not SHARED_SAMPLE.is_file(), reason="needs ../shared/data/squad (the shared SQuAD sample)")
+def test_the_shared_samples_dev_answers_that_occur_nowhere_are_said(capsys):
+    assert len(load_squad_file(SHARED_SAMPLE, "1.1", "dev")) == 396
+    assert "7 dev answer(s) occur nowhere in their context (2 question(s)" in capsys.readouterr().err
+
+
+def test_hub_training_answers_are_checked_as_a_files_are(monkeypatch, capsys):
+    # a hub answer whose answer_start missed its text crashed the windows (answer_end None), a file's was left out
+    from datasets import Dataset
+
+    from convattn.data import squad
+
+    rows = [{"id": f"q{k}", "title": "t", "context": "one two three", "question": "which?",
+             "answers": {"text": ["two"], "answer_start": [4]}} for k in range(30)]
+    rows.append({"id": "bad", "title": "t", "context": "one two three", "question": "which?",
+                 "answers": {"text": ["two"], "answer_start": [0]}})
+    monkeypatch.setattr(squad, "load_hub_dataset", lambda name, split: Dataset.from_list(rows))
+    train = squad.load_squad_hub("1.1", "train")
+    assert len(train) == 30 and "bad" not in train["id"]
+    assert "rajpurkar/squad (train): 1 answer(s) whose answer_start misses their text left out" in \
+        capsys.readouterr().err
+    assert len(squad.load_squad_hub("1.1", "dev")) == 31

@@ -19,6 +19,13 @@ def nan_weights(folder: Path, every: bool = True) -> None:
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
 
 
+def integer_weight(folder: Path, name: str = "convattn.encoder.layer.0.output.dense.weight") -> None:
+    """One weight rounded to int32 (loading cast it back to float without a word)."""
+    weights = load_file(folder / "model.safetensors")
+    weights[name] = (weights[name] * 100).round().to(torch.int32)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 def config_with(folder: Path, **fields) -> None:
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **fields}))

@@ -12,8 +12,9 @@ from convattn.commands.arguments import user_path
 NAME = "export"
 HELP = "export a saved model to ONNX (dynamic batch and sequence axes; Linformer at its fixed length)"
 DESCRIPTION = (
-    "Export a saved model (any head) to ONNX through torch.export: inputs input_ids and "
-    "attention_mask, output the head's logits. Needs the [onnx] extra (onnx, onnxscript)."
+    "Export a saved model (any head) to ONNX through torch.export: inputs input_ids and attention_mask (and "
+    "token_type_ids for a fine-tuned head), output the head's logits (question answering: start_logits, end_logits "
+    "and the joint head's answerable_logits). Needs the [onnx] extra (onnx, onnxscript)."
 )
 DEFAULT_OPSET = 18
 

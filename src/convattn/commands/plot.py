@@ -143,14 +143,21 @@ def _log_to_output_dir(args) -> None:
 
 
 def _encode(checkpoint: str, text: str, config):
-    """The text as the model's ids, with the tokenizer saved beside it (checked against the model first)."""
+    """The text as the model's ids, with the tokenizer saved beside it (checked against the model first). A text
+    longer than the model's positions is cut to them, and how many tokens were cut is said in one line."""
     from convattn.checkpoint import check_tokenizer_fits
+    from convattn.console import say
     from convattn.data.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(checkpoint, flag="--checkpoint")
+    tokenizer = load_tokenizer(checkpoint, flag="checkpoint")  # the positional argument, as load_encoder names it
     check_tokenizer_fits(tokenizer, config, f"checkpoint {checkpoint}")
     max_length = config.max_position_embeddings
     encoded = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length)
+    whole = len(tokenizer(text, verbose=False)["input_ids"])
+    if whole > max_length:
+        say("plot", f"--text has {whole} tokens, more than the model's {max_length} positions: the figures show "
+                    f"its first {max_length} ({whole - max_length} tokens cut); give a shorter --text to see it "
+                    "whole")
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     return encoded, tokens
 

@@ -1,8 +1,11 @@
 """SQuAD v1.1 and v2.0 questions: the official JSON layout (local files) or the HF hub, as one `Dataset`.
 
 Every split has the hub's columns: id, title, context, question, answers = {"text": [...], "answer_start": [...]}
-(an unanswerable v2.0 question has empty lists). Local files are checked while they are read: the layout, and that
-every answer_start points at its answer text in the context.
+(an unanswerable v2.0 question has empty lists). Local files are checked while they are read: the layout, and an
+unanswerable question that carries answers. The answers of both sources, local and hub, are checked alike
+(`checked_answers`): a training answer whose answer_start misses its text is left out, and said; a dev answer that
+occurs nowhere in its context (the official dev sets have a few, typos) is counted and said, since the official
+evaluation scores it as given; a file where many do is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from convattn.errors import UsageError, option
 VERSIONS = ("1.1", "2.0")
 # the longest context read: 13x SQuAD's longest; its windows cost minutes (a 2 MB context: 135,000 windows)
 MAX_CONTEXT_CHARACTERS = 50_000
-# training questions whose answers all miss their answer_start are skipped, up to this share of the file
+# training questions whose answers all miss their answer_start are skipped, up to this share of the file; dev
+# questions none of whose answers occur in their context are scored as given, up to this share
 MAX_SKIPPED_FRACTION = 0.05
 HUB_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
 HUB_SPLITS = {"train": "train", "dev": "validation"}
@@ -113,10 +117,8 @@ def mismatch(context: str, start: int, text: str) -> str:
             f"context {context[max(0, start) + begin:max(0, start) + offset + 10]!r})")
 
 
-def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bool,
-             misses: list[str]) -> dict[str, list]:
-    """The question's answers; with `check_offsets`, those whose answer_start misses their text are left out and
-    described in `misses`."""
+def _answers(qa: dict, where: str, version: str) -> dict[str, list]:
+    """The question's answers, checked for the layout."""
     impossible = qa.get("is_impossible", False)
     if not isinstance(impossible, bool):
         raise UsageError(f"{where}: \"is_impossible\" must be true or false, got {impossible!r}")
@@ -125,10 +127,14 @@ def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bo
     if not impossible and "answers" not in qa:
         raise UsageError(f"{where}: no \"answers\" list (an unanswerable SQuAD 2.0 question has \"is_impossible\": "
                          "true)")
-    answers = [] if impossible else qa["answers"]
+    answers = qa.get("answers", [])
     if not isinstance(answers, list):
         raise UsageError(f"{where}: \"answers\" must be a list of {{\"text\", \"answer_start\"}} objects, got "
                          f"{json.dumps(answers)[:40]}")
+    if impossible and answers:  # the official files keep an unanswerable question's spans in "plausible_answers"
+        raise UsageError(f"{where}: \"is_impossible\" is true but the question has {len(answers)} answer(s); set "
+                         "\"is_impossible\": false if they answer it, or move them to \"plausible_answers\" (the "
+                         "official SQuAD 2.0 layout)")
     if not answers and not impossible:
         raise UsageError(f"{where}: no answers (a SQuAD 2.0 unanswerable question needs \"is_impossible\": true)")
     texts, starts = [], []
@@ -136,13 +142,64 @@ def _answers(qa: dict, context: str, where: str, version: str, check_offsets: bo
         text, start = (answer.get("text"), answer.get("answer_start")) if isinstance(answer, dict) else (None, None)
         if not isinstance(text, str) or not isinstance(start, int) or isinstance(start, bool):
             raise UsageError(f"{where}: every answer needs a string \"text\" and an integer \"answer_start\"")
-        if check_offsets and answer_end(context, start, text) is None:
-            misses.append(f"{where}: answer_start {start} does not point at the answer "
-                          f"{mismatch(context, start, text)}")
-            continue
         texts.append(text)
         starts.append(start)
     return {"text": texts, "answer_start": starts}
+
+
+def without_spaces(text: str) -> str:
+    return "".join(text.split())
+
+
+def checked_answers(columns: dict[str, list], source: str, training: bool) -> dict[str, list]:
+    """The questions' answers checked against their contexts, the same for a local file and the hub. Training: an
+    answer whose answer_start misses its text is left out (it would train on another span), a question left with
+    none skipped, as BERT's and ELECTRA's SQuAD code do, and both said; refused past MAX_SKIPPED_FRACTION of the
+    questions. Dev (scored on answer texts only): answers that occur nowhere in their context, whitespace aside,
+    are counted and said, as the official evaluation scores them as given; refused past the same share."""
+    total = len(columns["id"])
+    if training:
+        keep, misses = [], []
+        for k, (qid, context, answers) in enumerate(zip(columns["id"], columns["context"], columns["answers"],
+                                                        strict=True)):
+            good = [(text, start) for text, start in zip(answers["text"], answers["answer_start"], strict=True)
+                    if answer_end(context, start, text) is not None]
+            misses += [f"{source}: question {qid!r}: answer_start {start} does not point at the answer "
+                       f"{mismatch(context, start, text)}"
+                       for text, start in zip(answers["text"], answers["answer_start"], strict=True)
+                       if (text, start) not in good]
+            if answers["text"] and not good:
+                continue  # no answer left to train on: skipped (not turned into an unanswerable question)
+            answers["text"], answers["answer_start"] = [t for t, _ in good], [s for _, s in good]
+            keep.append(k)
+        skipped = total - len(keep)
+        if skipped > MAX_SKIPPED_FRACTION * total:
+            raise UsageError(f"{misses[0]}; {skipped} of {total} questions have no answer that their answer_start "
+                             f"points at (at most {MAX_SKIPPED_FRACTION:.0%} are skipped)")
+        if misses:
+            say("squad", f"{source}: {len(misses)} answer(s) whose answer_start misses their text left out; "
+                         f"{skipped} question(s) without another answer skipped (first: {misses[0]})")
+        return columns if skipped == 0 else {name: [values[k] for k in keep] for name, values in columns.items()}
+    spaceless: dict[str, str] = {}
+    nowhere, unmatched, first = 0, 0, None
+    for qid, context, answers in zip(columns["id"], columns["context"], columns["answers"], strict=True):
+        if context not in spaceless:
+            spaceless[context] = without_spaces(context)
+        found = [without_spaces(text) in spaceless[context] for text in answers["text"]]
+        nowhere += found.count(False)
+        if found and not any(found):
+            unmatched += 1
+        if first is None and not all(found):
+            first = f"question {qid!r}, answer {shorten(answers['text'][found.index(False)])}"
+    if unmatched > MAX_SKIPPED_FRACTION * total:
+        raise UsageError(f"{source}: {unmatched} of {total} questions have no answer that occurs in their context "
+                         f"(first: {first}); the answers are not from these contexts: check that the file's answers "
+                         "and contexts belong together")
+    if nowhere:
+        say("squad", f"{source}: {nowhere} dev answer(s) occur nowhere in their context ({unmatched} question(s) "
+                     f"without one that does: no exact match possible), scored as given, as the official evaluation "
+                     f"does; the official dev sets have a few (first: {first})")
+    return columns
 
 
 def question_entries(data: dict, source: str):
@@ -168,14 +225,11 @@ def question_entries(data: dict, source: str):
                 yield title, context, qa
 
 
-def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> dict[str, list]:
-    """The official layout -> columns; every question is checked (UsageError naming the question). Answer offsets
-    are checked where they become training labels (`check_offsets`); the evaluation reads only answer texts, and
-    the official dev sets have a few answer_starts that miss their text."""
+def squad_rows(data: dict, version: str, source: str, training: bool) -> dict[str, list]:
+    """The official layout -> columns; every question is checked (UsageError naming the question), its answers
+    against its context as `checked_answers` says."""
     check_file_version(data, version, source)
     columns: dict[str, list] = {name: [] for name in COLUMNS}
-    misses: list[str] = []
-    skipped = 0
     for title, context, qa in question_entries(data, source):
         where = f"{source}: question {qa.get('id', '?')!r}"
         if not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
@@ -183,24 +237,14 @@ def squad_rows(data: dict, version: str, source: str, check_offsets: bool) -> di
         if not qa["question"].strip():  # refused, not skipped: the official evaluation counts every dev question
             raise UsageError(f"{where}: the question is {'whitespace only' if qa['question'] else 'empty'} (the "
                              "official SQuAD files have none); write its text, or remove the question")
-        missed = len(misses)
-        answers = _answers(qa, context, where, version, check_offsets, misses)
-        if len(misses) > missed and not answers["text"]:
-            skipped += 1  # no answer left to train on: skipped, as BERT's and ELECTRA's SQuAD code do
-            continue
-        columns["answers"].append(answers)
+        columns["answers"].append(_answers(qa, where, version))
         columns["id"].append(qa["id"])
         columns["title"].append(title)
         columns["context"].append(context)
         columns["question"].append(qa["question"])
-    if skipped > MAX_SKIPPED_FRACTION * (len(columns["id"]) + skipped):
-        raise UsageError(f"{misses[0]}; {skipped} of {len(columns['id']) + skipped} questions have no answer "
-                         f"that their answer_start points at (at most {MAX_SKIPPED_FRACTION:.0%} are skipped)")
-    if misses:
-        say("squad", f"{source}: {len(misses)} answer(s) whose answer_start misses their text left out; {skipped} "
-                     f"question(s) without another answer skipped (first: {misses[0]})")
     if not columns["id"]:
         raise UsageError(f"{source}: no questions in the file")
+    columns = checked_answers(columns, source, training)
     columns["id"], renamed = unique_ids(columns["id"])
     if renamed:
         say("squad", f"{source}: {renamed} question ids repeat an earlier question's; renamed <id>#<k> so each "
@@ -226,7 +270,7 @@ def unique_ids(ids: list[str]) -> tuple[list[str], int]:
 
 def load_squad_file(path: Path, version: str, split: str = "train") -> Dataset:
     return Dataset.from_dict(squad_rows(read_squad_json(path), check_version(version), str(path),
-                                        check_offsets=split == "train"))
+                                        training=split == "train"))
 
 
 def load_squad_hub(version: str, split: str) -> Dataset:
@@ -238,7 +282,8 @@ def load_squad_hub(version: str, split: str) -> Dataset:
         raise UsageError(f"could not load {name} ({HUB_SPLITS[split]}) from the HF hub ({type(err).__name__}); "
                          f"pass {option('train_file')} and {option('dev_file')} with SQuAD {version} JSON "
                          "files") from err
-    return dataset.select_columns(list(COLUMNS))
+    columns = dataset.select_columns(list(COLUMNS)).to_dict()
+    return Dataset.from_dict(checked_answers(columns, f"{name} ({HUB_SPLITS[split]})", training=split == "train"))
 
 
 def load_squad(version: str, split: str, file: Path | None) -> Dataset:

@@ -145,7 +145,8 @@ def load_tokenizer(directory: str | Path, flag: str = "--tokenizer") -> PreTrain
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"{flag} {directory}: cannot load a tokenizer from it ({first_line[:160]})") from None
+        raise UsageError(f"{flag} {directory}: cannot load a tokenizer from it ({first_line[:160]}); save the "
+                         "tokenizer into it (tokenizer.save_pretrained)") from None
     missing = [name for name in ("pad_token", "mask_token") if getattr(tokenizer, name) is None]
     if missing:
         raise UsageError(f"{flag} {directory}: the tokenizer has no {' or '.join(missing)}, which MLM needs")

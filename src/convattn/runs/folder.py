@@ -26,7 +26,7 @@ import os
 import socket
 import stat
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from convattn.console import LOG_FILE, main_process
@@ -55,6 +55,25 @@ def check_output_folder(path: Path, flag: str = option("output_dir")) -> None:
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: {existing} is not writable")
+    check_can_make(path, flag)
+
+
+def check_can_make(path: Path, flag: str, given: Path | None = None) -> None:
+    """The first folder missing on the way to `path` can be made: it is made and removed again. A folder such as
+    /proc or /sys, or a full or read-only filesystem, looks writable and refuses it: a bare errno, later. The
+    error names `given` (the flag's value), `path` by default."""
+    missing = next((p for p in reversed((path, *path.parents)) if not p.exists()), None)
+    if missing is None:
+        return
+    try:
+        missing.mkdir()
+    except FileExistsError:  # made meanwhile, by someone else: theirs, and makeable
+        return
+    except OSError as err:
+        raise UsageError(f"{flag} {given or path}: {missing} cannot be made ({err.strerror or err}); give a folder "
+                         "on a filesystem you can write to") from None
+    with suppress(OSError):
+        missing.rmdir()  # this process's own, empty folder
 
 
 @contextmanager

@@ -305,3 +305,22 @@ def test_a_model_record_without_finished_runs_is_replaced(checkpoint, tmp_path, 
     config_with(other, hidden_dropout_prob=0.05)  # another fingerprint
     assert run(command, other, out) == 2
     assert "holds 1 finished run(s) of another model" in capsys.readouterr().err
+
+
+def test_a_finished_seed_of_another_precision_is_named_by_its_option_not_a_dump_of_the_settings(tmp_path):
+    import dataclasses
+
+    from convattn.errors import UsageError
+    from convattn.training.finetune.settings import FineTuneSettings
+    from convattn.training.finetune.trainer import check_finished_settings
+
+    settings = FineTuneSettings(learning_rate=1e-4, batch_size=8, epochs=1.0, warmup_ratio=0.1, weight_decay=0.01,
+                                layer_decay=1.0, adam_epsilon=1e-6, max_length=32, precision="fp32")
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"settings": dataclasses.asdict(dataclasses.replace(settings, precision="bf16"))}))
+    with pytest.raises(UsageError) as caught:
+        check_finished_settings(tmp_path, settings)
+    message = caught.value.describe(lambda field: "--" + field.replace("_", "-"))
+    assert message == (f"{tmp_path} was made with other settings (--precision bf16 there, fp32 now); give "
+                       "--precision bf16 to add to its seeds, or another --output-dir (--overwrite replaces that run)")
+    check_finished_settings(tmp_path, dataclasses.replace(settings, precision="bf16", compile="default"))

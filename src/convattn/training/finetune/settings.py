@@ -42,12 +42,19 @@ UNRECORDED = {"precision": "fp32", "compile": None}
 AnySettings = TypeVar("AnySettings", bound=FineTuneSettings)
 
 
-def same_settings(recorded: Mapping, settings: FineTuneSettings) -> bool:
-    """Whether a finished seed's recorded settings compute what `settings` do."""
+def changed_settings(recorded: Mapping, settings: FineTuneSettings) -> list[tuple[str, object, object]]:
+    """(field, recorded value, value now) of each setting whose change changes what a finished seed computed."""
     def computed(fields: Mapping) -> dict:
         return {name: value for name, value in fields.items() if name not in EXECUTION_ONLY}
 
-    return computed({**UNRECORDED, **recorded}) == computed(dataclasses.asdict(settings))
+    old, new = computed({**UNRECORDED, **recorded}), computed(dataclasses.asdict(settings))
+    return [(name, old.get(name), new.get(name)) for name in sorted(old.keys() | new.keys())
+            if old.get(name) != new.get(name)]
+
+
+def same_settings(recorded: Mapping, settings: FineTuneSettings) -> bool:
+    """Whether a finished seed's recorded settings compute what `settings` do."""
+    return not changed_settings(recorded, settings)
 
 
 def resolved_settings(settings: AnySettings) -> AnySettings:

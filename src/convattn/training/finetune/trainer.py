@@ -29,7 +29,7 @@ from convattn.training.execution import (
     settle_launcher,
     stays_on_cpu,
 )
-from convattn.training.finetune.settings import FineTuneSettings, same_settings
+from convattn.training.finetune.settings import FineTuneSettings, changed_settings, same_settings
 from convattn.training.guards import TrainedSteps
 
 RUN_FILE = SEED_RUN_FILE  # written last: a seed folder without it is an interrupted seed
@@ -42,10 +42,14 @@ def finished_run(path: Path) -> dict | None:
 def check_finished_settings(path: Path, settings: FineTuneSettings) -> None:
     """A finished seed is reused only if it was made with these settings."""
     run = finished_run(path)
-    if run and run["settings"] and not same_settings(run["settings"], settings):
-        raise UsageError(f"{path} was made with other settings ({run['settings']}); use another "
-                         f"{option('output_dir')} or "
-                         "delete that run")
+    if not (run and run["settings"]) or same_settings(run["settings"], settings):
+        return
+    changes = changed_settings(run["settings"], settings)
+    shown = "; ".join(f"{option(name)} {old} there, {new} now" for name, old, new in changes[:3])
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    name, old, _ = changes[0]
+    raise UsageError(f"{path} was made with other settings ({shown}{more}); give {option(name)} {old} to add to its "
+                     f"seeds, or another {option('output_dir')} ({option('overwrite')} replaces that run)")
 
 
 def check_no_more_seeds(run_folder: Path, seeds: int) -> None:
