@@ -87,3 +87,21 @@ def test_rotary_attention_depends_on_position_differences_only(monkeypatch):
 ])
 def test_alibi_slopes_are_press_et_al(heads, expected):
     assert alibi_slopes(heads) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("kind", "fields"), [("rotary", dict(rope_theta=500.0)), ("alibi", {})])
+def test_save_and_load_keep_the_outputs(kind, fields, tmp_path):
+    """The folder passes convattn's checks and loads to the same logits, rope_theta included (remote code without
+    convattn: tests/test_hub.py)."""
+    from convattn.checkpoint import check_model_folder
+
+    torch.manual_seed(0)
+    saved = ConvAttnForMaskedLM(ConvAttnConfig(**TINY, position_embedding_type=kind, **fields)).eval()
+    randomize_(saved)
+    saved.save_pretrained(tmp_path)
+    check_model_folder(tmp_path)
+    loaded = ConvAttnForMaskedLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.position_embedding_type == kind and loaded.config.rope_theta == saved.config.rope_theta
+    ids = torch.randint(1, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, saved(ids).logits)
