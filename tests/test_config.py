@@ -10,7 +10,19 @@ BAD = [
     (dict(relative_terms=["fixd"]), r"relative_terms contains 'fixd'.*'fixed', 'dynamic_query', 'dynamic_key'"),
     (dict(relative_terms=["fixed", "fixed"]), "relative_terms.*repeats"),
     (dict(relative_out_of_window="wrap"), r"relative_out_of_window='wrap'.*'clip', 'zero'"),
-    (dict(position_embedding_type="rotary"), r"position_embedding_type='rotary'.*'absolute', 'none'"),
+    (dict(position_embedding_type="rope"), r"position_embedding_type='rope'.*'absolute', 'none', 'rotary', 'alibi'"),
+    (dict(rope_theta=500.0), "rope_theta=500.0 has no effect without rotary positions"),
+    (dict(position_embedding_type="rotary", rope_theta=0.0), r"rope_theta=0.0 must be a finite number in \(0, inf\)"),
+    (dict(position_embedding_type="rotary", rope_theta=float("nan")), "rope_theta=nan must be a finite number"),
+    (dict(position_embedding_type="rotary", hidden_size=12, num_attention_heads=4), "heads' size must be even"),
+    (dict(position_embedding_type="rotary", hidden_size=36, num_attention_heads=6, head_ratio=3),
+     r"heads' size must be even \(got 9\)"),  # ConvBERT's self-attention heads: (H / 2) / (h / 3), not H / h = 6
+    (dict(position_embedding_type="alibi", relative_terms=["fixed"], relative_out_of_window="zero"),
+     "alibi.*needs relative_out_of_window='clip'"),
+    (dict(position_embedding_type="rotary", sequence_projection="linear", linformer_k=32),
+     "'rotary' cannot be combined with sequence_projection.*no positions to rotate or to bias"),
+    (dict(position_embedding_type="alibi", sequence_projection=["conv", "none"], num_hidden_layers=2, linformer_k=32),
+     "'alibi' cannot be combined with sequence_projection"),
     (dict(conv_projections=["q"]), r"conv_projections contains 'q'.*'query', 'key', 'value'"),
     (dict(attention_backend="flash"), r"attention_backend='flash'.*'sdpa', 'eager'"),
     (dict(hidden_size=250), "hidden_size=250 must be divisible by num_attention_heads=4"),
@@ -38,6 +50,21 @@ BAD = [
 def test_invalid_config_is_rejected_with_a_clear_message(fields, message):
     with pytest.raises(ValueError, match=message):
         ConvAttnConfig(**fields)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(position_embedding_type="rotary", rope_theta=160_000.0, relative_terms=["fixed", "dynamic_query"]),
+    dict(position_embedding_type="rotary", head_ratio=2), dict(position_embedding_type="rotary",
+                                                              conv_projections=["query", "key", "value"]),
+    dict(position_embedding_type="alibi", relative_terms=["fixed", "dynamic_query", "dynamic_key"]),
+    dict(position_embedding_type="alibi", head_ratio=2),
+    dict(position_embedding_type="alibi", value_depthwise_conv=True),
+    dict(position_embedding_type="alibi", relative_out_of_window="zero"),  # no terms: nothing is cut off
+])
+def test_rotary_and_alibi_compose_with_every_mechanism_but_linformer(fields):
+    config = ConvAttnConfig(**fields)
+    assert config.max_input_length is None  # nothing depends on absolute position
+    assert ConvAttnConfig.from_dict(config.to_dict()).to_dict() == config.to_dict()
 
 
 def test_config_round_trips_through_dict():

@@ -2,7 +2,8 @@
 
 The mechanism is described by composable fields, not one opaque string:
 
-* composite family (Chang et al. 2021): `position_embedding_type`, `relative_terms`,
+* positions: `position_embedding_type` (absolute, none, rotary with `rope_theta`, alibi);
+* composite family (Chang et al. 2021): `relative_terms`,
   `relative_reach`, `relative_out_of_window`, `value_depthwise_conv`, `conv_projections`;
 * ConvBERT (Jiang et al. 2020): `head_ratio`, `conv_kernel_size`, `num_groups`, `convbert_padding`,
   `convbert_kernel_from` (Chang et al.'s variant of the convolution heads);
@@ -23,6 +24,9 @@ from transformers.activations import ACT2FN
 
 from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
+# "rotary": RoFormer's rotate-half rotation of every head's queries and keys (Su et al. 2021; attention/rotary.py);
+# "alibi": MosaicBERT's symmetric bias -m_h |i - j| per head (Press et al. 2022; attention/relative/bias.py)
+POSITION_EMBEDDING_TYPES = ("absolute", "none", "rotary", "alibi")
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
 CONV_PROJECTIONS = ("query", "key", "value")
 SEQUENCE_PROJECTIONS = ("none", "linear", "conv")
@@ -106,6 +110,7 @@ class ConvAttnConfig(PretrainedConfig):
     tie_word_embeddings: bool = True
     # composite-attention family
     position_embedding_type: str = "absolute"
+    rope_theta: float = 10000.0  # the base of the rotary frequencies, theta^(-2k/d)
     relative_terms: list[str] | tuple[str, ...] = ()
     relative_reach: int = 8
     relative_out_of_window: str = "clip"
@@ -172,6 +177,13 @@ class ConvAttnConfig(PretrainedConfig):
         return self.num_attention_heads // self.head_ratio
 
     @property
+    def attention_head_size(self) -> int:
+        """The width of one self-attention head's queries and keys (ConvBERT's heads share half the hidden size)."""
+        if self.uses_convbert:
+            return self.hidden_size // 2 // self.num_self_attention_heads
+        return self.head_dim
+
+    @property
     def uses_convbert(self) -> bool:
         return self.head_ratio > 1
 
@@ -202,7 +214,8 @@ class ConvAttnConfig(PretrainedConfig):
         for field in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             _positive(field, getattr(self, field))
-        _choice("position_embedding_type", self.position_embedding_type, ("absolute", "none"))
+        _choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _in_range("rope_theta", self.rope_theta, 0, math.inf, low_open=True, high_open=True)
         _choice("relative_out_of_window", self.relative_out_of_window, ("clip", "zero"))
         _choice("convbert_padding", self.convbert_padding, ("masked", "reference"))
         _choice("linformer_sharing", self.linformer_sharing, ("headwise", "key_value", "layerwise"))
@@ -253,6 +266,7 @@ class ConvAttnConfig(PretrainedConfig):
             )
         if self.value_depthwise_conv and self.uses_convbert:
             raise ValueError("value_depthwise_conv cannot be combined with ConvBERT (head_ratio > 1): choose one")
+        self._validate_positions()
         if isinstance(self.sequence_projection, str):
             _choice("sequence_projection", self.sequence_projection,
                     SEQUENCE_PROJECTIONS + tuple(SEQUENCE_PROJECTION_LAYOUTS))
@@ -278,6 +292,19 @@ class ConvAttnConfig(PretrainedConfig):
                         f"set sequence_projection to 'linear' or 'conv' (or per layer), or {field}={default!r}"
                     )
 
+    def _validate_positions(self) -> None:
+        rotary, alibi = self.position_embedding_type == "rotary", self.position_embedding_type == "alibi"
+        if self.rope_theta != ConvAttnConfig.rope_theta and not rotary:
+            raise ValueError(f"rope_theta={self.rope_theta!r} has no effect without rotary positions; set "
+                             f"position_embedding_type='rotary' or rope_theta={ConvAttnConfig.rope_theta!r}")
+        if rotary and self.attention_head_size % 2:
+            raise ValueError(f"position_embedding_type='rotary' rotates pairs of channels, so the attention heads' "
+                             f"size must be even (got {self.attention_head_size})")
+        if alibi and self.relative_terms and self.relative_out_of_window == "zero":
+            # the fused paths carry ALiBi's far offsets on the clipped tables' edge columns (bias.py)
+            raise ValueError("position_embedding_type='alibi' with relative_terms needs relative_out_of_window="
+                             "'clip': ALiBi biases every offset, and its far offsets ride on the clipped edge columns")
+
     def _validate_linformer(self) -> None:
         n, k = self.max_position_embeddings, self.linformer_k
         if k < 1:
@@ -301,6 +328,11 @@ class ConvAttnConfig(PretrainedConfig):
                     f"{field} cannot be combined with sequence_projection (Linformer): the projected keys "
                     "no longer correspond to token positions"
                 )
+        if self.position_embedding_type in ("rotary", "alibi"):
+            raise ValueError(
+                f"position_embedding_type={self.position_embedding_type!r} cannot be combined with sequence_projection "
+                "(Linformer): keys projected along the sequence have no positions to rotate or to bias"
+            )
         if self.linformer_sharing == "layerwise" and len(set(self.layer_projections) - {"none"}) > 1:
             raise ValueError(
                 "linformer_sharing='layerwise' needs the same sequence_projection in every projected layer"

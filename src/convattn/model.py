@@ -368,6 +368,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
             self.check_positions(packed.max_seqlen)
             if position_ids is None:
                 position_ids = self.positions_in_sequences(packed, n, device)
+            packed.positions = position_ids  # rotary positions read them
             hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
             return self.encoder(hidden, packed, output_attentions, output_hidden_states)
         self.check_positions(n)
@@ -378,7 +379,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
         if not output_attentions and self.worth_unpadding(keep):
             return self.unpadded(keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
-        return self.encoder(hidden, TokenMask(keep), output_attentions, output_hidden_states)
+        return self.encoder(hidden, TokenMask(keep, position_ids), output_attentions, output_hidden_states)
 
     @staticmethod
     def positions_in_sequences(packed: PackedSequences, total: int, device: torch.device) -> Tensor:
@@ -399,7 +400,8 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
 
         if position_ids is None:
             position_ids = torch.arange(n, device=keep.device)[None]  # the positions a padded row would have
-        hidden = self.embed(real_tokens(input_ids), real_tokens(token_type_ids), real_tokens(position_ids),
+        packed.positions = real_tokens(position_ids)
+        hidden = self.embed(real_tokens(input_ids), real_tokens(token_type_ids), packed.positions,
                             real_tokens(inputs_embeds))
         encoded = self.encoder(hidden, packed, False, output_hidden_states)
 

@@ -63,10 +63,39 @@ def score_with_relative_terms(rel, q_i: Tensor, k_j: Tensor, i: int, j: int, hea
     if rel.key_kernel is not None:
         u = relative_term(rel.key_kernel.double(), i - j, r, clip)
         s = s + (k_j @ u if torch.is_tensor(u) else 0.0) / math.sqrt(d)
+    if rel.alibi is not None:  # ALiBi, MosaicBERT's symmetric form: -m_head |i - j|
+        s = s - rel.alibi[head] * abs(i - j)
     return s
 
 
-def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
+def rotary_loops(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """RoFormer's rotation in the rotate-half layout, one channel pair at a time: channels c and c + d/2 of a head
+    (x: (batch, n, heads, d)) turn by the angle p theta^(-2c/d) at position p (positions: (batch or 1, n))."""
+    batch, n, _, d = x.shape
+    x = x.double()
+    out = torch.empty_like(x)
+    half = d // 2
+    for b in range(batch):
+        for t in range(n):
+            p = float(positions[b if positions.shape[0] > 1 else 0, t])
+            for c in range(half):
+                angle = p * theta ** (-2 * c / d)
+                first, second = x[b, t, :, c], x[b, t, :, c + half]
+                out[b, t, :, c] = first * math.cos(angle) - second * math.sin(angle)
+                out[b, t, :, c + half] = second * math.cos(angle) + first * math.sin(angle)
+    return out
+
+
+def rotated(module, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor]:
+    """q, k (batch, n, heads, d) rotated where `module` has rotary positions (0 .. n - 1 unless given)."""
+    if getattr(module, "rope_theta", None) is None:
+        return q, k
+    if positions is None:
+        positions = torch.arange(q.shape[1])[None]
+    return rotary_loops(q, positions, module.rope_theta), rotary_loops(k, positions, module.rope_theta)
+
+
+def composite_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor | None = None) -> Tensor:
     """Reference for `CompositeSelfAttention` in eval mode: returns the (batch, n, H) context."""
     x = x.double()
     batch, n, hidden = x.shape
@@ -78,6 +107,7 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
     k = composite_projection(x, module.key).view(batch, n, heads, d)
     values = composite_projection(x, module.value)
     v = values.view(batch, n, heads, d)
+    q, k = rotated(module, q, k, positions)
     context = relative_attention_loops(module.relative, q, k, v, keep).reshape(batch, n, hidden)
     if module.value_conv is not None:
         zeroed = values * keep[..., None].double()
@@ -102,7 +132,7 @@ def relative_attention_loops(rel, q: Tensor, k: Tensor, v: Tensor, keep: Tensor)
     return out
 
 
-def convbert_self_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
+def convbert_self_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor | None = None) -> Tensor:
     """The self-attention heads of `ConvBertMixedAttention` in eval mode, one score at a time, with its relative
     terms: the (batch, n, H / 2) half of its context."""
     batch, n, _ = x.shape
@@ -110,6 +140,7 @@ def convbert_self_attention_loops(module, x: Tensor, keep: Tensor) -> Tensor:
     q = linear(x, module.query).view(batch, n, heads, d)
     k = linear(x, module.key).view(batch, n, heads, d)
     v = linear(x, module.value).view(batch, n, heads, d)
+    q, k = rotated(module, q, k, positions)
     return relative_attention_loops(module.relative, q, k, v, keep).reshape(batch, n, heads * d)
 
 

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
-from convattn.attention.relative import RelativePositionBias, attention_per_sequence
+from convattn.attention.relative import attention_per_sequence, position_bias
+from convattn.attention.rotary import rotate_queries_and_keys
 
 
 class DepthwiseConv1d(nn.Conv1d):
@@ -53,7 +54,8 @@ class ConvProjection(nn.Module):
 
 
 class CompositeSelfAttention(nn.Module):
-    """softmax(QK^T/sqrt(d) + relative terms + mask) V [+ DWConv(V)] for all heads."""
+    """softmax(QK^T/sqrt(d) + relative terms [+ ALiBi] + mask) V [+ DWConv(V)] for all heads, Q and K rotated with
+    rotary positions."""
 
     def __init__(self, config):
         super().__init__()
@@ -69,11 +71,8 @@ class CompositeSelfAttention(nn.Module):
             return nn.Linear(hidden, hidden)
 
         self.query, self.key, self.value = projection("query"), projection("key"), projection("value")
-        self.relative = (
-            RelativePositionBias(config.relative_terms, self.num_heads, config.head_dim,
-                                 config.relative_reach, config.relative_out_of_window)
-            if config.relative_terms else None
-        )
+        self.relative = position_bias(config, self.num_heads, config.head_dim)
+        self.rope_theta = config.rope_theta if config.position_embedding_type == "rotary" else None
         self.value_conv = DepthwiseConv1d(hidden, config.relative_kernel_size) if config.value_depthwise_conv else None
 
     def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
@@ -83,6 +82,8 @@ class CompositeSelfAttention(nn.Module):
             hidden_states = mask.zero_pads(hidden_states)
         query, key, values = (layer(hidden_states, mask) if isinstance(layer, ConvProjection) else layer(hidden_states)
                               for layer in (self.query, self.key, self.value))
+        if self.rope_theta is not None:
+            query, key = rotate_queries_and_keys(query, key, mask.token_positions(), self.num_heads, self.rope_theta)
         dropout_p = self.dropout_p if self.training else 0.0
         context, probs = attention_per_sequence(
             query, key, values, self.num_heads, self.relative, mask, dropout_p=dropout_p,

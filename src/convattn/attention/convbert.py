@@ -31,7 +31,8 @@ from transformers import initialization as init
 
 from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
-from convattn.attention.relative import RelativePositionBias, attention_per_sequence
+from convattn.attention.relative import attention_per_sequence, position_bias
+from convattn.attention.rotary import rotate_queries_and_keys
 
 
 def shifted_taps(x: Tensor, kernel_size: int) -> list[Tensor]:
@@ -85,7 +86,8 @@ class SeparableConv1D(nn.Module):
 
 
 class ConvBertMixedAttention(nn.Module):
-    """N self-attention heads (optionally with relative terms) + N span-based dynamic conv heads."""
+    """N self-attention heads (optionally with relative terms, ALiBi or rotary positions) + N span-based dynamic conv
+    heads."""
 
     def __init__(self, config):
         super().__init__()
@@ -111,11 +113,8 @@ class ConvBertMixedAttention(nn.Module):
                                                    depthwise_bias=self.kernel_from_key)
         self.conv_kernel_layer = nn.Linear(bottleneck, self.num_heads * self.kernel_size)
         self.conv_out_layer = nn.Linear(hidden, bottleneck)
-        self.relative = (
-            RelativePositionBias(config.relative_terms, self.num_heads, self.head_size,
-                                 config.relative_reach, config.relative_out_of_window)
-            if config.relative_terms else None
-        )
+        self.relative = position_bias(config, self.num_heads, self.head_size)
+        self.rope_theta = config.rope_theta if config.position_embedding_type == "rotary" else None
 
     def conv_kernels(self, hidden_states: Tensor, query: Tensor, mask: TokenMask) -> Tensor:
         """The span-based kernels, softmaxed over the K taps: (batch, n, H), (batch, n, A) -> (batch, n, N, K).
@@ -149,9 +148,14 @@ class ConvBertMixedAttention(nn.Module):
 
     def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
         """hidden_states: a padded batch (batch, n, H) with its TokenMask, or packed sequences (1, total, H)."""
-        query = self.query(hidden_states)
+        query, key = self.query(hidden_states), self.key(hidden_states)
+        # rotary positions turn the self-attention heads' queries and keys; the span kernels read Q as it is
+        attention_query = query
+        if self.rope_theta is not None:
+            attention_query, key = rotate_queries_and_keys(query, key, mask.token_positions(), self.num_heads,
+                                                           self.rope_theta)
         dropout_p = self.dropout_p if self.training else 0.0
-        context, probs = attention_per_sequence(query, self.key(hidden_states), self.value(hidden_states),
+        context, probs = attention_per_sequence(attention_query, key, self.value(hidden_states),
                                                 self.num_heads, self.relative, mask, dropout_p=dropout_p,
                                                 attn_implementation=attn_implementation(self.config),
                                                 need_weights=output_attentions)

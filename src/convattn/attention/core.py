@@ -20,9 +20,11 @@ def is_tracing() -> bool:
 
 @dataclass
 class TokenMask:
-    """Which positions hold real tokens (True) and which hold padding (False), shape (batch, n)."""
+    """Which positions hold real tokens (True) and which hold padding (False), shape (batch, n); `positions`, the
+    tokens' position ids (batch or 1, n) where the model was given them (rotary positions read them)."""
 
     keep: Tensor
+    positions: Tensor | None = None
     _has_padding: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -48,6 +50,12 @@ class TokenMask:
             return None
         bias = torch.zeros(self.keep.shape, dtype=dtype, device=self.keep.device)
         return bias.masked_fill(~self.keep, torch.finfo(dtype).min)[:, None, None, :]
+
+    def token_positions(self) -> Tensor:
+        """(batch or 1, n): the position ids, 0 .. n - 1 unless given."""
+        if self.positions is not None:
+            return self.positions
+        return torch.arange(self.keep.shape[1], device=self.keep.device)[None]
 
     # the interface of PackedSequences, for mechanisms that take either: a padded batch is its own one block
     def per_block(self, compute: Callable[..., Tensor], *tensors: Tensor, grouped: bool = True) -> Tensor:
@@ -108,6 +116,7 @@ class PackedSequences:
 
     cu_seqlens: Tensor
     max_seqlen: int
+    positions: Tensor | None = None  # (1, total) position ids where the model was given them
     _groups: list[SequenceBlocks] | None = field(default=None, init=False, repr=False, compare=False)
     _one_block: SequenceBlocks | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -123,6 +132,17 @@ class PackedSequences:
     def starts(self) -> Tensor:
         """The stream index of each sequence's first token."""
         return self.cu_seqlens[:-1]
+
+    def token_positions(self) -> Tensor:
+        """(1, total): the position ids, 0, 1, ... within each sequence unless given."""
+        if self.positions is not None:
+            return self.positions
+        return self.positions_in_sequences()
+
+    def positions_in_sequences(self) -> Tensor:
+        """(1, total): 0, 1, ... within each sequence."""
+        starts = self.starts.repeat_interleave(self.lengths)
+        return (torch.arange(starts.shape[0], device=starts.device) - starts)[None]
 
     @property
     def one_block(self) -> SequenceBlocks:

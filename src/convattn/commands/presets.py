@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def describe(fields: dict) -> str:
     shown = {k: v for k, v in fields.items()
-             if k in ("position_embedding_type", "relative_terms", "value_depthwise_conv", "conv_projections",
-                      "head_ratio", "num_groups", "convbert_kernel_from", "sequence_projection", "linformer_k",
-                      "max_position_embeddings")}
+             if k in ("position_embedding_type", "rope_theta", "relative_terms", "value_depthwise_conv",
+                      "conv_projections", "head_ratio", "num_groups", "convbert_kernel_from", "sequence_projection",
+                      "linformer_k", "max_position_embeddings")}
     return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 

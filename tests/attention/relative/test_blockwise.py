@@ -65,9 +65,9 @@ def test_dropout_takes_it_and_never_builds_the_whole_bias(monkeypatch):
     layer.dropout_p = 0.1
     rows = []
     original = RelativePositionBias.bias
-    monkeypatch.setattr(RelativePositionBias, "bias", lambda self, row_table, key_table, n, query_rows:
+    monkeypatch.setattr(RelativePositionBias, "bias", lambda self, row_table, key_table, n, query_rows, q:
                         rows.append(query_rows.stop - query_rows.start) or original(self, row_table, key_table, n,
-                                                                                   query_rows))
+                                                                                   query_rows, q))
     x, keep = batch((13, 7), 13, torch.float32)
     layer(x, TokenMask(keep))[0].sum().backward()
     assert rows and max(rows) == 4  # forward and the backward's recompute, block by block

@@ -12,7 +12,7 @@ import pytest
 from helpers.pretrain import WORDS, main_offline, write_corpus
 
 from convattn.cli import main
-from convattn.presets import preset_names
+from convattn.presets import preset_fields, preset_names
 from convattn.training.compare import job as compare
 from convattn.training.compare.grids import grid_names, load_grid
 
@@ -207,8 +207,17 @@ def test_shipped_grids_load_and_name_real_presets(name):
 
 
 def test_chang2021_small_grid_has_every_composite_paper_row():
-    expected = [p for p in preset_names() if p.startswith("chang2021-small/") and p != "chang2021-small/convbert"]
+    beyond = {"convbert", "rotary", "alibi", "composite+rotary"}  # not among the paper's 14 composite rows
+    expected = [p for p in preset_names() if p.startswith("chang2021-small/") and p.split("/")[1] not in beyond]
     assert [run.preset for run in load_grid("chang2021-small").runs] == expected and len(expected) == 14
+
+
+def test_positions_grid_runs_every_position_encoding_at_one_size():
+    runs = [run.preset.split("/")[1] for run in load_grid("positions").runs]
+    assert runs == ["none", "absolute", "fixed", "dynamic", "composite", "composite+key", "rotary", "alibi",
+                    "composite+rotary", "convbert"]
+    assert {preset_fields(f"chang2021-small/{run}")["position_embedding_type"] for run in runs} == {
+        "none", "absolute", "rotary", "alibi"}
 
 
 def word_tokenizer():

@@ -4,7 +4,8 @@ bias.py holds the O(n x (2r + 1)) tables; decomposition.py, blockwise.py, flex.p
 attention with them; kernels.py has the fused kernels decomposition.py calls per device; dispatch.py chooses.
 """
 
-from convattn.attention.relative.bias import RelativePositionBias, relative_columns
+from convattn.attention.relative.bias import RelativePositionBias, alibi_slopes, position_bias, relative_columns
 from convattn.attention.relative.dispatch import attention_per_sequence, relative_attention, relative_path
 
-__all__ = ["RelativePositionBias", "attention_per_sequence", "relative_attention", "relative_columns", "relative_path"]
+__all__ = ["RelativePositionBias", "alibi_slopes", "attention_per_sequence", "position_bias", "relative_attention",
+           "relative_columns", "relative_path"]

@@ -10,7 +10,15 @@ table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
 Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
 ("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); `forward` builds
 the (n x n) bias (never an n x n x d tensor), `pieces` the O(n x (2r + 1)) pieces that decomposition.py
-uses without any n x n tensor, and flex.py reads the tables themselves.
+uses without any n x n tensor, and flex.py and the fused kernel read the tables themselves (`kernel_tables`).
+
+ALiBi (Press et al. 2022, in MosaicBERT's symmetric form for encoders) adds -m_h |i - j| to every score, m_h a
+fixed slope per head (`alibi_slopes`), no parameter. The dense paths (`forward`, `bias`) add it as it is. The
+O(n) paths carry it in the same tables, in clip mode: with p = position - c (c any constant, the middle of the
+sequence keeps the entries small), row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s - r) m_h p_j give
+row[i, c(j - i)] + key[j, c(i - j)] = -m_h |i - j| on the band and off it, where clip mode reads the edge
+columns: left of the band -m_h p_i + m_h p_j, right of it m_h p_i - m_h p_j. These entries grow with the
+length (|m_h p| <= m_h n / 2), so the tables are float32 whatever q's dtype.
 """
 
 from __future__ import annotations
@@ -22,6 +30,17 @@ import torch
 from torch import Tensor, nn
 
 from convattn.attention.core import is_tracing
+
+
+def alibi_slopes(heads: int) -> tuple[float, ...]:
+    """Press et al.'s slope per head: 2^(-8 k / h), k = 1 .. h, for h a power of two; otherwise those of the power
+    of two below h, then every other slope of twice that power (its 1st, 3rd, ...) for the remaining heads (the
+    ALiBi paper's code, as MosaicBERT)."""
+    def geometric(count: int) -> list[float]:
+        return [2.0 ** (-8.0 * k / count) for k in range(1, count + 1)]
+
+    below = 2 ** math.floor(math.log2(heads))
+    return tuple(geometric(below) + geometric(2 * below)[0::2][:heads - below])
 
 
 @lru_cache(maxsize=64)
@@ -36,10 +55,17 @@ def relative_columns(n: int, reach: int, clip: bool, device: torch.device) -> Te
 class RelativePositionBias(nn.Module):
     """The lightweight-convolution terms of one layer, returned as an additive score bias."""
 
-    def __init__(self, terms: list[str], num_heads: int, head_dim: int, reach: int, out_of_window: str):
+    def __init__(self, terms: list[str], num_heads: int, head_dim: int, reach: int, out_of_window: str,
+                 alibi: bool = False):
         super().__init__()
+        if alibi and not terms:
+            reach, out_of_window = 1, "clip"  # ALiBi alone: the narrowest band that carries it
+        if alibi and out_of_window != "clip":
+            raise ValueError("ALiBi rides on the clipped tables' edge columns: out_of_window must be 'clip'")
         width = 2 * reach + 1
         self.reach, self.clip, self.head_dim = reach, out_of_window == "clip", head_dim
+        # plain floats, not a buffer: no parameter, nothing saved, nothing for a meta-device load to lose
+        self.alibi = alibi_slopes(num_heads) if alibi else None
         self.fixed = nn.Parameter(torch.zeros(num_heads, width)) if "fixed" in terms else None
         self.query_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_query" in terms else None
         self.key_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_key" in terms else None
@@ -67,8 +93,45 @@ class RelativePositionBias(nn.Module):
 
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """The row table (..., n, 2r + 1) at [i, c(j - i)] (fixed + dynamic_query) and the key table
-        (batch, heads, n, 2r + 1) at [j, c(i - j)] (dynamic_key); None for absent terms."""
+        (batch, heads, n, 2r + 1) at [j, c(i - j)] (dynamic_key); None for absent terms. ALiBi not included."""
         return self.row_table(q), self.key_table(k)
+
+    def slopes(self, like: Tensor) -> Tensor:
+        """(heads,) ALiBi's slopes in float32 (float64 for float64 operands), on like's device."""
+        return torch.tensor(self.alibi, dtype=torch.promote_types(like.dtype, torch.float32), device=like.device)
+
+    def alibi_table(self, like: Tensor, positions: Tensor | None = None, center: float | None = None) -> Tensor:
+        """(1, heads, n, 2r + 1): sign(t - r) m_h (p_i - c), ALiBi as both its row and its key table (module
+        docstring). positions: (n,) the tokens' positions (default 0 .. n - 1, n = like.shape[-2]); center: c
+        (default the middle of 0 .. n - 1)."""
+        n = like.shape[-2]
+        slopes = self.slopes(like)
+        if positions is None:
+            positions = torch.arange(n, device=like.device)
+        if center is None:
+            center = (n - 1) / 2
+        signs = torch.arange(-self.reach, self.reach + 1, device=like.device).sign().to(slopes.dtype)
+        centred = positions.to(slopes.dtype) - center
+        return (slopes[:, None, None] * centred[None, :, None] * signs)[None]
+
+    def kernel_tables(self, q: Tensor, k: Tensor, positions: Tensor | None = None,
+                      center: float | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """`tables` with ALiBi added (float32 tables then, whatever q's dtype; the key table as wide as k's batch):
+        what the paths that read tables take (flex.py, the fused kernel, `pieces`)."""
+        row_table, key_table = self.tables(q, k)
+        if self.alibi is None:
+            return row_table, key_table
+        alibi = self.alibi_table(q, positions, center)
+        row_table = alibi if row_table is None else row_table.to(alibi.dtype) + alibi
+        key_table = alibi.expand(k.shape[0], *alibi.shape[1:]) if key_table is None else \
+            key_table.to(alibi.dtype) + alibi
+        return row_table, key_table
+
+    def alibi_bias(self, q: Tensor, n: int, rows: slice) -> Tensor:
+        """(1, heads, rows, n): -m_h |i - j| for the query `rows` against n keys, in q's dtype."""
+        query = torch.arange(n, device=q.device)[rows]
+        distance = (query[:, None] - torch.arange(n, device=q.device)[None, :]).abs()
+        return (-self.slopes(q)[:, None, None] * distance).to(q.dtype)[None]
 
     def row_table(self, q: Tensor) -> Tensor | None:
         """(..., m, 2r + 1), the rows of q's queries: fixed + dynamic_query."""
@@ -92,7 +155,7 @@ class RelativePositionBias(nn.Module):
         off-band constants (batch, heads, n) per query row and per key, left and right of the band."""
         batch, heads, n, _ = q.shape
         reach, width = self.reach, 2 * self.reach + 1
-        row_table, key_table = self.tables(q, k)
+        row_table, key_table = self.kernel_tables(q, k)
         band = row_table.expand(batch, heads, n, width) if row_table is not None else None
         if key_table is not None:
             # key i + t - r sits at offset i - j = r - t from query i: column 2r - t of its row
@@ -114,13 +177,26 @@ class RelativePositionBias(nn.Module):
         """q: (batch, heads, m, d), the queries of rows first_row .. first_row + m - 1; k: (batch, heads, n, d)
         -> bias broadcastable to (batch, heads, m, n)."""
         rows = slice(first_row, first_row + q.shape[-2])
-        return self.bias(self.row_table(q), self.key_table(k), k.shape[-2], rows)
+        return self.bias(self.row_table(q), self.key_table(k), k.shape[-2], rows, q)
 
-    def bias(self, row_table: Tensor | None, key_table: Tensor | None, n: int, rows: slice) -> Tensor:
-        """The bias of query `rows` against all n keys from their row table and the whole key table."""
+    def bias(self, row_table: Tensor | None, key_table: Tensor | None, n: int, rows: slice, q: Tensor) -> Tensor:
+        """The bias of query `rows` (their queries q) against all n keys from their row table and the whole key table
+        (`tables`), and ALiBi's."""
         bias = None if row_table is None else self._gather(row_table, n, rows)
         if key_table is not None:
             # [j, i] of the gathered key table is k_j . U[:, c(i - j)]: transpose to put it at [i, j]
             key_bias = self._gather(key_table, n, slice(None), rows).transpose(-1, -2)
             bias = key_bias if bias is None else bias + key_bias
+        if self.alibi is not None:
+            alibi = self.alibi_bias(q, n, rows)
+            bias = alibi if bias is None else bias + alibi
         return bias
+
+
+def position_bias(config, num_heads: int, head_dim: int) -> RelativePositionBias | None:
+    """The score terms of a layer's self-attention heads: the relative terms and ALiBi's bias, None without either."""
+    alibi = config.position_embedding_type == "alibi"
+    if not (config.relative_terms or alibi):
+        return None
+    return RelativePositionBias(config.relative_terms, num_heads, head_dim, config.relative_reach,
+                                config.relative_out_of_window, alibi=alibi)

@@ -22,7 +22,7 @@ from convattn.attention.relative.decomposition import block_size
 def _attend_rows(q_rows: Tensor, k: Tensor, v: Tensor, key_table: Tensor | None, relative: RelativePositionBias,
                  first_row: int, mask: TokenMask, dropout_p: float) -> Tensor:
     rows = slice(first_row, first_row + q_rows.shape[-2])
-    bias = relative.bias(relative.row_table(q_rows), key_table, k.shape[-2], rows)
+    bias = relative.bias(relative.row_table(q_rows), key_table, k.shape[-2], rows, q_rows)
     return attend(q_rows, k, v, bias=bias, mask=mask, dropout_p=dropout_p, attn_implementation="sdpa")[0]
 
 

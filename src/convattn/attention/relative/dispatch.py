@@ -181,6 +181,12 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
     path = relative_path(q, attn_implementation, dropout_p, need_weights)
     keep = mask.keep if mask.has_padding else None
     if path == "decomposed":
+        if relative.alibi is not None and q.dtype in (torch.float16, torch.bfloat16):
+            # ALiBi's per-key constants grow with the length (m_h n / 2) and ride on a column of k: in half
+            # precision they would lose whole units, so these operands attend in float32
+            out = decomposed_relative_attention(*(x.float() for x in (q, k, v)), relative.pieces(q.float(), k.float()),
+                                                keep, relative.reach, dropout_p, fused_kernel(q.device, torch.float32))
+            return out.to(q.dtype), None
         kernel = fused_kernel(q.device, q.dtype)
         return decomposed_relative_attention(q, k, v, relative.pieces(q, k), keep, relative.reach, dropout_p,
                                              kernel), None
@@ -239,7 +245,10 @@ def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, re
     row_table = key_table = None
     if relative is not None:
         # the tables are per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
-        row_table, key_table = relative.tables(q.transpose(0, 1)[None], k.transpose(0, 1)[None])
+        # ALiBi's entries at the positions within each sequence, centred on the longest's middle (bias.py)
+        row_table, key_table = relative.kernel_tables(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                      mask.positions_in_sequences()[0].to(q.device),
+                                                      (mask.max_seqlen - 1) / 2)
         row_table, key_table = (None if t is None else t[0].expand(num_heads, total, -1).transpose(0, 1).contiguous()
                                 for t in (row_table, key_table))
     out = triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach if relative else 0,
@@ -254,7 +263,7 @@ def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | No
     keep = mask.keep if mask is not None and mask.has_padding else None
     if relative is None:
         return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout_p)
-    row_table, key_table = relative.tables(q, k)
+    row_table, key_table = relative.kernel_tables(q, k)
     return triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach, clip=relative.clip,
                                      keep=keep, dropout_p=dropout_p)
 

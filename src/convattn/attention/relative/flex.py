@@ -27,7 +27,7 @@ def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativeP
                             keep: Tensor | None) -> Tensor:
     batch, heads, n, _ = q.shape
     reach, clip = relative.reach, relative.clip
-    row_table, key_table = relative.tables(q, k)
+    row_table, key_table = relative.kernel_tables(q, k)  # with ALiBi's, when it has them
     if row_table is not None:
         row_table = row_table.expand(batch, heads, n, 2 * reach + 1)
 

@@ -1,0 +1,174 @@
+"""Rotary positions and ALiBi on every attention path, against the float64 loop references (helpers/reference.py):
+outputs and every gradient, with padding, odd lengths, batches of several rows and packed sequences; and rotary
+against transformers' own rotary functions (ModernBERT's) on the same queries and keys."""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+
+import pytest
+import torch
+from helpers.reference import composite_attention_loops, mixed_attention_loops
+from helpers.relative import TERMS, batch, make_convbert_layer, make_layer, output_and_grads
+from transformers import ModernBertConfig
+from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
+
+from convattn.attention import PackedSequences, TokenMask
+from convattn.attention.relative import blockwise, decomposition, dispatch
+from convattn.attention.rotary import rotate_queries_and_keys
+
+# (position_embedding_type, relative terms): each alone and with composite attention's terms
+CASES = {
+    "rotary": ("rotary", []),
+    "alibi": ("alibi", []),
+    "composite+rotary": ("rotary", TERMS["composite"]),
+    "composite+key+alibi": ("alibi", TERMS["composite+key"]),
+}
+LENGTHS, N = (19, 8, 1), 19  # odd lengths, a row of mostly padding
+HIDDEN = 64  # heads of 16 channels: the fused kernel's and FlexAttention's smallest
+
+
+# float32 against float64: ConvBERT's layer at 1e-5 fails by 1.4e-5 in one output of its rotary heads out of 1,792
+# (scores of randomised weights reach tens there, sharpening the softmax), and the decomposition with ALiBi and
+# key-based terms by 1.3e-5 of the gradients' scale in one of key.weight's 4,096 (in float64 both agree to 1e-12:
+# `test_the_decomposition_is_exact_in_float64`)
+def tolerance(case: str, convbert: bool) -> float:
+    return 3e-5 if convbert or CASES[case][0] == "alibi" else 1e-5
+
+
+def layer_and_reference(case: str, convbert: bool):
+    kind, terms = CASES[case]
+    if convbert:
+        layer = make_convbert_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind)
+        return layer, partial(mixed_attention_loops, layer, masked=True)
+    layer = make_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind, value_depthwise_conv=True)
+    return layer, partial(composite_attention_loops, layer)
+
+
+def padded_and_packed(layer, x, keep):
+    """The layer on the padded batch, and on the same sequences packed into one stream, then padded back."""
+    padded = layer(x, TokenMask(keep))[0]
+    lengths = keep.sum(1)
+    packed = layer(x[keep][None], PackedSequences.from_lengths(lengths))[0][0]
+    return padded, padded.new_zeros(padded.shape).masked_scatter(keep[..., None], packed)
+
+
+def assert_path_matches(layer, reference, tolerance=1e-5):
+    x, keep = batch(LENGTHS, N, torch.float32, width=HIDDEN)
+    expected = reference(x, keep)
+    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    real = keep[..., None].expand_as(expected)
+    params = [x, *layer.parameters()]
+    expected_grads = torch.autograd.grad((expected * weights * keep[..., None]).sum(), params)
+    expected = expected.detach()
+    scale = max(g.abs().max().item() for g in expected_grads)
+    for label, ours in zip(("padded", "packed"), padded_and_packed(layer, x, keep), strict=True):
+        torch.testing.assert_close(ours.double()[real], expected[real], rtol=tolerance, atol=tolerance,
+                                   msg=lambda m, label=label: f"{label}: {m}")
+        grads = torch.autograd.grad((ours.double() * weights * keep[..., None]).sum(), params)
+        names = ["input", *(name for name, _ in layer.named_parameters())]
+        for name, got, want in zip(names, grads, expected_grads, strict=True):
+            torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance * scale,
+                                       msg=lambda m, name=name, label=label: f"{label}, {name}: {m}")
+
+
+@pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
+@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise", "triton"])
+@pytest.mark.parametrize("case", ["alibi", "composite+rotary", "composite+key+alibi"])
+def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
+    """Each path the dispatcher can take for score terms, forced; blocks of 8 queries so that the decomposition's
+    fused calls and the blockwise path's blocks are several."""
+    if path == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 8)
+    layer, reference = layer_and_reference(case, convbert)
+    taken = []
+    original = dispatch.relative_path
+    monkeypatch.setattr(dispatch, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
+    monkeypatch.setattr(dispatch, "_packed_kernel_serves", lambda *args: False)  # packed: blocks, forced path
+    with dispatch.forced_path(path):
+        assert_path_matches(layer, reference, tolerance(case, convbert))
+    assert set(taken) == {path}
+
+
+@pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager", "convattn_triton"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_attn_implementations_match_the_reference(case, implementation, convbert):
+    """By attn_implementation, as a model runs: SDPA applies rotary before its kernel; "convattn_triton" takes the
+    fused kernel for padded rows and its variable-length interface for packed sequences."""
+    if implementation == "convattn_triton":
+        pytest.importorskip("triton")
+    layer, reference = layer_and_reference(case, convbert)
+    layer.config._attn_implementation = implementation
+    assert_path_matches(layer, reference, tolerance(case, convbert))
+
+
+@pytest.mark.parametrize("case", ["alibi", "composite+key+alibi", "composite+rotary"])
+def test_the_decomposition_is_exact_in_float64(case, monkeypatch):
+    """The float32 tolerances above are rounding: in float64 the decomposition, with its fused calls (blocks of 8),
+    equals the loop reference to 1e-10 in the output and every gradient."""
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    kind, terms = CASES[case]
+    layer = make_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind, dtype=torch.float64)
+    x, keep = batch(LENGTHS, N, torch.float64, width=HIDDEN)
+    expected, expected_grads = output_and_grads(layer, x, keep, partial(composite_attention_loops, layer))
+    with dispatch.forced_path("decomposed"):
+        ours, grads = output_and_grads(layer, x, keep, lambda x, keep: layer(x, TokenMask(keep))[0])
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=0, atol=1e-10)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", ["alibi", "composite+key+alibi"])
+def test_half_precision_decomposition_with_alibi_attends_in_float32(case, monkeypatch):
+    """ALiBi's per-key constants reach m n / 2: in bfloat16 they would lose whole units, so the decomposition takes
+    float32 operands (here n = 300, where a bfloat16 key column would be off by up to 0.5 in a score)."""
+    kind, terms = CASES[case]
+    layer = make_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind).eval()
+    x, keep = batch((300, 170), 300, torch.float32, width=HIDDEN)
+    with torch.no_grad(), dispatch.forced_path("dense"):
+        single = layer(x, TokenMask(keep))[0]
+    layer.bfloat16()
+    with torch.no_grad(), dispatch.forced_path("decomposed"):
+        half = layer(x.bfloat16(), TokenMask(keep))[0]
+    real = keep[..., None].expand_as(single)
+    error = (half.float() - single)[real].norm() / single[real].norm()
+    assert error < 2e-2
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_flex_forward_matches_the_reference_on_cpu(case):
+    """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly."""
+    layer, reference = layer_and_reference(case, convbert=False)
+    layer.config._attn_implementation = "flex_attention"
+    layer.eval()
+    x, keep = batch(LENGTHS, N, torch.float32, width=HIDDEN)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice
+        ours = layer(x, TokenMask(keep))[0].double()
+    expected = reference(x.detach(), keep)
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("theta", [10_000.0, 160_000.0])  # ModernBERT's local and global layers
+def test_rotary_equals_transformers_modernbert(theta):
+    batch_size, heads, n, d = 2, 4, 13, 16
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(batch_size, heads, n, d, generator=generator) for _ in range(2))
+    positions = torch.stack([torch.arange(n), torch.cat([torch.arange(6), torch.arange(7)])])  # two sequences
+    config = ModernBertConfig(hidden_size=heads * d, num_attention_heads=heads)
+    config.rope_parameters["full_attention"]["rope_theta"] = theta
+    cos, sin = ModernBertRotaryEmbedding(config)(q, positions, "full_attention")
+    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
+
+    def heads_last(x):  # (batch, heads, n, d) -> (batch, n, heads * d), the layout the attention modules rotate
+        return x.transpose(1, 2).flatten(2)
+
+    ours_q, ours_k = rotate_queries_and_keys(heads_last(q), heads_last(k), positions, heads, theta)
+    torch.testing.assert_close(ours_q, heads_last(expected_q), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours_k, heads_last(expected_k), rtol=0, atol=1e-6)
