@@ -45,8 +45,8 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     # lengths plain first, the training step's batch-128 graphs rows first, the tests a GPU runs, named
     plan = [line for line in said if line.startswith("gpu_session: plan: ")]
     assert [line.split()[2] for line in plan[1:]] == ["gate", "kernels", "train", "tests", "host", "flex"]
-    assert "kernels (130 s, 36 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 2 x 12 x 8,192 sdpa;" in (
-        plan[2])
+    assert ("kernels (160 s, 60 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 8 x 4 x 2,048 plain dQ "
+            "atomic; 2 x 12 x 8,192 sdpa;") in plan[2]
     assert "train (220 s, 18 rows): graphs batch 128 composite; graphs batch 128 absolute; eager batch 128" in plan[3]
     first = {stage: next(i for i, line in enumerate(said) if line.startswith(f"gpu_session: {stage}: "))
              for stage in ("gate", "warm-up", "kernels", "train", "tests", "host", "flex")}
@@ -150,7 +150,7 @@ def test_the_kernels_tilings_are_unknown_where_its_module_no_longer_says(gpu_ses
 
 
 def test_the_summary_gives_each_bar_its_verdict_on_the_named_device(gpu_session, tmp_path):
-    plan = gpu_session.GPU
+    plan = gpu_session.dataclasses.replace(gpu_session.GPU, designs=("split",))  # one design: bars without "dQ ..."
     gpu = "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, bfloat16"
     # device ms per call: the kernel's arms at these multiples of their baselines
     times = {"sdpa": 1.0, "sdpa+dropout": 2.0, "sdpa+padding": 4.0, "plain": 1.1, "+dropout": 2.8, "+padding": 4.4,
