@@ -81,12 +81,12 @@ import pretrain_step
 ROOT = Path(__file__).resolve().parents[1]
 # the kernel's tests, wherever the kernel's rework puts them
 TEST_GLOBS = ("tests/attention/relative/test_triton*.py", "tests/attention/relative/triton/**/test_*.py")
-# Seconds per stage, in the call's order; a stage may use what the ones before it left. 520 s in all: the device
+# Seconds per stage, in the call's order; a stage may use what the ones before it left. 490 s in all: the device
 # call's command may run 600 s, and the session's 15 minutes of device time hold the machine's start (a minute or
 # more) and the files' return too. Triton's and Inductor's compilation fall inside the stages (the warm-up's beside
 # the gate and the kernels stage); the kit's wheels' install counts against the gate's 20 s (gpu_session.sh stamps
 # the call's start before it).
-GPU_BUDGETS = {"gate": 20, "kernels": 160, "train": 220, "tests": 80, "host": 20, "flex": 20}
+GPU_BUDGETS = {"gate": 20, "kernels": 150, "train": 220, "tests": 70, "host": 20, "flex": 10}
 # the rehearsal's: room for a loaded CPU (2 cores shared), so that no stage is cut short by the machine's load
 REHEARSAL_BUDGETS = {"gate": 240, "kernels": 400, "train": 600, "tests": 400, "host": 300, "flex": 240}
 SLACK = 10  # a stage's own deadline comes this much before its process is stopped

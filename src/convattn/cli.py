@@ -133,16 +133,17 @@ def passive_threads() -> None:
     """A time budget's compute clock counts CPU seconds, which OpenMP's idle threads would inflate by spinning while
     other processes hold the CPU they wait for (a resumed run learns its clock only once torch has loaded); they
     sleep instead, at no cost to an idle machine's steps (benchmarks/budget_clock.py measures both). OpenMP reads
-    this once, when torch loads, which the command line has not done yet; a value the user set is kept."""
+    this once, when torch loads, which the command line has not done yet (main calls this before anything else); a
+    value the user set is kept."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_threads()  # first: parsing --time-budget already imports torch
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.loads_models:
-            passive_threads()
             import convattn
             from convattn import console
 

@@ -45,7 +45,7 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     # lengths plain first, the training step's batch-128 graphs rows first, the tests a GPU runs, named
     plan = [line for line in said if line.startswith("gpu_session: plan: ")]
     assert [line.split()[2] for line in plan[1:]] == ["gate", "kernels", "train", "tests", "host", "flex"]
-    assert ("kernels (160 s, 60 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 8 x 4 x 2,048 plain dQ "
+    assert ("kernels (150 s, 60 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 8 x 4 x 2,048 plain dQ "
             "atomic; 2 x 12 x 8,192 sdpa;") in plan[2]
     assert "train (220 s, 18 rows): graphs batch 128 composite; graphs batch 128 absolute; eager batch 128" in plan[3]
     first = {stage: next(i for i, line in enumerate(said) if line.startswith(f"gpu_session: {stage}: "))
@@ -236,7 +236,8 @@ def test_the_call_runs_the_gate_first_and_its_budgets_fit_the_device_call(gpu_se
     assert list(gpu_session.REHEARSAL.budgets) == list(plan.budgets)
     lines = gpu_session.plan_lines(plan)
     assert [line.split()[0] for line in lines[1:]] == list(plan.budgets)
-    assert lines[1] == "gate (20 s, 2 rows): plain at 4 x 8 x 512 dQ split; composite+key at 4 x 8 x 512 dQ split"
+    assert lines[1] == ("gate (20 s, 4 rows): plain at 4 x 8 x 512 dQ split; composite+key at 4 x 8 x 512 dQ split; "
+                        "plain at 4 x 8 x 512 dQ atomic; composite+key at 4 x 8 x 512 dQ atomic")
 
 
 def test_the_kernels_stage_measures_the_long_lengths_first_plain_first_each_dq_design_side_by_side(gpu_session,

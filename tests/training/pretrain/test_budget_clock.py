@@ -114,6 +114,20 @@ def test_options_recorded_before_the_choice_counted_the_wall_clock(tmp_path):
     assert recorded_options(steps)["budget_clock"] == "compute"  # no budget: the clock changes nothing
 
 
+def test_the_command_line_sets_the_policy_before_parsing_which_may_load_torch(monkeypatch):
+    """--time-budget's parser imports the budget module, and torch with it: the policy must be set before."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    seen = []
+
+    def parser():
+        seen.append(os.environ.get("OMP_WAIT_POLICY"))
+        raise SystemExit(0)
+    monkeypatch.setattr(cli, "build_parser", parser)
+    with pytest.raises(SystemExit):
+        cli.main(["presets"])
+    assert seen == ["PASSIVE"]
+
+
 def test_the_command_line_makes_idle_threads_sleep_unless_the_user_chose(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     cli.passive_threads()
