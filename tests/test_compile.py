@@ -13,6 +13,7 @@ from convattn.attention.relative.dispatch import CPU_DECOMPOSED_MIN_LENGTH
 from convattn.electra import ConvAttnForPreTraining
 from convattn.model import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
 
+pytestmark = pytest.mark.slow  # Inductor compiles for seconds per test
 ELECTRA = "electra"
 # family -> (preset, sequence length); one row per attention code path
 FAMILIES = {

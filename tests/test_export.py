@@ -33,6 +33,7 @@ def padded_batch(n: int, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("preset", "cls"), CASES)
+@pytest.mark.slow
 def test_exported_program_matches_eager_at_two_lengths_with_padding(preset, cls):
     model = tiny(preset, cls)
     exported = export_program(model).module()
@@ -43,6 +44,7 @@ def test_exported_program_matches_eager_at_two_lengths_with_padding(preset, cls)
             torch.testing.assert_close(exported(ids, keep), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_exported_relative_model_runs_past_its_trained_length():
     model = tiny("chang2021-small/composite+key")
     ids, keep = padded_batch(300)
@@ -52,6 +54,7 @@ def test_exported_relative_model_runs_past_its_trained_length():
 
 
 @pytest.mark.parametrize("preset", ["malard/linformer-n128-k32", "malard/conv-linformer-n128-k32"])
+@pytest.mark.slow
 def test_linformer_exports_at_its_fixed_length_for_any_batch(preset):
     model = tiny(preset)
     exported = export_program(model).module()

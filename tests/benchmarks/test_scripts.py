@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a subprocess importing every benchmark
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # modules the scripts import, not scripts: gpu_session.py --help imports pretrain_step
 MODULES = ("common.py", "pretrain_step.py")
