@@ -14,6 +14,7 @@ from convattn.electra import ConvAttnForPreTraining
 from convattn.model import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
 from convattn.training.execution import compile_arguments
 
+pytestmark = pytest.mark.slow  # Inductor compiles for seconds per test
 ELECTRA = "electra"
 # family -> (preset, sequence length); one row per attention code path
 FAMILIES = {

@@ -319,9 +319,11 @@ def test_no_command_is_documented_twice():
 
 
 def test_readme_test_command_is_ci_s():
+    """README's test command is CI's first; its fast tier is the same command without the slow tests."""
     ci = [line.split() for line in (ROOT / ".ci" / "run").read_text().splitlines() if " -m pytest" in line]
     documented = [c.words for c in COMMANDS if c.block.page == "README.md" and c.words[1:3] == ["-m", "pytest"]]
-    assert documented == [ci[0]], f"README's test command {documented} is not CI's {ci[0]}"
+    fast = [*ci[0], "-m", "not slow"]
+    assert documented == [ci[0], fast], f"README's test commands {documented} are not CI's {ci[0]} and {fast}"
 
 
 # --- shell commands ---------------------------------------------------------------------------------------------
@@ -392,6 +394,7 @@ def scratch_copy(workspace: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: b.id)
+@pytest.mark.slow
 def test_documented_commands_run(block, workspace, tmp_path, tmp_path_factory, capsys):
     """The block's runnable commands, in order, in one scratch copy of the workspace, at the tiny sizes."""
     from convattn.cli import main
@@ -420,6 +423,7 @@ KNOWN_WARNINGS = ("`is_gradient_checkpointing` is deprecated",)
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: b.id)
+@pytest.mark.slow
 def test_python_block_runs(block, workspace, tmp_path, tmp_path_factory):
     kind, reason = python_rule(block)
     if kind == "skip":

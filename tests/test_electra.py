@@ -144,6 +144,7 @@ def pattern_batch(size: int, n: int, vocab: int, generator: torch.Generator) -> 
     return 4 + (start + step * torch.arange(n)) % (vocab - 4)
 
 
+@pytest.mark.slow
 def test_a_few_hundred_steps_reduce_both_losses(one_thread):
     torch.manual_seed(0)
     model = tiny_model(vocab_size=24, generator_size=0.5, num_hidden_layers=1).train()

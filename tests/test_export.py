@@ -41,6 +41,7 @@ def segments(ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("preset", "cls"), CASES)
+@pytest.mark.slow
 def test_exported_program_matches_eager_at_two_lengths_with_padding(preset, cls):
     model = tiny(preset, cls)
     exported = export_program(model).module()
@@ -77,6 +78,7 @@ def test_question_answering_exports_with_a_dynamic_length(qa_head):
             torch.testing.assert_close(value, getattr(expected, name), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_exported_relative_model_runs_past_its_trained_length():
     model = tiny("chang2021-small/composite+key")
     ids, keep = padded_batch(300)
@@ -86,6 +88,7 @@ def test_exported_relative_model_runs_past_its_trained_length():
 
 
 @pytest.mark.parametrize("preset", ["malard/linformer-n128-k32", "malard/conv-linformer-n128-k32"])
+@pytest.mark.slow
 def test_linformer_exports_at_its_fixed_length_for_any_batch(preset):
     model = tiny(preset)
     exported = export_program(model).module()

@@ -94,6 +94,7 @@ def test_bad_model_folders_are_refused(model, tmp_path, capsys, damage, message)
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_failed_write_leaves_no_temporary_file(model, tmp_path, capsys, monkeypatch):
     from torch.onnx import ONNXProgram
 
@@ -123,6 +124,7 @@ def test_a_folder_another_convattn_process_writes_is_refused(model, tmp_path, ca
     assert not busy.exists()  # the holder wrote nothing: no trace left
 
 
+@pytest.mark.slow
 def test_an_export_leaves_no_lock_behind(model, tmp_path, capsys):
     out = tmp_path / "graphs" / "m.onnx"
     assert export(model, out) == 0

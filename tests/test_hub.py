@@ -54,6 +54,7 @@ def test_the_blocker_really_hides_convattn(tmp_path):
 @pytest.mark.parametrize("preset", ["chang2021-small/composite+conv-qkv", "chang2021-small/convbert",
                                     "malard/conv-linformer-n128-k32", "chang2021-small/composite+rotary",
                                     "chang2021-small/alibi"])
+@pytest.mark.slow
 def test_saved_model_loads_and_reproduces_logits_without_convattn(tmp_path, preset, one_thread):
     """Bit for bit: both processes run the same code on one thread each (with the machine's thread count in one
     and a single thread in the other, the logits had differed in the 5th digit on a 2-core machine)."""
@@ -119,6 +120,7 @@ RESAVE_PRETRAINING = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_an_electra_model_resaved_however_it_was_loaded_keeps_the_whole_bundle(tmp_path):
     from convattn.electra import ConvAttnForPreTraining
 

@@ -88,6 +88,7 @@ def test_spread_kernels_places_taps_on_the_diagonals():
     torch.testing.assert_close(spread_kernels(kernels), expected)
 
 
+@pytest.mark.slow
 def test_plot_attention_writes_the_kernel_figure(checkpoint, tmp_path, capsys):
     out = tmp_path / "figs"
     assert main(["plot", "attention", str(checkpoint), "--text", "the lazy dog did not notice",

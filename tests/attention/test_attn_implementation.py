@@ -218,6 +218,7 @@ for choose in (lambda: AutoModel.from_pretrained(sys.argv[1], trust_remote_code=
 """
 
 
+@pytest.mark.slow
 def test_the_modeling_code_saved_with_a_model_refuses_the_same(saved_tiny, tmp_path):
     ran = run_without_convattn(tmp_path, REMOTE_CHOICES, str(saved_tiny))
     assert ran.returncode == 0, ran.stderr

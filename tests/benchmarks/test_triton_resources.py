@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # subprocesses, and compiling for sm_90
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -32,6 +32,7 @@ def test_the_rehearsal_runs_every_stage_and_every_forced_tiling(tmp_path):
     assert all(row["ms"] > 0 for row in results["tilings"])
 
 
+@pytest.mark.slow
 def test_rehearsing_without_the_interpreter_is_refused():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(BENCHMARKS / "triton_tuning.py"), "--rehearse"],

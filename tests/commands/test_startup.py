@@ -30,6 +30,7 @@ def test_listing_commands_import_no_heavy_library(args):
     assert not modules & set(HEAVY)
 
 
+@pytest.mark.slow
 def test_precomputed_parameter_counts_match_built_models():
     counts = precomputed_counts()
     assert sorted(counts) == sorted(preset_names())
@@ -37,6 +38,7 @@ def test_precomputed_parameter_counts_match_built_models():
         assert counts[name] == count_parameters(name), name
 
 
+@pytest.mark.slow
 def test_library_import_still_registers_the_auto_classes():
     code = "import convattn, transformers; print(type(transformers.AutoConfig.for_model('convattn')).__name__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

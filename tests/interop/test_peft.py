@@ -13,6 +13,7 @@ from convattn import ConvAttnForSequenceClassification
 
 peft = pytest.importorskip("peft")
 
+pytestmark = pytest.mark.slow  # fine-tuning runs with LoRA adapters
 FAMILIES = ["chang2021-small/composite", "chang2021-small/composite+conv-qkv", "convbert/small",
             "malard/conv-linformer-n512-k128"]
 

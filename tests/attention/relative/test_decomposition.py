@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers.reference import composite_attention_loops, mixed_attention_loops
 from helpers.relative import TERMS, MathKernel, batch, make_convbert_layer, make_layer, output_and_grads
+from helpers.tiers import slow_except
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from convattn.attention import TokenMask
@@ -71,9 +72,9 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
-@pytest.mark.parametrize("terms", list(TERMS))
+@pytest.mark.parametrize("shape", slow_except(list(SHAPES), "one block"))
+@pytest.mark.parametrize("out_of_window", slow_except(["clip", "zero"], "clip"))
+@pytest.mark.parametrize("terms", slow_except(list(TERMS), "composite+key"))
 def test_composite_float32_outputs_and_all_gradients_match_loop_reference(terms, out_of_window, shape, monkeypatch,
                                                                            use_kernel):
     # reach 3: most pairs lie outside the band; a short row makes whole parts pad
@@ -96,8 +97,8 @@ def test_sequences_shorter_than_the_band_match_reference(n, out_of_window, monke
     assert_every_kernel_matches(layer, x, keep, partial(composite_attention_loops, layer), 1e-9, use_kernel)
 
 
-@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
-@pytest.mark.parametrize("terms", list(TERMS))
+@pytest.mark.parametrize("out_of_window", slow_except(["clip", "zero"], "zero"))
+@pytest.mark.parametrize("terms", slow_except(list(TERMS), "composite+key"))
 def test_convbert_heads_outputs_and_all_gradients_match_loop_reference(terms, out_of_window, monkeypatch, use_kernel):
     """ConvBERT's self-attention heads run the same engine: float64, odd n, padding, batch 3, blocks of 2r."""
     monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 2 * reach)
@@ -174,7 +175,7 @@ def directional_derivatives(layer, x, keep, dropout_p, seed=7, eps=1e-6):
     return analytic, (values[0] - values[1]) / (2 * eps), f().item()
 
 
-@pytest.mark.parametrize("layer_kind", ["composite", "convbert"])
+@pytest.mark.parametrize("layer_kind", slow_except(["composite", "convbert"], "composite"))
 @pytest.mark.parametrize("kernel", ["math, causal", "math, blocks"])
 def test_backward_replays_the_forward_dropout_masks(kernel, layer_kind, monkeypatch, use_kernel):
     """Dropout in the near part (its mask kept) and in the kernels (their seeds replayed), float64."""
@@ -246,6 +247,7 @@ OPERATOR_CASES = [("composite+key", "clip", True, "blocks"), ("composite", "zero
 
 
 @pytest.mark.parametrize(("terms", "out_of_window", "padded", "tiling"), OPERATOR_CASES)
+@pytest.mark.slow
 def test_the_compile_operator_passes_torch_opcheck(terms, out_of_window, padded, tiling, monkeypatch):
     """Schema, fake version (the same code on fake tensors), autograd registration, AOT dispatch."""
     monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)  # fused calls in levels

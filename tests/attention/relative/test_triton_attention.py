@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers.reference import relative_term
 from helpers.relative import TERMS, make_convbert_layer, make_layer
+from helpers.tiers import slow_except
 from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnModel
@@ -67,9 +68,10 @@ def reference_attention(q, k, v, rel, keep=None, dropped=None, dropout_p=0.0):
     return probs @ v.double()
 
 
-@pytest.fixture(params=["split", "atomic"])
+@pytest.fixture(params=["split", pytest.param("atomic", marks=pytest.mark.slow)])
 def dq_design(request, monkeypatch):
-    """Both of the backward's dQ designs (launch.DQ_DESIGNS): split accumulators, and atomic adds into one."""
+    """Both of the backward's dQ designs (launch.DQ_DESIGNS): split accumulators, and atomic adds into one (in the
+    slow tier; the fast tier's atomic case is test_the_atomic_design_adds_every_key_block...)."""
     monkeypatch.setenv(launch.DQ_ENVIRONMENT, request.param)
     return request.param
 
@@ -129,12 +131,14 @@ def assert_matches(ours, expected, q, k, v, rel, tolerance=1e-4):
 
 
 # the cases a GPU runs too, the others skipped there by their marks (so that a GPU's selection can be read from them,
-# benchmarks/cuda_selection.py)
+# benchmarks/cuda_selection.py); in the fast tier, one case (tests/helpers/tiers.py)
 ON_GPU_TOO = {("composite", "clip"), ("composite+key", "zero")}
+FAST = ("composite+key", "clip")
 
 
 @pytest.mark.parametrize("terms, out_of_window", [
-    pytest.param(terms, out_of_window, marks=() if (terms, out_of_window) in ON_GPU_TOO else interpreter_only)
+    pytest.param(terms, out_of_window, marks=[*(() if (terms, out_of_window) in ON_GPU_TOO else [interpreter_only]),
+                                              *(() if (terms, out_of_window) == FAST else [pytest.mark.slow])])
     for terms in TERMS for out_of_window in ("clip", "zero")])
 def test_every_term_combination_matches_the_reference_with_padding(terms, out_of_window, dq_design):
     # odd n, no multiple of any block size, batch 2 with one row padded, 32-channel heads
@@ -143,8 +147,8 @@ def test_every_term_combination_matches_the_reference_with_padding(terms, out_of
 
 
 @interpreter_only
-@pytest.mark.parametrize("n, reach, head_dim", [(1, 8, 64), (5, 8, 64), (8, 8, 64), (40, 2, 64), (19, 4, 128),
-                                                (23, 3, 48)])
+@pytest.mark.parametrize("n, reach, head_dim", slow_except([(1, 8, 64), (5, 8, 64), (8, 8, 64), (40, 2, 64),
+                                                            (19, 4, 128), (23, 3, 48)], (5, 8, 64), (19, 4, 128)))
 def test_short_sequences_and_other_head_sizes(n, reach, head_dim, dq_design):
     """n <= r (every pair on the band), n = 1, and heads of 64, 128 and 48 (not a power of two) channels."""
     check_against_reference(TERMS["composite+key"], "clip", batch=2, heads=1, n=n, head_dim=head_dim, reach=reach,
@@ -152,6 +156,7 @@ def test_short_sequences_and_other_head_sizes(n, reach, head_dim, dq_design):
 
 
 @pytest.mark.parametrize("terms", ["composite", pytest.param("composite+key", marks=interpreter_only)])
+@pytest.mark.slow
 def test_padding_anywhere_and_keys_past_the_last_real_one(terms, dq_design):
     """The kernels skip the keys past a sequence's last real one and mask pads by position, reading the key mask only
     where pads come before real keys: left padding, pads scattered among real keys, right padding that leaves whole
@@ -166,6 +171,7 @@ def test_padding_anywhere_and_keys_past_the_last_real_one(terms, dq_design):
 @interpreter_only
 @pytest.mark.parametrize("terms", ["fixed", "key", "composite+key"])
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+@pytest.mark.slow
 def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch, dq_design):
     """The kernels write every entry of a table's gradient, those without a partner key or query too (the ends of a
     sequence, pad keys, a row without real keys), so its buffer is not zero-filled first: here it starts as NaN.
@@ -181,6 +187,7 @@ def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch, dq
 
 
 @interpreter_only
+@pytest.mark.slow
 def test_large_table_values_leave_no_nan_from_rows_past_the_sequence(dq_design):
     """Key-table terms of +-160 (a diverging run's, say) overflow exp in float32 where nothing normalises them: the
     rows of a last query tile past n, which the key kernel sums over. They must get no probability there, not
@@ -199,6 +206,7 @@ def test_plain_attention_without_terms(dq_design):
     check_against_reference([], "clip", batch=2, heads=2, n=23, head_dim=32, reach=0, lengths=[23, 11])
 
 
+@pytest.mark.slow
 def test_packed_variable_lengths_equal_each_sequence_alone(dq_design):
     lengths, heads, head_dim = [7, 1, 23, 16], 2, 32
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
@@ -228,6 +236,7 @@ def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
     return (out[..., :n] == 0) & keep[:, None, None, :]
 
 
+@pytest.mark.slow
 def test_dropout_is_replayed_in_backward(dq_design):
     batch, heads, n, head_dim, dropout_p, seed = 2, 2, 21, 32, 0.3, 7
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
@@ -259,6 +268,7 @@ def test_dropout_is_replayed_in_backward(dq_design):
         assert (relative_error(grad_v.double(), expected_grads[2]) < 1e-4) == matches
 
 
+@pytest.mark.slow
 def test_dropout_draws_an_independent_number_per_key():
     """Sixteen scores share a Philox call (a byte each: queries 16 g + u and 16 g + 8 + u, keys 32 h + 8 c + 2 t + b
     of call (g, u, h, t)): any two of them, and scores of different calls, are dropped together at the rate p^2 of
@@ -293,6 +303,7 @@ def test_dropout_rate_is_rounded_to_bytes_and_bad_options_are_refused():
 
 
 @interpreter_only
+@pytest.mark.slow
 def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):
     """The backward kernels tile queries and keys otherwise than the forward, and the GPU's tilings are not the
     interpreter's: every tiling must draw the same mask."""
@@ -312,6 +323,7 @@ def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):
 
 @interpreter_only
 @pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.slow
 def test_the_backward_sums_any_number_of_splits_to_the_reference(splits, monkeypatch):
     """The backward deals a sequence's key blocks (32 keys under the interpreter) among `splits` programs, each
     adding its blocks' shares of dQ and of the row table's edge columns to float32 accumulators of its own, summed
@@ -369,6 +381,7 @@ def test_the_dq_design_follows_the_variable_and_deterministic_algorithms(monkeyp
         torch.use_deterministic_algorithms(deterministic)
 
 
+@pytest.mark.slow
 def test_two_backward_passes_give_the_same_bits():
     """Deterministic by default, without atomics: the backward operator run twice on the same inputs and seed gives
     every gradient bit for bit, here with two splits of two and three key blocks each under the interpreter (on a
@@ -403,7 +416,7 @@ def test_half_precision_against_float32(dtype):
         assert relative_error(half.double(), single.double()) < 2e-2
 
 
-@pytest.mark.parametrize("make", [make_layer, make_convbert_layer])
+@pytest.mark.parametrize("make", slow_except([make_layer, make_convbert_layer], make_convbert_layer))
 def test_layers_take_the_kernel_by_name_and_match_eager(make, monkeypatch):
     """Composite attention and ConvBERT's heads with attn_implementation="convattn_triton" against "eager"."""
     layer = make(TERMS["composite+key"], "clip", hidden_size=128).to(DEVICE)
@@ -423,6 +436,7 @@ def test_layers_take_the_kernel_by_name_and_match_eager(make, monkeypatch):
         assert relative_error(ours.double().cpu(), expected.double().cpu()) < 1e-4
 
 
+@pytest.mark.slow
 def test_models_load_with_the_kernel_and_switch_to_and_from_it(tmp_path):
     model = ConvAttnModel(tiny_config("chang2021-small/composite", hidden_size=64, num_attention_heads=2))
     randomize_(model)
@@ -486,6 +500,7 @@ def operator_arguments(dropout_p=0.2):
     return (*(x.requires_grad_() for x in (q, k, v)), *tables, keep, None, seed, 0, 2, True, dropout_p, 0.25)
 
 
+@pytest.mark.slow
 def test_the_kernels_are_operators_that_torch_compile_can_trace():
     """Schema, fake tensors, autograd registration and AOT dispatch of the forward and backward operators
     (torch.library.opcheck), with dropout and without (the seed then absent)."""
@@ -500,6 +515,7 @@ def test_the_kernels_are_operators_that_torch_compile_can_trace():
         torch.library.opcheck(operator.attention_backward, (grad_out, *args[:3], out, lse, *args[3:]))
 
 
+@pytest.mark.slow
 def test_the_seed_is_drawn_on_the_operands_device_and_saved_for_backward(monkeypatch):
     """One front door: triton_relative_attention calls the forward operator, its seed a tensor drawn from torch's
     generator on the operands' device (on a GPU a CUDA tensor, never one drawn on the CPU per call), and none without

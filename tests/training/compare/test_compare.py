@@ -244,6 +244,7 @@ def test_activation_memory_grows_with_the_batch():
     assert 1.7 < large["activation_bytes"] / small["activation_bytes"] < 2.3
 
 
+@pytest.mark.slow
 def test_kernel_size_sweep_writes_its_figure(corpus, tmp_path, capsys):
     out = tmp_path / "sweep"
     args = ["plot", "kernel-size", "--kernel-sizes", "3,1", "--seeds", "1", *TINY, "--max-steps", "2",
@@ -267,6 +268,7 @@ def test_kernel_size_sweep_rejects_even_sizes_and_non_convbert_presets(capsys):
     assert "no ConvBERT convolution" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_lengths_scores_relative_runs_past_the_trained_length(compared, corpus, capsys):
     # trained on 32-token examples; absolute positions stop at the preset's 128, relative positions run past it
     args = ["compare", "--presets", ",".join(PRESETS), "--output-dir", str(compared), "--report-only",
@@ -295,6 +297,7 @@ def test_eval_lengths_bad_values_exit_2(compared, value, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_squad_columns_join_the_report(corpus, tmp_path):
     squad = Path(__file__).resolve().parents[2] / "fixtures" / "squad"
     out = tmp_path / "out"

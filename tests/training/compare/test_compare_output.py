@@ -2,12 +2,14 @@
 
 import os
 
+import pytest
 from helpers.pretrain import main_offline, write_corpus
 
 TINY = ["--layers", "1", "--hidden", "32", "--heads", "4", "--intermediate", "64", "--embedding-size", "16",
         "--vocab-size", "150", "--seq-len", "32", "--batch-size", "8", "--max-steps", "2", "--eval-samples", "16"]
 
 
+@pytest.mark.slow
 def test_notes_are_said_once_and_the_tokenizer_folder_has_the_umask_mode(tmp_path_factory, capsys):
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"), train_lines=200, eval_lines=20)
     out = tmp_path_factory.mktemp("compare") / "out"

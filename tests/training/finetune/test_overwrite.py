@@ -228,6 +228,7 @@ def test_a_replacement_failing_after_its_first_seed_keeps_the_new_seed(finished,
 
 @pytest.mark.timing
 @pytest.mark.parametrize("job", JOBS)
+@pytest.mark.slow
 def test_a_replacement_killed_before_its_first_seed_leaves_the_old_job_recoverable(finished, job, tmp_path, capsys):
     run = copy_of(finished, job, tmp_path)
     before = snapshot(run)

@@ -21,7 +21,7 @@ FIXTURE_GLUE_DATA = Path(__file__).resolve().parents[2] / "fixtures" / "glue_dat
 SENTENCES = ["a dog runs in the park .", "the cat sat on the mat .", "nothing moves at all ."] * 50
 needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what auto means without a GPU")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def settings(**fields) -> FineTuneSettings:

@@ -25,7 +25,7 @@ from convattn.training.squad import job as squad_job
 JOBS = {"glue": dict(record="glue_model.json", module=glue_job), "squad": dict(record="squad_model.json",
                                                                               module=squad_job)}
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

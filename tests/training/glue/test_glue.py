@@ -142,7 +142,7 @@ def test_the_fixture_is_in_the_glue_layout():
 
 @pytest.mark.parametrize("data_dir", [
     pytest.param(FIXTURE_GLUE_DATA, id="fixture"),
-    pytest.param(GLUE_DATA, marks=needs_glue_data, id="shared-glue-data"),
+    pytest.param(GLUE_DATA, marks=[needs_glue_data, pytest.mark.slow], id="shared-glue-data"),
 ])
 def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys, data_dir):
     out = tmp_path / "out"

@@ -53,6 +53,7 @@ def test_two_cpu_processes_train_one_model(tmp_path):
     assert first["step"] == 0 and first["perplexity"] == pytest.approx(rows[0]["perplexity"], rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("environment", "warned"), [
     ({}, None),
     ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "MASTER_ADDR is set, as launchers of several processes "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from helpers.pretrain import tiny_args, write_corpus
 
 import convattn.config
@@ -24,6 +25,7 @@ def caller_outside_config() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+@pytest.mark.slow
 def test_a_pretraining_run_builds_its_config_once(tmp_path, monkeypatch):
     """transformers builds default configs of its own (to write only the fields that differ): not counted."""
     built = []
@@ -47,6 +49,7 @@ def test_overrides_leave_the_recipe_they_start_from_as_it_was():
     assert (paper.max_steps, paper.warmup) == (125000, 10000)
 
 
+@pytest.mark.slow
 def test_the_vocabulary_built_is_said_and_recorded_when_smaller_than_asked(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(tiny_args(write_corpus(tmp_path), out, "--max-steps", "4", "--vocab-size", "5000")) == 0

@@ -69,6 +69,7 @@ def test_metrics_rows_have_exact_perplexity(finished_run):
     assert rows[-1]["perplexity"] < rows[0]["perplexity"]
 
 
+@pytest.mark.slow
 def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run, tmp_path):
     from convattn.cli import build_parser
 
@@ -155,6 +156,7 @@ def test_help_reads_like_a_cli(capsys):
         assert part in text
 
 
+@pytest.mark.slow
 def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
     out = tmp_path / "electra"
     # the composite preset has no absolute positions: the shared embeddings must still tie
@@ -168,6 +170,7 @@ def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
     assert AutoTokenizer.from_pretrained(out / "discriminator").mask_token == "[MASK]"
 
 
+@pytest.mark.slow
 def test_a_small_train_file_without_eval_file_trains(tmp_path):
     rng = random.Random(1)
     small = tmp_path / "small.txt"  # 150 lines: the held-out split is 1 line, a batch of one for `pairs`
@@ -195,6 +198,7 @@ def test_eval_on_training_text_is_allowed_only_by_name_and_then_said_in_the_reco
     assert line.endswith(f"({said})")
 
 
+@pytest.mark.slow
 def test_resume_reads_the_runs_own_options_and_guards_its_schedule(finished_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)

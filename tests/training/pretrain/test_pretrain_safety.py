@@ -125,6 +125,7 @@ def test_overwrite_refuses_a_users_folder_that_happens_to_hold_an_options_file(c
     assert (mine / "thesis.tex").read_text() == "years of work"
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_a_finished_run(corpus, finished_run, tmp_path, capsys):
     import shutil
 
@@ -162,6 +163,7 @@ def test_a_replacement_that_diverges_gives_the_old_run_back(corpus, finished_run
 
 
 @pytest.mark.timing
+@pytest.mark.slow
 def test_a_replacement_killed_before_its_first_checkpoint_leaves_the_old_run_recoverable(corpus, finished_run,
                                                                                          tmp_path, capsys):
     import shutil
@@ -208,6 +210,7 @@ def test_diverging_training_stops_with_one_line_and_saves_no_model(corpus, tmp_p
     assert not (out / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_interrupted_before_the_first_checkpoint_leaves_nothing_in_the_way(corpus, tmp_path):
     from convattn.cli import build_parser
     from convattn.commands.pretrain import options_from_args
@@ -224,6 +227,7 @@ def test_interrupted_before_the_first_checkpoint_leaves_nothing_in_the_way(corpu
     assert main(tiny_args(corpus, out, *short)) == 0
 
 
+@pytest.mark.slow
 def test_an_unstarted_run_is_restarted_and_resume_says_why_not(corpus, tmp_path, capsys):
     out = tmp_path / "unstarted"
     out.mkdir()
@@ -313,6 +317,7 @@ def test_push_without_network_is_one_line_and_leaves_the_card_alone(finished_run
     assert {k: v[0] for k, v in snapshot(finished_run).items()} == {k: v[0] for k, v in before.items()}
 
 
+@pytest.mark.slow
 def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     out = tmp_path / "bf16"
     assert main(tiny_args(corpus, out, "--precision", "bf16", "--max-steps", "4", "--eval-every", "2")) == 0
@@ -320,6 +325,7 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     assert all(math.isfinite(row["perplexity"]) for row in rows) and rows[-1]["perplexity"] < rows[0]["perplexity"]
 
 
+@pytest.mark.slow
 def test_resume_reads_the_text_the_run_started_with(corpus, tmp_path, monkeypatch, capsys):
     import shutil
 
@@ -349,6 +355,7 @@ def test_resume_reads_the_text_the_run_started_with(corpus, tmp_path, monkeypatc
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_a_non_finite_eval_loss_stops_the_run_before_that_steps_checkpoint(corpus, tmp_path, monkeypatch, capsys):
     import torch
 
@@ -400,6 +407,7 @@ def truncate(file: Path) -> None:
     (lambda c: (c / "trainer_state.json").write_text('{"global_step": 3}'),
      "its trainer_state.json is at step 3, not 4: a copied or renamed folder"),
 ])
+@pytest.mark.slow
 def test_resume_refuses_a_damaged_checkpoint_and_offers_the_one_before(stopped_run, tmp_path, capsys, damage, said):
     import shutil
 
@@ -483,6 +491,7 @@ def test_a_run_folder_and_a_corpus_folder_stay_apart(corpus, finished_run, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_overwrite_takes_the_figures_plot_drew_into_the_run_but_not_the_users_files_beside_them(
         corpus, finished_run, tmp_path, capsys):
     run = tmp_path / "run"

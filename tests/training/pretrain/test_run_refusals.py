@@ -57,6 +57,7 @@ def files(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_one_step_trains_and_a_run_that_took_no_step_above_learning_rate_0_is_no_result(corpus, tmp_path,
                                                                                        monkeypatch, capsys):
     """A warmup fraction of one step rounds to no warmup (the Trainer rounded it up: its only step ran at lr 0). The
