@@ -132,7 +132,7 @@ def with_flag(message: str, name) -> str:
 def passive_threads() -> None:
     """A time budget's compute clock counts CPU seconds, which OpenMP's idle threads would inflate by spinning while
     other processes hold the CPU they wait for (a resumed run learns its clock only once torch has loaded); they
-    sleep instead, at no cost to an idle machine's steps (benchmarks/budget_clock.py measures both). OpenMP reads
+    sleep instead, no slower on an idle machine (`benchmarks/budget_clock.py` times the clock both ways). OpenMP reads
     this once, when torch loads, which the command line has not done yet (main calls this before anything else); a
     value the user set is kept."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
