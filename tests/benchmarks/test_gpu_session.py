@@ -56,17 +56,18 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     assert said[first["kernels"]].startswith("gpu_session: kernels: 1 x 1 x 16 sdpa: ")
     assert said[first["train"]].startswith("gpu_session: train: graphs batch 4 composite: skipped")
     selection = next(line for line in said if line.startswith("gpu_session: tests: the GPU's selection, "))
-    assert "test_every_term_combination_matches_the_reference_with_padding[composite-clip]" in selection
+    assert "the bars' first: test_every_term_combination_matches_the_reference" in selection  # whole in tests.json
     assert "test_the_step_replays_as_cuda_graphs_and_computes_what_eager_does" in selection  # a GPU's alone
-    assert "8 units compiled by 2 processes" in said[first["warm-up"]]
+    assert "16 units compiled by 2 processes" in said[first["warm-up"]]  # both dQ designs
 
     gate = json.loads((tmp_path / "gate.json").read_text())["rows"]
-    assert [(row["gate"], row["verdict"]) for row in gate] == [("plain", "pass"), ("composite+key", "pass")]
+    assert [(row["gate"], row["design"], row["verdict"]) for row in gate] == [
+        (case, design, "pass") for design in ("split", "atomic") for case in ("plain", "composite+key")]
     assert set(gate[1]["tilings"]["tiling 0"]["errors"]) == {"out", "q", "k", "v", "fixed", "query_kernel",
                                                              "key_kernel"}
     packages, tests = json.loads((tmp_path / "tests.json").read_text())["rows"]
     assert packages["versions"]["torch"] and not packages["import_failed"], packages
-    assert len(tests["selection"]) >= 10 and tests["selection"][0].endswith("[composite-clip]"), tests
+    assert len(tests["selection"]) >= 10 and tests["selection"][0].endswith("[split-composite-clip]"), tests
     assert tests["rehearsed"] == tests["selection"][:2] and tests["rc"] == 0, tests
     kernel = (SRC / "triton_attention.py").exists() or (SRC / "triton").is_dir()
     for stage, measured in (("kernels", "wall_ms"), ("host", "host_ms"), ("flex", "wall_ms")):

@@ -143,7 +143,7 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys,
     # another clock would end the budget elsewhere: a schedule change, refused unless asked for
     resume = ["pretrain", "--output-dir", str(out), "--resume"]
     assert main([*resume, "--time-budget", "4s", "--budget-clock", "wall"]) == 2
-    assert "budget_clock: 'compute' -> 'wall'" in capsys.readouterr().err
+    assert "--budget-clock: 'compute' -> 'wall'" in capsys.readouterr().err
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0
     printed = capsys.readouterr()
     assert "already spent" in printed.err
