@@ -362,21 +362,21 @@ def test_the_dq_design_follows_the_variable_and_deterministic_algorithms(monkeyp
     problem = launch.Problem(q, None, None, None, None, None, 0, 0, True, 0.0, 1.0)
     for asked, design in (("split", "split"), ("atomic", "atomic"), ("", "split" if DEVICE == "cpu" else None)):
         monkeypatch.setenv(launch.DQ_ENVIRONMENT, asked)
-        assert design is None or problem.dq_design(q) == design
+        assert design is None or problem.dq_design(q, 1) == design
     monkeypatch.setenv(launch.DQ_ENVIRONMENT, "fast")
     with pytest.raises(ValueError, match="CONVATTN_TRITON_DQ='fast': choose one of auto, split, atomic"):
-        problem.dq_design(q)
+        problem.dq_design(q, 1)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         for asked in ("auto", "split"):
             monkeypatch.setenv(launch.DQ_ENVIRONMENT, asked)
             torch.use_deterministic_algorithms(True)
-            assert problem.dq_design(q) == "split"
+            assert problem.dq_design(q, 1) == "split"
         monkeypatch.setenv(launch.DQ_ENVIRONMENT, "atomic")
         with pytest.raises(RuntimeError, match="asks for the same bits every time"):
-            problem.dq_design(q)
+            problem.dq_design(q, 1)
         torch.use_deterministic_algorithms(True, warn_only=True)
-        assert problem.dq_design(q) == "split"
+        assert problem.dq_design(q, 1) == "split"
     finally:
         torch.use_deterministic_algorithms(deterministic)
 

@@ -5,7 +5,7 @@ at the deadline, whatever step that is; evaluations and checkpoints fall on a gr
 The clock counts training steps only: evaluation and checkpoint saving are measurements and do not spend the
 budget, so rows of a comparison evaluated on different eval sets still train equally long. By default it counts
 compute, not the wall's time: on CPU the process's CPU seconds per thread, which other processes on the machine do
-not move (beside two busy processes, a wall-clock budget bought a tenth of the steps it bought alone); on a GPU the
+not move (beside two busy processes, a wall-clock budget bought a fifth of the steps it bought alone); on a GPU the
 GPU's own clock. The wall clock is one option away (`CLOCKS`). A checkpoint records the time spent on both clocks
 (in its trainer state, read back by runs.checkpoints), so a resumed run continues the same clock and ends at the
 same total.

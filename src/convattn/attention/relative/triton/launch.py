@@ -179,8 +179,7 @@ class Problem:
         backward launches, and no more than the key blocks at the smallest tiling. Under the interpreter, up to 8
         programs, so that the tests meet several splits and several key blocks per split. Untimed on a GPU."""
         programs = 8 if interpreting() else multiprocessors(q.device)
-        smallest = min(config.kwargs["BLOCK_N"] for config in autotuned("backward", self.head_dim, q.dtype).configs)
-        return max(1, min(-(-programs // (self.batch * self.heads)), -(-self.seqlen // smallest)))
+        return max(1, min(-(-programs // (self.batch * self.heads)), self.key_blocks(q)))
 
     def key_blocks(self, q: Tensor) -> int:
         """The key blocks of the longest sequence at the narrowest backward tiling: the atomic design's programs
@@ -188,9 +187,9 @@ class Problem:
         smallest = min(config.kwargs["BLOCK_N"] for config in autotuned("backward", self.head_dim, q.dtype).configs)
         return max(1, -(-self.seqlen // smallest))
 
-    def dq_design(self, q: Tensor) -> str:
-        """"split" or "atomic" for this call (DQ_DESIGNS); one line naming the variable for a value it cannot
-        take."""
+    def dq_design(self, q: Tensor, splits: int) -> str:
+        """"split" or "atomic" for this call (DQ_DESIGNS), `splits` the split design's accumulators; one line naming
+        the variable for a value it cannot take."""
         asked = os.environ.get(DQ_ENVIRONMENT, "auto") or "auto"
         if asked not in DQ_DESIGNS:
             raise ValueError(f"{DQ_ENVIRONMENT}={asked!r}: choose one of {', '.join(DQ_DESIGNS)} (the fused "
@@ -205,7 +204,7 @@ class Problem:
             return asked
         if q.device.type != "cuda":
             return "split"
-        fits = self.splits(q) * q.numel() * 4 <= torch.cuda.get_device_properties(q.device).L2_cache_size // 2
+        fits = splits * q.numel() * 4 <= torch.cuda.get_device_properties(q.device).L2_cache_size // 2
         return "split" if fits else "atomic"
 
     def accumulators(self, q: Tensor, splits: int) -> tuple[Tensor, Tensor]:
@@ -299,8 +298,9 @@ def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     # the kernels read dO and O with q's strides
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
-    atomic = problem.dq_design(q) == "atomic"
-    splits = problem.key_blocks(q) if atomic else problem.splits(q)
+    splits = problem.splits(q)
+    atomic = problem.dq_design(q, splits) == "atomic"
+    splits = problem.key_blocks(q) if atomic else splits
     dq_acc, da_acc = problem.accumulators(q, 1 if atomic else splits)
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_row, grad_key = (table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
