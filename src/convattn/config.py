@@ -25,8 +25,7 @@ from transformers.activations import ACT2FN
 from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
 # "rotary": RoFormer's rotate-half rotation of every head's queries and keys (Su et al. 2021; attention/rotary.py);
-# with dynamic relative terms, those terms read the rotated queries and keys (so they move, by about 1e-3, when every
-# position shifts: not yet the translation-invariant composition);
+# dynamic relative terms beside it read the queries and keys before the rotation, so every term depends on offsets;
 # "alibi": MosaicBERT's symmetric bias -m_h |i - j| per head (Press et al. 2022; attention/relative/bias.py)
 POSITION_EMBEDDING_TYPES = ("absolute", "none", "rotary", "alibi")
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")

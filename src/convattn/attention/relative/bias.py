@@ -71,6 +71,11 @@ class RelativePositionBias(nn.Module):
         self.key_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_key" in terms else None
         self.init_weights()
 
+    @property
+    def reads_projections(self) -> bool:
+        """Whether a term reads the queries or keys (dynamic_query, dynamic_key), not only the offsets."""
+        return self.query_kernel is not None or self.key_kernel is not None
+
     def init_weights(self, std: float | None = None) -> None:
         # the paper's code: beta starts at zero, W and U use nn.Linear's default (uniform +-1/sqrt(2r+1))
         from transformers import initialization as init

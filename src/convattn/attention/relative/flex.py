@@ -24,10 +24,10 @@ def _compiled_flex():
 
 
 def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias,
-                            keep: Tensor | None) -> Tensor:
+                            keep: Tensor | None, tables_from: tuple[Tensor, Tensor] | None = None) -> Tensor:
     batch, heads, n, _ = q.shape
     reach, clip = relative.reach, relative.clip
-    row_table, key_table = relative.kernel_tables(q, k)  # with ALiBi's, when it has them
+    row_table, key_table = relative.kernel_tables(*(tables_from or (q, k)))  # with ALiBi's, when it has them
     if row_table is not None:
         row_table = row_table.expand(batch, heads, n, 2 * reach + 1)
 
