@@ -26,6 +26,8 @@ FAMILIES = {
     "composite+conv-qkv": ("chang2021-small/composite+conv-qkv", 24),
     "convbert": ("convbert/small", 24),
     "convbert-key-kernels": ("chang2021-small/convbert", 24),
+    "rotary": ("chang2021-small/composite+rotary", 24),
+    "alibi": ("chang2021-small/alibi", 24),
     "linformer": ("malard/linformer-n128-k32", 24),
     "conv-linformer": ("malard/conv-linformer-n128-k32", 24),
     ELECTRA: ("convbert/small", 24),

@@ -10,7 +10,15 @@ from functools import partial
 import pytest
 import torch
 from helpers.reference import composite_attention_loops, mixed_attention_loops
-from helpers.relative import TERMS, batch, make_convbert_layer, make_layer, output_and_grads
+from helpers.relative import (
+    TERMS,
+    MathKernel,
+    batch,
+    directional_derivatives,
+    make_convbert_layer,
+    make_layer,
+    output_and_grads,
+)
 from transformers import ModernBertConfig
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
@@ -123,6 +131,25 @@ def test_the_decomposition_is_exact_in_float64(case, monkeypatch):
     torch.testing.assert_close(ours[real], expected[real], rtol=0, atol=1e-10)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise"])
+@pytest.mark.parametrize("case", ["alibi", "composite+key+rotary", "composite+key+alibi"])
+def test_backward_replays_the_forward_dropout_on_every_cpu_path(case, path, monkeypatch):
+    """With attention dropout, float64: the gradient along a random direction equals the central difference of the
+    seeded forward only if backward drops what forward dropped (the fused kernel's replay: test_triton_attention).
+    The decomposition runs on the explicit stand-in for the fused kernels (CPU's flash kernel has no dropout)."""
+    monkeypatch.setattr(dispatch, "fused_kernel", lambda device, dtype: MathKernel("blocks"))
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 8)
+    kind, terms = CASES[case]
+    layer = make_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind, dtype=torch.float64)
+    x, keep = batch((21, 12), 21, torch.float64, width=HIDDEN)
+    with dispatch.forced_path(path):
+        analytic, numeric, dropped = directional_derivatives(layer, x, keep, 0.3)
+        _, _, undropped = directional_derivatives(layer, x, keep, 0.0)
+    assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+    assert dropped != pytest.approx(undropped, rel=1e-3)  # the masks did drop probabilities
 
 
 @pytest.mark.parametrize("case", ["alibi", "composite+key+alibi"])
