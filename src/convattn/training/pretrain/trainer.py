@@ -11,7 +11,8 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, se
 from convattn.config import ConvAttnConfig
 from convattn.console import say, world_size
 from convattn.electra import ConvAttnForPreTraining
-from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
+from convattn.losses import masked_lm_loss
+from convattn.model import ConvAttnForMaskedLM
 from convattn.remote_code import without_remote_code
 from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.execution import compile_arguments, precision_flags, settle_launcher, stays_on_cpu
