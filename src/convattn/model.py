@@ -38,6 +38,7 @@ from convattn.losses import (
     span_loss,
     token_classification_loss,
 )
+from convattn.padding_free import flattened, positions_in_sequences, unpadded, worth_unpadding
 from convattn.qa import BEAM, JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
 
 
@@ -231,15 +232,6 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-# On these devices, a padded batch whose real tokens fill less than this fraction of it runs padding-free
-# (`unpadded`): its real tokens packed into one stream, attention and convolutions per sequence of similar
-# lengths. CPU, 2 threads, 4 layers at hidden 256 (benchmarks/padding_free.py, RESULTS.md section 13): a
-# fine-tuning step on SST-2 (32 % real tokens) 1.9-2.0x faster; masked-LM steps at n = 128 1.05-1.07x at 90 %
-# real tokens, even at 95 %. Not measured on CUDA yet, where flattened batches (which take the fused kernel's
-# cu_seqlens interface) are the way to skip padding.
-UNPAD_BELOW_REAL_FRACTION = {"cpu": 0.9}
-
-
 def check_in_table(name: str, ids: Tensor | None, size: int, field: str) -> None:
     """Ids that index an embedding table lie inside it (outside, the CPU's lookup is a bare IndexError). Checked on
     CPU only: on a GPU reading the range would wait for the device twice a forward (there a bad id is a device
@@ -282,31 +274,6 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
     def takes_packed_sequences(self) -> bool:
         """Whether every layer computes packed sequences one by one (all but Linformer's)."""
         return all(attention_kind(self.config, i) != "linformer" for i in range(self.config.num_hidden_layers))
-
-    def worth_unpadding(self, keep: Tensor) -> bool:
-        """Whether to run this padded batch padding-free: in training (a training step only reads the real
-        positions' outputs, while evaluation and inference give back every position's, pads included, exactly as
-        before), with enough padding on a device where that measured faster (UNPAD_BELOW_REAL_FRACTION), the same
-        outputs at the real positions (`unpadding_keeps_outputs`), and no graph being traced (torch.compile,
-        export), which cannot branch on the data."""
-        if not self.training or is_tracing() or keep.device.type not in UNPAD_BELOW_REAL_FRACTION:
-            return False
-        mostly_padding = bool(keep.sum() < UNPAD_BELOW_REAL_FRACTION[keep.device.type] * keep.numel())
-        return mostly_padding and self.unpadding_keeps_outputs(keep)
-
-    def unpadding_keeps_outputs(self, keep: Tensor) -> bool:
-        """Whether running this padded batch padding-free gives its real positions today's outputs: every row is
-        right-padded (its real tokens first, so that relative offsets, convolution neighbours and the position
-        the classification head reads stay where they were), and ConvBERT does not let pads into its convolution
-        (convbert_padding="reference"). The pad positions' outputs are zeros instead; heads that read them (the
-        span QA head's softmax runs over every position) turn `runs_padding_free` off."""
-        if not (self.runs_padding_free and self.takes_packed_sequences):
-            return False
-        if self.config.uses_convbert and self.config.convbert_padding != "masked":
-            return False
-        lengths = keep.sum(1, keepdim=True)
-        right_padded = keep == (torch.arange(keep.shape[1], device=keep.device) < lengths)
-        return bool(right_padded.all() and (lengths > 0).all())
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> Tensor:
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -375,7 +342,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
                     "with an attention_mask")
             self.check_positions(packed.max_seqlen)
             if position_ids is None:
-                position_ids = self.positions_in_sequences(packed, n, device)
+                position_ids = positions_in_sequences(packed, n, device)
             packed.positions = position_ids  # rotary positions read them
             hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
             return self.encoder(hidden, packed, output_attentions, output_hidden_states)
@@ -384,43 +351,10 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
             keep = torch.ones(batch, n, dtype=torch.bool, device=device)
         else:
             keep = attention_mask.bool().expand(batch, n)
-        if not output_attentions and self.worth_unpadding(keep):
-            return self.unpadded(keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
+        if not output_attentions and worth_unpadding(self, keep):
+            return unpadded(self, keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         return self.encoder(hidden, TokenMask(keep, position_ids), output_attentions, output_hidden_states)
-
-    @staticmethod
-    def positions_in_sequences(packed: PackedSequences, total: int, device: torch.device) -> Tensor:
-        """(1, total): 0, 1, ... within each sequence of a stream."""
-        starts = packed.starts.repeat_interleave(packed.lengths)
-        return (torch.arange(total, device=device) - starts.to(device))[None]
-
-    def unpadded(self, keep: Tensor, input_ids, token_type_ids, position_ids, inputs_embeds,
-                 output_hidden_states: bool) -> BaseModelOutput:
-        """The padded batch computed on its real tokens only, packed into one stream (1, total, H); the hidden
-        states come back padded (batch, n, H), zeros at the pad positions."""
-        batch, n = keep.shape
-        packed = PackedSequences.from_lengths(keep.sum(1))
-        token_index = keep.flatten().nonzero()[:, 0]
-
-        def real_tokens(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x.expand(batch, n, *x.shape[2:]).flatten(0, 1)[token_index][None]
-
-        if position_ids is None:
-            position_ids = torch.arange(n, device=keep.device)[None]  # the positions a padded row would have
-        packed.positions = real_tokens(position_ids)
-        hidden = self.embed(real_tokens(input_ids), real_tokens(token_type_ids), packed.positions,
-                            real_tokens(inputs_embeds))
-        encoded = self.encoder(hidden, packed, False, output_hidden_states)
-
-        def padded(stream: Tensor) -> Tensor:
-            rows = stream.new_zeros(batch * n, stream.shape[-1])
-            return rows.index_copy_(0, token_index, stream.flatten(0, 1)).view(batch, n, -1)
-
-        return BaseModelOutput(
-            last_hidden_state=padded(encoded.last_hidden_state),
-            hidden_states=tuple(padded(h) for h in encoded.hidden_states) if output_hidden_states else None,
-        )
 
 
 class MaskedLMHead(nn.Module):
@@ -446,13 +380,6 @@ def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_typ
         position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
         output_hidden_states=output_hidden_states, **sequence_offsets,
     )
-
-
-def _flattened(model: ConvAttnPreTrainedModel, hidden: Tensor, position_ids, attention_mask,
-               sequence_offsets: dict) -> PackedSequences | None:
-    """The sequences of a flattened batch as the encoder read them (and checked), for heads that need them."""
-    return flattened_sequences(*hidden.shape[:2], hidden.device, position_ids, attention_mask, **sequence_offsets,
-                               max_position=model.convattn.max_position)
 
 
 class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
@@ -524,7 +451,7 @@ class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
-        packed = _flattened(self, hidden, position_ids, attention_mask, sequence_offsets)
+        packed = flattened(self, hidden, position_ids, attention_mask, sequence_offsets)
         if packed is not None:
             hidden = hidden[0, packed.starts][:, None]  # a flattened batch: each sequence's first token
         logits = self.classifier(hidden)
@@ -586,7 +513,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
-        if _flattened(self, hidden, position_ids, attention_mask, sequence_offsets) is not None:
+        if flattened(self, hidden, position_ids, attention_mask, sequence_offsets) is not None:
             raise ValueError("question answering takes padded batches (its answer positions count within each "
                              "window); a padded batch with padding runs padding-free inside anyway")
         if self.config.qa_head == "joint":
