@@ -18,6 +18,7 @@ from convattn.training.finetune.trainer import fine_tuning_arguments
 from convattn.training.pretrain.budget import TrainingClock
 from convattn.training.pretrain.resolve import resolve_options
 from convattn.training.pretrain.trainer import PretrainTrainer, pretraining_arguments
+from convattn.training.schedule import lr_factor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,3 +113,12 @@ def test_every_job_gets_the_learning_rates_it_had_at_every_step(case, tmp_path):
     assert len(rates) == len(recorded)
     for step, (now, then) in enumerate(zip(rates, recorded, strict=True)):
         assert now == pytest.approx(then, rel=1e-12, abs=0), f"step {step}"
+
+
+def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
+    assert lr_factor(0.0, 0.1) == 0.0
+    assert lr_factor(0.05, 0.1) == pytest.approx(0.5)
+    assert lr_factor(0.1, 0.1) == pytest.approx(1.0)
+    assert lr_factor(0.55, 0.1) == pytest.approx(0.5)
+    assert lr_factor(1.0, 0.1) == 0.0
+    assert lr_factor(1.2, 0.1) == 0.0  # past the deadline (the last step's overshoot)
