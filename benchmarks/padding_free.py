@@ -35,7 +35,7 @@ import transformers
 from common import machine_line, time_interleaved, write_atomic
 from transformers import BertConfig, BertForSequenceClassification, DataCollatorWithFlattening
 
-import convattn.model as modeling
+import convattn.padding_free as routing
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue_data"
@@ -133,7 +133,7 @@ def build_arms(presets: list[str], vocab_size: int, flattened_arm: bool):
 def step_function(model, optimizer, batch: dict, padding_free: bool | None):
     def step() -> None:
         if padding_free is not None:
-            modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE if padding_free else PADDED
+            routing.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE if padding_free else PADDED
         loss = model(**batch).loss
         loss.backward()
         optimizer.step()
@@ -142,7 +142,7 @@ def step_function(model, optimizer, batch: dict, padding_free: bool | None):
     return step
 
 
-PADDING_FREE = dict(modeling.UNPAD_BELOW_REAL_FRACTION)  # the library's default
+PADDING_FREE = dict(routing.UNPAD_BELOW_REAL_FRACTION)  # the library's default
 PADDED = {}  # no device runs padded batches padding-free: today's computation
 
 
@@ -170,7 +170,7 @@ def measure(task: str, arms: dict, task_batches: list[list[dict]], reps: int) ->
                 if rep:
                     seconds[name, index].append(time.perf_counter() - start)
     examples = sum(len(b) for b in task_batches)
-    modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
+    routing.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
     return {
         name: examples / sum(statistics.median(seconds[name, index]) for index in range(len(task_batches)))
         for name in names
@@ -179,7 +179,7 @@ def measure(task: str, arms: dict, task_batches: list[list[dict]], reps: int) ->
 
 def masked_lm_steps(model, optimizer, batches: list[dict], route: dict):
     def steps() -> None:
-        modeling.UNPAD_BELOW_REAL_FRACTION = route
+        routing.UNPAD_BELOW_REAL_FRACTION = route
         for batch in batches:
             model(**batch, return_logits=False).loss.backward()
             optimizer.step()
@@ -214,7 +214,7 @@ def sweep(presets: list[str], vocab_size: int, fractions: list[float], reps: int
                 },
                 reps,
             )
-            modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
+            routing.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
             examples = ids.shape[0] * ids.shape[1]
             yield preset, keep.float().mean().item(), examples / seconds["padded"], examples / seconds["padding-free"]
 

@@ -11,7 +11,7 @@ from torch._dynamo.backends.common import aot_autograd
 from convattn import ConvAttnForMaskedLM
 from convattn.attention.relative.dispatch import CPU_DECOMPOSED_MIN_LENGTH
 from convattn.electra import ConvAttnForPreTraining
-from convattn.model import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
+from convattn.losses import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
 from convattn.training.execution import compile_arguments
 
 pytestmark = pytest.mark.slow  # Inductor compiles for seconds per test
