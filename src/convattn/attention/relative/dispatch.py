@@ -24,16 +24,13 @@ from convattn.attention.relative.flex import flex_relative_attention
 from convattn.attention.relative.kernels import fused_kernel
 from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
-# Below this length the dense bias with SDPA's math kernel is as fast on CPU (one attention layer, 2
-# threads, forward+backward vs plain SDPA, composite / composite+key, minimum of 7 steps: n = 64 dense
-# 1.14x / 1.18x, decomposed 1.11x / 1.20x; n = 128 dense 1.16x / 1.33x, decomposed 1.24x / 1.33x; n = 256
-# dense 1.67x / 2.30x, decomposed 1.53x / 1.37x) and the dense bias is small.
+# Below this length the dense bias (SDPA's math kernel) is as fast on CPU as the decomposition and small; at 256
+# the decomposition took 1.53x plain SDPA's time against the dense bias's 1.67x (composite, one layer, forward and
+# backward). Measure again: python benchmarks/attention_layer.py --shapes 128x16,256x16 --decomposed-from N
 CPU_DECOMPOSED_MIN_LENGTH = 256
-# From this length on the blockwise path serves attention dropout on CPU, whose fused kernel has no dropout.
-# One layer, 2 threads, attention dropout 0.1, against plain SDPA with dropout (its math kernel), peak RSS of
-# a fresh process: at n = 512 blockwise took 1.90x the time and 0.93x the memory, the dense bias 1.14x and
-# 1.11x; at n = 2048 blockwise 2.02x the time and 0.51x the memory (771 MiB against 1,520). The forward
-# computed twice is worth paying where the dense bias's memory grows as n^2.
+# From this length on the blockwise path serves attention dropout on CPU, whose fused kernel has no dropout: it
+# computes the forward twice, worth it where the dense bias's memory grows as n^2 (at 2,048 half the dense bias's
+# peak memory). Measure again: python benchmarks/attention_layer.py --attention-dropout 0.1 --decomposed-from N
 CPU_BLOCKWISE_MIN_LENGTH = 2048
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -153,9 +150,8 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
         return forced
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
-    # On CUDA the kernel is the default at every length: on an H200 (RESULTS 7e, one layer, bf16) it was 1.1-4.0x
-    # faster than the decomposition from n = 128 to 8,192 except at 8,192 with dropout (which the decomposition
-    # computes wrongly in padded rows there), and 4-185x faster than the dense bias from n = 512 (0.9-1.8x at 128)
+    # On CUDA the kernel is the default at every length: on an H200 it was faster than the decomposition from n = 128
+    # to 8,192 (at least 1.1x) and than the dense bias from n = 512 (python benchmarks/attention_gpu.py)
     if _triton_serves(attn_implementation, q.device, q.dtype):
         return "triton"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
