@@ -4,7 +4,8 @@ A job facing every fault at once is refused for the first of them, in this order
 
     the task's inputs (a data file missing)      the output folder (a file)      the model (pickles only)
     the folder's lock (busy)      a link where the job writes      a finished seed made with other settings
-    a user's file in a seed the job would start again      the data's content      a run that trains nothing
+    a finished seed past --seeds      a user's file in a seed the job would start again      the data's content
+    a run that trains nothing
     another model's finished runs (checked at the job's first write, its model record)
 
 Each step removes the fault just refused and runs the same command again, so the next one is said; with none
@@ -81,13 +82,16 @@ class Job:
 
     def faulty_folder(self) -> None:
         """The output folder as a job left it, with every fault of a folder: another model's record and finished
-        run, seed 0 finished with other settings, a user's notes in seed 1 (unfinished), log.txt a link."""
+        run, seed 0 finished with other settings, a user's notes in seed 1 (unfinished), seed 2 finished (past
+        --seeds 2), log.txt a link."""
         self.out.unlink()
         seeds = self.out / "runs" / self.runs
         (seeds / "seed0").mkdir(parents=True)
         (seeds / "seed0" / "run.json").write_text(json.dumps({"settings": {"learning_rate": 1.0}}))
         (seeds / "seed1").mkdir()
         (seeds / "seed1" / "MY_NOTES.txt").write_text("mine")
+        (seeds / "seed2").mkdir()
+        (seeds / "seed2" / "run.json").write_text(json.dumps({"settings": {"learning_rate": 1.0}}))
         (self.out / "runs" / self.other / "seed0").mkdir(parents=True)
         (self.out / "runs" / self.other / "seed0" / "run.json").write_text("{}")
         (self.out / f"{self.job}_model.json").write_text(json.dumps({"model": "other",
@@ -139,6 +143,9 @@ LADDER = [
     ("other settings", {"glue": ["runs/sst2/seed0 was made with other settings"],
                         "squad": ["runs/squad1.1/seed0 was made with other settings"]},
      without(lambda job: job.out / "runs" / job.runs / "seed0" / "run.json")),
+    ("a seed past --seeds", {"glue": ["--seeds 2: ", "also holds finished seed(s) 2"],
+                             "squad": ["--seeds 2: ", "also holds finished seed(s) 2"]},
+     lambda job: shutil.rmtree(job.out / "runs" / job.runs / "seed2")),
     ("a user's file", {"glue": ["runs/sst2/seed1/MY_NOTES.txt", "did not write"],
                        "squad": ["runs/squad1.1/seed1/MY_NOTES.txt", "did not write"]},
      without(lambda job: job.out / "runs" / job.runs / "seed1" / "MY_NOTES.txt")),
