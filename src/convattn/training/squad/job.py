@@ -105,7 +105,7 @@ class SquadJob(FineTuneJob):
 
     def train_seed(self, task: Task, seed: int, data: SquadData, path: Path, identity: str) -> list[str]:
         run = fine_tune(self.version, seed, self.settings, data, self.model, self.pretrained.tokenizer, path,
-                        self.save_models != "none")
+                        self.save_models != "none", identity)
         headline = run["scores"].get("best_f1", run["scores"]["f1"])
         em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
         return [f"EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)"]
