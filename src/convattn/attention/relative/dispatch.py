@@ -248,27 +248,32 @@ def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, re
     row_table = key_table = None
     if relative is not None:
         # the tables are per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
-        # ALiBi's entries at the positions within each sequence, centred on the longest's middle (bias.py)
         table_q, table_k = (split_heads(x, num_heads) for x in tables_from or (query, key))
-        row_table, key_table = relative.kernel_tables(table_q, table_k,
-                                                      mask.positions_in_sequences()[0].to(q.device),
-                                                      (mask.max_seqlen - 1) / 2)
+        row_table, key_table = relative.tables(table_q, table_k)
         row_table, key_table = (None if t is None else t[0].expand(num_heads, total, -1).transpose(0, 1).contiguous()
                                 for t in (row_table, key_table))
-    out = triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach if relative else 0,
-                                    clip=relative.clip if relative else True, dropout_p=dropout_p,
-                                    cu_seqlens=mask.cu_seqlens.to(torch.int32), max_seqlen=mask.max_seqlen)
+    out = triton_relative_attention(q, k, v, row_table, key_table, **_kernel_terms(relative, row_table, key_table, q),
+                                    dropout_p=dropout_p, cu_seqlens=mask.cu_seqlens.to(torch.int32),
+                                    max_seqlen=mask.max_seqlen)
     return out.flatten(-2)[None]
+
+
+def _kernel_terms(relative: RelativePositionBias | None, row_table: Tensor | None, key_table: Tensor | None,
+                  q: Tensor) -> dict:
+    """The kernel's reach, clip and ALiBi's slopes for `relative`'s tables (`tables`, which leave ALiBi out: the
+    kernel computes it from the positions, so ALiBi alone sends no table and takes reach 0)."""
+    if relative is None:
+        return dict(reach=0, clip=True)
+    tables = row_table is not None or key_table is not None
+    return dict(reach=relative.reach if tables else 0, clip=relative.clip, alibi_slopes=relative.slopes(q))
 
 
 def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask | None,
             dropout_p: float, tables_from: tuple[Tensor, Tensor] | None = None) -> Tensor:
     triton_relative_attention = _kernel(q.device)
     keep = mask.keep if mask is not None and mask.has_padding else None
-    if relative is None:
-        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout_p)
-    row_table, key_table = relative.kernel_tables(*(tables_from or (q, k)))
-    return triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach, clip=relative.clip,
+    row_table, key_table = relative.tables(*(tables_from or (q, k))) if relative is not None else (None, None)
+    return triton_relative_attention(q, k, v, row_table, key_table, **_kernel_terms(relative, row_table, key_table, q),
                                      keep=keep, dropout_p=dropout_p)
 
 
