@@ -88,9 +88,11 @@ def score_tile(q, k, A, B, i, j, row_edge, key_edge, slope, n, sa_s, sb_s, scale
         if REGION != BAND and CLIP and (HAS_ROW or HAS_KEY):
             s += row_edge[:, None] + key_edge[None, :]
     if HAS_ALIBI:
-        # from two ranges, no load: nothing ties the term to a layout, so it is computed in the product's.
-        # Rows past n and pad keys get finite terms here; they are discarded or masked as without ALiBi.
-        s -= slope * tl.abs(i[:, None] - j[None, :]).to(tl.float32)
+        # From two ranges, no load: nothing ties the term to a layout, so it is computed in the product's. The
+        # positions are converted per row and per key, not per score (exact below 2^24), leaving a subtraction and a
+        # multiply-add per score, the absolute value an operand modifier. Rows past n and pad keys get finite terms;
+        # they are discarded or masked as without ALiBi.
+        s -= slope * tl.abs(i.to(tl.float32)[:, None] - j.to(tl.float32)[None, :])
     return s
 
 
