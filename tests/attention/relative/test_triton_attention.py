@@ -597,10 +597,8 @@ def test_the_kernels_are_operators_that_torch_compile_can_trace():
     left to their default)."""
     for dropout_p in (0.2, 0.0):
         args = operator_arguments(dropout_p)
-        if dropout_p == 0:
-            args = (*args[:7], None, *args[8:])
-        else:
-            args = (*args, torch.tensor([0.5, 0.25], device=DEVICE))
+        slopes = torch.tensor([0.5, 0.25], device=DEVICE)
+        args = (*args[:7], None, *args[8:]) if dropout_p == 0 else (*args, slopes)
         torch.library.opcheck(operator.attention_forward, args)
         args = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args)  # the backward has no backward
         out, lse = operator.attention_forward(*args)
