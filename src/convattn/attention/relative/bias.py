@@ -10,19 +10,18 @@ table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
 Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
 ("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); `forward` builds
 the (n x n) bias (never an n x n x d tensor), `pieces` the O(n x (2r + 1)) pieces that decomposition.py
-uses without any n x n tensor, and flex.py (`kernel_tables`) and the fused kernel (`tables`) read the tables
-themselves.
+uses without any n x n tensor, and flex.py and the fused kernel read the tables themselves (`tables`).
 
-ALiBi (Press et al. 2022, in MosaicBERT's symmetric form for encoders) adds -m_h |i - j| to every score, m_h a
-fixed slope per head (`alibi_slopes`), no parameter. The dense paths (`forward`, `bias`) add it as it is. The fused
-kernel computes it from the positions inside itself, as FlashAttention's ALiBi does: it takes the relative terms'
-tables without ALiBi (`tables`; none for ALiBi alone) and the slopes (`slopes`), and no ALiBi tensor of n entries
-or more exists on that path. The decomposition (`pieces`) and flex.py carry it in the tables (`kernel_tables`), in
-clip mode: with p = position - c (c any constant, the middle of the sequence keeps the entries small),
-row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s - r) m_h p_j give row[i, c(j - i)] + key[j, c(i - j)] =
--m_h |i - j| on the band and off it, where clip mode reads the edge columns: left of the band -m_h p_i + m_h p_j,
-right of it m_h p_i - m_h p_j. These entries grow with the length (|m_h p| <= m_h n / 2), so those tables are
-float32 whatever q's dtype; ALiBi alone gets reach 1 there, the narrowest band that carries it.
+ALiBi (Press et al. 2022, in MosaicBERT's symmetric form for encoders) adds -m_h |i - j| to every score, m_h a fixed
+slope per head (`alibi_slopes`), no parameter. The dense paths (`forward`, `bias`) add it as it is. The fused kernel
+computes it from the positions inside itself, as FlashAttention's ALiBi does, and flex.py's score_mod from the query
+and key indices: both take the relative terms' tables without ALiBi (`tables`; none for ALiBi alone) and the slopes
+(`slopes`), and no ALiBi tensor of n entries or more exists on those paths. The decomposition (`pieces`) carries it
+in the tables (`kernel_tables`), in clip mode: with p = position - c (c any constant, the middle of the sequence
+keeps the entries small), row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s - r) m_h p_j give row[i, c(j - i)]
++ key[j, c(i - j)] = -m_h |i - j| on the band and off it, where clip mode reads the edge columns: left of the band
+-m_h p_i + m_h p_j, right of it m_h p_i - m_h p_j. These entries grow with the length (|m_h p| <= m_h n / 2), so
+those tables are float32 whatever q's dtype; ALiBi alone gets reach 1 there, the narrowest band that carries it.
 """
 
 from __future__ import annotations
@@ -127,7 +126,7 @@ class RelativePositionBias(nn.Module):
 
     def slopes(self, like: Tensor) -> Tensor | None:
         """(heads,) ALiBi's slopes in float32 (float64 for float64 operands), on like's device; None without ALiBi.
-        What the fused kernel takes beside `tables`."""
+        What the fused kernel and flex.py take beside `tables`."""
         if self.alibi is None:
             return None
         return slopes_tensor(self.alibi, torch.promote_types(like.dtype, torch.float32), like.device)
@@ -143,8 +142,8 @@ class RelativePositionBias(nn.Module):
 
     def kernel_tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """`tables` with ALiBi added (float32 tables then, whatever q's dtype; the key table as wide as k's batch):
-        what the paths that read ALiBi from tables take (flex.py, `pieces`). The fused kernel computes ALiBi itself
-        and takes `tables`."""
+        what `pieces` builds the decomposition's pieces from. The fused kernel and flex.py compute ALiBi themselves
+        and take `tables`."""
         row_table, key_table = self.tables(q, k)
         if self.alibi is None:
             return row_table, key_table
