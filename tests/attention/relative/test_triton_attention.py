@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from convattn import ConvAttnModel
 from convattn.attention import PackedSequences, TokenMask
-from convattn.attention.relative import dispatch
+from convattn.attention.relative import bias, dispatch
 from convattn.attention.relative.bias import RelativePositionBias
 
 pytest.importorskip("triton")
@@ -290,6 +290,23 @@ def test_alibi_alone_reaches_the_kernel_as_slopes_without_a_table(packed, monkey
     row_table, key_table, reach, slopes = call[3], call[4], call[9], call[13]
     assert row_table is None and key_table is None and reach == 0
     assert slopes.dtype == torch.float32 and slopes.tolist() == list(layer.relative.alibi)
+
+
+def test_alibi_slopes_are_made_once_and_train_after_inference_mode(monkeypatch):
+    """The slopes tensor is made once per device and dtype, and never as an inference tensor: a layer first run under
+    torch.inference_mode trains afterwards (the kernel's backward saves the slopes)."""
+    monkeypatch.setattr(bias, "_SLOPES", {})
+    layer = make_layer([], hidden_size=64, position_embedding_type="alibi").to(DEVICE)
+    layer.config._attn_implementation = "convattn_triton"
+    x, keep = batch((19, 12), 19, torch.float32, width=64)
+    x, keep = x.detach().to(DEVICE).requires_grad_(), keep.to(DEVICE)
+    with torch.inference_mode():
+        layer(x.detach(), TokenMask(keep))
+    [made] = bias._SLOPES.values()
+    assert not made.is_inference()
+    layer(x, TokenMask(keep))[0].pow(2).sum().backward()
+    [kept] = bias._SLOPES.values()
+    assert x.grad.abs().sum() > 0 and kept is made
 
 
 @pytest.mark.parametrize("terms", slow_except(["composite+key", "alibi", "composite+key+alibi"], "alibi"))
