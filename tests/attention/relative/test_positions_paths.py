@@ -116,6 +116,20 @@ def test_attn_implementations_match_the_reference(case, implementation, convbert
     assert_path_matches(layer, reference, tolerance(case, convbert))
 
 
+@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise", "triton"])
+def test_alibi_beside_terms_that_stop_at_their_window(path, monkeypatch):
+    """relative_out_of_window "zero": the terms add nothing past r, ALiBi's -m_h |i - j| goes on at every offset (the
+    decomposition's off-band constants come from ALiBi's table alone)."""
+    if path == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(dispatch, "_packed_kernel_serves", lambda *args: False)
+    layer = make_layer(TERMS["composite+key"], "zero", hidden_size=HIDDEN, position_embedding_type="alibi")
+    with dispatch.forced_path(path):
+        assert_path_matches(layer, partial(composite_attention_loops, layer), 3e-5)
+
+
 @pytest.mark.parametrize("case", ["alibi", "composite+key+alibi", "composite+key+rotary"])
 def test_the_decomposition_is_exact_in_float64(case, monkeypatch):
     """The float32 tolerances above are rounding: in float64 the decomposition, with its fused calls (blocks of 8),

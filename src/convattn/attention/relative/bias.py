@@ -22,6 +22,7 @@ keeps the entries small), row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s
 + key[j, c(i - j)] = -m_h |i - j| on the band and off it, where clip mode reads the edge columns: left of the band
 -m_h p_i + m_h p_j, right of it m_h p_i - m_h p_j. These entries grow with the length (|m_h p| <= m_h n / 2), so
 those tables are float32 whatever q's dtype; ALiBi alone gets reach 1 there, the narrowest band that carries it.
+With terms that stop at the window ("zero"), the off-band constants are ALiBi's table's edge columns alone.
 """
 
 from __future__ import annotations
@@ -83,8 +84,6 @@ class RelativePositionBias(nn.Module):
         super().__init__()
         if alibi and not terms:
             reach, out_of_window = 1, "clip"  # ALiBi alone: the narrowest band that carries it in tables
-        if alibi and out_of_window != "clip":
-            raise ValueError("ALiBi rides on the clipped tables' edge columns: out_of_window must be 'clip'")
         width = 2 * reach + 1
         self.reach, self.clip, self.head_dim = reach, out_of_window == "clip", head_dim
         # plain floats, not a buffer: no parameter, nothing saved, nothing for a meta-device load to lose
@@ -177,7 +176,7 @@ class RelativePositionBias(nn.Module):
 
     def pieces(self, q: Tensor, k: Tensor) -> dict[str, Tensor | None]:
         """The same bias as `forward` in O(n (2r + 1)) pieces for decomposition.py:
-        band (batch, heads, n, 2r + 1), bias of key i + t - r at [i, t]; and, in clip mode, the
+        band (batch, heads, n, 2r + 1), bias of key i + t - r at [i, t]; and, in clip mode or with ALiBi, the
         off-band constants (batch, heads, n) per query row and per key, left and right of the band."""
         batch, heads, n, _ = q.shape
         reach, width = self.reach, 2 * self.reach + 1
@@ -191,12 +190,15 @@ class RelativePositionBias(nn.Module):
             key_band = padded[..., index]
             band = key_band if band is None else band + key_band
         pieces = dict(band=band, row_left=None, row_right=None, key_left=None, key_right=None)
-        if self.clip:
-            if row_table is not None:
-                pieces["row_left"] = row_table[..., 0].expand(batch, heads, n)
-                pieces["row_right"] = row_table[..., 2 * reach].expand(batch, heads, n)
-            if key_table is not None:
-                pieces["key_left"], pieces["key_right"] = key_table[..., 2 * reach], key_table[..., 0]
+        if not self.clip:
+            # off the band the terms add nothing and ALiBi alone continues: its own table's edge columns
+            row_table = key_table = None if self.alibi is None else self.alibi_table(q)
+        if row_table is not None:
+            pieces["row_left"] = row_table[..., 0].expand(batch, heads, n)
+            pieces["row_right"] = row_table[..., 2 * reach].expand(batch, heads, n)
+        if key_table is not None:
+            key_table = key_table.expand(batch, *key_table.shape[1:])
+            pieces["key_left"], pieces["key_right"] = key_table[..., 2 * reach], key_table[..., 0]
         return pieces
 
     def forward(self, q: Tensor, k: Tensor, first_row: int = 0) -> Tensor:
