@@ -208,3 +208,67 @@ def test_a_failed_write_while_loading_is_the_disks_not_the_models(tmp_path, monk
         load_checked(AutoModel, tmp_path)
     if code == errno.ENOSPC:
         assert "free some space" in known_cause(raised.value)
+
+
+# (preset, its overrides, the head saved, the damage to config.json, the field and value the line names, its verb):
+# every config field whose value the weights' shapes or tables show, named with the value the config holds
+FIELDS_THE_WEIGHTS_SHOW = [
+    ("chang2021-small/composite", {}, ConvAttnForMaskedLM, {"intermediate_size": 48}, "intermediate_size 48",
+     "match"),
+    ("chang2021-small/composite", {}, ConvAttnForMaskedLM, {"embedding_size": 8}, "embedding_size 8", "match"),
+    ("chang2021-small/composite", {}, ConvAttnForMaskedLM, {"type_vocab_size": 3}, "type_vocab_size 3", "match"),
+    ("chang2021-small/absolute", {}, ConvAttnModel, {"position_embedding_type": "none"},
+     'position_embedding_type "none"', "describe"),
+    ("convbert/medium-small", {}, ConvAttnModel, {"head_ratio": 1}, "head_ratio 1", "describe"),
+    ("chang2021-small/convbert", {"conv_kernel_size": 7}, ConvAttnModel, {"conv_kernel_size": 5},
+     "conv_kernel_size 5", "match"),
+    ("chang2021-small/composite+depthwise", {"relative_reach": 5}, ConvAttnModel, {"relative_reach": 4},
+     "relative_reach 4", "match"),
+    ("chang2021-small/composite+conv-qkv", {}, ConvAttnModel, {"conv_projections": ["query", "key"]},
+     'conv_projections ["query", "key"]', "describe"),
+    ("malard/linformer-n128-k32", {}, ConvAttnModel, {"linformer_k": 8}, "linformer_k 8", "match"),
+    ("malard/conv-linformer-n128-k32", {}, ConvAttnModel, {"linformer_k": 8}, "linformer_k 8", "match"),
+    ("malard/linformer-n128-k32", {}, ConvAttnModel, {"max_position_embeddings": 128}, "max_position_embeddings 128",
+     "match"),
+]
+
+
+@pytest.mark.parametrize(("preset", "overrides", "head", "damage", "named", "verb"), FIELDS_THE_WEIGHTS_SHOW)
+def test_a_field_the_weights_contradict_is_named_with_its_value_and_the_fix(tmp_path, preset, overrides, head,
+                                                                            damage, named, verb):
+    head(tiny_config(preset, **overrides)).save_pretrained(tmp_path / "model")
+    config_with(tmp_path / "model", **damage)
+    with pytest.raises(UsageError) as caught:
+        check_model_folder(tmp_path / "model")
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'model' / 'config.json'}: {named} does not {verb} the weights"), message
+    assert message.endswith("; restore config.json (the one saved with these weights)") and "\n" not in message
+    if verb == "match":
+        assert " in the file but the config asks for " in message, message
+
+
+def test_fewer_layers_than_the_weights_is_named_with_both_counts(folder):
+    config_with(folder, num_hidden_layers=1)
+    with pytest.raises(UsageError, match=r"num_hidden_layers 1 does not match the weights, which hold 2 layers \(the "
+                                         r"weights of the others fit no part of this model\); restore config\.json"):
+        check_model_folder(folder)
+
+
+@pytest.mark.parametrize(("head", "overrides"), [
+    (ConvAttnForQuestionAnswering, {"qa_head": "joint"}),  # ELECTRA's joint SQuAD head, tensors of its own
+    (ConvAttnForMaskedLM, {"tie_word_embeddings": False}),  # the decoder saved beside the embeddings
+    (ConvAttnForPreTraining, {"mask_token_id": 4, "generator_size": 0.5}),  # the generator shares the embeddings
+])
+def test_heads_with_tensors_of_their_own_or_shared_pass(tmp_path, head, overrides):
+    head(tiny_config("chang2021-small/composite", **overrides)).save_pretrained(tmp_path / "model")
+    assert check_model_folder(tmp_path / "model").is_convattn
+
+
+def test_transformers_models_with_any_head_pass(tmp_path):
+    from transformers import BertForSequenceClassification, BertModel
+
+    config = BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=3)
+    for model in (BertModel(config), BertForSequenceClassification(config)):
+        model.save_pretrained(tmp_path / type(model).__name__)
+        assert not check_model_folder(tmp_path / type(model).__name__).is_convattn
