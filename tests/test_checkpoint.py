@@ -11,7 +11,13 @@ import torch
 from helpers.damage import config_with, pickle_only
 from helpers.tiny import save_tiny_mlm, tiny_config
 from safetensors.torch import load_file, save_file
-from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+)
 
 from convattn import ConvAttnForMaskedLM, ConvAttnForQuestionAnswering, ConvAttnModel
 from convattn.checkpoint import check_model_folder, load_checked
@@ -125,11 +131,21 @@ def test_an_older_checkpoints_position_ids_are_not_an_integer_weight(bert_folder
         check_model_folder(bert_folder)
 
 
-def test_a_bert_config_over_convattn_weights_is_refused_when_loading(folder, bert_folder):
+def test_a_bert_config_over_convattn_weights_is_refused_with_the_line_loading_gave(folder, bert_folder):
+    """A valid BERT config over valid convattn weights: the model it builds has none of the file's tensors, which
+    the folder's check says in the words loading says it (it was loading that told, before the check built the
+    config's model; loading lets a task head be new, the check counts the folder's own head too)."""
     shutil.copy(bert_folder / "config.json", folder / "config.json")
-    checked = check_model_folder(folder)  # a valid BERT config, valid weights: only loading tells
-    with pytest.raises(UsageError, match="weights are missing from the file"):
-        load_checked(AutoModelForSequenceClassification, checked, num_labels=2)
+    with pytest.raises(UsageError) as checked:
+        check_model_folder(folder)
+    with pytest.raises(UsageError) as loaded:
+        load_checked(AutoModelForMaskedLM, str(folder))
+    for caught in (checked, loaded):
+        assert str(caught.value).startswith(f"{folder}: the weights do not match the config (")
+        assert "weights are missing from the file (bert.embeddings.LayerNorm.bias, " in str(caught.value)
+        assert str(caught.value).endswith("); is config.json the one saved with these weights?")
+    assert "47 weights in the file fit no part of this model (convattn.embeddings.LayerNorm.bias...)" in \
+        str(checked.value)
 
 
 def test_a_weight_of_another_shape_is_one_line(folder):

@@ -8,9 +8,10 @@
 * the weights are safetensors (a folder of pickles only, `pytorch_model.bin`, gets the line that converts it),
   every *.safetensors file opens, every weight is floating-point (index buffers such as position_ids aside) and
   a finite number;
-* the config's sizes are those of the weights, read from the safetensors headers (vocabulary, widths, layers,
-  positions, relative reach, kernels), and the tables it declares are the ones the file holds: a tampered size
-  is refused before anything is built from it (10^9 would allocate terabytes).
+* the model the config describes, built on the meta device (shapes without memory: a tampered size of 10^9 costs
+  nothing), holds exactly the tensors of the safetensors headers, each of its shape (`convattn.meta_model`); the
+  line names the config field the weights contradict (the layers' count, a size, a table the config declares or
+  not), found by asking the model, not from a list kept here.
 
 `check_tokenizer_fits` holds a tokenizer against the model's config: no more pieces than embeddings, and the
 same [PAD] and [MASK] ids.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import errno
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,30 +37,6 @@ from convattn.runs.pretrain import RNG_STATE, TRAINER_STATE_FILES
 
 CONFIG_FILE = "config.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
-# the fields transformers' own configs have (this version's and earlier ones'), which any saved config may hold
-TRANSFORMERS_FIELDS = frozenset({
-    "architectures", "auto_map", "dtype", "torch_dtype", "transformers_version", "model_type", "_name_or_path",
-    "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "output_hidden_states",
-    "output_attentions", "return_dict", "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads",
-    "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
-    "cross_attention_hidden_size", "attn_implementation", "use_cache", "gradient_checkpointing", "tokenizer_class",
-    "prefix", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id", "task_specific_params",
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
-    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-})
-# fields of convattn configs saved by earlier versions, still read
-LEGACY_CONVATTN_FIELDS = frozenset({"attention_backend"})
-# fields every convattn version has written: without one, the class default would silently stand in
-REQUIRED_CONVATTN_FIELDS = (
-    "vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-    "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "position_embedding_type",
-    "relative_terms", "relative_reach", "relative_out_of_window", "value_depthwise_conv", "conv_projections",
-    "conv_projection_kernel", "head_ratio", "conv_kernel_size", "num_groups", "convbert_padding", "linformer_k",
-    "sequence_projection", "linformer_sharing", "linformer_conv",
-)
 # the JSON types of the annotations in ConvAttnConfig (a bool is no number here)
 JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
               "list": (list,), "tuple": (list,)}
@@ -128,11 +104,13 @@ def read_config_json(file: Path) -> dict:
 
 
 def known_convattn_fields() -> frozenset[str]:
-    from convattn.config import ConvAttnConfig
+    """The fields a convattn config.json may hold: those ConvAttnConfig and transformers' base config declare and
+    write, and those configs saved by earlier versions hold."""
+    from convattn.config import SAVED_BY_EARLIER_VERSIONS, ConvAttnConfig
 
     annotated = {name for cls in ConvAttnConfig.__mro__ for name in getattr(cls, "__annotations__", {})
                  if not name.startswith("_")}
-    return frozenset(annotated | set(ConvAttnConfig().to_dict()) | TRANSFORMERS_FIELDS | LEGACY_CONVATTN_FIELDS)
+    return frozenset(annotated | set(ConvAttnConfig().to_dict()) | SAVED_BY_EARLIER_VERSIONS)
 
 
 def check_config_fields(data: dict, file: Path) -> None:
@@ -164,9 +142,9 @@ def json_types(annotation: str) -> tuple[type, ...]:
 def check_convattn_field_types(data: dict, file: Path) -> None:
     """Every field convattn writes is there, and of the type it writes (a string where a list belongs would be read
     as one value; the string "false" as true)."""
-    from convattn.config import ConvAttnConfig
+    from convattn.config import ALWAYS_SAVED, ConvAttnConfig
 
-    if missing := [field for field in REQUIRED_CONVATTN_FIELDS if field not in data]:
+    if missing := [field for field in ALWAYS_SAVED if field not in data]:
         raise UsageError(f"{file} lacks {', '.join(missing)}, which every convattn config holds; restore the file "
                          "(the one saved with the weights) or save the model again")
     for field, annotation in ConvAttnConfig.__annotations__.items():
@@ -247,99 +225,46 @@ def check_shards_present(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- the config against the weights
-SELF = r"encoder\.layer\.\d+\.attention\.self\."
-# (config field, a weight of the encoder (its name after the encoder's prefix), the axis that field sizes, that
-# size given the config and the weight's shape (None: not this weight)): every BERT-style encoder, convattn's or
-# transformers' (they share these names), then convattn's own
-SIZED_BY = [
-    (field, pattern, axis, lambda c, shape, field=field: getattr(c, field, None)) for field, pattern, axis in (
-        ("vocab_size", r"embeddings\.word_embeddings\.weight", 0),
-        ("embedding_size", r"embeddings\.word_embeddings\.weight", 1),
-        ("type_vocab_size", r"embeddings\.token_type_embeddings\.weight", 0),
-        ("max_position_embeddings", r"embeddings\.position_embeddings\.weight", 0),
-        ("hidden_size", r"encoder\.layer\.\d+\.attention\.output\.LayerNorm\.weight", 0),
-        ("intermediate_size", r"encoder\.layer\.\d+\.intermediate\.dense\.bias", 0),
-    )
-]
-CONVATTN_SIZED_BY = [
-    ("relative_reach", SELF + r"(relative\.\w+|value_conv\.weight)", -1, lambda c, shape: c.relative_kernel_size),
-    ("num_attention_heads", SELF + r"relative\.fixed", 0, lambda c, shape: c.num_self_attention_heads),
-    ("num_attention_heads", SELF + r"relative\.(query|key)_kernel", 0, lambda c, shape: c.head_dim),
-    ("conv_projection_kernel", SELF + r"(query|key|value)\.depthwise\.weight", -1,
-     lambda c, shape: c.conv_projection_kernel),
-    ("conv_kernel_size", SELF + r"key_conv_attn_layer\.depthwise\.weight", -1, lambda c, shape: c.conv_kernel_size),
-    # Linformer: a linear projection is (k, n), a convolution's kernel n // k
-    ("linformer_k", SELF + r"(key|value)_projection\.weight", 0,
-     lambda c, shape: c.linformer_k if len(shape) == 2 else None),
-    ("max_position_embeddings", SELF + r"(key|value)_projection\.weight", 1,
-     lambda c, shape: c.max_position_embeddings if len(shape) == 2 else None),
-    ("linformer_k", SELF + r"(key|value)_projection\.weight", -1,
-     lambda c, shape: c.max_position_embeddings // max(c.linformer_k, 1) if len(shape) == 3 else None),
-]
-# convattn's optional tables: (field, a weight of the table, whether the config declares it)
-CONVATTN_TABLES = [
-    ("relative_terms", SELF + r"relative\.fixed", lambda c: "fixed" in c.relative_terms),
-    ("relative_terms", SELF + r"relative\.query_kernel", lambda c: "dynamic_query" in c.relative_terms),
-    ("relative_terms", SELF + r"relative\.key_kernel", lambda c: "dynamic_key" in c.relative_terms),
-    ("position_embedding_type", r"embeddings\.position_embeddings\.weight",
-     lambda c: c.position_embedding_type == "absolute"),
-    ("value_depthwise_conv", SELF + r"value_conv\.weight", lambda c: c.value_depthwise_conv),
-    *[("conv_projections", SELF + rf"{name}\.depthwise\.weight", lambda c, name=name: name in c.conv_projections)
-      for name in ("query", "key", "value")],
-    ("head_ratio", SELF + r"conv_kernel_layer\.weight", lambda c: c.uses_convbert),
-    ("sequence_projection", SELF + r"key_projection\.weight", lambda c: any(p != "none" for p in c.layer_projections)),
-]
-LAYER = re.compile(r"encoder\.layer\.(\d+)\.")
+RESTORE = "restore config.json (the one saved with these weights)"
 
 
-def encoder_shapes(shapes: dict[str, list[int]]) -> dict[str, list[int]]:
-    """The encoder's weights by their names without its prefix (`convattn.`, `bert.`, none for a bare encoder),
-    found from its word embeddings; a pretraining checkpoint's generator (`generator.`) is left out."""
-    prefixes = [name.removesuffix("embeddings.word_embeddings.weight") for name in shapes
-                if name.endswith("embeddings.word_embeddings.weight") and not name.startswith("generator.")]
-    if not prefixes:
-        return {}
-    prefix = min(prefixes, key=len)
-    return {name.removeprefix(prefix): shape for name, shape in shapes.items() if name.startswith(prefix)}
+def check_weights_fit(config, shapes: dict[str, list[int]], file: Path) -> None:
+    """The model `config` describes holds the tensors `shapes` (read from the safetensors headers: the model is built
+    on the meta device, nothing is allocated), each of its shape; one line naming the field the weights contradict,
+    else the tensors that differ."""
+    from convattn import meta_model
 
-
-def matching(encoder: dict[str, list[int]], pattern: str) -> list[tuple[str, list[int]]]:
-    return [(name, shape) for name, shape in encoder.items() if re.fullmatch(pattern, name)]
-
-
-def check_sizes(config, shapes: dict[str, list[int]], file: Path) -> None:
-    """The config's sizes are the weights' (read from the safetensors headers: nothing is built or allocated), and
-    a convattn config declares exactly the tables the file holds; one line naming the first field that differs."""
-    encoder = encoder_shapes(shapes)
-    convattn = config.model_type == "convattn"
-    if convattn:
-        check_tables(config, encoder, file)
-    for field, pattern, axis, size in SIZED_BY + (CONVATTN_SIZED_BY if convattn else []):
-        for name, shape in matching(encoder, pattern):
-            expected = size(config, shape)
-            if isinstance(expected, int) and shape[axis] != expected:
-                asked = list(shape)
-                asked[axis] = expected
-                raise UsageError(f"{file}: {field} {getattr(config, field)} does not match the weights: {name} has "
-                                 f"shape {list(shape)} in the file but the config asks for {asked}; restore "
-                                 "config.json (the one saved with these weights)")
-    layers = {int(match.group(1)) for name in encoder if (match := LAYER.match(name))}
-    expected = getattr(config, "num_hidden_layers", None)
-    if layers and isinstance(expected, int) and layers != set(range(expected)):
-        fact = ("the weights of the others fit no part of this model" if len(layers) > expected else
+    try:
+        comparison = meta_model.compare(config, shapes)
+    except (ValueError, TypeError) as err:  # the model's own refusal of this config
+        raise UsageError(f"{file}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
+    except RuntimeError as err:  # a size past what even a meta tensor counts (its bytes over 2^63)
+        raise UsageError(f"{file}: the model this config describes cannot be built ("
+                         f"{(str(err).strip().splitlines() or [type(err).__name__])[0][:200]}); {RESTORE}") from None
+    if comparison.file_layers is not None:
+        expected, held = config.num_hidden_layers, comparison.file_layers
+        fact = ("the weights of the others fit no part of this model" if held > expected else
                 "the config's other layers would have no weights")
-        raise UsageError(f"{file}: num_hidden_layers {expected} does not match the weights, which hold {len(layers)} "
-                         f"layers ({fact}); restore config.json (the one saved with these weights)")
-
-
-def check_tables(config, encoder: dict[str, list[int]], file: Path) -> None:
-    for field, pattern, declared in CONVATTN_TABLES:
-        held = matching(encoder, pattern)
-        if declared(config) != bool(held):
-            table = re.sub(r"\\d\+", "N", pattern).replace("\\", "")
-            fact = f"the file holds {held[0][0]}" if held else f"the file holds no {table}"
-            raise UsageError(f"{file}: {field} {json.dumps(getattr(config, field))} does not describe the weights "
-                             f"({fact}); restore config.json (the one saved with these weights)")
+        raise UsageError(f"{file}: num_hidden_layers {expected} does not match the weights, which hold {held} "
+                         f"layers ({fact}); {RESTORE}")
+    found = comparison.differences
+    if not found:
+        return
+    field = meta_model.field_behind(comparison)
+    if field is None:
+        problems = described(sorted(found.missing), sorted(found.misshapen), sorted(found.extra))  # (as loading says)
+        raise UsageError(f"{file.parent}: the weights do not match the config ({'; '.join(problems)}); is config.json "
+                         "the one saved with these weights?")
+    value = getattr(config, field)
+    # said as the tables the field declares where the tensors it lacks or leaves over are at least as many as those of
+    # another shape (ConvBERT's head_ratio), else as a size (a hidden_size that also adds the embeddings' projection)
+    if len(found.missing) + len(found.extra) >= max(len(found.misshapen), 1):
+        fact = (f"the file holds no {comparison.short(found.missing[0], numbered=True)}" if found.missing else
+                f"the file holds {comparison.short(found.extra[0])}")
+        raise UsageError(f"{file}: {field} {json.dumps(value)} does not describe the weights ({fact}); {RESTORE}")
+    name, in_file, in_model = found.misshapen[0]
+    raise UsageError(f"{file}: {field} {value} does not match the weights: {comparison.short(name)} has shape "
+                     f"{in_file} in the file but the config asks for {in_model}; {RESTORE}")
 
 
 def check_tokenizer_fits(tokenizer, config, name: str) -> None:
@@ -380,7 +305,7 @@ def check_model_folder(model: str | Path, flag: str = "--model", need_convattn: 
     shapes = {}
     for weights in weight_files(path):
         shapes |= check_weight_file(weights)
-    check_sizes(folder.config, shapes, file)
+    check_weights_fit(folder.config, shapes, file)
     return folder
 
 
@@ -439,6 +364,12 @@ def loading_problems(model, info: dict, allow_new_head: bool = True) -> list[str
     unexpected = sorted(k for k in info.get("unexpected_keys", ()) if in_encoder(model, k))
     mismatched = sorted((entry for entry in info.get("mismatched_keys", ()) if not allowed(entry[0])),
                         key=lambda entry: entry[0])
+    return described(missing, mismatched, unexpected)
+
+
+def described(missing: list[str], mismatched: list[tuple[str, list[int], list[int]]], unexpected: list[str]) \
+        -> list[str]:
+    """Weights missing from a file, of another shape ((name, the file's, the config's)), or left over, in words."""
     problems = []
     if missing:
         problems.append(f"{len(missing)} weights are missing from the file ({', '.join(missing[:2])}...)"

@@ -43,6 +43,47 @@ LINFORMER_BIASES = ("after_projection", "before_projection")
 # which token predicts the weight of a ConvBERT convolution-head tap: "query" (Jiang et al. 2020) or "key"
 # (Chang et al. 2021's code, see convbert.py)
 CONVBERT_KERNELS_FROM = ("query", "key")
+# the values of each field that takes one of a few: validate_convattn holds the field to them, and the checks of a
+# saved model try them to find the field its weights contradict (checkpoint.py)
+CHOICES = {
+    "position_embedding_type": POSITION_EMBEDDING_TYPES,
+    "relative_out_of_window": ("clip", "zero"),
+    "convbert_padding": ("masked", "reference"),
+    "linformer_sharing": ("headwise", "key_value", "layerwise"),
+    "linformer_conv": ("dense", "depthwise"),
+    "linformer_bias": LINFORMER_BIASES,
+    "convbert_kernel_from": CONVBERT_KERNELS_FROM,
+    "qa_head": QA_HEADS,
+    # a layout or one kind for every layer (a list, one kind a layer, is validated on its own)
+    "sequence_projection": SEQUENCE_PROJECTIONS + tuple(SEQUENCE_PROJECTION_LAYOUTS),
+}
+# the fields that hold any subset of their values (kept in this order)
+SUBSETS = {"relative_terms": RELATIVE_TERMS, "conv_projections": CONV_PROJECTIONS}
+# the fields every convattn version has saved: a config.json without one is damaged (the class default would silently
+# stand in). A field added since is left out: configs saved before it are read with its default, which computes what
+# they computed
+ALWAYS_SAVED = (
+    "vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "position_embedding_type",
+    "relative_terms", "relative_reach", "relative_out_of_window", "value_depthwise_conv", "conv_projections",
+    "conv_projection_kernel", "head_ratio", "conv_kernel_size", "num_groups", "convbert_padding", "linformer_k",
+    "sequence_projection", "linformer_sharing", "linformer_conv",
+)
+# fields a saved config may hold beyond those this class declares and writes: transformers' configs' before version 5
+# (generation settings among them), those transformers reads (attn_implementation) or remote code adds (auto_map), and
+# convattn's earlier `attention_backend` (read by __post_init__)
+SAVED_BY_EARLIER_VERSIONS = frozenset({
+    "add_cross_attention", "attn_implementation", "auto_map", "bad_words_ids", "begin_suppress_tokens", "bos_token_id",
+    "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping",
+    "encoder_no_repeat_ngram_size", "eos_token_id", "exponential_decay_length_penalty", "finetuning_task",
+    "forced_bos_token_id", "forced_eos_token_id", "gradient_checkpointing", "is_decoder", "length_penalty",
+    "max_length", "min_length", "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_labels",
+    "num_return_sequences", "output_scores", "prefix", "pruned_heads", "remove_invalid_values", "repetition_penalty",
+    "return_dict_in_generate", "sep_token_id", "suppress_tokens", "task_specific_params", "temperature",
+    "tf_legacy_loss", "tie_encoder_decoder", "tokenizer_class", "top_k", "top_p", "torch_dtype", "torchscript",
+    "typical_p", "use_bfloat16", "use_cache",
+    "attention_backend",
+})
 
 
 def _choice(field: str, value, allowed: Sequence) -> None:
@@ -91,6 +132,9 @@ def _in_range(field: str, value, low: float, high: float, low_open: bool = False
 
 class ConvAttnConfig(PretrainedConfig):
     model_type = "convattn"
+    # (class attributes, not fields: no annotation)
+    field_choices = CHOICES
+    field_subsets = SUBSETS
 
     vocab_size: int = 30004
     embedding_size: int = 128
@@ -151,8 +195,8 @@ class ConvAttnConfig(PretrainedConfig):
                 self._attn_implementation = legacy
         # (the name itself was checked when it was set: __setattr__)
         # --- end attn_implementation
-        self.relative_terms = list(_subset("relative_terms", self.relative_terms, RELATIVE_TERMS))
-        self.conv_projections = list(_subset("conv_projections", self.conv_projections, CONV_PROJECTIONS))
+        for field, allowed in SUBSETS.items():
+            setattr(self, field, list(_subset(field, getattr(self, field), allowed)))
         if not isinstance(self.sequence_projection, str):
             self.sequence_projection = list(self.sequence_projection)
         # Not transformers' `validate_architecture` hook: it only runs under huggingface_hub's @strict, which
@@ -215,15 +259,10 @@ class ConvAttnConfig(PretrainedConfig):
         for field in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             _positive(field, getattr(self, field))
-        _choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        for field, allowed in CHOICES.items():
+            if field != "sequence_projection" or isinstance(self.sequence_projection, str):  # (one a layer: below)
+                _choice(field, getattr(self, field), allowed)
         _in_range("rope_theta", self.rope_theta, 0, math.inf, low_open=True, high_open=True)
-        _choice("relative_out_of_window", self.relative_out_of_window, ("clip", "zero"))
-        _choice("convbert_padding", self.convbert_padding, ("masked", "reference"))
-        _choice("linformer_sharing", self.linformer_sharing, ("headwise", "key_value", "layerwise"))
-        _choice("linformer_conv", self.linformer_conv, ("dense", "depthwise"))
-        _choice("linformer_bias", self.linformer_bias, LINFORMER_BIASES)
-        _choice("convbert_kernel_from", self.convbert_kernel_from, CONVBERT_KERNELS_FROM)
-        _choice("qa_head", self.qa_head, QA_HEADS)
         _positive("relative_reach", self.relative_reach)
         _positive("head_ratio", self.head_ratio)
         _positive("num_groups", self.num_groups)
@@ -268,10 +307,7 @@ class ConvAttnConfig(PretrainedConfig):
         if self.value_depthwise_conv and self.uses_convbert:
             raise ValueError("value_depthwise_conv cannot be combined with ConvBERT (head_ratio > 1): choose one")
         self._validate_positions()
-        if isinstance(self.sequence_projection, str):
-            _choice("sequence_projection", self.sequence_projection,
-                    SEQUENCE_PROJECTIONS + tuple(SEQUENCE_PROJECTION_LAYOUTS))
-        else:
+        if not isinstance(self.sequence_projection, str):
             if len(self.sequence_projection) != self.num_hidden_layers:
                 raise ValueError(
                     f"sequence_projection lists {len(self.sequence_projection)} layers but num_hidden_layers="
