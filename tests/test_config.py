@@ -113,3 +113,19 @@ def test_new_configs_get_the_fairseq_bias_order_and_malard_split():
     for config in (ConvAttnConfig(**fields), ConvAttnConfig.from_dict(dict(fields))):
         assert config.linformer_bias == "after_projection"
         assert config.layer_projections == ["linear", "conv", "conv"]
+
+
+def test_the_facts_about_fields_name_fields_of_the_config():
+    """What config.py says of its fields (read by the checks of a saved model, checkpoint.py) names its own fields:
+    those always saved and those with choices are fields, with their defaults among the choices; those only earlier
+    versions saved are not."""
+    import dataclasses
+
+    from convattn.config import ALWAYS_SAVED, CHOICES, SAVED_BY_EARLIER_VERSIONS, SUBSETS
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ConvAttnConfig)}
+    assert set(ALWAYS_SAVED) <= set(defaults) and not SAVED_BY_EARLIER_VERSIONS & set(defaults)
+    assert all(defaults[field] in allowed for field, allowed in CHOICES.items())
+    assert all(set(defaults[field]) <= set(allowed) for field, allowed in SUBSETS.items())
+    assert ConvAttnConfig.field_choices is CHOICES and ConvAttnConfig.field_subsets is SUBSETS
+    assert not {"field_choices", "field_subsets"} & (set(defaults) | set(ConvAttnConfig().to_dict()))

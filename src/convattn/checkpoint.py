@@ -37,7 +37,7 @@ from convattn.runs.pretrain import RNG_STATE, TRAINER_STATE_FILES
 
 CONFIG_FILE = "config.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
-# the JSON types of the annotations in ConvAttnConfig (a bool is no number here)
+# the JSON types of a config field's annotation (a bool is no number here)
 JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
               "list": (list,), "tuple": (list,)}
 JSON_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
@@ -103,18 +103,19 @@ def read_config_json(file: Path) -> dict:
     return data
 
 
-def known_convattn_fields() -> frozenset[str]:
-    """The fields a convattn config.json may hold: those ConvAttnConfig and transformers' base config declare and
-    write, and those configs saved by earlier versions hold."""
-    from convattn.config import SAVED_BY_EARLIER_VERSIONS, ConvAttnConfig
+def known_convattn_fields(config_class) -> frozenset[str]:
+    """The fields a convattn config.json may hold: those its class (`config_class`) and transformers' base config
+    declare and write, and those configs saved by earlier versions hold."""
+    from convattn.config import SAVED_BY_EARLIER_VERSIONS
 
-    annotated = {name for cls in ConvAttnConfig.__mro__ for name in getattr(cls, "__annotations__", {})
+    annotated = {name for cls in config_class.__mro__ for name in getattr(cls, "__annotations__", {})
                  if not name.startswith("_")}
-    return frozenset(annotated | set(ConvAttnConfig().to_dict()) | SAVED_BY_EARLIER_VERSIONS)
+    return frozenset(annotated | set(config_class().to_dict()) | SAVED_BY_EARLIER_VERSIONS)
 
 
 def check_config_fields(data: dict, file: Path) -> None:
-    """model_type is known; a convattn config holds only convattn's fields."""
+    """model_type is known; a convattn config holds only the fields of the class that reads it (the one registered
+    for its model type: ConvAttnConfig)."""
     from transformers import CONFIG_MAPPING
 
     import convattn
@@ -126,11 +127,12 @@ def check_config_fields(data: dict, file: Path) -> None:
     if model_type not in CONFIG_MAPPING:
         raise UsageError(f"{file}: model_type {model_type!r} is neither convattn nor a model type this transformers "
                          "knows")
-    if model_type == "convattn" and (unknown := sorted(set(data) - known_convattn_fields())):
-        raise UsageError(f"{file} has fields convattn does not know: {', '.join(unknown)}; remove them (or use the "
-                         "convattn version that wrote this model)")
     if model_type == "convattn":
-        check_convattn_field_types(data, file)
+        config_class = CONFIG_MAPPING[model_type]
+        if unknown := sorted(set(data) - known_convattn_fields(config_class)):
+            raise UsageError(f"{file} has fields convattn does not know: {', '.join(unknown)}; remove them (or use "
+                             "the convattn version that wrote this model)")
+        check_convattn_field_types(data, file, config_class)
     check_dtype(data, file)
 
 
@@ -139,21 +141,27 @@ def json_types(annotation: str) -> tuple[type, ...]:
     return tuple(kind for part in annotation.split("|") for kind in JSON_TYPES.get(part.strip().split("[")[0], ()))
 
 
-def check_convattn_field_types(data: dict, file: Path) -> None:
-    """Every field convattn writes is there, and of the type it writes (a string where a list belongs would be read
-    as one value; the string "false" as true)."""
-    from convattn.config import ALWAYS_SAVED, ConvAttnConfig
+def check_convattn_field_types(data: dict, file: Path, config_class) -> None:
+    """Every field convattn writes is there, and each field `config_class` declares (beyond transformers' base
+    config's) of the type it writes (a string where a list belongs would be read as one value; "false" as true)."""
+    from dataclasses import fields
+
+    from transformers import PretrainedConfig
+
+    from convattn.config import ALWAYS_SAVED
 
     if missing := [field for field in ALWAYS_SAVED if field not in data]:
         raise UsageError(f"{file} lacks {', '.join(missing)}, which every convattn config holds; restore the file "
                          "(the one saved with the weights) or save the model again")
-    for field, annotation in ConvAttnConfig.__annotations__.items():
-        kinds = json_types(annotation)
-        value = data.get(field)
-        if field in data and kinds and not (isinstance(value, kinds) and (type(value) is not bool or bool in kinds)):
+    base = {f.name for f in fields(PretrainedConfig)}
+    for field in (f for f in fields(config_class) if f.name not in base):
+        kinds = json_types(field.type if isinstance(field.type, str) else getattr(field.type, "__name__", ""))
+        value = data.get(field.name)
+        if field.name in data and kinds and not (isinstance(value, kinds) and (type(value) is not bool or
+                                                                                 bool in kinds)):
             expected = " or ".join(dict.fromkeys(JSON_TYPE_NAMES[kind] for kind in kinds))
-            raise UsageError(f"{file}: {field} must be {expected}; found {json.dumps(value)}; restore the file (the "
-                             "one saved with the weights) or save the model again")
+            raise UsageError(f"{file}: {field.name} must be {expected}; found {json.dumps(value)}; restore the file "
+                             "(the one saved with the weights) or save the model again")
 
 
 def check_dtype(data: dict, file: Path) -> None:
@@ -236,11 +244,12 @@ def check_weights_fit(config, shapes: dict[str, list[int]], file: Path) -> None:
 
     try:
         comparison = meta_model.compare(config, shapes)
-    except (ValueError, TypeError) as err:  # the model's own refusal of this config
-        raise UsageError(f"{file}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
-    except RuntimeError as err:  # a size past what even a meta tensor counts (its bytes over 2^63)
-        raise UsageError(f"{file}: the model this config describes cannot be built ("
-                         f"{(str(err).strip().splitlines() or [type(err).__name__])[0][:200]}); {RESTORE}") from None
+    except (ValueError, TypeError, RuntimeError, OverflowError) as err:
+        message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        if field := meta_model.field_too_large(config):  # a size past what even a meta tensor counts
+            raise UsageError(f"{file}: {field} {getattr(config, field)} does not match the weights: the model it "
+                             f"describes cannot be built ({message}); {RESTORE}") from None
+        raise UsageError(f"{file}: {message}") from None  # the model's own refusal of this config
     if comparison.file_layers is not None:
         expected, held = config.num_hidden_layers, comparison.file_layers
         fact = ("the weights of the others fit no part of this model" if held > expected else

@@ -248,10 +248,20 @@ class ConvAttnConfig(PretrainedConfig):
         return list(spec)
 
     @property
+    def projection_kinds(self) -> set[str]:
+        """The sequence projections the layers use, without listing every layer (validation reads this: a count of
+        10^9 layers in a damaged config.json would otherwise be a list of 10^9 before it is refused)."""
+        spec, layers = self.sequence_projection, self.num_hidden_layers
+        if isinstance(spec, str) and spec in SEQUENCE_PROJECTION_LAYOUTS:
+            first, second = SEQUENCE_PROJECTION_LAYOUTS[spec]
+            return {kind for kind, count in ((first, layers // 2), (second, layers - layers // 2)) if count}
+        return {spec} if isinstance(spec, str) else set(spec)
+
+    @property
     def max_input_length(self) -> int | None:
         """The longest input the model takes: max_position_embeddings with absolute position embeddings or
         Linformer projections (both sized to it), else None (any length: nothing depends on absolute position)."""
-        fixed = self.position_embedding_type == "absolute" or any(p != "none" for p in self.layer_projections)
+        fixed = self.position_embedding_type == "absolute" or bool(self.projection_kinds - {"none"})
         return self.max_position_embeddings if fixed else None
 
     # ------------------------------------------------------------------ validation
@@ -316,7 +326,7 @@ class ConvAttnConfig(PretrainedConfig):
                 )
             for kind in self.sequence_projection:
                 _choice("sequence_projection", kind, SEQUENCE_PROJECTIONS)
-        if any(kind != "none" for kind in self.layer_projections):
+        if self.projection_kinds - {"none"}:
             self._validate_linformer()
         else:
             unused = {"linformer_k": (self.linformer_k, 0), "linformer_sharing": (self.linformer_sharing, "headwise"),
@@ -344,7 +354,7 @@ class ConvAttnConfig(PretrainedConfig):
             raise ValueError("sequence_projection needs linformer_k >= 1 (the projected length)")
         if k > n:
             raise ValueError(f"linformer_k={k} must not exceed max_position_embeddings={n}")
-        if "conv" in self.layer_projections and n % k:
+        if "conv" in self.projection_kinds and n % k:
             raise ValueError(
                 f"sequence_projection 'conv' uses kernel = stride = max_position_embeddings // linformer_k, so "
                 f"max_position_embeddings={n} must be divisible by linformer_k={k}"
@@ -366,7 +376,7 @@ class ConvAttnConfig(PretrainedConfig):
                 f"position_embedding_type={self.position_embedding_type!r} cannot be combined with sequence_projection "
                 "(Linformer): keys projected along the sequence have no positions to rotate or to bias"
             )
-        if self.linformer_sharing == "layerwise" and len(set(self.layer_projections) - {"none"}) > 1:
+        if self.linformer_sharing == "layerwise" and len(self.projection_kinds - {"none"}) > 1:
             raise ValueError(
                 "linformer_sharing='layerwise' needs the same sequence_projection in every projected layer"
             )

@@ -208,6 +208,22 @@ def field_behind(comparison: Comparison) -> str | None:
     return None
 
 
+def field_too_large(config) -> str | None:
+    """For a config whose model cannot be built (a size past what even a meta tensor counts: its bytes over 2^63):
+    the number field whose value, set back to its default, lets it build."""
+    cls = model_class(config)
+    defaults = {f.name: f.default for f in fields(type(config))}
+    for name in own_fields(config):
+        value, default = getattr(config, name), defaults.get(name)
+        if is_number(value) and is_number(default) and value != default:
+            try:
+                build(cls, changed(config, name, default))
+            except Exception:  # (still not buildable: not this field alone)
+                continue
+            return name
+    return None
+
+
 def is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
