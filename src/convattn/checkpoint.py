@@ -172,12 +172,20 @@ def check_dtype(data: dict, file: Path) -> None:
                              f"{', '.join(TORCH_DTYPES)} (or remove the field)")
 
 
+def token_id_fields(config) -> list[str]:
+    """The special tokens' ids a config gives its model: every `*_token_id` field of a convattn config (its [PAD] and
+    [MASK]), [PAD]'s of another (the one every transformers encoder embeds; its others are the tokenizer's concern)."""
+    from convattn.meta_model import own_fields
+
+    if config.model_type != "convattn":
+        return ["pad_token_id"]
+    return [name for name in own_fields(config) if name.endswith("_token_id")]
+
+
 def check_token_ids(config, file: Path) -> None:
-    """The special tokens the model embeds ([PAD] always, [MASK] for convattn's masked LM) are inside its
-    vocabulary."""
+    """The special tokens the model embeds (`token_id_fields`) are inside its vocabulary."""
     vocab_size = getattr(config, "vocab_size", None)
-    fields = ("pad_token_id", "mask_token_id") if config.model_type == "convattn" else ("pad_token_id",)
-    for field in fields:
+    for field in token_id_fields(config):
         value = getattr(config, field, None)
         if isinstance(vocab_size, int) and value is not None and not (
                 isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size):
@@ -271,20 +279,21 @@ def check_weights_fit(config, shapes: dict[str, list[int]], file: Path) -> None:
         fact = (f"the file holds no {comparison.short(found.missing[0], numbered=True)}" if found.missing else
                 f"the file holds {comparison.short(found.extra[0])}")
         raise UsageError(f"{file}: {field} {json.dumps(value)} does not describe the weights ({fact}); {RESTORE}")
-    name, in_file, in_model = found.misshapen[0]
+    # the tensor named: the first with the fewest dimensions (a bias or a norm shows the size alone)
+    name, in_file, in_model = min(found.misshapen, key=lambda tensor: len(tensor[2]))
     raise UsageError(f"{file}: {field} {value} does not match the weights: {comparison.short(name)} has shape "
                      f"{in_file} in the file but the config asks for {in_model}; {RESTORE}")
 
 
 def check_tokenizer_fits(tokenizer, config, name: str) -> None:
     """The tokenizer saved with a model (`name`: how the user gave it) is the one it was trained with: no more pieces
-    than embeddings (ids past them index out of range) and the config's [PAD] and [MASK] ids."""
+    than embeddings (ids past them index out of range) and the config's special tokens' ids ([PAD], [MASK])."""
     embeddings = getattr(config, "vocab_size", None)
     if isinstance(embeddings, int) and len(tokenizer) > embeddings:
         raise UsageError(f"the tokenizer of {name} has {len(tokenizer):,} pieces, more than the model's "
                          f"{embeddings:,} embeddings (config.json vocab_size): save the tokenizer the model was "
                          "trained with beside it")
-    for role in ("pad", "mask"):
+    for role in (field.removesuffix("_token_id") for field in token_id_fields(config)):
         ours, theirs = getattr(config, f"{role}_token_id", None), getattr(tokenizer, f"{role}_token_id", None)
         if ours is not None and theirs is not None and ours != theirs:
             raise UsageError(f"the tokenizer of {name} has its {role} token {getattr(tokenizer, f'{role}_token')!r} "
