@@ -65,15 +65,18 @@ def on_meta() -> Iterator[None]:
     not shown (a check that builds a dozen would print it a dozen times)."""
     import logging
     import warnings
+    from contextlib import nullcontext
 
     import torch
-    from transformers.initialization import no_init_weights
+    from transformers import initialization
 
+    # (as from_pretrained: a creation op a constructor reads a number from, such as linspace, runs on the CPU)
+    safe_creation_ops = getattr(initialization, "meta_device_safe_creation_ops", nullcontext)
     logger = logging.getLogger("transformers")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with torch.device("meta"), no_init_weights(), warnings.catch_warnings():
+        with torch.device("meta"), initialization.no_init_weights(), safe_creation_ops(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
