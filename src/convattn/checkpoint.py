@@ -252,7 +252,7 @@ def check_weights_fit(config, shapes: dict[str, list[int]], file: Path) -> None:
 
     try:
         comparison = meta_model.compare(config, shapes)
-    except (ValueError, TypeError, RuntimeError, OverflowError) as err:
+    except (ValueError, TypeError, RuntimeError, OverflowError, AssertionError) as err:  # (the modules' refusals)
         message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         if field := meta_model.field_too_large(config):  # a size past what even a meta tensor counts
             raise UsageError(f"{file}: {field} {getattr(config, field)} does not match the weights: the model it "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
@@ -137,7 +137,7 @@ def differences(model, shapes: dict[str, list[int]]) -> Differences:
     )
 
 
-def pattern(patterns) -> callable:
+def pattern(patterns) -> Callable[[str], bool]:
     """Whether a name matches any of a class's regular expressions (re.search, as from_pretrained matches them)."""
     compiled = [re.compile(p) for p in patterns or ()]
     return lambda name: any(p.search(name) for p in compiled)
