@@ -101,6 +101,21 @@ def test_the_card_names_the_training_data_as_the_run_gave_it():
     assert training_data({}) == "not recorded"
 
 
+def test_the_card_lists_config_fields_with_their_values(tmp_path):
+    """The fields a card lists are ConvAttnConfig's (a field renamed there shows here), each with the value the run's
+    config.json holds, sizes first."""
+    import dataclasses
+
+    from convattn.config import ConvAttnConfig
+    from convattn.hub import CARD_MECHANISM, CARD_SIZES, model_card
+
+    assert set(CARD_SIZES + CARD_MECHANISM) <= {f.name for f in dataclasses.fields(ConvAttnConfig)}
+    config = tiny_config("chang2021-small/composite")
+    config.save_pretrained(tmp_path)
+    listed = [line for line in model_card(tmp_path).splitlines() if line.startswith("- `")]
+    assert listed == [f"- `{name}`: {json.dumps(config.to_dict()[name])}" for name in CARD_SIZES + CARD_MECHANISM]
+
+
 RESAVE_PRETRAINING = textwrap.dedent('''
     import sys, torch
     from transformers import (AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification, Trainer,

@@ -18,6 +18,13 @@ FINE_TUNED_RECORD = PUBLISHED_RECORD  # beside a model glue or squad published: 
 RUN_FILES = ("config.json", "model.safetensors")
 # what a run folder holds that is not for the Hub (resumable state, logs are kept: metrics.jsonl, *.png)
 NOT_UPLOADED = [f"{CHECKPOINTS}/*", f"{TENSORBOARD}/*", ".*"]
+# the config fields a model card lists, in this order: the sizes, then the mechanism (a choice of what a reader
+# compares models by, not every field; tests/test_hub.py holds them to ConvAttnConfig's fields)
+CARD_SIZES = ("hidden_size", "embedding_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "vocab_size", "max_position_embeddings")
+CARD_MECHANISM = ("position_embedding_type", "relative_terms", "relative_reach", "value_depthwise_conv",
+                  "conv_projections", "head_ratio", "conv_kernel_size", "num_groups", "sequence_projection",
+                  "linformer_k")
 
 
 def _tags(config: dict, *extra: str) -> list[str]:
@@ -116,18 +123,14 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
         }]}]
     metadata = {k: v for k, v in metadata.items() if v is not None}
     name = repo_id or str(run)
-    mechanism = {k: config[k] for k in (
-        "position_embedding_type", "relative_terms", "relative_reach", "value_depthwise_conv", "conv_projections",
-        "head_ratio", "conv_kernel_size", "num_groups", "sequence_projection", "linformer_k") if k in config}
-    sizes = {k: config[k] for k in ("hidden_size", "embedding_size", "num_hidden_layers", "num_attention_heads",
-                                    "intermediate_size", "vocab_size", "max_position_embeddings") if k in config}
+    shown = {k: config[k] for k in CARD_SIZES + CARD_MECHANISM if k in config}
     lines = [
         *_front_matter(metadata),
         f"# {Path(name).name}", "",
         f"A BERT-style encoder with convolution-augmented attention, trained with "
         f"convattn (preset `{config.get('preset') or 'custom'}`, `{architecture}`).", "",
         "## Model", "",
-        *(f"- `{k}`: {json.dumps(v)}" for k, v in (sizes | mechanism).items()), "",
+        *(f"- `{k}`: {json.dumps(v)}" for k, v in shown.items()), "",
         "## Training", "",
         f"- data: {data}",
         f"- steps: {final.get('step', options.get('max_steps', 'not recorded'))}",

@@ -65,3 +65,14 @@ def test_vocab_size_with_a_given_tokenizer_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "--vocab-size" in err[-1] and "--tokenizer" in err[-1] and len(err) == 1, err
     assert not out.exists()
+
+
+def test_the_fields_the_memory_check_names_are_config_fields():
+    """The fields `check_fits_memory` names (its lower bound on parameters, by the field that sizes them) are
+    ConvAttnConfig's: a field renamed there shows here."""
+    import dataclasses
+
+    from convattn.training.pretrain.options import LAYER_FIELDS, parameters_at_least
+
+    names = {f.name for f in dataclasses.fields(ConvAttnConfig)}
+    assert set(LAYER_FIELDS) <= names and set(parameters_at_least(ConvAttnConfig())) <= names
