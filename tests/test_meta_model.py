@@ -50,8 +50,9 @@ def test_the_model_is_built_on_the_meta_device_without_its_weight_init(folder, m
         raise AssertionError("weight init ran")
 
     monkeypatch.setattr(ConvAttnPreTrainedModel, "_init_weights", init)
-    check_model_folder(folder)
     config = check_model_folder(folder).config
+    config_with(folder, intermediate_size=48)  # (and the models built to find the field)
+    assert "intermediate_size 48 does not match the weights" in refusal(folder)
     with meta_model.on_meta():
         model = ConvAttnForMaskedLM(config)
     assert {p.device.type for p in model.parameters()} == {"meta"}
