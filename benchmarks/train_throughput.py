@@ -62,12 +62,12 @@ def clock(args):
     return harness.step_meter(args.warmup_steps, args.steps - args.warmup_steps, every_step=True)
 
 
-def run_convattn(preset: str, precision: str, compiled: bool, args, work: Path) -> tuple[dict, Path]:
+def run_convattn(preset: str, precision: str, mode: str | None, args, work: Path) -> tuple[dict, Path]:
     meter = clock(args)
     out = Path(tempfile.mkdtemp(dir=work, prefix="convattn-"))
     options = PretrainOptions(recipe=recipe_for(preset, args), output_dir=out, train_files=[str(args.train_file)],
                               tokenizer=str(args.tokenizer) if args.tokenizer else None, cache_dir=work / "cache",
-                              precision=precision, compile=compiled, log_every=args.steps)
+                              precision=precision, compile=mode, log_every=args.steps)
     pretrain(options, callbacks=[meter])
     return meter.steady(args.batch_size * args.seq_len), out
 
@@ -78,7 +78,7 @@ def bert_dataset(tokenizer, args, work: Path):
     return format_dataset(corpus.train, tokenizer, "packed", args.seq_len)
 
 
-def run_bert(tokenizer, dataset, precision: str, compiled: bool, args, work: Path) -> dict:
+def run_bert(tokenizer, dataset, precision: str, mode: str | None, args, work: Path) -> dict:
     recipe = recipe_for("chang2021-small/absolute", args)
     config = harness.bert_config(dict(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
                                       num_attention_heads=args.heads, intermediate_size=args.intermediate,
@@ -89,7 +89,7 @@ def run_bert(tokenizer, dataset, precision: str, compiled: bool, args, work: Pat
     meter = clock(args)
     harness.bert_trainer(
         model, tokenizer, dataset, work / "bert", steps=recipe.max_steps, batch=recipe.batch_size,
-        precision=precision, compile_mode="default" if compiled else None, seed=recipe.seed, callbacks=[meter],
+        precision=precision, compile_mode=mode, seed=recipe.seed, callbacks=[meter],
         mlm_probability=recipe.mlm_probability, learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay,
         adam_epsilon=recipe.adam_epsilon, adam_beta1=recipe.adam_beta1, adam_beta2=recipe.adam_beta2,
         warmup_steps=recipe.warmup, max_grad_norm=recipe.max_grad_norm).train()
@@ -98,24 +98,24 @@ def run_bert(tokenizer, dataset, precision: str, compiled: bool, args, work: Pat
 
 def measure(args, work: Path) -> list[dict]:
     """Every (precision, mode) setting: each convattn preset, then BERT; repeated, medians kept."""
-    modes = [False, True] if args.compile else [False]
+    modes = [None, "default"] if args.compile else [None]  # torch.compile's mode (None: eager)
     samples: dict[tuple, list[dict]] = {}
     tokenizer = dataset = None
     for repeat in range(args.repeats):
         for precision in args.precisions:
-            for compiled in modes:
+            for mode in modes:
                 ours = {}
                 for preset in args.presets:
                     torch._dynamo.reset()  # a fresh model each run: no recompile limit, no stale graphs
-                    ours[preset], out = run_convattn(preset, precision, compiled, args, work)
+                    ours[preset], out = run_convattn(preset, precision, mode, args, work)
                     if tokenizer is None:  # the tokenizer the runs trained (cached: every run has the same)
                         tokenizer = AutoTokenizer.from_pretrained(out)
                         dataset = bert_dataset(tokenizer, args, work)
                         args.vocabulary = len(tokenizer)
                 torch._dynamo.reset()
-                results = {BERT: run_bert(tokenizer, dataset, precision, compiled, args, work), **ours}
+                results = {BERT: run_bert(tokenizer, dataset, precision, mode, args, work), **ours}
                 for model, row in results.items():
-                    key = (precision, "compiled" if compiled else "eager", model)
+                    key = (precision, "compiled" if mode else "eager", model)
                     samples.setdefault(key, []).append(row)
                     print(f"[{repeat + 1}/{args.repeats}] {precision} {key[1]:8s} {model:32s} "
                           f"{row['tokens_per_second']:9,.0f} tokens/s  warm-up {row['warmup_seconds']:.1f} s",
