@@ -1,4 +1,4 @@
-"""Paired per-seed comparison of `convattn compare` runs (the reproduction tables of RESULTS.md §6).
+"""Paired per-seed comparison of `convattn compare` runs (the reproduction tables of RESULTS.md section 6).
 
 Seed k gives every run the same initialisation seed, data order and masks, so the difference between two
 runs at the same seed and step is a paired measurement: its sign over seeds says more than two overlapping

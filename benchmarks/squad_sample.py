@@ -1,5 +1,5 @@
 """SQuAD v1.1 on the shared 3-article sample: a pretrained checkpoint fine-tuned on some articles and scored
-on a held-out one, against the trivial baselines (RESULTS.md §8).
+on a held-out one, against the trivial baselines (RESULTS.md section 7.2).
 
 The sample (../shared/data/squad/squad-v1.1-dev-sample.json) is split by article, so no context is seen in
 both training and evaluation. Each of `--articles` is held out once (a fold), the model being fine-tuned on
