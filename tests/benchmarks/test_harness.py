@@ -87,3 +87,11 @@ def test_the_kernels_operands_add_one_feature_at_a_time(harness):
                                                     dtype=torch.float32)
     assert row.shape == key.shape == (2, 3, 16, 5) and p == harness.DROPOUT
     assert keep.dtype == torch.bool and keep[0].sum() == 14 and keep[1].all()
+
+
+def test_every_benchmark_script_appends_its_rows_through_the_harness():
+    """A script (a file with a __main__ block) writes its figures as rows of benchmarks/results/ through Run."""
+    scripts = [path for path in sorted(BENCHMARKS.glob("*.py")) if '__name__ == "__main__"' in path.read_text()]
+    assert len(scripts) >= 15
+    silent = [path.name for path in scripts if "harness.Run(" not in path.read_text()]
+    assert not silent, f"{silent} append no row: measure through harness.Run"
