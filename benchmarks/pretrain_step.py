@@ -8,7 +8,8 @@ host) and graphs (`--compile-mode reduce-overhead`: the same kernels replayed as
 its graph breaks and cudagraph skips with their reasons (`compile_events`); a graphs row with any is "not graphed".
 
 Each `convattn pretrain` runs in the stage's process through the command line's own entry (convattn.cli.main), one
-after another; a TrainerCallback added to every transformers.Trainer the process builds measures the steps:
+after another; harness.StepMeter, a TrainerCallback added to every transformers.Trainer the process builds, measures the
+steps:
 
   warm-up   the first steps (compilation, the allocator's first growth, recompilation for a new length);
   timed     the next steps, synchronised at both ends: milliseconds per step, tokens per second (the Trainer's own
