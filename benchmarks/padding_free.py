@@ -33,7 +33,7 @@ import harness
 import torch
 from transformers import BertForSequenceClassification, DataCollatorWithFlattening
 
-import convattn.model as modeling
+import convattn.padding_free as routing
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 
 GLUE = harness.DATA / "glue_data"
@@ -130,7 +130,7 @@ def build_arms(presets: list[str], vocab_size: int, flattened_arm: bool):
 def step_function(model, optimizer, batch: dict, padding_free: bool | None):
     def step() -> None:
         if padding_free is not None:
-            modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE if padding_free else PADDED
+            routing.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE if padding_free else PADDED
         loss = model(**batch).loss
         loss.backward()
         optimizer.step()
@@ -139,7 +139,7 @@ def step_function(model, optimizer, batch: dict, padding_free: bool | None):
     return step
 
 
-PADDING_FREE = dict(modeling.UNPAD_BELOW_REAL_FRACTION)  # the library's default
+PADDING_FREE = dict(routing.UNPAD_BELOW_REAL_FRACTION)  # the library's default
 PADDED = {}  # no device runs padded batches padding-free: today's computation
 
 
@@ -167,7 +167,7 @@ def measure(task: str, arms: dict, task_batches: list[list[dict]], reps: int) ->
                 if rep:
                     seconds[name, index].append(time.perf_counter() - start)
     examples = sum(len(b) for b in task_batches)
-    modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
+    routing.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
     return {
         name: examples / sum(statistics.median(seconds[name, index]) for index in range(len(task_batches)))
         for name in names
@@ -176,7 +176,7 @@ def measure(task: str, arms: dict, task_batches: list[list[dict]], reps: int) ->
 
 def masked_lm_steps(model, optimizer, batches: list[dict], route: dict):
     def steps() -> None:
-        modeling.UNPAD_BELOW_REAL_FRACTION = route
+        routing.UNPAD_BELOW_REAL_FRACTION = route
         for batch in batches:
             model(**batch, return_logits=False).loss.backward()
             optimizer.step()
@@ -211,7 +211,7 @@ def sweep(presets: list[str], vocab_size: int, fractions: list[float], reps: int
                 },
                 reps,
             )
-            modeling.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
+            routing.UNPAD_BELOW_REAL_FRACTION = PADDING_FREE
             examples = ids.shape[0] * ids.shape[1]
             yield preset, keep.float().mean().item(), examples / seconds["padded"], examples / seconds["padding-free"]
 

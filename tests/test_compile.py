@@ -11,7 +11,7 @@ from torch._dynamo.backends.common import aot_autograd
 from convattn import ConvAttnForMaskedLM
 from convattn.attention.relative.dispatch import CPU_DECOMPOSED_MIN_LENGTH
 from convattn.electra import ConvAttnForPreTraining
-from convattn.model import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
+from convattn.losses import MLM_REDUCTIONS, fixed_shape_masked_lm_loss, masked_lm_loss
 from convattn.training.execution import compile_arguments
 
 pytestmark = pytest.mark.slow  # Inductor compiles for seconds per test
@@ -26,6 +26,8 @@ FAMILIES = {
     "composite+conv-qkv": ("chang2021-small/composite+conv-qkv", 24),
     "convbert": ("convbert/small", 24),
     "convbert-key-kernels": ("chang2021-small/convbert", 24),
+    "rotary": ("chang2021-small/composite+rotary", 24),
+    "alibi": ("chang2021-small/alibi", 24),
     "linformer": ("malard/linformer-n128-k32", 24),
     "conv-linformer": ("malard/conv-linformer-n128-k32", 24),
     ELECTRA: ("convbert/small", 24),

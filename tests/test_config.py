@@ -17,8 +17,6 @@ BAD = [
     (dict(position_embedding_type="rotary", hidden_size=12, num_attention_heads=4), "heads' size must be even"),
     (dict(position_embedding_type="rotary", hidden_size=36, num_attention_heads=6, head_ratio=3),
      r"heads' size must be even \(got 9\)"),  # ConvBERT's self-attention heads: (H / 2) / (h / 3), not H / h = 6
-    (dict(position_embedding_type="alibi", relative_terms=["fixed"], relative_out_of_window="zero"),
-     "alibi.*needs relative_out_of_window='clip'"),
     (dict(position_embedding_type="rotary", sequence_projection="linear", linformer_k=32),
      "'rotary' cannot be combined with sequence_projection.*no positions to rotate or to bias"),
     (dict(position_embedding_type="alibi", sequence_projection=["conv", "none"], num_hidden_layers=2, linformer_k=32),

@@ -84,3 +84,21 @@ def test_a_librarys_python_warning_goes_to_the_log_file_and_with_verbose_to_the_
         assert ("pin_memory" in capsys.readouterr().err) == verbose
         assert "py.warnings WARNING" in (folder / "log.txt").read_text()
     console.configure(verbose=False)
+
+
+def test_what_the_process_logs_after_a_command_stays_out_of_its_log_file(checkpoint, tmp_path, monkeypatch):
+    """A command's log.txt is that command's: once main() returns, a library's record in the same process (a test,
+    a notebook) is neither appended to it nor written to a log.txt under a relative folder of the new working
+    folder."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "attention", str(checkpoint), "--text", "the lazy dog", "--output-dir=figs"]) == 0
+    before = (tmp_path / "figs" / "log.txt").read_bytes() if (tmp_path / "figs" / "log.txt").exists() else None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    logging.getLogger("transformers.modeling_utils").warning("a record after the command ended")
+    assert not (elsewhere / "figs").exists()
+    after = (tmp_path / "figs" / "log.txt").read_bytes() if (tmp_path / "figs" / "log.txt").exists() else None
+    assert after == before

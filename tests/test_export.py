@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 import torch
+from helpers.tiers import slow_except
 from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnForMaskedLM, ConvAttnForQuestionAnswering, ConvAttnForSequenceClassification
@@ -15,7 +16,9 @@ from convattn.export import export_program, input_names, output_names
 
 CASES = [("chang2021-small/composite+conv-qkv", ConvAttnForMaskedLM),
          ("chang2021-small/composite+key", ConvAttnForSequenceClassification),
-         ("chang2021-small/convbert", ConvAttnForMaskedLM)]
+         ("chang2021-small/convbert", ConvAttnForMaskedLM),
+         ("chang2021-small/composite+rotary", ConvAttnForMaskedLM),
+         ("chang2021-small/alibi", ConvAttnForSequenceClassification)]
 
 
 def tiny(preset, cls=ConvAttnForMaskedLM, **fields):
@@ -102,11 +105,13 @@ def test_linformer_exports_at_its_fixed_length_for_any_batch(preset):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs the [onnx] extra (onnxruntime)")
-def test_onnx_export_command_matches_eager(tmp_path, capfd):
+@pytest.mark.parametrize("preset", slow_except(["chang2021-small/composite+conv-qkv", "chang2021-small/rotary",
+                                                "chang2021-small/alibi"], "chang2021-small/composite+conv-qkv"))
+def test_onnx_export_command_matches_eager(preset, tmp_path, capfd):
     import onnx
     import onnxruntime
 
-    model = tiny("chang2021-small/composite+conv-qkv")
+    model = tiny(preset)
     model.save_pretrained(tmp_path / "model")
     capfd.readouterr()
     assert main(["export", str(tmp_path / "model"), "--onnx", str(tmp_path / "model.onnx")]) == 0

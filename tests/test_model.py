@@ -15,7 +15,7 @@ from convattn import (
     ConvAttnForTokenClassification,
     ConvAttnModel,
 )
-from convattn.model import masked_lm_loss
+from convattn.losses import masked_lm_loss
 from convattn.presets import preset_names
 
 PRESETS = [p for p in preset_names() if not p.startswith("chang2021-base/")]  # base rows = small rows at 768

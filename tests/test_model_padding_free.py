@@ -9,7 +9,7 @@ from helpers.tiers import slow_except
 from helpers.tiny import randomize_, tiny_config
 from transformers import DataCollatorWithFlattening
 
-import convattn.model as modeling
+import convattn.padding_free as routing
 from convattn import ConvAttnForQuestionAnswering, ConvAttnForSequenceClassification, ConvAttnModel
 from convattn.presets import preset_names
 
@@ -143,7 +143,7 @@ def route(monkeypatch):
     """route("padded") / route("padding-free"): which way the next padded batches go."""
 
     def choose(name: str) -> None:
-        monkeypatch.setattr(modeling, "UNPAD_BELOW_REAL_FRACTION", {"cpu": {"padded": 0.0, "padding-free": 1.0}[name]})
+        monkeypatch.setattr(routing, "UNPAD_BELOW_REAL_FRACTION", {"cpu": {"padded": 0.0, "padding-free": 1.0}[name]})
 
     return choose
 

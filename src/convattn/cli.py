@@ -168,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             return unexpected(args.command)
         say_error(args.command, cause)
         return 2
+    finally:
+        if args.loads_models:
+            from convattn import console
+
+            console.release()
 
 
 def say_error(command: str, message: str) -> None:

@@ -25,8 +25,7 @@ from transformers.activations import ACT2FN
 from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
 # "rotary": RoFormer's rotate-half rotation of every head's queries and keys (Su et al. 2021; attention/rotary.py);
-# with dynamic relative terms, those terms read the rotated queries and keys (so they move, by about 1e-3, when every
-# position shifts: not yet the translation-invariant composition);
+# dynamic relative terms beside it read the queries and keys before the rotation, so every term depends on offsets;
 # "alibi": MosaicBERT's symmetric bias -m_h |i - j| per head (Press et al. 2022; attention/relative/bias.py)
 POSITION_EMBEDDING_TYPES = ("absolute", "none", "rotary", "alibi")
 RELATIVE_TERMS = ("fixed", "dynamic_query", "dynamic_key")
@@ -295,17 +294,13 @@ class ConvAttnConfig(PretrainedConfig):
                     )
 
     def _validate_positions(self) -> None:
-        rotary, alibi = self.position_embedding_type == "rotary", self.position_embedding_type == "alibi"
+        rotary = self.position_embedding_type == "rotary"
         if self.rope_theta != ConvAttnConfig.rope_theta and not rotary:
             raise ValueError(f"rope_theta={self.rope_theta!r} has no effect without rotary positions; set "
                              f"position_embedding_type='rotary' or rope_theta={ConvAttnConfig.rope_theta!r}")
         if rotary and self.attention_head_size % 2:
             raise ValueError(f"position_embedding_type='rotary' rotates pairs of channels, so the attention heads' "
                              f"size must be even (got {self.attention_head_size})")
-        if alibi and self.relative_terms and self.relative_out_of_window == "zero":
-            # the fused paths carry ALiBi's far offsets on the clipped tables' edge columns (bias.py)
-            raise ValueError("position_embedding_type='alibi' with relative_terms needs relative_out_of_window="
-                             "'clip': ALiBi biases every offset, and its far offsets ride on the clipped edge columns")
 
     def _validate_linformer(self) -> None:
         n, k = self.max_position_embeddings, self.linformer_k

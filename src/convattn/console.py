@@ -125,7 +125,7 @@ class RunLog(logging.Handler):
     def attach(self, path: Path) -> None:
         """Append to `path` from now on: a plain file, never a link (refused by name: `check_plain_file`)."""
         check_plain_file(path)
-        self.path = path
+        self.path = path.absolute()  # the folder the command named, whatever the working folder becomes
         lines, self.pending = self.pending, []
         if lines:
             self._append(lines)
@@ -147,11 +147,7 @@ def configure(verbose: bool) -> None:
     import datasets
     import transformers
 
-    for name, (handlers, level, propagate) in _saved.items():  # an earlier command of this process (tests)
-        logger = logging.getLogger(name)
-        logger.handlers, logger.propagate = handlers, propagate
-        logger.setLevel(level)
-    _saved.clear()
+    release()  # an earlier command of this process that did not release (tests calling configure directly)
     _run_log, _verbose = RunLog(), verbose
     if verbose:
         datasets.enable_progress_bars()
@@ -170,6 +166,19 @@ def configure(verbose: bool) -> None:
         logger.setLevel(logging.INFO)
     logging.captureWarnings(False)  # anew: whoever replaced warnings.showwarning since (a test's recorder)
     logging.captureWarnings(True)
+
+
+def release() -> None:
+    """The libraries' loggers as they were before `configure`: a command's end, so that what a process logs
+    afterwards (a test, a notebook calling the library) goes nowhere near that command's log.txt."""
+    global _run_log
+    for name, (handlers, level, propagate) in _saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers, logger.propagate = handlers, propagate
+        logger.setLevel(level)
+    _saved.clear()
+    _run_log = None
+    logging.captureWarnings(False)
 
 
 def log_to(folder: Path) -> Path | None:

@@ -1,4 +1,5 @@
-"""The encoder (embeddings, post-LN layers) and its task heads, as HuggingFace models.
+"""The encoder and its task heads, as HuggingFace models; their layers are layers.py's, their losses losses.py's,
+and the padding-free route padding_free.py's.
 
 Weight names follow HuggingFace BERT/ConvBERT (`embeddings.*`, `embeddings_project`,
 `encoder.layer.{i}.attention.self.*`, `attention.output.{dense,LayerNorm}`, `intermediate.dense`,
@@ -10,12 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
@@ -25,145 +24,23 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.generic import can_return_tuple
 
-from convattn.attention import PackedSequences, TokenMask, attention_kind, build_attention
+from convattn.attention import TokenMask, attention_kind
 from convattn.attention.core import is_tracing
 from convattn.config import ConvAttnConfig, check_attn_implementation
 from convattn.files import follow_umask
 from convattn.flattened_inputs import flattened_sequences
+from convattn.layers import ConvAttnEmbeddings, ConvAttnEncoder
+from convattn.losses import (
+    check_sequence_labels,
+    check_something_masked,
+    check_token_labels,
+    masked_lm_loss,
+    sequence_classification_loss,
+    span_loss,
+    token_classification_loss,
+)
+from convattn.padding_free import flattened, positions_in_sequences, unpadded, worth_unpadding
 from convattn.qa import BEAM, JointQuestionAnsweringOutput, JointSpanHead, answer, default_answer_mask
-
-
-class ConvAttnEmbeddings(nn.Module):
-    """word + token type [+ absolute position] -> LayerNorm -> dropout, all of embedding_size."""
-
-    def __init__(self, config: ConvAttnConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = (
-            nn.Embedding(config.max_position_embeddings, config.embedding_size)
-            if config.position_embedding_type == "absolute" else None
-        )
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.embedding_size)
-        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None) -> Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        batch, n = inputs_embeds.shape[:2]
-        if token_type_ids is None:
-            token_type_ids = torch.zeros(batch, n, dtype=torch.long, device=inputs_embeds.device)
-        embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
-        if self.position_embeddings is not None:
-            if position_ids is None:
-                position_ids = torch.arange(n, device=inputs_embeds.device)[None, :]
-            embeddings = embeddings + self.position_embeddings(position_ids)
-        return self.dropout(self.LayerNorm(embeddings))
-
-
-class GroupedLinear(nn.Module):
-    """ConvBERT's grouped linear layer: contiguous channel groups, weight (G, in/G, out/G), one bias."""
-
-    def __init__(self, in_features: int, out_features: int, num_groups: int):
-        super().__init__()
-        self.num_groups = num_groups
-        self.weight = nn.Parameter(torch.empty(num_groups, in_features // num_groups, out_features // num_groups))
-        self.bias = nn.Parameter(torch.empty(out_features))
-
-    def init_weights(self, std: float) -> None:
-        init.normal_(self.weight, mean=0.0, std=std)
-        init.zeros_(self.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        grouped = x.unflatten(-1, (self.num_groups, -1))
-        out = torch.einsum("...gi,gio->...go", grouped, self.weight)
-        return out.flatten(-2) + self.bias
-
-
-def feed_forward_linear(in_features: int, out_features: int, num_groups: int) -> nn.Module:
-    if num_groups == 1:
-        return nn.Linear(in_features, out_features)
-    return GroupedLinear(in_features, out_features, num_groups)
-
-
-class ConvAttnSelfOutput(nn.Module):
-    """dense -> dropout -> LayerNorm(x + residual)."""
-
-    def __init__(self, config: ConvAttnConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
-
-
-class ConvAttnAttention(nn.Module):
-    def __init__(self, config: ConvAttnConfig, layer_idx: int, shared: nn.ModuleDict):
-        super().__init__()
-        self.self = build_attention(config, layer_idx, shared)
-        self.output = ConvAttnSelfOutput(config)
-
-    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
-        context, probs = self.self(hidden_states, mask, output_attentions)
-        return self.output(context, hidden_states), probs
-
-
-class ConvAttnIntermediate(nn.Module):
-    def __init__(self, config: ConvAttnConfig):
-        super().__init__()
-        self.dense = feed_forward_linear(config.hidden_size, config.intermediate_size, config.num_groups)
-        self.act = ACT2FN[config.hidden_act]
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        return self.act(self.dense(hidden_states))
-
-
-class ConvAttnOutput(nn.Module):
-    def __init__(self, config: ConvAttnConfig):
-        super().__init__()
-        self.dense = feed_forward_linear(config.intermediate_size, config.hidden_size, config.num_groups)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
-
-
-class ConvAttnLayer(GradientCheckpointingLayer):
-    """Post-LN BERT layer: attention -> add & norm -> FFN -> add & norm."""
-
-    def __init__(self, config: ConvAttnConfig, layer_idx: int, shared: nn.ModuleDict):
-        super().__init__()
-        self.attention = ConvAttnAttention(config, layer_idx, shared)
-        self.intermediate = ConvAttnIntermediate(config)
-        self.output = ConvAttnOutput(config)
-
-    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions: bool = False):
-        attention_output, probs = self.attention(hidden_states, mask, output_attentions)
-        return self.output(self.intermediate(attention_output), attention_output), probs
-
-
-class ConvAttnEncoder(nn.Module):
-    def __init__(self, config: ConvAttnConfig):
-        super().__init__()
-        # modules used by several layers (Linformer's layerwise projection); empty otherwise
-        self.shared = nn.ModuleDict()
-        self.layer = nn.ModuleList(ConvAttnLayer(config, i, self.shared) for i in range(config.num_hidden_layers))
-        self.gradient_checkpointing = False
-
-    def forward(self, hidden_states: Tensor, mask: TokenMask | PackedSequences, output_attentions=False,
-                output_hidden_states=False):
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layer:
-            hidden_states, probs = layer(hidden_states, mask, output_attentions)
-            if output_hidden_states:
-                all_hidden += (hidden_states,)
-            if output_attentions:
-                all_attentions += (probs,)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_attentions)
 
 
 class ConvAttnPreTrainedModel(PreTrainedModel):
@@ -223,15 +100,6 @@ class ConvAttnPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-# On these devices, a padded batch whose real tokens fill less than this fraction of it runs padding-free
-# (`unpadded`): its real tokens packed into one stream, attention and convolutions per sequence of similar
-# lengths. CPU, 2 threads, 4 layers at hidden 256 (benchmarks/padding_free.py, RESULTS.md section 13): a
-# fine-tuning step on SST-2 (32 % real tokens) 1.9-2.0x faster; masked-LM steps at n = 128 1.05-1.07x at 90 %
-# real tokens, even at 95 %. Not measured on CUDA yet, where flattened batches (which take the fused kernel's
-# cu_seqlens interface) are the way to skip padding.
-UNPAD_BELOW_REAL_FRACTION = {"cpu": 0.9}
-
-
 def check_in_table(name: str, ids: Tensor | None, size: int, field: str) -> None:
     """Ids that index an embedding table lie inside it (outside, the CPU's lookup is a bare IndexError). Checked on
     CPU only: on a GPU reading the range would wait for the device twice a forward (there a bad id is a device
@@ -274,31 +142,6 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
     def takes_packed_sequences(self) -> bool:
         """Whether every layer computes packed sequences one by one (all but Linformer's)."""
         return all(attention_kind(self.config, i) != "linformer" for i in range(self.config.num_hidden_layers))
-
-    def worth_unpadding(self, keep: Tensor) -> bool:
-        """Whether to run this padded batch padding-free: in training (a training step only reads the real
-        positions' outputs, while evaluation and inference give back every position's, pads included, exactly as
-        before), with enough padding on a device where that measured faster (UNPAD_BELOW_REAL_FRACTION), the same
-        outputs at the real positions (`unpadding_keeps_outputs`), and no graph being traced (torch.compile,
-        export), which cannot branch on the data."""
-        if not self.training or is_tracing() or keep.device.type not in UNPAD_BELOW_REAL_FRACTION:
-            return False
-        mostly_padding = bool(keep.sum() < UNPAD_BELOW_REAL_FRACTION[keep.device.type] * keep.numel())
-        return mostly_padding and self.unpadding_keeps_outputs(keep)
-
-    def unpadding_keeps_outputs(self, keep: Tensor) -> bool:
-        """Whether running this padded batch padding-free gives its real positions today's outputs: every row is
-        right-padded (its real tokens first, so that relative offsets, convolution neighbours and the position
-        the classification head reads stay where they were), and ConvBERT does not let pads into its convolution
-        (convbert_padding="reference"). The pad positions' outputs are zeros instead; heads that read them (the
-        span QA head's softmax runs over every position) turn `runs_padding_free` off."""
-        if not (self.runs_padding_free and self.takes_packed_sequences):
-            return False
-        if self.config.uses_convbert and self.config.convbert_padding != "masked":
-            return False
-        lengths = keep.sum(1, keepdim=True)
-        right_padded = keep == (torch.arange(keep.shape[1], device=keep.device) < lengths)
-        return bool(right_padded.all() and (lengths > 0).all())
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> Tensor:
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -367,7 +210,7 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
                     "with an attention_mask")
             self.check_positions(packed.max_seqlen)
             if position_ids is None:
-                position_ids = self.positions_in_sequences(packed, n, device)
+                position_ids = positions_in_sequences(packed, n, device)
             packed.positions = position_ids  # rotary positions read them
             hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
             return self.encoder(hidden, packed, output_attentions, output_hidden_states)
@@ -376,43 +219,10 @@ class ConvAttnModel(ConvAttnPreTrainedModel):
             keep = torch.ones(batch, n, dtype=torch.bool, device=device)
         else:
             keep = attention_mask.bool().expand(batch, n)
-        if not output_attentions and self.worth_unpadding(keep):
-            return self.unpadded(keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
+        if not output_attentions and worth_unpadding(self, keep):
+            return unpadded(self, keep, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         return self.encoder(hidden, TokenMask(keep, position_ids), output_attentions, output_hidden_states)
-
-    @staticmethod
-    def positions_in_sequences(packed: PackedSequences, total: int, device: torch.device) -> Tensor:
-        """(1, total): 0, 1, ... within each sequence of a stream."""
-        starts = packed.starts.repeat_interleave(packed.lengths)
-        return (torch.arange(total, device=device) - starts.to(device))[None]
-
-    def unpadded(self, keep: Tensor, input_ids, token_type_ids, position_ids, inputs_embeds,
-                 output_hidden_states: bool) -> BaseModelOutput:
-        """The padded batch computed on its real tokens only, packed into one stream (1, total, H); the hidden
-        states come back padded (batch, n, H), zeros at the pad positions."""
-        batch, n = keep.shape
-        packed = PackedSequences.from_lengths(keep.sum(1))
-        token_index = keep.flatten().nonzero()[:, 0]
-
-        def real_tokens(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x.expand(batch, n, *x.shape[2:]).flatten(0, 1)[token_index][None]
-
-        if position_ids is None:
-            position_ids = torch.arange(n, device=keep.device)[None]  # the positions a padded row would have
-        packed.positions = real_tokens(position_ids)
-        hidden = self.embed(real_tokens(input_ids), real_tokens(token_type_ids), packed.positions,
-                            real_tokens(inputs_embeds))
-        encoded = self.encoder(hidden, packed, False, output_hidden_states)
-
-        def padded(stream: Tensor) -> Tensor:
-            rows = stream.new_zeros(batch * n, stream.shape[-1])
-            return rows.index_copy_(0, token_index, stream.flatten(0, 1)).view(batch, n, -1)
-
-        return BaseModelOutput(
-            last_hidden_state=padded(encoded.last_hidden_state),
-            hidden_states=tuple(padded(h) for h in encoded.hidden_states) if output_hidden_states else None,
-        )
 
 
 class MaskedLMHead(nn.Module):
@@ -438,115 +248,6 @@ def _encode(model: ConvAttnPreTrainedModel, input_ids, attention_mask, token_typ
         position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
         output_hidden_states=output_hidden_states, **sequence_offsets,
     )
-
-
-def _flattened(model: ConvAttnPreTrainedModel, hidden: Tensor, position_ids, attention_mask,
-               sequence_offsets: dict) -> PackedSequences | None:
-    """The sequences of a flattened batch as the encoder read them (and checked), for heads that need them."""
-    return flattened_sequences(*hidden.shape[:2], hidden.device, position_ids, attention_mask, **sequence_offsets,
-                               max_position=model.convattn.max_position)
-
-
-def check_token_labels(labels: Tensor, shape: torch.Size) -> None:
-    """One class index per token (-100 where unscored), the input's shape."""
-    # dimension by dimension: under torch.compile the sizes may be symbols
-    if labels.dim() != len(shape) or not all(a == b for a, b in zip(labels.shape, shape, strict=True)):
-        raise ValueError(f"labels must hold one label per token, the input's shape {tuple(shape)} (-100 where "
-                         f"unscored); got {tuple(labels.shape)}")
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise ValueError(f"labels must be integer class indices (-100 where unscored); got {labels.dtype}")
-
-
-def check_something_masked(labels: Tensor, input_ids: Tensor) -> None:
-    """Masked-LM training hides what it scores: labels that are the input itself at every scored position, with most
-    tokens scored, train the model to copy its input. transformers' DataCollatorWithFlattening makes such labels for
-    the flattened batches it builds (where this is checked)."""
-    scored = labels != -100
-    if 2 * int(scored.sum()) > labels.numel() and torch.equal(labels[scored], input_ids[scored]):
-        raise ValueError("labels equal input_ids at every scored position and no token is masked, so masked-LM "
-                         "training would learn to copy its input; mask the batch with convattn.data.flattening."
-                         "FlatteningCollator(masking=DataCollatorForLanguageModeling(tokenizer)) (flattened) or "
-                         "DataCollatorForLanguageModeling(tokenizer) itself (padded)")
-
-
-def check_sequence_labels(labels: Tensor, logits: Tensor, multi_label: bool, flattened: bool) -> None:
-    """One label per sequence (a row of 0/1 targets for multi-label classification); class indices are integers."""
-    count = logits.shape[0]
-    if multi_label:
-        fits, expected = tuple(labels.shape) == tuple(logits.shape), tuple(logits.shape)
-    else:
-        fits, expected = labels.dim() >= 1 and labels.shape[0] == labels.numel() == count, (count,)
-    if not fits:
-        where = "sequences of this flattened batch" if flattened else "rows of this batch"
-        collator = ("; transformers' DataCollatorWithFlattening gives token labels, while "
-                    "convattn.data.flattening.FlatteningCollator keeps one per sequence") if flattened else ""
-        raise ValueError(f"labels must hold one label per sequence, shape {expected} for the {count} {where}; "
-                         f"got {tuple(labels.shape)}{collator}")
-    if logits.shape[-1] > 1 and not multi_label and (labels.is_floating_point() or labels.dtype == torch.bool):
-        raise ValueError(f"labels must be integer class indices; got {labels.dtype}")
-
-
-MLM_REDUCTIONS = ("mean", "sum", "per_example")
-
-
-def scored_rows_bound(positions: int) -> int:
-    """The rows the MLM head runs on under torch.compile: a quarter of the batch's positions, which holds the
-    scored ones of any batch masked at BERT's 15 % but the rarest (`fixed_shape_masked_lm_loss`)."""
-    return positions // 4 + 1
-
-
-def masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy (float32) of `head`'s vocabulary logits at the positions whose label is not -100; the head
-    only runs on those positions. reduction: "mean" over the scored tokens, "sum", or "per_example" (the sum
-    over each row of `labels`, shape (batch,), float64 so that sums over a whole eval set stay exact). Under
-    torch.compile: `fixed_shape_masked_lm_loss`, the same loss."""
-    if reduction not in MLM_REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is not allowed; choose one of 'mean', 'sum', 'per_example'")
-    if torch.compiler.is_compiling():
-        return fixed_shape_masked_lm_loss(head, hidden_states, labels, reduction)
-    scored = labels != -100
-    token_loss = F.cross_entropy(head(hidden_states[scored]).float(), labels[scored], reduction="none")
-    if reduction == "mean":
-        return token_loss.mean()
-    if reduction == "sum":
-        return token_loss.sum()
-    return reduced_token_loss(token_loss, scored.nonzero()[:, 0], labels.shape[0], reduction)
-
-
-def fixed_shape_masked_lm_loss(head: nn.Module, hidden_states: Tensor, labels: Tensor, reduction: str) -> Tensor:
-    """`masked_lm_loss` with every shape known before the data, for torch.compile (selecting the scored rows
-    has a data-dependent size, which would split the graph). The head runs on a fixed number of rows, the scored
-    positions first then unscored ones (their loss 0), when that many hold every scored position; on all of
-    them otherwise (`torch.cond`, a branch inside the graph). The loss is the same either way."""
-    batch, n = labels.shape
-    flat_labels = labels.flatten()
-    scored = flat_labels != -100
-    rows = scored_rows_bound(batch * n)
-
-    # the branches read no view of an operand from outside (torch.cond refuses aliased inputs)
-    def head_on_scored_rows(hidden_states: Tensor, flat_labels: Tensor) -> Tensor:
-        # a stable sort of "unscored?" puts the scored positions first, in order
-        positions = torch.argsort((~scored).to(torch.uint8), stable=True)[:rows]
-        logits = head(hidden_states.flatten(0, -2)[positions]).float()
-        token_loss = F.cross_entropy(logits, flat_labels[positions], ignore_index=-100, reduction="none")
-        return reduced_token_loss(token_loss, positions // n, batch, reduction)
-
-    def head_on_all_rows(hidden_states: Tensor, flat_labels: Tensor) -> Tensor:
-        logits = head(hidden_states.flatten(0, -2)).float()
-        token_loss = F.cross_entropy(logits, flat_labels, ignore_index=-100, reduction="none")
-        examples = torch.arange(batch, device=flat_labels.device).repeat_interleave(n)
-        return reduced_token_loss(token_loss, examples, batch, reduction)
-
-    total = torch.cond(scored.sum() <= rows, head_on_scored_rows, head_on_all_rows, (hidden_states, flat_labels))
-    return total / scored.sum() if reduction == "mean" else total
-
-
-def reduced_token_loss(token_loss: Tensor, example: Tensor, batch: int, reduction: str) -> Tensor:
-    """The sum of token losses ("mean", "sum"), or per example (`example`: each token's row) in float64."""
-    if reduction != "per_example":
-        return token_loss.sum()
-    per_example = torch.zeros(batch, device=token_loss.device, dtype=torch.float64)
-    return per_example.index_add(0, example, token_loss.double())
 
 
 class ConvAttnForMaskedLM(ConvAttnPreTrainedModel):
@@ -618,7 +319,7 @@ class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
-        packed = _flattened(self, hidden, position_ids, attention_mask, sequence_offsets)
+        packed = flattened(self, hidden, position_ids, attention_mask, sequence_offsets)
         if packed is not None:
             hidden = hidden[0, packed.starts][:, None]  # a flattened batch: each sequence's first token
         logits = self.classifier(hidden)
@@ -626,12 +327,7 @@ class ConvAttnForSequenceClassification(ConvAttnPreTrainedModel):
         if labels is not None:
             multi_label = self.num_labels > 1 and self.config.problem_type == "multi_label_classification"
             check_sequence_labels(labels, logits, multi_label, flattened=packed is not None)
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.view(-1).float())
-            elif multi_label:
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels.view(-1))
+            loss = sequence_classification_loss(logits, labels, self.num_labels, multi_label)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
                                         attentions=encoded.attentions)
 
@@ -656,7 +352,7 @@ class ConvAttnForTokenClassification(ConvAttnPreTrainedModel):
         loss = None
         if labels is not None:
             check_token_labels(labels, logits.shape[:2])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+            loss = token_classification_loss(logits, labels)
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states,
                                      attentions=encoded.attentions)
 
@@ -685,7 +381,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
         encoded = _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           output_attentions, output_hidden_states, sequence_offsets)
         hidden = encoded.last_hidden_state
-        if _flattened(self, hidden, position_ids, attention_mask, sequence_offsets) is not None:
+        if flattened(self, hidden, position_ids, attention_mask, sequence_offsets) is not None:
             raise ValueError("question answering takes padded batches (its answer positions count within each "
                              "window); a padded batch with padding runs padding-free inside anyway")
         if self.config.qa_head == "joint":
@@ -697,12 +393,7 @@ class ConvAttnForQuestionAnswering(ConvAttnPreTrainedModel):
         start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
         loss = None
         if start_positions is not None and end_positions is not None:
-            n = start_logits.shape[1]
-            # positions outside the sequence are ignored, as in HF's QA heads
-            start = start_positions.clamp(0, n).masked_fill(start_positions >= n, -100)
-            end = end_positions.clamp(0, n).masked_fill(end_positions >= n, -100)
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=-100)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=-100)) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                             hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 

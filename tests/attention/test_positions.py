@@ -15,6 +15,7 @@ COMPOSED = {
     "composite": dict(relative_terms=["fixed", "dynamic_query"]),
     "composite+key": dict(relative_terms=["fixed", "dynamic_query", "dynamic_key"]),
     "convbert": dict(head_ratio=2),
+    "convbert+key": dict(head_ratio=2, relative_terms=["fixed", "dynamic_query", "dynamic_key"]),
     "conv qkv": dict(conv_projections=["query", "key", "value"]),
     "depthwise": dict(value_depthwise_conv=True),
 }
@@ -68,13 +69,24 @@ def test_rotary_attention_depends_on_position_differences_only(monkeypatch):
     original = rotary.rotate_queries_and_keys
     monkeypatch.setattr(composite, "rotate_queries_and_keys", lambda *args: rotated.append(original(*args)[0])
                         or original(*args))
+    assert_same_when_shifted(built)
+    layers = TINY["num_hidden_layers"]
+    assert len(rotated) == 2 * layers and (rotated[0] - rotated[layers]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("composed", ["composite", "composite+key", "convbert+key"])
+def test_relative_terms_beside_rotary_depend_on_offsets_only(composed):
+    """With dynamic relative terms the model is still translation invariant: the terms read the projections before
+    the rotation (read from the turned ones, the outputs moved by about 1e-3 when every position shifted)."""
+    assert_same_when_shifted(model("rotary", composed))
+
+
+def assert_same_when_shifted(built: ConvAttnModel, shift: int = 5) -> None:
     ids = torch.randint(1, TINY["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         plain = built(ids).last_hidden_state
-        shifted = built(ids, position_ids=torch.arange(7)[None].expand(2, 7) + 5).last_hidden_state
+        shifted = built(ids, position_ids=torch.arange(7)[None].expand(2, 7) + shift).last_hidden_state
     torch.testing.assert_close(shifted, plain, rtol=1e-5, atol=1e-5)
-    layers = TINY["num_hidden_layers"]
-    assert len(rotated) == 2 * layers and (rotated[0] - rotated[layers]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize(("heads", "expected"), [

@@ -172,6 +172,28 @@ def test_transformers_flattening_collator_trains_a_masked_lm_through_the_trainer
     assert "convattn.encoder.layer.0.attention.self.value_conv.weight" in changed
 
 
+@pytest.mark.parametrize("preset", ["chang2021-small/rotary", "chang2021-small/alibi",
+                                    "chang2021-small/composite+rotary"])
+def test_a_flattened_batch_of_rotary_or_alibi_models_has_the_padded_batchs_loss(tokenizer, preset):
+    """DataCollatorWithFlattening's position_ids restart rotary's angles and ALiBi's distances at every example,
+    so its batch has the padded batch's loss."""
+    masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3)
+    masking.generator = torch.Generator().manual_seed(0)
+    features = []
+    for example in pair_examples(tokenizer)[:5]:
+        ids, labels = masking.torch_mask_tokens(
+            torch.tensor([example["input_ids"]]), torch.tensor([example["special_tokens_mask"]])
+        )
+        features.append({"input_ids": ids[0].tolist(), "labels": labels[0].tolist()})
+    torch.manual_seed(0)
+    model = tiny_model(tokenizer, preset=preset).eval()
+    randomize_(model)
+    with torch.no_grad():
+        flattened = model(**DataCollatorWithFlattening()(features)).loss
+        padded = model(**padded_batch(features, tokenizer.pad_token_id)).loss
+    torch.testing.assert_close(flattened, padded, rtol=1e-5, atol=1e-5)
+
+
 def test_examples_with_and_without_token_types_flatten_with_zeros_for_the_missing_ones(tokenizer):
     """A batch mixing sentence pairs (token types 0 and 1) with single sentences (no token_type_ids): those get
     0s, and each example is classified as it is alone."""

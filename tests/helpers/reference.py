@@ -47,13 +47,17 @@ def relative_term(table: Tensor, offset: int, reach: int, clip: bool) -> Tensor 
     return table[..., max(-reach, min(reach, offset)) + reach]
 
 
-def score_with_relative_terms(rel, q_i: Tensor, k_j: Tensor, i: int, j: int, head: int) -> Tensor:
+def score_with_relative_terms(rel, q_i: Tensor, k_j: Tensor, i: int, j: int, head: int,
+                              terms_q_i: Tensor | None = None, terms_k_j: Tensor | None = None) -> Tensor:
     """s_ij = q_i . k_j / sqrt(d) + beta[head, c(j - i)] + q_i . W[:, c(j - i)] / sqrt(d)
-    + k_j . U[:, c(i - j)] / sqrt(d), for the terms `rel` (a RelativePositionBias or None) has."""
+    + k_j . U[:, c(i - j)] / sqrt(d), for the terms `rel` (a RelativePositionBias or None) has; the dynamic terms
+    read terms_q_i / terms_k_j where given (under rotary positions: the query and key before their rotation)."""
     d = q_i.shape[-1]
     s = (q_i @ k_j) / math.sqrt(d)
     if rel is None:
         return s
+    q_i = q_i if terms_q_i is None else terms_q_i
+    k_j = k_j if terms_k_j is None else terms_k_j
     r, clip = rel.reach, rel.clip
     if rel.fixed is not None:
         s = s + relative_term(rel.fixed[head].double(), j - i, r, clip)
@@ -107,16 +111,19 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor
     k = composite_projection(x, module.key).view(batch, n, heads, d)
     values = composite_projection(x, module.value)
     v = values.view(batch, n, heads, d)
-    q, k = rotated(module, q, k, positions)
-    context = relative_attention_loops(module.relative, q, k, v, keep).reshape(batch, n, hidden)
+    turned_q, turned_k = rotated(module, q, k, positions)
+    context = relative_attention_loops(module.relative, turned_q, turned_k, v, keep, q, k).reshape(batch, n, hidden)
     if module.value_conv is not None:
         zeroed = values * keep[..., None].double()
         context = context + depthwise_conv_loops(zeroed, module.value_conv.weight, module.value_conv.bias)
     return context
 
 
-def relative_attention_loops(rel, q: Tensor, k: Tensor, v: Tensor, keep: Tensor) -> Tensor:
-    """Softmax attention with relative terms, one score at a time; q, k, v are (batch, n, heads, d)."""
+def relative_attention_loops(rel, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, terms_q: Tensor | None = None,
+                             terms_k: Tensor | None = None) -> Tensor:
+    """Softmax attention with relative terms, one score at a time; q, k, v are (batch, n, heads, d); the dynamic
+    terms read terms_q, terms_k where given (`score_with_relative_terms`)."""
+    terms_q, terms_k = (q if terms_q is None else terms_q), (k if terms_k is None else terms_k)
     batch, n, heads, d = q.shape
     out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
     for b in range(batch):
@@ -124,7 +131,8 @@ def relative_attention_loops(rel, q: Tensor, k: Tensor, v: Tensor, keep: Tensor)
             for i in range(n):
                 scores = []
                 for j in range(n):
-                    s = score_with_relative_terms(rel, q[b, i, h], k[b, j, h], i, j, h)
+                    s = score_with_relative_terms(rel, q[b, i, h], k[b, j, h], i, j, h, terms_q[b, i, h],
+                                                  terms_k[b, j, h])
                     scores.append(s if keep[b, j] else torch.tensor(-math.inf, dtype=torch.float64))
                 probs = torch.softmax(torch.stack(scores), dim=0)
                 for j in range(n):
@@ -140,8 +148,8 @@ def convbert_self_attention_loops(module, x: Tensor, keep: Tensor, positions: Te
     q = linear(x, module.query).view(batch, n, heads, d)
     k = linear(x, module.key).view(batch, n, heads, d)
     v = linear(x, module.value).view(batch, n, heads, d)
-    q, k = rotated(module, q, k, positions)
-    return relative_attention_loops(module.relative, q, k, v, keep).reshape(batch, n, heads * d)
+    turned_q, turned_k = rotated(module, q, k, positions)
+    return relative_attention_loops(module.relative, turned_q, turned_k, v, keep, q, k).reshape(batch, n, heads * d)
 
 
 def conv_heads_loops(module, x, keep, masked: bool, kernel_from: str = "query"):

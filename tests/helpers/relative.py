@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from convattn import ConvAttnConfig
+from convattn.attention import TokenMask
 from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.convbert import ConvBertMixedAttention
 from helpers.tiny import randomize_
@@ -98,3 +99,30 @@ class MathKernel:
         grad_scores = probs * ((grad_out @ v.mT) * keep - (grad_out * out).sum(-1, keepdim=True))
         grads = grad_scores @ k * scale, grad_scores.mT @ q * scale, (probs * keep).mT @ grad_out
         return tuple(g.to(dtype) for g in grads)
+
+
+def directional_derivatives(layer, x, keep, dropout_p, seed=7, eps=1e-6):
+    """(d/dh f(params + h u), its central difference) for f = <out, w> under a fixed seed, u random: equal only
+    if backward replays the forward's dropout masks."""
+    layer.dropout_p = dropout_p
+    params = [x, *layer.parameters()]
+    generator = torch.Generator().manual_seed(3)
+    directions = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
+    width = layer(x, TokenMask(keep))[0].shape[-1]
+    weights = torch.randn(*x.shape[:2], width, generator=generator, dtype=x.dtype).to(x.device) * keep[..., None]
+
+    def f():
+        torch.manual_seed(seed)
+        return (layer(x, TokenMask(keep))[0] * weights).sum()
+
+    grads = torch.autograd.grad(f(), params)
+    analytic = sum((g * u).sum() for g, u in zip(grads, directions, strict=True)).item()
+    values = []
+    with torch.no_grad():
+        for sign in (1, -1):
+            for p, u in zip(params, directions, strict=True):
+                p += sign * eps * u
+            values.append(f().item())
+            for p, u in zip(params, directions, strict=True):
+                p -= sign * eps * u
+    return analytic, (values[0] - values[1]) / (2 * eps), f().item()

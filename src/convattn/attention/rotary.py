@@ -43,3 +43,13 @@ def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_h
     """query, key (batch, n, heads * d) rotated at positions (batch or 1, n)."""
     cos, sin = rotary_angles(positions, query.shape[-1] // num_heads, theta, query.dtype)
     return rotate(query, cos, sin, num_heads), rotate(key, cos, sin, num_heads)
+
+
+def terms_inputs(relative, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The projections that relative terms reading queries or keys (dynamic_query, dynamic_key) take beside rotary
+    positions: query and key before the rotation, so that each term depends on the offset j - i alone, as without
+    rotary (terms read from turned vectors would change when a whole sequence shifts). None where no term reads
+    them (fixed terms, ALiBi, none)."""
+    if relative is None or not relative.reads_projections:
+        return None
+    return query, key

@@ -170,7 +170,7 @@ def looks_like_utf16(start: bytes) -> bool:
 
 def content_digest(path: Path) -> str:
     """SHA-256 of the file's bytes (32 hex digits), read 1 MiB at a time: less than the UTF-8 check of the same files
-    takes (benchmarks/cache_key.py, RESULTS 14). Computed on every run: a key of size and
+    takes (python benchmarks/cache_key.py). Computed on every run: a key of size and
     times (ctime included) would miss an edit made within the same clock tick as the last read (file times come
     from a coarse clock, whole seconds on some filesystems), and would be stale where attributes are cached (NFS)."""
     digest = hashlib.sha256()

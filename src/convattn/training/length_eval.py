@@ -46,7 +46,7 @@ def blocks_of(stream: torch.Tensor, length: int, cls_id: int, sep_id: int, max_b
 
 @torch.no_grad()
 def perplexity_at(model, tokenizer, blocks: torch.Tensor, seed: int, batch_size: int) -> tuple[float, int]:
-    from convattn.model import masked_lm_loss
+    from convattn.losses import masked_lm_loss
 
     generator = torch.Generator().manual_seed(seed)
     selected = torch.rand(blocks.shape, generator=generator) < MASK_PROBABILITY

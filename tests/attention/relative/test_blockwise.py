@@ -51,8 +51,8 @@ def test_backward_replays_the_forward_dropout_masks():
 
     def kept_whole():
         key_table = relative.key_table(k)
-        return torch.cat([_attend_rows(q[..., s:s + 4, :], k, v, key_table, relative, s, mask, 0.4)
-                          for s in range(0, 13, 4)], dim=-2)
+        return torch.cat([_attend_rows(q[..., s:s + 4, :], k, v, q[..., s:s + 4, :], key_table, relative, s, mask,
+                                       0.4) for s in range(0, 13, 4)], dim=-2)
 
     ours = run(lambda: blockwise_relative_attention(q, k, v, relative, mask, 0.4))
     for got, want in zip(ours, run(kept_whole), strict=True):

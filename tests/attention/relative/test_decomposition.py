@@ -11,7 +11,15 @@ from functools import partial
 import pytest
 import torch
 from helpers.reference import composite_attention_loops, mixed_attention_loops
-from helpers.relative import TERMS, MathKernel, batch, make_convbert_layer, make_layer, output_and_grads
+from helpers.relative import (
+    TERMS,
+    MathKernel,
+    batch,
+    directional_derivatives,
+    make_convbert_layer,
+    make_layer,
+    output_and_grads,
+)
 from helpers.tiers import slow_except
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -146,33 +154,6 @@ def test_default_blocks_match_the_dense_bias(out_of_window):
 
 
 # ---------------------------------------------------------------- dropout
-
-
-def directional_derivatives(layer, x, keep, dropout_p, seed=7, eps=1e-6):
-    """(d/dh f(params + h u), its central difference) for f = <out, w> under a fixed seed, u random: equal only
-    if backward replays the forward's dropout masks."""
-    layer.dropout_p = dropout_p
-    params = [x, *layer.parameters()]
-    generator = torch.Generator().manual_seed(3)
-    directions = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
-    width = layer(x, TokenMask(keep))[0].shape[-1]
-    weights = torch.randn(*x.shape[:2], width, generator=generator, dtype=x.dtype).to(x.device) * keep[..., None]
-
-    def f():
-        torch.manual_seed(seed)
-        return (layer(x, TokenMask(keep))[0] * weights).sum()
-
-    grads = torch.autograd.grad(f(), params)
-    analytic = sum((g * u).sum() for g, u in zip(grads, directions, strict=True)).item()
-    values = []
-    with torch.no_grad():
-        for sign in (1, -1):
-            for p, u in zip(params, directions, strict=True):
-                p += sign * eps * u
-            values.append(f().item())
-            for p, u in zip(params, directions, strict=True):
-                p -= sign * eps * u
-    return analytic, (values[0] - values[1]) / (2 * eps), f().item()
 
 
 @pytest.mark.parametrize("layer_kind", slow_except(["composite", "convbert"], "composite"))

@@ -10,7 +10,15 @@ from functools import partial
 import pytest
 import torch
 from helpers.reference import composite_attention_loops, mixed_attention_loops
-from helpers.relative import TERMS, batch, make_convbert_layer, make_layer, output_and_grads
+from helpers.relative import (
+    TERMS,
+    MathKernel,
+    batch,
+    directional_derivatives,
+    make_convbert_layer,
+    make_layer,
+    output_and_grads,
+)
 from transformers import ModernBertConfig
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
@@ -23,6 +31,7 @@ CASES = {
     "rotary": ("rotary", []),
     "alibi": ("alibi", []),
     "composite+rotary": ("rotary", TERMS["composite"]),
+    "composite+key+rotary": ("rotary", TERMS["composite+key"]),
     "composite+key+alibi": ("alibi", TERMS["composite+key"]),
 }
 LENGTHS, N = (19, 8, 1), 19  # odd lengths, a row of mostly padding
@@ -30,11 +39,12 @@ HIDDEN = 64  # heads of 16 channels: the fused kernel's and FlexAttention's smal
 
 
 # float32 against float64: ConvBERT's layer at 1e-5 fails by 1.4e-5 in one output of its rotary heads out of 1,792
-# (scores of randomised weights reach tens there, sharpening the softmax), and the decomposition with ALiBi and
-# key-based terms by 1.3e-5 of the gradients' scale in one of key.weight's 4,096 (in float64 both agree to 1e-12:
-# `test_the_decomposition_is_exact_in_float64`)
+# (scores of randomised weights reach tens there, sharpening the softmax), and the decomposition with key-based
+# terms by 1.3e-5 (ALiBi: of the gradients' scale in one of key.weight's 4,096; rotary: 1.8e-5 in one output of
+# 1,792); in float64 both agree to 1e-10: `test_the_decomposition_is_exact_in_float64`
 def tolerance(case: str, convbert: bool) -> float:
-    return 3e-5 if convbert or CASES[case][0] == "alibi" else 1e-5
+    kind, terms = CASES[case]
+    return 3e-5 if convbert or kind == "alibi" or "dynamic_key" in terms else 1e-5
 
 
 def layer_and_reference(case: str, convbert: bool):
@@ -75,7 +85,7 @@ def assert_path_matches(layer, reference, tolerance=1e-5):
 
 @pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
 @pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise", "triton"])
-@pytest.mark.parametrize("case", ["alibi", "composite+rotary", "composite+key+alibi"])
+@pytest.mark.parametrize("case", ["alibi", "composite+key+rotary", "composite+key+alibi"])
 def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     """Each path the dispatcher can take for score terms, forced; blocks of 8 queries so that the decomposition's
     fused calls and the blockwise path's blocks are several."""
@@ -106,7 +116,21 @@ def test_attn_implementations_match_the_reference(case, implementation, convbert
     assert_path_matches(layer, reference, tolerance(case, convbert))
 
 
-@pytest.mark.parametrize("case", ["alibi", "composite+key+alibi", "composite+rotary"])
+@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise", "triton"])
+def test_alibi_beside_terms_that_stop_at_their_window(path, monkeypatch):
+    """relative_out_of_window "zero": the terms add nothing past r, ALiBi's -m_h |i - j| goes on at every offset (the
+    decomposition's off-band constants come from ALiBi's table alone)."""
+    if path == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(dispatch, "_packed_kernel_serves", lambda *args: False)
+    layer = make_layer(TERMS["composite+key"], "zero", hidden_size=HIDDEN, position_embedding_type="alibi")
+    with dispatch.forced_path(path):
+        assert_path_matches(layer, partial(composite_attention_loops, layer), 3e-5)
+
+
+@pytest.mark.parametrize("case", ["alibi", "composite+key+alibi", "composite+key+rotary"])
 def test_the_decomposition_is_exact_in_float64(case, monkeypatch):
     """The float32 tolerances above are rounding: in float64 the decomposition, with its fused calls (blocks of 8),
     equals the loop reference to 1e-10 in the output and every gradient."""
@@ -121,6 +145,25 @@ def test_the_decomposition_is_exact_in_float64(case, monkeypatch):
     torch.testing.assert_close(ours[real], expected[real], rtol=0, atol=1e-10)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise"])
+@pytest.mark.parametrize("case", ["alibi", "composite+key+rotary", "composite+key+alibi"])
+def test_backward_replays_the_forward_dropout_on_every_cpu_path(case, path, monkeypatch):
+    """With attention dropout, float64: the gradient along a random direction equals the central difference of the
+    seeded forward only if backward drops what forward dropped (the fused kernel's replay: test_triton_attention).
+    The decomposition runs on the explicit stand-in for the fused kernels (CPU's flash kernel has no dropout)."""
+    monkeypatch.setattr(dispatch, "fused_kernel", lambda device, dtype: MathKernel("blocks"))
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 8)
+    kind, terms = CASES[case]
+    layer = make_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind, dtype=torch.float64)
+    x, keep = batch((21, 12), 21, torch.float64, width=HIDDEN)
+    with dispatch.forced_path(path):
+        analytic, numeric, dropped = directional_derivatives(layer, x, keep, 0.3)
+        _, _, undropped = directional_derivatives(layer, x, keep, 0.0)
+    assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+    assert dropped != pytest.approx(undropped, rel=1e-3)  # the masks did drop probabilities
 
 
 @pytest.mark.parametrize("case", ["alibi", "composite+key+alibi"])

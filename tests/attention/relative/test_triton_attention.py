@@ -10,13 +10,15 @@ from itertools import pairwise
 import pytest
 import torch
 from helpers.reference import relative_term
-from helpers.relative import TERMS, make_convbert_layer, make_layer
+from helpers.relative import TERMS, batch, make_convbert_layer, make_layer
 from helpers.tiers import slow_except
 from helpers.tiny import randomize_, tiny_config
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from convattn import ConvAttnModel
-from convattn.attention import TokenMask
-from convattn.attention.relative import dispatch
+from convattn.attention import PackedSequences, TokenMask
+from convattn.attention.relative import bias, dispatch
 from convattn.attention.relative.bias import RelativePositionBias
 
 pytest.importorskip("triton")
@@ -30,7 +32,8 @@ interpreter_only = pytest.mark.skipif(DEVICE == "cuda", reason="covered under th
 
 
 def reference_scores(q, k, rel: RelativePositionBias | None):
-    """(batch, heads, n, n) float64 scores, each relative term read from its table one pair at a time."""
+    """(batch, heads, n, n) float64 scores, each relative term read from its table one pair at a time, and ALiBi's
+    -m_h |i - j| (i, j the rows: positions within the sequence) where rel has it."""
     q, k = q.double(), k.double()
     n, d = q.shape[-2], q.shape[-1]
     scores = q @ k.mT / math.sqrt(d)
@@ -49,6 +52,8 @@ def reference_scores(q, k, rel: RelativePositionBias | None):
             if rel.key_kernel is not None:
                 u = relative_term(rel.key_kernel.double(), i - j, rel.reach, rel.clip)
                 term = term + (k[..., j, :] @ u / math.sqrt(d) if torch.is_tensor(u) else 0.0)
+            if rel.alibi is not None:
+                term = term - torch.tensor(rel.alibi, dtype=torch.float64, device=q.device) * abs(i - j)
             row.append(term)
         rows.append(torch.stack(row, -1))
     return scores + torch.stack(rows, -2)
@@ -76,9 +81,9 @@ def dq_design(request, monkeypatch):
     return request.param
 
 
-def make_relative(terms, out_of_window, heads, head_dim, reach, seed=0):
-    """Random tables on DEVICE, float64 (the kernel's calls cast them)."""
-    rel = RelativePositionBias(terms, heads, head_dim, reach, out_of_window)
+def make_relative(terms, out_of_window, heads, head_dim, reach, seed=0, alibi=False):
+    """Random tables on DEVICE, float64 (the kernel's calls cast them); ALiBi's slopes with `alibi`."""
+    rel = RelativePositionBias(terms, heads, head_dim, reach, out_of_window, alibi=alibi)
     randomize_(rel, seed)
     return rel.to(DEVICE, torch.float64)
 
@@ -91,12 +96,15 @@ def operands(batch, heads, n, head_dim, seed=0):
 
 
 def kernel_attention(q, k, v, rel, dtype=torch.float32, **kwargs):
-    """The kernel in `dtype`, its tables built by `rel` in that dtype, the output back in float64."""
+    """The kernel in `dtype`, its tables built by `rel` in that dtype (ALiBi as its slopes: no table, reach 0 alone),
+    the output back in float64."""
     q, k, v = (x.to(dtype) for x in (q, k, v))
     if rel is None:
         return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, **kwargs).double()
     row_table, key_table = (None if t is None else t.to(dtype) for t in rel.tables(q, k))
-    out = triton_relative_attention(q, k, v, row_table, key_table, reach=rel.reach, clip=rel.clip, **kwargs)
+    reach = rel.reach if row_table is not None or key_table is not None else 0
+    out = triton_relative_attention(q, k, v, row_table, key_table, reach=reach, clip=rel.clip,
+                                    alibi_slopes=rel.slopes(q), **kwargs)
     return out.double()
 
 
@@ -107,10 +115,10 @@ def relative_error(ours, expected):
 
 
 def check_against_reference(terms, out_of_window, batch, heads, n, head_dim, reach, lengths=None, dtype=torch.float32,
-                            tolerance=1e-4, keep=None):
+                            tolerance=1e-4, keep=None, alibi=False):
     """Output and the gradients of q, k, v and every table parameter, kernel against reference; the key mask right
-    padding to `lengths`, or `keep`."""
-    rel = make_relative(terms, out_of_window, heads, head_dim, reach) if terms else None
+    padding to `lengths`, or `keep`; ALiBi's term with `alibi`."""
+    rel = make_relative(terms, out_of_window, heads, head_dim, reach, alibi=alibi) if terms or alibi else None
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
     if lengths is not None:
         keep = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE)
@@ -206,21 +214,120 @@ def test_plain_attention_without_terms(dq_design):
     check_against_reference([], "clip", batch=2, heads=2, n=23, head_dim=32, reach=0, lengths=[23, 11])
 
 
-@pytest.mark.slow
-def test_packed_variable_lengths_equal_each_sequence_alone(dq_design):
-    lengths, heads, head_dim = [7, 1, 23, 16], 2, 32
-    rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
+def padding_anywhere(n):
+    """Key masks of five rows: left padding, pads scattered among real keys, right padding that leaves whole key tiles
+    (32 keys under the interpreter) of pads, no padding, and no real key at all."""
+    position = torch.arange(n)
+    return torch.stack([position >= 20, (position % 7 != 3) & (position < 61), position < 20,
+                        torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)]).to(DEVICE)
+
+
+# ALiBi alone, and with composite attention's terms (clip mode, which ALiBi's configs require)
+ALIBI_TERMS = {"alibi": [], "composite+alibi": TERMS["composite"], "composite+key+alibi": TERMS["composite+key"]}
+
+
+# fast tier: ALiBi alone here (the reference's pair-by-pair tables take the time), with terms in the dropout test's
+@pytest.mark.parametrize("terms", slow_except(list(ALIBI_TERMS), "alibi"))
+def test_alibi_matches_the_reference_with_padding_anywhere(terms, dq_design):
+    """ALiBi computed inside the kernels, in the forward and the backward's recomputed scores: three heads (slopes
+    2^-4, 2^-8 and 2^-2: not a power of two), odd n over several query and key tiles, so that tiles left of the band,
+    on it and right of it all carry the term, and every padding the kernels tell apart."""
+    n = 75
+    check_against_reference(ALIBI_TERMS[terms], "clip", batch=5, heads=3, n=n, head_dim=32, reach=3,
+                            keep=padding_anywhere(n), alibi=True)
+
+
+class Allocations(TorchDispatchMode):
+    """The shapes of every tensor that torch's operators return while it is active, the backward's too."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
+
+
+def alibi_sized(shapes, lengths, width):
+    """The shapes of `shapes` that an ALiBi bias or table would have: two axes of a sequence's length (n x n), or one
+    and a last axis of `width` (n x (2r + 1))."""
+    return [shape for shape in shapes if sum(size in lengths for size in shape) >= 2
+            or (len(shape) >= 2 and shape[-1] == width and any(size in lengths for size in shape[:-1]))]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_alibi_alone_reaches_the_kernel_as_slopes_without_a_table(packed, monkeypatch):
+    """A layer with ALiBi alone calls the kernel with no table, reach 0 and the heads' slopes; nothing on its path
+    builds ALiBi's tables or bias, and no tensor of n x n or n x (2r + 1) entries is allocated, forward or backward.
+    Control: the decomposition, which carries ALiBi in tables, allocates some that the check finds."""
+    layer = make_layer([], hidden_size=64, position_embedding_type="alibi")
+    width = 2 * layer.relative.reach + 1  # the tables' width where ALiBi rides on them
+    layer.config._attn_implementation = "convattn_triton"
+    x, keep = batch((19, 12), 19, torch.float32, width=64)
+    lengths = {19, 12, 31}  # the padded length, a sequence's, the packed stream's
+
+    def run():
+        with Allocations() as allocations:
+            if packed:
+                out = layer(x[keep][None], PackedSequences.from_lengths(keep.sum(1)))[0]
+            else:
+                out = layer(x, TokenMask(keep))[0]
+            out.pow(2).sum().backward()
+        return allocations.shapes
+
+    if not packed:
+        with dispatch.forced_path("decomposed"):
+            assert alibi_sized(run(), lengths, width)
+    calls = []
+    forward = operator.attention_forward
+    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(args) or forward(*args))
+    for name in ("alibi_table", "kernel_tables", "alibi_bias", "pieces", "forward"):
+        monkeypatch.setattr(RelativePositionBias, name, lambda *args, name=name: pytest.fail(f"{name} was called"))
+    assert alibi_sized(run(), lengths, width) == []
+    [call] = calls
+    row_table, key_table, reach, slopes = call[3], call[4], call[9], call[13]
+    assert row_table is None and key_table is None and reach == 0
+    assert slopes.dtype == torch.float32 and slopes.tolist() == list(layer.relative.alibi)
+
+
+def test_alibi_slopes_are_made_once_and_train_after_inference_mode(monkeypatch):
+    """The slopes tensor is made once per device and dtype, and never as an inference tensor: a layer first run under
+    torch.inference_mode trains afterwards (the kernel's backward saves the slopes)."""
+    monkeypatch.setattr(bias, "_SLOPES", {})
+    layer = make_layer([], hidden_size=64, position_embedding_type="alibi").to(DEVICE)
+    layer.config._attn_implementation = "convattn_triton"
+    x, keep = batch((19, 12), 19, torch.float32, width=64)
+    x, keep = x.detach().to(DEVICE).requires_grad_(), keep.to(DEVICE)
+    with torch.inference_mode():
+        layer(x.detach(), TokenMask(keep))
+    [made] = bias._SLOPES.values()
+    assert not made.is_inference()
+    layer(x, TokenMask(keep))[0].pow(2).sum().backward()
+    [kept] = bias._SLOPES.values()
+    assert x.grad.abs().sum() > 0 and kept is made
+
+
+@pytest.mark.parametrize("terms", slow_except(["composite+key", "alibi", "composite+key+alibi"], "alibi"))
+def test_packed_variable_lengths_equal_each_sequence_alone(terms, dq_design):
+    """Packed sequences (cu_seqlens) against each sequence alone: the tables per token, and ALiBi's positions the
+    offsets from each sequence's start (three heads; one sequence over several tiles)."""
+    lengths, heads, head_dim = [7, 1, 40, 16], 3, 32
+    rel = make_relative(ALIBI_TERMS.get(terms, TERMS.get(terms)), "clip", heads, head_dim, reach=3,
+                        alibi=terms in ALIBI_TERMS)
     sequences = [operands(1, heads, n, head_dim, seed=s) for s, n in enumerate(lengths)]
     # packed (total, heads, d): each sequence's (1, heads, n, d) laid end to end
     q, k, v = (torch.cat([seq[t][0].transpose(0, 1) for seq in sequences]).requires_grad_() for t in range(3))
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     qd, kd, vd = (x.float() for x in (q, k, v))
     # tables of the packed tokens: (1, heads, total, 2r + 1) -> (total, heads, 2r + 1)
-    row_table, key_table = (t[0].transpose(0, 1).float() for t in rel.tables(qd.transpose(0, 1)[None],
-                                                                             kd.transpose(0, 1)[None]))
-    packed = triton_relative_attention(qd, kd, vd, row_table, key_table,
-                                       reach=rel.reach, clip=rel.clip, cu_seqlens=cu_seqlens.to(DEVICE),
-                                       max_seqlen=max(lengths)).double()
+    row_table, key_table = (None if t is None else t[0].transpose(0, 1).float()
+                            for t in rel.tables(qd.transpose(0, 1)[None], kd.transpose(0, 1)[None]))
+    reach = rel.reach if row_table is not None or key_table is not None else 0
+    packed = triton_relative_attention(qd, kd, vd, row_table, key_table, reach=reach, clip=rel.clip,
+                                       cu_seqlens=cu_seqlens.to(DEVICE), max_seqlen=max(lengths),
+                                       alibi_slopes=rel.slopes(qd)).double()
     starts = cu_seqlens.tolist()
     expected = torch.cat([reference_attention(*(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), rel)[0]
                           .transpose(0, 1) for a, b in pairwise(starts)])
@@ -236,10 +343,10 @@ def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
     return (out[..., :n] == 0) & keep[:, None, None, :]
 
 
-@pytest.mark.slow
-def test_dropout_is_replayed_in_backward(dq_design):
+@pytest.mark.parametrize("alibi", slow_except([False, True], True), ids=["composite+key", "composite+key+alibi"])
+def test_dropout_is_replayed_in_backward(alibi, dq_design):
     batch, heads, n, head_dim, dropout_p, seed = 2, 2, 21, 32, 0.3, 7
-    rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)
+    rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3, alibi=alibi)
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
     keep = (torch.arange(n)[None, :] < torch.tensor([n, 15])[:, None]).to(DEVICE)
     dropped = dropped_probabilities(q, k, rel, keep, dropout_p, seed)
@@ -260,7 +367,7 @@ def test_dropout_is_replayed_in_backward(dq_design):
     drawn = torch.randint(0, 2**30, (), device=DEVICE)  # the seed the call above drew first
     q32, k32, v32 = (x.detach().float() for x in (q, k, v))
     tables = [t.detach().float() for t in rel.tables(q32, k32)]
-    options = (0, rel.reach, rel.clip, dropout_p, head_dim**-0.5)
+    options = (0, rel.reach, rel.clip, dropout_p, head_dim**-0.5, rel.slopes(q32))
     out, lse = operator.attention_forward(q32, k32, v32, *tables, keep.view(torch.uint8), None, drawn, *options)
     for replayed, matches in ((drawn, True), (drawn + 1, False)):
         grad_v = operator.attention_backward(weights.float(), q32, k32, v32, out, lse, *tables, keep.view(torch.uint8),
@@ -503,11 +610,12 @@ def operator_arguments(dropout_p=0.2):
 @pytest.mark.slow
 def test_the_kernels_are_operators_that_torch_compile_can_trace():
     """Schema, fake tensors, autograd registration and AOT dispatch of the forward and backward operators
-    (torch.library.opcheck), with dropout and without (the seed then absent)."""
+    (torch.library.opcheck), with dropout and ALiBi's slopes, and without either (the seed then absent, the slopes
+    left to their default)."""
     for dropout_p in (0.2, 0.0):
         args = operator_arguments(dropout_p)
-        if dropout_p == 0:
-            args = (*args[:7], None, *args[8:])
+        slopes = torch.tensor([0.5, 0.25], device=DEVICE)
+        args = (*args[:7], None, *args[8:]) if dropout_p == 0 else (*args, slopes)
         torch.library.opcheck(operator.attention_forward, args)
         args = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args)  # the backward has no backward
         out, lse = operator.attention_forward(*args)

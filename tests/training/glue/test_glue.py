@@ -205,6 +205,7 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     # the finished seed a rerun reuses is named (issue 66: reused without a word)
     assert f"cola: seed 0 already finished in {out}, reused as they are" in printed and "training seed 1" in printed
     assert "cola seed 0: fine-tuning" not in printed
+    assert printed.index("cola: seed 0 already finished") < printed.index("cola seed 1: fine-tuning")  # said first
     assert interrupted.is_file()
     assert all(p.stat().st_mtime_ns == t for p, t in markers.items() if p != interrupted)
 
@@ -280,6 +281,7 @@ def test_from_mnli_without_mnli_runs_is_refused(tiny_checkpoint, fake_glue_data,
             "--from-mnli", "--output-dir", str(tmp_path / "out"), *QUICK]
     assert main(argv) == 2
     assert "add mnli to --task" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused inside the folder's lock: nothing written, no folder left
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -14,7 +14,7 @@ from convattn.cli import main
 from convattn.errors import UsageError
 from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
-from convattn.training.pretrain.budget import lr_factor, parse_duration, time_spent
+from convattn.training.pretrain.budget import parse_duration, time_spent
 from convattn.training.pretrain.options import check_numbers
 from convattn.training.pretrain.resolve import resolve_options
 from convattn.training.recipes import Recipe, resolve_recipe
@@ -83,15 +83,6 @@ def test_a_budget_past_a_year_is_refused_naming_the_option_and_the_maximum(text)
     with pytest.raises(UsageError, match="is more than 365 days"):  # given as a number, not through the parser
         check_numbers(dataclasses.replace(Recipe(preset="chang2021-small/composite"), time_budget=1e300, warmup=0.1))
     assert parse_duration("365d") == 365 * 86400
-
-
-def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
-    assert lr_factor(0.0, 0.1) == 0.0
-    assert lr_factor(0.05, 0.1) == pytest.approx(0.5)
-    assert lr_factor(0.1, 0.1) == pytest.approx(1.0)
-    assert lr_factor(0.55, 0.1) == pytest.approx(0.5)
-    assert lr_factor(1.0, 0.1) == 0.0
-    assert lr_factor(1.2, 0.1) == 0.0  # past the deadline (the last step's overshoot)
 
 
 def test_a_budget_without_steps_keeps_the_recipes_warmup_share():

@@ -80,6 +80,9 @@ def test_fine_tunes_scores_and_resumes(checkpoint, tmp_path, capsys, version):
     printed = capsys.readouterr().err  # the seed reused is named (issue 66)
     assert f"v{version}: seed 0 already finished in {out}, reused as they are" in printed, printed
     assert f"v{version} seed 1: fine-tuning" in printed and f"v{version} seed 0: fine-tuning" not in printed
+    said = ("training questions in", f"v{version}: seed 0 already", f"v{version} seed 1: fine-tuning",
+            f"v{version} seed 1: EM")  # the data, the seeds reused, then each seed trained and its scores
+    assert [printed.index(line) for line in said] == sorted(printed.index(line) for line in said), printed
     assert json.loads((seed / "run.json").read_text()) == run
     results = json.loads((out / "squad_results.json").read_text())
     assert results["seeds"] == [0, 1]

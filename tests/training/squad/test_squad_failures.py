@@ -135,3 +135,31 @@ def test_a_refused_squad_leaves_no_folder_not_even_its_default_parent(checkpoint
     assert main(["squad", "--model", str(checkpoint), "--version", "1.1", "--seeds", "1"]) == 2
     one_error_line(capsys.readouterr().err, "squad", "from the HF hub", "--train-file and --dev-file")
     assert entries(tmp_path) == []
+
+
+def test_a_model_rewritten_between_squad_seeds_never_mixes_into_one_table(checkpoint, tmp_path, capsys, monkeypatch):
+    """As GLUE's (tests/training/glue): a `pretrain --resume` finishing into --model while the seeds run is refused
+    at the next seed's load, the finished seed kept, no results written."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from convattn.training.squad import job
+
+    model, out = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(checkpoint, model)
+    fine_tune = job.fine_tune
+
+    def then_rewrite_the_model(*args, **kwargs):
+        run = fine_tune(*args, **kwargs)
+        weights = load_file(model / "model.safetensors")
+        save_file({name: tensor + 1 for name, tensor in weights.items()}, model / "model.safetensors",
+                  metadata={"format": "pt"})
+        return run
+
+    monkeypatch.setattr(job, "fine_tune", then_rewrite_the_model)
+    assert main(argv("squad", model, out, "--seeds", "2")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("convattn squad: error: --model") and "changed while this job ran" in err
+    seeds = sorted(p.parent.name for p in out.rglob("run.json"))
+    assert seeds == ["seed0"] and not (out / "squad_results.json").exists()

@@ -10,15 +10,19 @@ table with 2r + 1 columns (c(t) = clamp(t, -r, r) + r):
 Offsets beyond r either reuse the edge column ("clip", as the paper's code) or contribute zero
 ("zero", a pure (2r + 1)-tap convolution). The per-row tables are O(n x (2r + 1)); `forward` builds
 the (n x n) bias (never an n x n x d tensor), `pieces` the O(n x (2r + 1)) pieces that decomposition.py
-uses without any n x n tensor, and flex.py and the fused kernel read the tables themselves (`kernel_tables`).
+uses without any n x n tensor, and flex.py and the fused kernel read the tables themselves (`tables`).
 
-ALiBi (Press et al. 2022, in MosaicBERT's symmetric form for encoders) adds -m_h |i - j| to every score, m_h a
-fixed slope per head (`alibi_slopes`), no parameter. The dense paths (`forward`, `bias`) add it as it is. The
-O(n) paths carry it in the same tables, in clip mode: with p = position - c (c any constant, the middle of the
-sequence keeps the entries small), row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s - r) m_h p_j give
-row[i, c(j - i)] + key[j, c(i - j)] = -m_h |i - j| on the band and off it, where clip mode reads the edge
-columns: left of the band -m_h p_i + m_h p_j, right of it m_h p_i - m_h p_j. These entries grow with the
-length (|m_h p| <= m_h n / 2), so the tables are float32 whatever q's dtype.
+ALiBi (Press et al. 2022, in MosaicBERT's symmetric form for encoders) adds -m_h |i - j| to every score, m_h a fixed
+slope per head (`alibi_slopes`), no parameter. The dense paths (`forward`, `bias`) add it as it is. The fused kernel
+computes it from the positions inside itself, as FlashAttention's ALiBi does, and flex.py's score_mod from the query
+and key indices: both take the relative terms' tables without ALiBi (`tables`; none for ALiBi alone) and the slopes
+(`slopes`), and no ALiBi tensor of n entries or more exists on those paths. The decomposition (`pieces`) carries it
+in the tables (`kernel_tables`), in clip mode: with p = position - c (c any constant, the middle of the sequence
+keeps the entries small), row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s - r) m_h p_j give row[i, c(j - i)]
++ key[j, c(i - j)] = -m_h |i - j| on the band and off it, where clip mode reads the edge columns: left of the band
+-m_h p_i + m_h p_j, right of it m_h p_i - m_h p_j. These entries grow with the length (|m_h p| <= m_h n / 2), so
+those tables are float32 whatever q's dtype; ALiBi alone gets reach 1 there, the narrowest band that carries it.
+With terms that stop at the window ("zero"), the off-band constants are ALiBi's table's edge columns alone.
 """
 
 from __future__ import annotations
@@ -43,6 +47,26 @@ def alibi_slopes(heads: int) -> tuple[float, ...]:
     return tuple(geometric(below) + geometric(2 * below)[0::2][:heads - below])
 
 
+# ALiBi's slopes as tensors, by (slopes, dtype, device): a tensor built from Python floats on a GPU is a copy that the
+# host waits for, which every layer's call would otherwise pay
+_SLOPES: dict[tuple[tuple[float, ...], torch.dtype, torch.device], Tensor] = {}
+
+
+def slopes_tensor(slopes: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(heads,) `slopes` on `device`, made once: a plain tensor (made outside inference mode, so that a training call
+    can save it for its backward) is kept; a traced graph's, or a fake tensor, is made anew."""
+    if is_tracing():
+        return torch.tensor(slopes, dtype=dtype, device=device)
+    key = (slopes, dtype, device)
+    if (kept := _SLOPES.get(key)) is not None:
+        return kept
+    with torch.inference_mode(False):
+        made = torch.tensor(slopes, dtype=dtype, device=device)
+    if type(made) is torch.Tensor:
+        _SLOPES[key] = made
+    return made
+
+
 @lru_cache(maxsize=64)
 def relative_columns(n: int, reach: int, clip: bool, device: torch.device) -> Tensor:
     """(n, n) long: the table column for offset j - i at [i, j]; 2r + 1 (a zero column) when cut off."""
@@ -59,9 +83,7 @@ class RelativePositionBias(nn.Module):
                  alibi: bool = False):
         super().__init__()
         if alibi and not terms:
-            reach, out_of_window = 1, "clip"  # ALiBi alone: the narrowest band that carries it
-        if alibi and out_of_window != "clip":
-            raise ValueError("ALiBi rides on the clipped tables' edge columns: out_of_window must be 'clip'")
+            reach, out_of_window = 1, "clip"  # ALiBi alone: the narrowest band that carries it in tables
         width = 2 * reach + 1
         self.reach, self.clip, self.head_dim = reach, out_of_window == "clip", head_dim
         # plain floats, not a buffer: no parameter, nothing saved, nothing for a meta-device load to lose
@@ -70,6 +92,11 @@ class RelativePositionBias(nn.Module):
         self.query_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_query" in terms else None
         self.key_kernel = nn.Parameter(torch.empty(head_dim, width)) if "dynamic_key" in terms else None
         self.init_weights()
+
+    @property
+    def reads_projections(self) -> bool:
+        """Whether a term reads the queries or keys (dynamic_query, dynamic_key), not only the offsets."""
+        return self.query_kernel is not None or self.key_kernel is not None
 
     def init_weights(self, std: float | None = None) -> None:
         # the paper's code: beta starts at zero, W and U use nn.Linear's default (uniform +-1/sqrt(2r+1))
@@ -96,32 +123,30 @@ class RelativePositionBias(nn.Module):
         (batch, heads, n, 2r + 1) at [j, c(i - j)] (dynamic_key); None for absent terms. ALiBi not included."""
         return self.row_table(q), self.key_table(k)
 
-    def slopes(self, like: Tensor) -> Tensor:
-        """(heads,) ALiBi's slopes in float32 (float64 for float64 operands), on like's device."""
-        return torch.tensor(self.alibi, dtype=torch.promote_types(like.dtype, torch.float32), device=like.device)
+    def slopes(self, like: Tensor) -> Tensor | None:
+        """(heads,) ALiBi's slopes in float32 (float64 for float64 operands), on like's device; None without ALiBi.
+        What the fused kernel and flex.py take beside `tables`."""
+        if self.alibi is None:
+            return None
+        return slopes_tensor(self.alibi, torch.promote_types(like.dtype, torch.float32), like.device)
 
-    def alibi_table(self, like: Tensor, positions: Tensor | None = None, center: float | None = None) -> Tensor:
+    def alibi_table(self, like: Tensor) -> Tensor:
         """(1, heads, n, 2r + 1): sign(t - r) m_h (p_i - c), ALiBi as both its row and its key table (module
-        docstring). positions: (n,) the tokens' positions (default 0 .. n - 1, n = like.shape[-2]); center: c
-        (default the middle of 0 .. n - 1)."""
+        docstring), positions p 0 .. n - 1 (n = like.shape[-2]), c their middle."""
         n = like.shape[-2]
         slopes = self.slopes(like)
-        if positions is None:
-            positions = torch.arange(n, device=like.device)
-        if center is None:
-            center = (n - 1) / 2
         signs = torch.arange(-self.reach, self.reach + 1, device=like.device).sign().to(slopes.dtype)
-        centred = positions.to(slopes.dtype) - center
+        centred = torch.arange(n, device=like.device).to(slopes.dtype) - (n - 1) / 2
         return (slopes[:, None, None] * centred[None, :, None] * signs)[None]
 
-    def kernel_tables(self, q: Tensor, k: Tensor, positions: Tensor | None = None,
-                      center: float | None = None) -> tuple[Tensor | None, Tensor | None]:
+    def kernel_tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """`tables` with ALiBi added (float32 tables then, whatever q's dtype; the key table as wide as k's batch):
-        what the paths that read tables take (flex.py, the fused kernel, `pieces`)."""
+        what `pieces` builds the decomposition's pieces from. The fused kernel and flex.py compute ALiBi themselves
+        and take `tables`."""
         row_table, key_table = self.tables(q, k)
         if self.alibi is None:
             return row_table, key_table
-        alibi = self.alibi_table(q, positions, center)
+        alibi = self.alibi_table(q)
         row_table = alibi if row_table is None else row_table.to(alibi.dtype) + alibi
         key_table = alibi.expand(k.shape[0], *alibi.shape[1:]) if key_table is None else \
             key_table.to(alibi.dtype) + alibi
@@ -151,7 +176,7 @@ class RelativePositionBias(nn.Module):
 
     def pieces(self, q: Tensor, k: Tensor) -> dict[str, Tensor | None]:
         """The same bias as `forward` in O(n (2r + 1)) pieces for decomposition.py:
-        band (batch, heads, n, 2r + 1), bias of key i + t - r at [i, t]; and, in clip mode, the
+        band (batch, heads, n, 2r + 1), bias of key i + t - r at [i, t]; and, in clip mode or with ALiBi, the
         off-band constants (batch, heads, n) per query row and per key, left and right of the band."""
         batch, heads, n, _ = q.shape
         reach, width = self.reach, 2 * self.reach + 1
@@ -165,12 +190,15 @@ class RelativePositionBias(nn.Module):
             key_band = padded[..., index]
             band = key_band if band is None else band + key_band
         pieces = dict(band=band, row_left=None, row_right=None, key_left=None, key_right=None)
-        if self.clip:
-            if row_table is not None:
-                pieces["row_left"] = row_table[..., 0].expand(batch, heads, n)
-                pieces["row_right"] = row_table[..., 2 * reach].expand(batch, heads, n)
-            if key_table is not None:
-                pieces["key_left"], pieces["key_right"] = key_table[..., 2 * reach], key_table[..., 0]
+        if not self.clip:
+            # off the band the terms add nothing and ALiBi alone continues: its own table's edge columns
+            row_table = key_table = None if self.alibi is None else self.alibi_table(q)
+        if row_table is not None:
+            pieces["row_left"] = row_table[..., 0].expand(batch, heads, n)
+            pieces["row_right"] = row_table[..., 2 * reach].expand(batch, heads, n)
+        if key_table is not None:
+            key_table = key_table.expand(batch, *key_table.shape[1:])
+            pieces["key_left"], pieces["key_right"] = key_table[..., 2 * reach], key_table[..., 0]
         return pieces
 
     def forward(self, q: Tensor, k: Tensor, first_row: int = 0) -> Tensor:

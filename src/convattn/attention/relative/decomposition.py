@@ -70,10 +70,9 @@ def _acc(x: Tensor) -> torch.dtype:
 def block_size(n: int, reach: int, tiling: str) -> int:
     """Queries per block. "blocks": the CPU kernel tiles a call's queries by 32 below 192 queries and by 64
     from there, and costs about a quarter less per score with 64; wider windows cost explicit work (S + 2r
-    keys per query) and memory. One composite layer, forward + backward, 2 threads, against plain SDPA:
-    S = 256 beat 192, 160, 128 and 64 at n = 512 (1.52x against 1.84x, 1.81x, 1.62x and 1.76x) and
-    tied with 128 at n = 2048 (1.33x and 1.32x). "causal": the window only carries the band, so narrow
-    blocks waste least."""
+    keys per query) and memory. S = 256 was the fastest of 64-256 at n = 512 (one composite layer, forward and
+    backward: 1.52x plain SDPA's time; measure again by patching this function under python
+    benchmarks/attention_layer.py). "causal": the window only carries the band, so narrow blocks waste least."""
     return max(2 * reach, min(n, 64 if tiling == "causal" else 256))
 
 

@@ -24,16 +24,13 @@ from convattn.attention.relative.flex import flex_relative_attention
 from convattn.attention.relative.kernels import fused_kernel
 from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
-# Below this length the dense bias with SDPA's math kernel is as fast on CPU (one attention layer, 2
-# threads, forward+backward vs plain SDPA, composite / composite+key, minimum of 7 steps: n = 64 dense
-# 1.14x / 1.18x, decomposed 1.11x / 1.20x; n = 128 dense 1.16x / 1.33x, decomposed 1.24x / 1.33x; n = 256
-# dense 1.67x / 2.30x, decomposed 1.53x / 1.37x) and the dense bias is small.
+# Below this length the dense bias (SDPA's math kernel) is as fast on CPU as the decomposition and small; at 256
+# the decomposition took 1.53x plain SDPA's time against the dense bias's 1.67x (composite, one layer, forward and
+# backward). Measure again: python benchmarks/attention_layer.py --shapes 128x16,256x16 --decomposed-from N
 CPU_DECOMPOSED_MIN_LENGTH = 256
-# From this length on the blockwise path serves attention dropout on CPU, whose fused kernel has no dropout.
-# One layer, 2 threads, attention dropout 0.1, against plain SDPA with dropout (its math kernel), peak RSS of
-# a fresh process: at n = 512 blockwise took 1.90x the time and 0.93x the memory, the dense bias 1.14x and
-# 1.11x; at n = 2048 blockwise 2.02x the time and 0.51x the memory (771 MiB against 1,520). The forward
-# computed twice is worth paying where the dense bias's memory grows as n^2.
+# From this length on the blockwise path serves attention dropout on CPU, whose fused kernel has no dropout: it
+# computes the forward twice, worth it where the dense bias's memory grows as n^2 (at 2,048 half the dense bias's
+# peak memory). Measure again: python benchmarks/attention_layer.py --attention-dropout 0.1 --decomposed-from N
 CPU_BLOCKWISE_MIN_LENGTH = 2048
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -153,9 +150,8 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
         return forced
     if attn_implementation == "flex_attention":
         return "flex" if dropout_p == 0.0 and q.shape[-1] >= 16 else "dense"
-    # On CUDA the kernel is the default at every length: on an H200 (RESULTS 7e, one layer, bf16) it was 1.1-4.0x
-    # faster than the decomposition from n = 128 to 8,192 except at 8,192 with dropout (which the decomposition
-    # computes wrongly in padded rows there), and 4-185x faster than the dense bias from n = 512 (0.9-1.8x at 128)
+    # On CUDA the kernel is the default at every length: on an H200 it was faster than the decomposition from n = 128
+    # to 8,192 (at least 1.1x) and than the dense bias from n = 512 (python benchmarks/attention_gpu.py)
     if _triton_serves(attn_implementation, q.device, q.dtype):
         return "triton"
     kernel, n = fused_kernel(q.device, q.dtype), q.shape[-2]
@@ -169,10 +165,13 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask, *,
-                       dropout_p: float, attn_implementation: str,
-                       need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                       dropout_p: float, attn_implementation: str, need_weights: bool = False,
+                       tables_from: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(d) + relative terms + padding mask) with dropout, times v: q, k, v (batch, heads,
-    n, d) -> (batch, heads, n, d), and the probabilities when `need_weights`; plain attention without terms."""
+    n, d) -> (batch, heads, n, d), and the probabilities when `need_weights`; plain attention without terms.
+    tables_from: the queries and keys (as q, k) that the dynamic relative terms read, where they are not q and k:
+    under rotary positions q and k are turned by their positions, and terms read from them would depend on where
+    a sequence sits, not only on offsets; the terms read the projections before the rotation."""
     if relative is None and attn_implementation == TRITON_IMPLEMENTATION and not need_weights:
         return _triton(q, k, v, None, mask, dropout_p), None
     if relative is None:
@@ -180,49 +179,53 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
                       need_weights=need_weights)
     path = relative_path(q, attn_implementation, dropout_p, need_weights)
     keep = mask.keep if mask.has_padding else None
+    table_q, table_k = tables_from or (q, k)
     if path == "decomposed":
         if relative.alibi is not None and q.dtype in (torch.float16, torch.bfloat16):
             # ALiBi's per-key constants grow with the length (m_h n / 2) and ride on a column of k: in half
             # precision they would lose whole units, so these operands attend in float32
-            out = decomposed_relative_attention(*(x.float() for x in (q, k, v)), relative.pieces(q.float(), k.float()),
-                                                keep, relative.reach, dropout_p, fused_kernel(q.device, torch.float32))
+            pieces = relative.pieces(table_q.float(), table_k.float())
+            out = decomposed_relative_attention(*(x.float() for x in (q, k, v)), pieces, keep, relative.reach,
+                                                dropout_p, fused_kernel(q.device, torch.float32))
             return out.to(q.dtype), None
         kernel = fused_kernel(q.device, q.dtype)
-        return decomposed_relative_attention(q, k, v, relative.pieces(q, k), keep, relative.reach, dropout_p,
-                                             kernel), None
+        return decomposed_relative_attention(q, k, v, relative.pieces(table_q, table_k), keep, relative.reach,
+                                             dropout_p, kernel), None
     if path == "triton":
-        return _triton(q, k, v, relative, mask, dropout_p), None
+        return _triton(q, k, v, relative, mask, dropout_p, tables_from), None
     if path == "blockwise":
-        return blockwise_relative_attention(q, k, v, relative, mask, dropout_p), None
+        return blockwise_relative_attention(q, k, v, relative, mask, dropout_p, tables_from), None
     if path == "flex":
-        return flex_relative_attention(q, k, v, relative, keep), None
-    return attend(q, k, v, bias=relative(q, k), mask=mask, dropout_p=dropout_p,
+        return flex_relative_attention(q, k, v, relative, keep, tables_from), None
+    return attend(q, k, v, bias=relative(table_q, table_k), mask=mask, dropout_p=dropout_p,
                   attn_implementation=attn_implementation, need_weights=need_weights)
 
 
 def attention_per_sequence(query: Tensor, key: Tensor, value: Tensor, num_heads: int,
                            relative: RelativePositionBias | None, mask: TokenMask | PackedSequences, *,
-                           dropout_p: float, attn_implementation: str,
-                           need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                           dropout_p: float, attn_implementation: str, need_weights: bool = False,
+                           tables_from: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
     """`relative_attention` of the projections (batch, n, heads * d) -> context (batch, n, heads * d), each sequence
     attending within itself: a padded batch as it is, a packed stream (1, total, heads * d) through the fused
     kernel's variable-length interface where it serves, otherwise on zero-padded blocks of sequences of similar
     lengths. The probabilities, when asked, are those of one block of all sequences (batch, heads, longest,
-    longest)."""
+    longest). tables_from: the projections the relative terms read, as query and key (`relative_attention`)."""
     if isinstance(mask, PackedSequences) and not need_weights and _packed_kernel_serves(query, relative,
                                                                                          attn_implementation,
                                                                                          dropout_p):
-        return _triton_packed(query, key, value, num_heads, relative, mask, dropout_p), None
+        return _triton_packed(query, key, value, num_heads, relative, mask, dropout_p, tables_from), None
     probs = []
 
-    def attend_block(query: Tensor, key: Tensor, value: Tensor, block_mask: TokenMask) -> Tensor:
-        q, k, v = (split_heads(x, num_heads) for x in (query, key, value))
+    def attend_block(query: Tensor, key: Tensor, value: Tensor, *table_inputs_and_mask) -> Tensor:
+        *table_inputs, block_mask = table_inputs_and_mask
+        q, k, v, *tables_from_heads = (split_heads(x, num_heads) for x in (query, key, value, *table_inputs))
         context, block_probs = relative_attention(q, k, v, relative, block_mask, dropout_p=dropout_p,
-                                                  attn_implementation=attn_implementation, need_weights=need_weights)
+                                                  attn_implementation=attn_implementation, need_weights=need_weights,
+                                                  tables_from=tuple(tables_from_heads) or None)
         probs.append(block_probs)
         return merge_heads(context)
 
-    return mask.per_block(attend_block, query, key, value, grouped=not need_weights), probs[0]
+    return mask.per_block(attend_block, query, key, value, *(tables_from or ()), grouped=not need_weights), probs[0]
 
 
 def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, attn_implementation: str,
@@ -238,33 +241,39 @@ def _packed_kernel_serves(query: Tensor, relative: RelativePositionBias | None, 
 
 
 def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, relative: RelativePositionBias | None,
-                   mask: PackedSequences, dropout_p: float) -> Tensor:
+                   mask: PackedSequences, dropout_p: float, tables_from: tuple[Tensor, Tensor] | None = None) -> Tensor:
     triton_relative_attention = _kernel(query.device)
     total = query.shape[1]
     q, k, v = (x.flatten(0, 1).unflatten(-1, (num_heads, -1)) for x in (query, key, value))  # (total, heads, d)
     row_table = key_table = None
     if relative is not None:
         # the tables are per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
-        # ALiBi's entries at the positions within each sequence, centred on the longest's middle (bias.py)
-        row_table, key_table = relative.kernel_tables(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                                      mask.positions_in_sequences()[0].to(q.device),
-                                                      (mask.max_seqlen - 1) / 2)
+        table_q, table_k = (split_heads(x, num_heads) for x in tables_from or (query, key))
+        row_table, key_table = relative.tables(table_q, table_k)
         row_table, key_table = (None if t is None else t[0].expand(num_heads, total, -1).transpose(0, 1).contiguous()
                                 for t in (row_table, key_table))
-    out = triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach if relative else 0,
-                                    clip=relative.clip if relative else True, dropout_p=dropout_p,
-                                    cu_seqlens=mask.cu_seqlens.to(torch.int32), max_seqlen=mask.max_seqlen)
+    out = triton_relative_attention(q, k, v, row_table, key_table, **_kernel_terms(relative, row_table, key_table, q),
+                                    dropout_p=dropout_p, cu_seqlens=mask.cu_seqlens.to(torch.int32),
+                                    max_seqlen=mask.max_seqlen)
     return out.flatten(-2)[None]
 
 
+def _kernel_terms(relative: RelativePositionBias | None, row_table: Tensor | None, key_table: Tensor | None,
+                  q: Tensor) -> dict:
+    """The kernel's reach, clip and ALiBi's slopes for `relative`'s tables (`tables`, which leave ALiBi out: the
+    kernel computes it from the positions, so ALiBi alone sends no table and takes reach 0)."""
+    if relative is None:
+        return dict(reach=0, clip=True)
+    tables = row_table is not None or key_table is not None
+    return dict(reach=relative.reach if tables else 0, clip=relative.clip, alibi_slopes=relative.slopes(q))
+
+
 def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask | None,
-            dropout_p: float) -> Tensor:
+            dropout_p: float, tables_from: tuple[Tensor, Tensor] | None = None) -> Tensor:
     triton_relative_attention = _kernel(q.device)
     keep = mask.keep if mask is not None and mask.has_padding else None
-    if relative is None:
-        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, keep=keep, dropout_p=dropout_p)
-    row_table, key_table = relative.kernel_tables(q, k)
-    return triton_relative_attention(q, k, v, row_table, key_table, reach=relative.reach, clip=relative.clip,
+    row_table, key_table = relative.tables(*(tables_from or (q, k))) if relative is not None else (None, None)
+    return triton_relative_attention(q, k, v, row_table, key_table, **_kernel_terms(relative, row_table, key_table, q),
                                      keep=keep, dropout_p=dropout_p)
 
 

@@ -1,8 +1,9 @@
 """Relative-position attention with FlexAttention, for attn_implementation="flex_attention".
 
-A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as bias.py builds and
-masks pad keys. (A BlockMask could skip whole blocks of pad keys, but building one per batch,
-create_block_mask, cost 4-6 ms on an H100: more than the attention itself at n = 512 and 2048.)
+A score_mod adds the relative terms read from the same O(n (2r + 1)) tables as bias.py builds, ALiBi's
+-m_h |i - j| computed from the query and key indices (no table), and masks pad keys. (A BlockMask could
+skip whole blocks of pad keys, but building one per batch, create_block_mask, cost 4-6 ms on an H100:
+more than the attention itself at n = 512 and 2048.)
 On CUDA the compiled kernel never forms an n x n matrix; on CPU, flex_attention runs eagerly
 (forward only: torch 2.13 has no CPU backward), which the tests use to check the score_mod against the reference.
 """
@@ -24,10 +25,11 @@ def _compiled_flex():
 
 
 def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias,
-                            keep: Tensor | None) -> Tensor:
+                            keep: Tensor | None, tables_from: tuple[Tensor, Tensor] | None = None) -> Tensor:
     batch, heads, n, _ = q.shape
     reach, clip = relative.reach, relative.clip
-    row_table, key_table = relative.kernel_tables(q, k)  # with ALiBi's, when it has them
+    row_table, key_table = relative.tables(*(tables_from or (q, k)))
+    slopes = relative.slopes(q)
     if row_table is not None:
         row_table = row_table.expand(batch, heads, n, 2 * reach + 1)
 
@@ -42,6 +44,8 @@ def flex_relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativeP
             bias = bias + key_table[b, h, kv_idx, 2 * reach - column]
         if not clip:
             bias = torch.where(offset.abs() <= reach, bias, torch.zeros_like(bias))
+        if slopes is not None:
+            bias = bias - slopes[h] * offset.abs()
         score = score + bias
         if keep is not None:
             score = torch.where(keep[b, kv_idx], score, -float("inf"))

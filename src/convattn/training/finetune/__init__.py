@@ -1,5 +1,7 @@
 """What every fine-tuning task (glue/, squad/) shares; a new task builds on these.
 
+    driver.py      `run_job`: the protocol (every check in the promised order, the seeds, the results) for a
+                   task's `FineTuneJob`, which supplies its data, settings and scoring
     recipes.py     `FineTuneRecipe` (a paper's hyperparameters for a task, typed; a task's recipe class may add
                    keys) and the recipe names shipped for each task
     settings.py    `FineTuneSettings` (the Trainer's fields; a task's settings class adds its own) and recipe

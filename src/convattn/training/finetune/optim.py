@@ -8,6 +8,7 @@ from torch import nn
 from transformers import Trainer
 
 from convattn.training.guards import FiniteTraining
+from convattn.training.schedule import ScheduledTrainer
 
 LAYER_INDEX = re.compile(r"(?:^|\.)layer\.(\d+)\.")
 EMBEDDINGS = re.compile(r"(?:^|\.)embeddings(?:_project)?\.")
@@ -46,7 +47,7 @@ def layerwise_param_groups(model: nn.Module, learning_rate: float, weight_decay:
     return list(groups.values())
 
 
-class LayerDecayTrainer(FiniteTraining, Trainer):
+class LayerDecayTrainer(ScheduledTrainer, FiniteTraining, Trainer):
     """Trainer whose AdamW has one parameter group per depth (layer-wise lr decay); linear warmup/decay as usual.
     It stops at the first non-finite loss and never saves non-finite weights (`FiniteTraining`)."""
 

@@ -6,7 +6,8 @@ shares, layer-wise lr decay included, is in training/finetune/).
     data.py       a task's splits, tokenized
     run.py        one task x seed: fine-tune, score the dev sets, predict the test sets -> run.json
     results.py    aggregation over seeds -> glue_results.json, glue_results.md, submission/
-    job.py        `run_glue`: checks, every task and seed (finished runs skipped), aggregation
+    job.py        `run_glue`: GLUE's `FineTuneJob` (its tasks' data, settings, scores) run by the
+                  fine-tuning driver (checks, every task and seed, finished runs skipped, aggregation)
 
 Layout of an output directory: glue_model.json (the model fine-tuned: its fingerprint keys the reuse of finished
 runs), runs/<task>/seed<k>/ (see run.py), glue_results.json, glue_results.md,

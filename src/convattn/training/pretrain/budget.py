@@ -1,6 +1,7 @@
 """Pretraining to a time budget, as academic-budget BERT (Izsak et al. 2021) and cramming (Geiping & Goldstein
 2022) do: the learning rate warms up linearly over a fraction of the budget, then decays linearly to zero exactly
-at the deadline, whatever step that is; evaluations and checkpoints fall on a grid of the budget.
+at the deadline, whatever step that is (training/schedule.py makes that schedule from this clock); evaluations
+and checkpoints fall on a grid of the budget.
 
 The clock counts training steps only: evaluation and checkpoint saving are measurements and do not spend the
 budget, so rows of a comparison evaluated on different eval sets still train equally long. By default it counts
@@ -61,14 +62,6 @@ def format_duration(seconds: float) -> str:
         return f"{seconds:g} s"
     hours, minutes = divmod(round(seconds / 60), 60)
     return " ".join(part for part in (f"{hours} h" if hours else "", f"{minutes} min" if minutes else "") if part)
-
-
-def lr_factor(fraction: float, warmup: float) -> float:
-    """The learning-rate multiplier at `fraction` of the budget: linear warmup over the first `warmup` of it,
-    then linear decay to zero at the deadline."""
-    if fraction < warmup:
-        return fraction / warmup
-    return max(0.0, (1.0 - fraction) / (1.0 - warmup))
 
 
 CLOCKS = ("compute", "wall")
@@ -249,8 +242,3 @@ def time_spent(checkpoint: Path) -> dict:
     if "wall_spent" not in saved:
         return {"wall": float(saved["spent"]), "compute": float(saved["spent"])}
     return {"wall": float(saved["wall_spent"]), "compute": float(saved["compute_spent"])}
-
-
-def budget_scheduler(optimizer: torch.optim.Optimizer, clock: TrainingClock, warmup: float):
-    """A LambdaLR that reads the clock: the step count does not enter the schedule."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: lr_factor(clock.fraction, warmup))

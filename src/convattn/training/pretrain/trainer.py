@@ -11,15 +11,17 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, se
 from convattn.config import ConvAttnConfig
 from convattn.console import say, world_size
 from convattn.electra import ConvAttnForPreTraining
-from convattn.model import ConvAttnForMaskedLM, masked_lm_loss
+from convattn.losses import masked_lm_loss
+from convattn.model import ConvAttnForMaskedLM
 from convattn.remote_code import without_remote_code
 from convattn.runs.pretrain import checkpoints_dir
 from convattn.training.execution import compile_arguments, precision_flags, settle_launcher, stays_on_cpu
 from convattn.training.guards import FiniteTraining
-from convattn.training.pretrain.budget import TrainingClock, budget_scheduler
+from convattn.training.pretrain.budget import TrainingClock
 from convattn.training.pretrain.options import PretrainOptions, per_device_batch
 from convattn.training.ranges import MAX_STEPS
 from convattn.training.recipes import Recipe, warmup_steps
+from convattn.training.schedule import ScheduledTrainer
 
 EVAL_SEED = 1234
 # the Trainer's step count for a run that only its clock ends, evaluates and saves: the step maximum, years of
@@ -35,9 +37,9 @@ def build_model(recipe: Recipe, config: ConvAttnConfig, tokenizer: PreTrainedTok
     return ConvAttnForPreTraining(config) if recipe.objective == "electra" else ConvAttnForMaskedLM(config)
 
 
-class PretrainTrainer(FiniteTraining, Trainer):
+class PretrainTrainer(ScheduledTrainer, FiniteTraining, Trainer):
     """`Trainer` whose evaluation sums token losses over the whole eval set (exact perplexity), and which stops at
-    the first non-finite loss."""
+    the first non-finite loss; its schedule follows `clock` where a time budget sets one (`ScheduledTrainer`)."""
 
     def __init__(self, *args, objective: str, throughput, clock: TrainingClock | None = None, warmup: float = 0.0,
                  eval_collator=None, **kwargs):
@@ -50,12 +52,6 @@ class PretrainTrainer(FiniteTraining, Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         with without_remote_code():  # convattn resumes a checkpoint itself: the model folder alone carries the code
             super()._save_checkpoint(model, trial)
-
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
-        if self.clock is None or self.lr_scheduler is not None:
-            return super().create_scheduler(num_training_steps, optimizer)
-        self.lr_scheduler = budget_scheduler(optimizer or self.optimizer, self.clock, self.warmup)
-        return self.lr_scheduler
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:

@@ -1,36 +1,26 @@
-"""The SQuAD job (ELECTRA's protocol): check everything, fine-tune each seed (a run; finished seeds skipped),
-aggregate."""
+"""The SQuAD job (ELECTRA's protocol): SQuAD's data, settings and scoring in the fine-tuning driver's order
+(`run_job`: check everything, fine-tune each seed, finished seeds skipped, aggregate)."""
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from convattn.console import log_to, processes, say, say_launch
+from convattn.console import say
 from convattn.data.squad import check_regular_file, check_version, load_squad
 from convattn.errors import UsageError
-from convattn.runs.finetune import SQUAD_MODEL_RECORD, check_restartable, foreign_files, layout, reused_seeds
-from convattn.runs.folder import check_output_folder, run_folder_lock
-from convattn.runs.replace import drop_replaced_if_standing, recover_replaced_run, replaces, replacing
-from convattn.training.finetune.failures import new_job, seed_attempt
-from convattn.training.finetune.models import check_save_models, publish_best
-from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, fitted_max_length, load_pretrained
+from convattn.runs.finetune import layout
+from convattn.training.finetune.driver import FineTuneJob, Publish, Task, run_job
+from convattn.training.finetune.pretrained import PretrainedModel, fitted_max_length
+from convattn.training.finetune.recipes import FineTuneRecipe
 from convattn.training.finetune.settings import check_trains, given_overrides
-from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 from convattn.training.squad.features import encode_split
 from convattn.training.squad.results import aggregate
-from convattn.training.squad.run import SquadData, fine_tune, squad_seed_dir
+from convattn.training.squad.run import SquadData, fine_tune
 from convattn.training.squad.settings import SquadSettings, fitted_windows, load_squad_recipe, resolve_settings
 
-MODEL_FILE = SQUAD_MODEL_RECORD  # the model every seed of the folder fine-tuned
 SQUAD = layout("squad")  # what --overwrite moves aside and gives back
-
-
-def check_finished_runs(output_dir: Path, version: str, settings: SquadSettings, seeds: int) -> None:
-    for seed in range(seeds):
-        check_finished_settings(squad_seed_dir(output_dir, version, seed), settings)
-    check_no_more_seeds(squad_seed_dir(output_dir, version, 0).parent, seeds)
 
 
 def load_data(version: str, train_file: Path | None, dev_file: Path | None, tokenizer, settings: SquadSettings,
@@ -59,64 +49,71 @@ def run_squad(model: str, version: str, output_dir: Path, train_file: Path | Non
               overrides: dict | None = None, save_models: str = "best", overwrite: bool = False) -> dict:
     """Fine-tune `model` on SQuAD `version` for each seed (skipping finished ones), then aggregate output_dir.
     `overwrite`: replace the job output_dir holds (kept aside until the first seed of the new one finishes)."""
-    check_version(version)
-    for given in (train_file, dev_file):  # a missing file first: it is the cause, not settings that differ
-        if given is not None:
-            check_regular_file(Path(given))
-    check_save_models(save_models)
-    squad_recipe = load_squad_recipe(recipe)
-    seeds = seeds or squad_recipe.seeds
-    overrides = given_overrides(overrides)
-    given = frozenset(overrides)  # chosen on the command line: refused where they do not fit the model, not fitted
-    check_output_folder(output_dir)
-    pretrained = load_pretrained(model, "squad", "fine-tuning it with its own transformers span head (head=span, "
-                                                 "not ELECTRA's joint head)")
-    if not pretrained.tokenizer.is_fast:
-        raise UsageError(f"{model}: SQuAD needs a fast tokenizer (character offsets); this one is "
-                         f"{type(pretrained.tokenizer).__name__}")
-    settings = fitted_settings(resolve_settings(squad_recipe, pretrained.base_size, overrides), given, pretrained)
-    with run_folder_lock(output_dir):  # a failure before the first write leaves nothing behind
-        recover_replaced_run(output_dir, SQUAD)
-        replace = replaces(output_dir, SQUAD, lambda out: foreign_files(out, "squad"), overwrite)
-        if not replace:  # the seeds of the job replaced are neither reused nor checked
-            check_finished_runs(output_dir, version, settings, seeds)
-        pending = [s for s in range(seeds)
-                   if replace or finished_run(squad_seed_dir(output_dir, version, s)) is None]
-        check_restartable(output_dir, "squad", [squad_seed_dir(output_dir, version, s) for s in pending])
-        data = load_data(version, train_file, dev_file, pretrained.tokenizer, settings,
-                         pretrained.token_types) if pending else None
-        if data:
-            check_trains(settings, len(data.train), f"SQuAD v{version}", unit="windows")
-        with replacing(output_dir, SQUAD, replace), new_job(output_dir, SQUAD):
-            check_same_model(output_dir, model, MODEL_FILE)  # the first write
-            log_to(output_dir)
-            say_launch("squad")
-            if data:
-                say("squad", f"v{version}: {data.train_questions:,} training questions in {len(data.train):,} "
-                             f"windows, {len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
-            if line := reused_seeds(f"v{version}", seeds, pending, output_dir):
-                say("squad", line)
-            for seed in pending:
-                run_seed(version, seed, settings, data, model, pretrained.tokenizer, output_dir, save_models != "none")
-                drop_replaced_if_standing(output_dir, SQUAD)  # a job --overwrite replaces goes once this one has a seed
-            results = aggregate(output_dir, version)
-            if results["best_seed"] is not None:
-                best = results["best_seed"]
-                seed_dirs = {seed: squad_seed_dir(output_dir, version, seed) for seed in results["seeds"]}
-                published = publish_best(output_dir, f"squad{version}", seed_dirs, best,
-                                         finished_run(seed_dirs[best]), save_models)
-                results["model_dir"] = str(published) if published else None
+    return run_job(SquadJob(model=model, output_dir=output_dir, seeds=seeds, save_models=save_models,
+                            overwrite=overwrite, version=version, train_file=train_file, dev_file=dev_file,
+                            recipe=recipe, overrides=overrides or {}))
+
+
+@dataclass(kw_only=True)
+class SquadJob(FineTuneJob):
+    """SQuAD's pieces of the fine-tuning protocol: one version's questions, settings and scores."""
+
+    version: str
+    train_file: Path | None
+    dev_file: Path | None
+    recipe: str
+    overrides: dict
+    # what the driver's calls find, in its order: the recipe, the model and the settings, the data
+    squad_recipe: FineTuneRecipe = field(init=False)
+    pretrained: PretrainedModel = field(init=False)
+    settings: SquadSettings = field(init=False)
+    data: SquadData = field(init=False)
+
+    layout = SQUAD
+    foreign_use = "fine-tuning it with its own transformers span head (head=span, not ELECTRA's joint head)"
+
+    def check_inputs(self) -> None:
+        check_version(self.version)
+        # a missing file first: it is the cause, not settings that differ
+        for given in (self.train_file, self.dev_file):
+            if given is not None:
+                check_regular_file(Path(given))
+        self.squad_recipe = load_squad_recipe(self.recipe)
+        self.seeds = self.seeds or self.squad_recipe.seeds
+
+    def fitted_tasks(self, pretrained: PretrainedModel) -> list[Task]:
+        if not pretrained.tokenizer.is_fast:
+            raise UsageError(f"{self.model}: SQuAD needs a fast tokenizer (character offsets); this one is "
+                             f"{type(pretrained.tokenizer).__name__}")
+        self.pretrained = pretrained
+        given = frozenset(given_overrides(self.overrides))  # the command line's: refused where they do not fit
+        self.settings = fitted_settings(resolve_settings(self.squad_recipe, pretrained.base_size, self.overrides),
+                                        given, pretrained)
+        return [Task(f"squad{self.version}", f"v{self.version}", self.settings)]
+
+    def read_data(self, names: list[str]) -> None:
+        if names:
+            self.data = load_data(self.version, self.train_file, self.dev_file, self.pretrained.tokenizer,
+                                  self.settings, self.pretrained.token_types)
+            check_trains(self.settings, len(self.data.train), f"SQuAD v{self.version}", unit="windows")
+
+    def prepare(self, task: Task) -> SquadData:
+        data = self.data
+        say("squad", f"v{self.version}: {data.train_questions:,} training questions in {len(data.train):,} "
+                     f"windows, {len(data.dev):,} dev questions in {len(data.dev_windows):,} windows")
+        return data
+
+    def train_seed(self, task: Task, seed: int, data: SquadData, path: Path, identity: str) -> list[str]:
+        run = fine_tune(self.version, seed, self.settings, data, self.model, self.pretrained.tokenizer, path,
+                        self.save_models != "none", identity)
+        headline = run["scores"].get("best_f1", run["scores"]["f1"])
+        em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
+        return [f"EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)"]
+
+    def aggregate(self, publish: Publish) -> dict:
+        """squad_results.*; models/squad<version>/ (`results["model_dir"]`) once a seed has finished."""
+        results = aggregate(self.output_dir, self.version)
+        if results["best_seed"] is not None:
+            published = publish(f"squad{self.version}", results["best_seed"], results["seeds"])
+            results["model_dir"] = str(published) if published else None
         return results
-
-
-def run_seed(version: str, seed: int, settings: SquadSettings, data: SquadData, model: str, tokenizer,
-             output_dir: Path, save_model: bool) -> None:
-    path = squad_seed_dir(output_dir, version, seed)
-    if path.exists():
-        shutil.rmtree(path)  # an interrupted seed (no run.json): start it again
-    say("squad", f"v{version} seed {seed}: fine-tuning on {processes()}")
-    with seed_attempt(path):
-        run = fine_tune(version, seed, settings, data, model, tokenizer, path, save_model)
-    headline = run["scores"].get("best_f1", run["scores"]["f1"])
-    em = run["scores"].get("best_exact", run["scores"].get("exact_match", run["scores"].get("exact")))
-    say("squad", f"v{version} seed {seed}: EM {em:.1f}, F1 {headline:.1f} ({run['seconds']:.0f} s)")

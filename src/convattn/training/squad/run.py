@@ -27,6 +27,7 @@ from convattn.files import write_json_atomic
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
+from convattn.training.finetune.pretrained import check_unchanged
 from convattn.training.finetune.trainer import RUN_FILE, fine_tuning_arguments, padding_collator, train_quietly
 from convattn.training.guards import check_finite_weights
 from convattn.training.squad.features import Progress
@@ -90,11 +91,15 @@ def load_qa_model(model_source: str, head: str):
 
 
 def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData, model_source: str,
-              tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool = False) -> dict:
-    """Fine-tune one seed, answer every dev question and score the answers; returns (and writes) run.json."""
+              tokenizer: PreTrainedTokenizerBase, path: Path, save_model: bool = False,
+              identity: str | None = None) -> dict:
+    """Fine-tune one seed, answer every dev question and score the answers; returns (and writes) run.json.
+    `identity`: the fingerprint `model_source` must still have once loaded."""
     start = time.time()
     set_seed(seed)  # the new span head's initialisation and the data order
     model = load_qa_model(model_source, settings.head)
+    if identity is not None:
+        check_unchanged(model_source, identity)
     collator = padding_collator(SquadCollator, tokenizer, settings)
     trainer = LayerDecayTrainer(
         model=model, args=fine_tuning_arguments(path, settings, seed, "squad"), train_dataset=data.train,

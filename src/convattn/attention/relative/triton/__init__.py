@@ -10,7 +10,9 @@ built outside the kernel. In "zero" mode the terms vanish where |j - i| > r. The
 (Dao 2023) with the tables read inside it: a tile of (query, key) pairs wholly left of the band (j < i - r)
 adds only A[i, 0] + B[j, 2r], one wholly right (j > i + r) only A[i, 2r] + B[j, 0], and a tile that touches
 the band gathers its columns. The loops over key tiles run in those three regions (LEFT, BAND, RIGHT), so the
-gather is paid on about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
+gather is paid on about (BLOCK_M + 2r) / BLOCK_N tiles per query block. ALiBi's -m_h |i - j| (bias.py) is no
+table: given the heads' slopes, the kernels add it to every score of every tile, computed from the positions
+within the sequence, as FlashAttention's ALiBi is.
 
 Dropout draws its mask from Philox (`tl.randint4x`, seven rounds: sixteen bytes a call, a byte per score, the
 sixteen scores of a call chosen so that the numbers land where the scores are; dropout_keep) keyed by (seed +

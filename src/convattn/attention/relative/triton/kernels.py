@@ -10,6 +10,11 @@ key j < i - r: only A[i, 0] + B[j, 2r] in clip mode), BAND, touching it (the tab
 RIGHT, wholly right of it (j > i + r: only A[i, 2r] + B[j, 0]). Every loop over tiles runs region by region, so the
 gather is paid on about (BLOCK_M + 2r) / BLOCK_N tiles per query block.
 
+With HAS_ALIBI, every score of every region also gets ALiBi's -m_h |i - j| in float32 (FlashAttention's ALiBi): m_h
+the head's slope (SLOPES, read once per program), i and j the positions within the sequence (a packed sequence's
+offsets from its start). It is computed from the positions, no table read, in the forward and in the backward's
+recomputed scores. Without it nothing of the term is compiled: SLOPES is then a pointer the kernels never read.
+
 Compile-time constants (tl.constexpr, upper case) are passed by keyword.
 """
 
@@ -58,21 +63,36 @@ def edge(T, rows, n, s_s, COLUMN: tl.constexpr, HAS: tl.constexpr):
 
 
 @triton.jit
-def score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, REGION: tl.constexpr,
+def alibi_slope(SLOPES, head, HAS_ALIBI: tl.constexpr):
+    """ALiBi's slope m_h of `head` in float32 and log2 units (times log2 e); 0 without ALiBi (SLOPES not read)."""
+    if HAS_ALIBI:
+        return tl.load(SLOPES + head).to(tl.float32) * LOG2E
+    return (head * 0).to(tl.float32)  # unused: one return type for both
+
+
+@triton.jit
+def score_tile(q, k, A, B, i, j, row_edge, key_edge, slope, n, sa_s, sb_s, scale, REGION: tl.constexpr,
                REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
-               PRECISION: tl.constexpr):
+               HAS_ALIBI: tl.constexpr, PRECISION: tl.constexpr):
     """Scores in log2 units of queries i (BLOCK_M,) and keys j (BLOCK_N,) of one REGION; the edges (a LEFT or RIGHT
-    tile's terms) come in log2 units."""
+    tile's terms) and ALiBi's slope come in log2 units."""
     if REGION == BAND and (HAS_ROW or HAS_KEY):
         # The gathered terms enter as the product's accumulator, in q . k units. Added to the product's result
         # instead, the gather's own layout spread from them into the softmax, which Triton then computed twice,
         # once per layout, with the tile converted between them through shared memory.
         bias = band_bias(A, B, i[:, None], j[None, :], n, sa_s, sb_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW,
                          HAS_KEY=HAS_KEY) * (1.0 / scale)
-        return tl.dot(q, tl.trans(k), acc=bias, input_precision=PRECISION) * (scale * LOG2E)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (scale * LOG2E)
-    if REGION != BAND and CLIP and (HAS_ROW or HAS_KEY):
-        s += row_edge[:, None] + key_edge[None, :]
+        s = tl.dot(q, tl.trans(k), acc=bias, input_precision=PRECISION) * (scale * LOG2E)
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (scale * LOG2E)
+        if REGION != BAND and CLIP and (HAS_ROW or HAS_KEY):
+            s += row_edge[:, None] + key_edge[None, :]
+    if HAS_ALIBI:
+        # From two ranges, no load: nothing ties the term to a layout, so it is computed in the product's. The
+        # positions are converted per row and per key, not per score (exact below 2^24), leaving a subtraction and a
+        # multiply-add per score, the absolute value an operand modifier. Rows past n and pad keys get finite terms;
+        # they are discarded or masked as without ALiBi.
+        s -= slope * tl.abs(i.to(tl.float32)[:, None] - j.to(tl.float32)[None, :])
     return s
 
 
@@ -207,11 +227,11 @@ def band_tiles(start, n, SIZE: tl.constexpr, OTHER: tl.constexpr, REACH: tl.cons
 
 
 @triton.jit
-def forward_region(acc, m_i, l_i, q, i, i0, row_edge, K, V, A, B, KEEP, first, last, n, key_end, holes, seed,
-                   rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, REGION: tl.constexpr, REACH: tl.constexpr,
-                   CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
-                   DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   PRECISION: tl.constexpr):
+def forward_region(acc, m_i, l_i, q, i, i0, row_edge, slope, K, V, A, B, KEEP, first, last, n, key_end, holes,
+                   seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale, REGION: tl.constexpr,
+                   REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
+                   HAS_ALIBI: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """The online softmax (FlashAttention-2) over the key tiles first .. last of one REGION."""
     d = tl.arange(0, BLOCK_D)
     for start in range(first, last, BLOCK_N):
@@ -220,8 +240,9 @@ def forward_region(acc, m_i, l_i, q, i, i0, row_edge, K, V, A, B, KEEP, first, l
         k = tl.load(K + j[:, None] * sk_s + d[None, :], mask=operand_mask, other=0.0)
         key_edge = edge(B, j, n, sb_s, COLUMN=0 if REGION == RIGHT else 2 * REACH,
                         HAS=HAS_KEY and CLIP and REGION != BAND)
-        s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, REGION=REGION, REACH=REACH,
-                       CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, PRECISION=PRECISION)
+        s = score_tile(q, k, A, B, i, j, row_edge, key_edge, slope, n, sa_s, sb_s, scale, REGION=REGION,
+                       REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI,
+                       PRECISION=PRECISION)
         s = mask_pads(s, KEEP, j, start, key_end, holes, HAS_KEEP=HAS_KEEP)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -237,11 +258,11 @@ def forward_region(acc, m_i, l_i, q, i, i0, row_edge, K, V, A, B, KEEP, first, l
 
 
 @triton.jit(do_not_specialize=["seqlen", "rng_stride", "length_bucket"])
-def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqlen, rng_stride, heads,
+def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, SLOPES, OUT, LSE, p_drop, scale, seqlen, rng_stride, heads,
                    sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_s,
                    sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, length_bucket,
                    REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr,
-                   HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
+                   HAS_ALIBI: tl.constexpr, HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """The output of one query block and its rows' log2-sum-exp (LSE), which the backward reads."""
@@ -272,24 +293,27 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, OUT, LSE, p_drop, scale, seqle
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     seed = dropout_seed(SEED, tl.program_id(1), DROPOUT=DROPOUT)
+    slope = alibi_slope(SLOPES, head, HAS_ALIBI=HAS_ALIBI)
     band_first, band_last = band_tiles(i0, n, SIZE=BLOCK_M, OTHER=BLOCK_N, REACH=REACH)
     left = edge(A, i, n, sa_s, COLUMN=0, HAS=HAS_ROW and CLIP)
     right = edge(A, i, n, sa_s, COLUMN=2 * REACH, HAS=HAS_ROW and CLIP)
-    acc, m_i, l_i = forward_region(acc, m_i, l_i, q, i, i0, left, K, V, A, B, KEEP, 0,
+    acc, m_i, l_i = forward_region(acc, m_i, l_i, q, i, i0, left, slope, K, V, A, B, KEEP, 0,
                                    tl.minimum(band_first, key_end), n, key_end, holes, seed, rng_stride, p_drop,
                                    sk_s, sv_s, sa_s, sb_s, scale, REGION=LEFT, REACH=REACH, CLIP=CLIP,
-                                   HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT,
-                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
-    acc, m_i, l_i = forward_region(acc, m_i, l_i, q, i, i0, left, K, V, A, B, KEEP, band_first,
+                                   HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI, HAS_KEEP=HAS_KEEP,
+                                   DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                                   PRECISION=PRECISION)
+    acc, m_i, l_i = forward_region(acc, m_i, l_i, q, i, i0, left, slope, K, V, A, B, KEEP, band_first,
                                    tl.minimum(band_last, key_end), n, key_end, holes, seed, rng_stride, p_drop,
                                    sk_s, sv_s, sa_s, sb_s, scale, REGION=BAND, REACH=REACH, CLIP=CLIP,
-                                   HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT,
-                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
-    acc, m_i, l_i = forward_region(acc, m_i, l_i, q, i, i0, right, K, V, A, B, KEEP, band_last, key_end, n,
-                                   key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale,
+                                   HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI, HAS_KEEP=HAS_KEEP,
+                                   DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                                   PRECISION=PRECISION)
+    acc, m_i, l_i = forward_region(acc, m_i, l_i, q, i, i0, right, slope, K, V, A, B, KEEP, band_last, key_end,
+                                   n, key_end, holes, seed, rng_stride, p_drop, sk_s, sv_s, sa_s, sb_s, scale,
                                    REGION=RIGHT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY,
-                                   HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                                   BLOCK_N=BLOCK_N, PRECISION=PRECISION)
+                                   HAS_ALIBI=HAS_ALIBI, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM,
+                                   BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
     out = acc / l_i[:, None]
     if DROPOUT:
         out = out / (1.0 - p_drop)
@@ -397,11 +421,12 @@ def backward_preprocess(DO, OUT, DELTA, DQ_ACC, DA_ACC, CU, seqlen, heads, split
 
 
 @triton.jit
-def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge, Q, DO, LSE, DELTA, A, B, DA, DB,
-                    DQ_ACC, DA_ACC, first, last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s,
-                    sdb_s, sacc_s, scale, REGION: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
-                    HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
+def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge, slope, Q, DO, LSE, DELTA, A, B, DA,
+                    DB, DQ_ACC, DA_ACC, first, last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s,
+                    sda_s, sdb_s, sacc_s, scale, REGION: tl.constexpr, REACH: tl.constexpr, CLIP: tl.constexpr,
+                    HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                    ATOMIC: tl.constexpr):
     """The query tiles first .. last, for which the key block j lies in REGION, and the five products of each: the
     scores Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, and dQ's share dS K (into the accumulator)."""
     d = tl.arange(0, BLOCK_D)
@@ -416,8 +441,9 @@ def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge
         delta = tl.load(DELTA + i, mask=rows, other=0.0)
         row_edge = edge(A, i, n, sa_s, COLUMN=0 if REGION == LEFT else 2 * REACH,
                         HAS=HAS_ROW and CLIP and REGION != BAND)
-        s = score_tile(q, k, A, B, i, j, row_edge, key_edge, n, sa_s, sb_s, scale, REGION=REGION, REACH=REACH,
-                       CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, PRECISION=PRECISION)
+        s = score_tile(q, k, A, B, i, j, row_edge, key_edge, slope, n, sa_s, sb_s, scale, REGION=REGION,
+                       REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI,
+                       PRECISION=PRECISION)
         if padded:  # pads get no probability, so they send nothing to dQ or the row table
             s = tl.where(real[None, :], s, -1.0e30)
         p = tl.exp2(s - lse[:, None])
@@ -464,9 +490,9 @@ def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge
 
 @triton.jit
 def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
-                        seed, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s, sdb_s,
-                        sacc_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
-                        HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
+                        seed, slope, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s,
+                        sdb_s, sacc_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+                        HAS_KEY: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
     """dK, dV and the key table's gradient of the keys j0 .. j0 + BLOCK_N - 1, and their shares of dQ and of the row
@@ -497,20 +523,20 @@ def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB,
         right = edge(B, j, n, sb_s, COLUMN=0, HAS=HAS_KEY and CLIP)
         left = edge(B, j, n, sb_s, COLUMN=2 * REACH, HAS=HAS_KEY and CLIP)
         dk, dv, db_low, db_high = backward_region(
-            dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
-            0, band_first, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s, scale,
-            REGION=RIGHT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
+            dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, slope, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC,
+            DA_ACC, 0, band_first, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s,
+            scale, REGION=RIGHT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI,
+            DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
         dk, dv, db_low, db_high = backward_region(
-            dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
-            band_first, band_last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s,
-            scale, REGION=BAND, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
+            dk, dv, db_low, db_high, k, v, j, j0, real, padded, right, slope, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC,
+            DA_ACC, band_first, band_last, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s,
+            sacc_s, scale, REGION=BAND, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI,
+            DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
         dk, dv, db_low, db_high = backward_region(
-            dk, dv, db_low, db_high, k, v, j, j0, real, padded, left, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC, DA_ACC,
-            band_last, n, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s, scale,
-            REGION=LEFT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, DROPOUT=DROPOUT,
-            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
+            dk, dv, db_low, db_high, k, v, j, j0, real, padded, left, slope, Q, DO, LSE, DELTA, A, B, DA, DB, DQ_ACC,
+            DA_ACC, band_last, n, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s,
+            scale, REGION=LEFT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI,
+            DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
         # pads' columns of P and dS were masked: their dK and dV are zero
         tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
         tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
@@ -522,11 +548,12 @@ def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB,
 
 
 @triton.jit(do_not_specialize=["seqlen", "rng_stride", "splits", "stats_size", "length_bucket"])
-def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, p_drop, scale,
-                    seqlen, rng_stride, heads, splits, stats_size, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h,
-                    sv_s, sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, sdb_b, sdb_h,
-                    sdb_s, sacc_split, sacc_b, sacc_h, sacc_s, length_bucket, REACH: tl.constexpr,
-                    CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_KEEP: tl.constexpr,
+def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, SLOPES, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, p_drop,
+                    scale, seqlen, rng_stride, heads, splits, stats_size, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b,
+                    sv_h, sv_s, sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, sdb_b,
+                    sdb_h, sdb_s, sacc_split, sacc_b, sacc_h, sacc_s, length_bucket, REACH: tl.constexpr,
+                    CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    HAS_KEEP: tl.constexpr,
                     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
     """The key blocks split, split + splits, .. of one (sequence, head), one after another (key_block_gradients),
@@ -556,12 +583,13 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, DO, LSE, DELTA, DK, DV, DA, D
     DQ_ACC += accumulator * sacc_split + start_of(batch, head, first, sacc_b, sacc_h, sacc_s)
     key_end, holes = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
     seed = dropout_seed(SEED, tl.program_id(1), DROPOUT=DROPOUT)
+    slope = alibi_slope(SLOPES, head, HAS_ALIBI=HAS_ALIBI)
     for j0 in range(split * BLOCK_N, n, splits * BLOCK_N):
         key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
-                            seed, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s, sdb_s,
-                            sacc_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_KEEP=HAS_KEEP,
-                            DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                            PRECISION=PRECISION, ATOMIC=ATOMIC)
+                            seed, slope, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s,
+                            sdb_s, sacc_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY,
+                            HAS_ALIBI=HAS_ALIBI, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM,
+                            BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=PRECISION, ATOMIC=ATOMIC)
 
 
 @triton.jit(do_not_specialize=["seqlen", "splits", "stats_size"])

@@ -61,7 +61,7 @@ ROWS = 64
 AUTOTUNERS: dict[tuple[str, int, torch.dtype], triton.runtime.Autotuner] = {}
 
 # what the autotuner keys a tiling on, beside the length bucket (and the backward's dQ design)
-TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_KEEP", "VARLEN", "DROPOUT")
+TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_ALIBI", "HAS_KEEP", "VARLEN", "DROPOUT")
 
 # The backward's two ways of summing dQ (kernels.py): "split", float32 accumulators of each split's own, summed in a
 # fixed order (bit-identical passes), or "atomic", one accumulator a program per key block adds into atomically.
@@ -130,7 +130,7 @@ class Problem:
 
     def __init__(self, q: Tensor, row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
                  cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
-                 dropout_p: float, scale: float):
+                 dropout_p: float, scale: float, alibi_slopes: Tensor | None = None):
         self.varlen = cu_seqlens is not None
         self.stats_shape = stats_shape(q, self.varlen)
         self.stats_size = math.prod(self.stats_shape)
@@ -143,20 +143,22 @@ class Problem:
             self.stats_strides = (self.heads * self.seqlen, self.seqlen)
         self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
         self.seed, self.scale, self.dropout_p = seed, scale, kernel_dropout_p(dropout_p)
+        self.alibi_slopes = alibi_slopes
         self.keep_stride = keep.stride(0) if keep is not None else 0
         self.constants = dict(REACH=reach, CLIP=clip, HAS_ROW=row_table is not None, HAS_KEY=key_table is not None,
-                              HAS_KEEP=keep is not None, VARLEN=self.varlen, DROPOUT=dropout_p > 0,
-                              HEAD_DIM=self.head_dim, BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
+                              HAS_ALIBI=alibi_slopes is not None, HAS_KEEP=keep is not None, VARLEN=self.varlen,
+                              DROPOUT=dropout_p > 0, HEAD_DIM=self.head_dim,
+                              BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),
                               PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         # the keyword arguments of every autotuned launch: the constexprs, and length_bucket, the next power of two of
         # the length, which the kernels ignore and the autotuner keys on (one tuning per bucket, not per length)
         self.keywords = dict(length_bucket=1 << max(self.seqlen - 1, 0).bit_length(), **self.constants)
 
     def operands(self, q: Tensor) -> list:
-        """The pointers every kernel takes after q, k, v: tables, key mask, sequence offsets, dropout's seed (q where
-        absent)."""
+        """The pointers the forward and backward kernels take after q, k, v: tables, key mask, sequence offsets,
+        dropout's seed, ALiBi's slopes (q where absent)."""
         return [q if t is None else t for t in (self.row_table, self.key_table, self.keep, self.cu_seqlens,
-                                                self.seed)]
+                                                self.seed, self.alibi_slopes)]
 
     def scalars(self) -> list:
         """p_drop, scale, seqlen, rng_stride (dropout's Philox counters per query pair: four per 32 keys) and
@@ -278,9 +280,11 @@ def launch(kernel: str, problem: Problem, grid, arguments: list, **constants) ->
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
                 keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int,
-                clip: bool, dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+                clip: bool, dropout_p: float, scale: float,
+                alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(out, log2-sum-exp of every query row in float32)."""
-    problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale)
+    problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale,
+                      alibi_slopes)
     out = torch.empty_like(q)
     lse = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
     launch("forward", problem, problem.grid("BLOCK_M"), problem.forward_arguments(q, k, v, out, lse))
@@ -289,12 +293,13 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_t
 
 def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                  row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None,
-                 seed: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float,
-                 scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 seed: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float, scale: float,
+                 alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), the tables' per (sequence, head, position): backward_preprocess,
     backward_kernel into `splits` accumulators or atomically into one (`Problem.dq_design`), query_gradient_kernel
     summing them."""
-    problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale)
+    problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale,
+                      alibi_slopes)
     # the kernels read dO and O with q's strides
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)

@@ -35,14 +35,16 @@ def _operator(name: str):
 @_operator("convattn::triton_relative_attention")
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
                       keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int,
-                      reach: int, clip: bool, dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+                      reach: int, clip: bool, dropout_p: float, scale: float,
+                      alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(out, log2-sum-exp of every query row)."""
     return run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p,
-                       scale)
+                       scale, alibi_slopes)
 
 
 @attention_forward.register_fake
-def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale):
+def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale,
+      alibi_slopes=None):
     return torch.empty_like(q), q.new_empty(stats_shape(q, cu_seqlens is not None), dtype=torch.float32)
 
 
@@ -50,23 +52,24 @@ def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, 
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
                        cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
-                       dropout_p: float, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                       dropout_p: float, scale: float,
+                       alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), a table's per (sequence, head, position): launch.run_backward."""
     return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen,
-                        reach, clip, dropout_p, scale)
+                        reach, clip, dropout_p, scale, alibi_slopes)
 
 
 @attention_backward.register_fake
 def _(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip,
-      dropout_p, scale):
+      dropout_p, scale, alibi_slopes=None):
     varlen = cu_seqlens is not None
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table_gradient(row_table, q, varlen),
             table_gradient(key_table, q, varlen))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed)
+    q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options, alibi_slopes = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed, alibi_slopes)
     ctx.table_shapes = _shapes(row_table, key_table)
     # the log-sum-exp's gradient is never read: autograd need not fill one with zeros (a launch on a GPU)
     ctx.set_materialize_grads(False)
@@ -74,11 +77,12 @@ def _setup_context(ctx, inputs, output):
 
 def _differentiate(ctx, grad_out, grad_lse):
     if grad_out is None:  # only the log-sum-exp was used
-        return (None,) * 13
-    q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed = ctx.saved_tensors
+        return (None,) * 14
+    q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, alibi_slopes = ctx.saved_tensors
     grads = attention_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed,
-                               *ctx.options)
-    return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None
+                               *ctx.options, alibi_slopes)
+    # ALiBi's slopes are constants: no gradient
+    return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_differentiate, setup_context=_setup_context)
@@ -108,14 +112,17 @@ def _as_table(grad: Tensor, shape_and_dtype) -> Tensor | None:
 def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
                               *, reach: int, clip: bool, keep: Tensor | None = None, dropout_p: float = 0.0,
                               cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                              scale: float | None = None) -> Tensor:
-    """softmax(q k^T * scale + relative terms [+ pad keys masked]) with dropout, times v, in one fused kernel.
+                              scale: float | None = None, alibi_slopes: Tensor | None = None) -> Tensor:
+    """softmax(q k^T * scale + relative terms [+ ALiBi] [+ pad keys masked]) with dropout, times v, in one fused
+    kernel.
 
     Padded: q, k, v (batch, heads, n, d), row_table (batch or 1, heads, n, 2r + 1) at [i, c(j - i)], key_table
     (batch, heads, n, 2r + 1) at [j, c(i - j)], keep (batch, n) bool. Packed: q, k, v (total, heads, d), tables
     (total, heads, 2r + 1), cu_seqlens (batch + 1,) int32 offsets of the sequences and max_seqlen their longest
-    length. Either table may be None. scale defaults to 1 / sqrt(d). Gradients flow to q, k, v and both tables.
-    Dropout drops at kernel_dropout_p(dropout_p), the nearest multiple of 1/256.
+    length. Either table may be None. scale defaults to 1 / sqrt(d). alibi_slopes (heads,): ALiBi's -m_h |i - j|
+    added to every score, m_h the head's slope, i and j the positions within the sequence, computed inside the
+    kernel (no table); held in float32. Gradients flow to q, k, v and both tables. Dropout drops at
+    kernel_dropout_p(dropout_p), the nearest multiple of 1/256.
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q.dtype must be float16, bfloat16 or float32 for the Triton kernel; got {q.dtype}")
@@ -127,6 +134,11 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
     if scale == 0:  # the band's terms enter the product divided by it (score_tile)
         raise ValueError("scale must be nonzero (None for 1 / sqrt(d)); got 0")
+    if alibi_slopes is not None:
+        if alibi_slopes.shape != (q.shape[1],):
+            raise ValueError(f"alibi_slopes must hold one slope per head, shape ({q.shape[1]},); got "
+                             f"{tuple(alibi_slopes.shape)}")
+        alibi_slopes = alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32)
         max_seqlen = int(max_seqlen if max_seqlen is not None else (cu_seqlens[1:] - cu_seqlens[:-1]).max())
@@ -136,4 +148,4 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
         keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
     seed = torch.randint(0, 2**30, (), device=q.device) if dropout_p > 0 else None
     return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
-                             dropout_p, q.shape[-1] ** -0.5 if scale is None else scale)[0]
+                             dropout_p, q.shape[-1] ** -0.5 if scale is None else scale, alibi_slopes)[0]

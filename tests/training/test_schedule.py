@@ -1,0 +1,124 @@
+"""The learning-rate schedule every job asks for: the learning rate at every step of a few pretraining recipes (over
+steps and over a time budget) and fine-tuning settings, through each job's own Trainer and arguments, against the
+values recorded from the schedules these jobs made before they shared one factory."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers.tiny import tiny_config
+
+from convattn.model import ConvAttnForMaskedLM, ConvAttnForSequenceClassification
+from convattn.training.finetune.optim import LayerDecayTrainer
+from convattn.training.finetune.settings import FineTuneSettings
+from convattn.training.finetune.trainer import fine_tuning_arguments
+from convattn.training.pretrain.budget import TrainingClock
+from convattn.training.pretrain.resolve import resolve_options
+from convattn.training.pretrain.trainer import PretrainTrainer, pretraining_arguments
+from convattn.training.schedule import lr_factor
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# every parameter group's learning rate at each step of the cases below, as the jobs' schedules gave them before
+# every job asked one factory (transformers' linear schedule for steps, the clock's own for a time budget)
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "learning_rates.json"
+
+# the share of the budget spent before each step of a time-budget run (the last past the deadline: the final
+# step's overshoot)
+BUDGET_FRACTIONS = [0.0, 0.02, 0.05, 0.08, 0.1, 0.3, 0.55, 0.9, 1.0, 1.2]
+EVAL = [{}]  # pretraining evaluates on a grid: its Trainer wants an eval set, never read here
+
+
+def stepped(scheduler, steps: int, before_step=lambda step: None) -> list[list[float]]:
+    """Every parameter group's learning rate at each of `steps` steps."""
+    rates = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the scheduler steps without the optimizer here
+        for step in range(steps):
+            if step:
+                before_step(step)
+                scheduler.step()
+            rates.append([group["lr"] for group in scheduler.optimizer.param_groups])
+    return rates
+
+
+def pretraining_rates(tmp_path, preset: str, training: dict, recipe: str | None = None) -> list[list[float]]:
+    options = resolve_options(output_dir=tmp_path, preset=preset, recipe=recipe, training=training, precision="fp32")
+    args = pretraining_arguments(options, resuming=False)
+    trainer = PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")), args=args,
+                              eval_dataset=EVAL, objective="mlm", throughput=None, warmup=options.recipe.warmup)
+    trainer.create_optimizer_and_scheduler(args.max_steps)
+    return stepped(trainer.lr_scheduler, args.max_steps + 1)
+
+
+def budget_rates(tmp_path, preset: str, training: dict) -> dict:
+    options = resolve_options(output_dir=tmp_path, preset=preset, training=training, precision="fp32")
+    recipe = options.recipe
+    clock = TrainingClock(recipe.time_budget, recipe.budget_clock)
+    trainer = PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")),
+                              args=pretraining_arguments(options, resuming=False), eval_dataset=EVAL,
+                              objective="mlm", throughput=None, clock=clock, warmup=recipe.warmup)
+    trainer.create_optimizer_and_scheduler(1)
+    clock.spent = 0.0
+
+    def spend(step: int) -> None:
+        clock.spent = BUDGET_FRACTIONS[step] * recipe.time_budget
+
+    return {"warmup": recipe.warmup, "rates": stepped(trainer.lr_scheduler, len(BUDGET_FRACTIONS), spend)}
+
+
+def fine_tuning_rates(tmp_path, steps: int, **fields) -> list[list[float]]:
+    settings = FineTuneSettings(**({"learning_rate": 1e-4, "batch_size": 8, "epochs": 1.0, "max_steps": steps,
+                                    "weight_decay": 0.01, "adam_epsilon": 1e-6, "max_length": 128,
+                                    "precision": "fp32"} | fields))
+    model = ConvAttnForSequenceClassification(tiny_config("chang2021-small/composite", num_labels=2))
+    trainer = LayerDecayTrainer(model=model, args=fine_tuning_arguments(tmp_path, settings, 0, "glue"),
+                                layer_decay=settings.layer_decay)
+    trainer.create_optimizer_and_scheduler(steps)
+    return stepped(trainer.lr_scheduler, steps + 1)
+
+
+CASES = {
+    # a paper's warmup scaled to a short run (10k of 125k steps -> 1 of 12)
+    "pretrain chang2021-small, 12 steps": lambda tmp: pretraining_rates(tmp, "chang2021-small/composite",
+                                                                       {"max_steps": 12}),
+    # a fraction of the steps, rounded to the nearest step (2.1 -> 2)
+    "pretrain default, 30 steps, warmup 0.07": lambda tmp: pretraining_rates(tmp, None, {"max_steps": 30,
+                                                                                         "warmup": 0.07}, "default"),
+    "pretrain convbert-small, 9 steps, warmup 3": lambda tmp: pretraining_rates(tmp, "convbert/small",
+                                                                               {"max_steps": 9, "warmup": 3}),
+    "budget 60 s, warmup 0.1": lambda tmp: budget_rates(tmp, "chang2021-small/composite",
+                                                        {"time_budget": 60, "warmup": 0.1}),
+    # the recipe's 10k of 1M warmup steps as the same share of the budget
+    "budget 600 s, convbert-small's warmup": lambda tmp: budget_rates(tmp, "convbert/small", {"time_budget": 600}),
+    # layer-wise decay: one learning rate per depth; a fraction of the steps rounded up (2.5 -> 3)
+    "fine-tune 25 steps, warmup 0.1, layer decay 0.8": lambda tmp: fine_tuning_rates(tmp, 25, warmup_ratio=0.1,
+                                                                                     layer_decay=0.8),
+    "fine-tune 7 steps, no warmup": lambda tmp: fine_tuning_rates(tmp, 7, warmup_ratio=0.0, layer_decay=1.0),
+    "fine-tune 40 steps, warmup 0.06 (2.4 -> 3)": lambda tmp: fine_tuning_rates(tmp, 40, warmup_ratio=0.06,
+                                                                                layer_decay=0.9),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_job_gets_the_learning_rates_it_had_at_every_step(case, tmp_path):
+    recorded = json.loads(RECORDED.read_text(encoding="utf-8"))[case]
+    rates = CASES[case](tmp_path)
+    if isinstance(recorded, dict):  # a budget: its warmup share too
+        assert rates["warmup"] == recorded["warmup"]
+        rates, recorded = rates["rates"], recorded["rates"]
+    assert len(rates) == len(recorded)
+    for step, (now, then) in enumerate(zip(rates, recorded, strict=True)):
+        assert now == pytest.approx(then, rel=1e-12, abs=0), f"step {step}"
+
+
+def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
+    assert lr_factor(0.0, 0.1) == 0.0
+    assert lr_factor(0.05, 0.1) == pytest.approx(0.5)
+    assert lr_factor(0.1, 0.1) == pytest.approx(1.0)
+    assert lr_factor(0.55, 0.1) == pytest.approx(0.5)
+    assert lr_factor(1.0, 0.1) == 0.0
+    assert lr_factor(1.2, 0.1) == 0.0  # past the deadline (the last step's overshoot)
