@@ -20,16 +20,14 @@ other shapes and FlexAttention.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
+import harness
 import torch
-from common import write_atomic
-from transformers import BertConfig, BertModel
+from transformers import BertModel
 
 import convattn  # noqa: F401  (registers the model type)
 from convattn import ConvAttnConfig, ConvAttnModel
@@ -39,12 +37,6 @@ from convattn.attention.relative import dispatch
 
 PRESETS = ["composite", "composite+key"]
 WIDTHS = {"small": {}, "base": dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)}
-
-
-def padded_keep(batch: int, n: int, device: str = "cuda", dtype=torch.bool):
-    keep = torch.ones(batch, n, dtype=dtype, device=device)
-    keep[0, n - n // 8:] = 0
-    return keep
 
 
 def on_path(step, path: str | None):
@@ -67,7 +59,7 @@ def layer_step(preset: str, width: dict, n: int, batch: int, dropout: float, imp
     layer = CompositeSelfAttention(config).to(device, dtype).train()
     torch.manual_seed(0)
     hidden = torch.randn(batch, n, config.hidden_size, device=device, dtype=dtype, requires_grad=True)
-    mask = TokenMask(padded_keep(batch, n, device))
+    mask = TokenMask(harness.padded_keep(batch, n, device))
 
     def step():
         layer(hidden, mask)[0].float().pow(2).mean().backward()
@@ -82,18 +74,13 @@ def encoder_step(name: str, width: dict, n: int, batch: int, dropout: float | No
     config = ConvAttnConfig.from_preset("chang2021-small/composite", max_position_embeddings=max(n, 512),
                                         **overrides, **width)
     if name == "bert-sdpa":
-        model = BertModel(BertConfig(
-            vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
-            num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
-            max_position_embeddings=max(n, 512), hidden_dropout_prob=config.hidden_dropout_prob,
-            attention_probs_dropout_prob=config.attention_probs_dropout_prob, attn_implementation="sdpa",
-        ), add_pooling_layer=False)
+        model = BertModel(harness.bert_config(config), add_pooling_layer=False)
     else:
         model = ConvAttnModel(config)
     model = model.to(device, dtype).train()
     torch.manual_seed(0)
     ids = torch.randint(5, config.vocab_size, (batch, n), device=device)
-    keep = padded_keep(batch, n, device, torch.long)
+    keep = harness.padded_keep(batch, n, device, torch.long)
 
     def step():
         model(input_ids=ids, attention_mask=keep).last_hidden_state.float().pow(2).mean().backward()
@@ -149,24 +136,21 @@ def measure_or_none(reps: int, build, *args) -> dict | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="512x32,2048x8,8192x2", help="n x batch, comma-separated")
+    parser = harness.arguments(__doc__, shapes="512x32,2048x8,8192x2", reps=20, output="attention_gpu.md")
     parser.add_argument("--width", default="small,base", help="comma-separated: " + ", ".join(WIDTHS))
     parser.add_argument("--dropout", default="0,0.1", help="attention dropout values, comma-separated")
-    parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--no-encoder", action="store_true", help="layers only")
     parser.add_argument("--no-flex", action="store_true", help="without the FlexAttention arms")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "attention_gpu.md")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = harness.shapes(args.shapes)
     probe = torch.empty(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
     path = dispatch.relative_path(probe, "sdpa", 0.1, False)
+    machine = harness.machine_line("cuda", threads=False)
     lines = [
-        "# Relative attention on a CUDA GPU: the default path vs plain SDPA with the same dropout", "",
-        f"Command: `python benchmarks/attention_gpu.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, training mode, 1/8 of one "
+        *harness.heading("Relative attention on a CUDA GPU: the default path vs plain SDPA with the same dropout"),
+        f"Machine: {machine}, bfloat16, training mode, 1/8 of one "
         f"row padded; relative terms with attn_implementation='sdpa' take the `{path}` path. Time: CUDA events, "
         "median [min, max] of the steps after warm-up; ratio to the baseline of the same dropout, width and shape "
         "(`layer none`, plain SDPA, for layers; `transformers` BertModel-SDPA for encoders). Memory: allocator "
@@ -174,34 +158,37 @@ def main() -> int:
         "| dropout | width | n | batch | arm | ms median [min, max] | time ratio | step peak MiB | memory ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for dropout in (float(p) for p in args.dropout.split(",")):
-        for width in args.width.split(","):
-            shape = WIDTHS[width]
-            for n, batch in shapes:
-                results = {"layer none": measure_or_none(args.reps, layer_step, "none", shape, n, batch, dropout)}
-                for preset in PRESETS:
-                    results[f"layer {preset}"] = measure_or_none(args.reps, layer_step, preset, shape, n, batch,
-                                                                 dropout)
-                    if not args.no_flex and dropout == 0:
-                        results[f"layer {preset} flex"] = measure_or_none(
-                            args.reps, layer_step, preset, shape, n, batch, dropout, "flex_attention")
-                if not args.no_encoder:
-                    for name in ("bert-sdpa", "composite"):
-                        results[f"encoder {name}"] = measure_or_none(args.reps, encoder_step, name, shape, n, batch,
-                                                                     dropout)
-                for arm, r in results.items():
-                    base = results["encoder bert-sdpa" if arm.startswith("encoder") else "layer none"]
-                    cells = f"| {dropout:g} | {width} | {n} | {batch} | {arm} |"
-                    if r is None or base is None:
-                        row = f"{cells} out of memory | - | - | - |"
-                    else:
-                        row = (f"{cells} {r['ms']:.2f} [{r['min']:.2f}, {r['max']:.2f}] | {r['ms'] / base['ms']:.2f} | "
-                               f"{r['peak'] / 2**20:.0f} | {r['peak'] / base['peak']:.2f} |")
-                    lines.append(row)
-                    print(row, flush=True)
-                write_atomic(args.output, "\n".join(lines) + "\n")  # what is measured survives a later failure
+    with harness.Run("attention_gpu", machine=machine, path=path, reps=args.reps) as run:
+        for dropout in (float(p) for p in args.dropout.split(",")):
+            for width in args.width.split(","):
+                for n, batch in shapes:
+                    measure_shape(run, lines, args, dropout, width, n, batch)
+                    harness.report(args.output, lines, quiet=True)  # what is measured survives a later failure
     print(f"wrote {args.output}")
     return 0
+
+
+def measure_shape(run: harness.Run, lines: list[str], args, dropout: float, width: str, n: int, batch: int) -> None:
+    shape = WIDTHS[width]
+    results = {"layer none": measure_or_none(args.reps, layer_step, "none", shape, n, batch, dropout)}
+    for preset in PRESETS:
+        results[f"layer {preset}"] = measure_or_none(args.reps, layer_step, preset, shape, n, batch, dropout)
+        if not args.no_flex and dropout == 0:
+            results[f"layer {preset} flex"] = measure_or_none(args.reps, layer_step, preset, shape, n, batch,
+                                                              dropout, "flex_attention")
+    if not args.no_encoder:
+        for name in ("bert-sdpa", "composite"):
+            results[f"encoder {name}"] = measure_or_none(args.reps, encoder_step, name, shape, n, batch, dropout)
+    for arm, r in results.items():
+        base = results["encoder bert-sdpa" if arm.startswith("encoder") else "layer none"]
+        cells = (f"{dropout:g}", width, n, batch, arm)
+        figure = run.add(dropout=dropout, width=width, n=n, batch=batch, arm=arm, measured=r)
+        if r is None or base is None:
+            harness.emit(lines, *cells, "out of memory", "-", "-", "-")
+            continue
+        figure.update(time_ratio=round(r["ms"] / base["ms"], 3), memory_ratio=round(r["peak"] / base["peak"], 3))
+        harness.emit(lines, *cells, f"{r['ms']:.2f} [{r['min']:.2f}, {r['max']:.2f}]", f"{r['ms'] / base['ms']:.2f}",
+                     f"{r['peak'] / 2**20:.0f}", f"{r['peak'] / base['peak']:.2f}")
 
 
 if __name__ == "__main__":

@@ -13,28 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+
 # the run of issue 66's report: 2 layers, hidden 128, batch 16 x 128 on the embedded corpus (its evaluations, which
 # the budget does not count, on 64 examples)
 RUN = ["--layers", "2", "--hidden", "128", "--batch-size", "16", "--seq-len", "128", "--eval-samples", "64"]
 # arm -> (the budget's clock, environment added): "spinning" keeps libgomp's own default spin count (300,000)
 ARMS = {"compute": ("compute", {}), "wall": ("wall", {}), "spinning": ("compute", {"GOMP_SPINCOUNT": "300000"})}
-
-
-def convattn(command: list[str], env: dict | None = None) -> None:
-    done = subprocess.run([sys.executable, "-m", "convattn", *command], env={**os.environ, **(env or {})},
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"convattn {shlex.join(command)} failed:\n{done.stderr[-2000:]}")
 
 
 def busy_processes(count: int) -> list[subprocess.Popen]:
@@ -47,7 +38,8 @@ def run_arm(arm: str, budget: str, busy: int, folder: Path) -> dict:
     load = busy_processes(busy)
     started = time.perf_counter()
     try:
-        convattn(["pretrain", *RUN, "--time-budget", budget, "--budget-clock", clock, "--output-dir", str(out)], env)
+        harness.convattn(["pretrain", *RUN, "--time-budget", budget, "--budget-clock", clock, "--output-dir", str(out)],
+                         env)
     finally:
         for process in load:
             process.kill()
@@ -61,36 +53,26 @@ def run_arm(arm: str, budget: str, busy: int, folder: Path) -> dict:
             "run_seconds": round(time.perf_counter() - started, 1)}
 
 
-def commit() -> str:
-    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return found.stdout.strip() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="25s", help="each run's --time-budget")
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded runs")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "budget_clock.jsonl")
+    parser.add_argument("--output", type=Path, help="the rows' file (default: benchmarks/results/budget_clock.jsonl)")
     args = parser.parse_args()
     arms = args.arms.split(",")
     if unknown := set(arms) - set(ARMS):
         parser.error(f"--arms: unknown {', '.join(sorted(unknown))}; choose from {', '.join(ARMS)}")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    with tempfile.TemporaryDirectory() as folder:
-        convattn(["pretrain", *RUN, "--max-steps", "1", "--output-dir", str(Path(folder) / "warm")])  # the cache, once
-        figures = []
+    run = harness.Run("budget_clock", path=args.output, budget=args.budget)
+    with run, tempfile.TemporaryDirectory() as folder:
+        harness.convattn(["pretrain", *RUN, "--max-steps", "1", "--output-dir", str(Path(folder) / "warm")])  # cache
         for arm in arms:
             alone = run_arm(arm, args.budget, 0, Path(folder))
             loaded = run_arm(arm, args.budget, args.busy, Path(folder))
             loaded["steps_vs_alone"] = round(loaded["steps"] / alone["steps"], 3)
-            figures += [alone, loaded]
+            run.figures += [alone, loaded]
             print(json.dumps(alone), json.dumps(loaded), sep="\n", flush=True)
-    row = {"benchmark": "budget_clock", "command": shlex.join(["python", "benchmarks/budget_clock.py", *sys.argv[1:]]),
-           "commit": commit(), "machine": machine, "date": time.strftime("%Y-%m-%d"), "budget": args.budget,
-           "figures": figures}
-    with args.output.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+        run.machine = harness.machine_line(threads=False)  # the runs' own processes set their threads
 
 
 if __name__ == "__main__":

@@ -9,30 +9,18 @@ every run) against the UTF-8 check the same files already get (`check_text_file`
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
+import harness
+
 from convattn.data.corpus import check_text_file, content_digest, resolve_text_files
-from convattn.files import write_text_atomic
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def best_seconds(work, files: list[Path], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        for path in files:
-            work(path)
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "enwiki-2015-sample"))
+    parser.add_argument("--corpus", default=str(harness.DATA / "enwiki-2015-sample"))
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "cache_key.md")
+    parser.add_argument("--output", type=Path, default=harness.RESULTS / "cache_key.md")
     args = parser.parse_args()
     files = resolve_text_files([args.corpus])
     megabytes = sum(p.stat().st_size for p in files) / 1e6
@@ -41,11 +29,16 @@ def main() -> None:
         "UTF-8 check (check_text_file)": lambda path: check_text_file(path, "--train-file"),
         "SHA-256 key (content_digest)": content_digest,
     }
-    rows = [f"| {name} | {best_seconds(work, files, args.reps):.3f} |" for name, work in arms.items()]
+    with harness.Run("cache_key", machine=harness.machine_line(threads=False), corpus=args.corpus, files=len(files),
+                     megabytes=round(megabytes, 1), reps=args.reps) as run:
+        seconds = {name: harness.least_per_call(lambda work=work: [work(path) for path in files], 1, args.reps)
+                   for name, work in arms.items()}
+        for name, value in seconds.items():
+            run.add(work=name, seconds=round(value, 4))
     report = "\n".join([f"# Cache key cost: {len(files)} files, {megabytes:.1f} MB ({args.corpus})", "",
                         f"best of {args.reps}, seconds for all files", "", "| work | seconds |", "|---|---|",
-                        *rows, ""])
-    write_text_atomic(args.output, report)
+                        *(f"| {name} | {value:.3f} |" for name, value in seconds.items()), ""])
+    harness.report(args.output, report, quiet=True)
     print(report)
 
 

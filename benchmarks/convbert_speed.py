@@ -13,14 +13,11 @@ alone (one layer's mixed attention, where the implementations differ; the rest i
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
+import harness
 import torch
-from common import machine_line, time_interleaved, write_atomic
-from transformers import BertConfig, BertModel, ConvBertConfig, ConvBertModel
+from transformers import BertModel, ConvBertConfig, ConvBertModel
 
 from convattn.attention import TokenMask
 from convattn.interop.convbert import from_transformers
@@ -34,7 +31,7 @@ def build_models() -> dict[str, torch.nn.Module]:
     hf_convbert = ConvBertModel(ConvBertConfig(**SHAPE, embedding_size=128, head_ratio=2, conv_kernel_size=9,
                                                pad_token_id=0))
     ours = from_transformers(hf_convbert, convbert_padding="masked")
-    bert = BertModel(BertConfig(**SHAPE, attn_implementation="sdpa"), add_pooling_layer=False)
+    bert = BertModel(harness.bert_config(SHAPE), add_pooling_layer=False)
     ids = torch.randint(1, SHAPE["vocab_size"], (2, 64))
     with torch.no_grad():
         diff = (ours(input_ids=ids).last_hidden_state - hf_convbert.eval()(input_ids=ids).last_hidden_state).abs().max()
@@ -64,13 +61,10 @@ def attention_step(module: torch.nn.Module, x: torch.Tensor, ours: bool) -> Call
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, reps=7, threads=2, output="convbert_speed.md")
     parser.add_argument("--lengths", default="128,512")
     parser.add_argument("--batch", default="8,2", help="batch size for each length")
-    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "convbert_speed.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -81,42 +75,42 @@ def main() -> None:
     models = build_models()
     names = list(models)
     lines = [
-        "# ConvBERT speed: forward + backward, `convbert/small` shape",
-        "",
-        f"Command: `{' '.join(['python', f'benchmarks/{Path(__file__).name}', *sys.argv[1:]])}`",
-        "",
-        f"Machine: {machine_line()}. Median of {args.reps} repetitions after {args.warmup} warm-up, models "
+        *harness.heading("ConvBERT speed: forward + backward, `convbert/small` shape"),
+        f"Machine: {harness.machine_line()}. Median of {args.reps} repetitions after {args.warmup} warm-up, models "
         "interleaved, training mode, no padding.",
         "",
         "| n | batch | " + " | ".join(f"{name} (ms)" for name in names)
         + " | transformers ConvBERT / convattn | convattn / BERT |",
         "|---|---|" + "---|" * (len(names) + 2),
     ]
-    for n, batch in zip(lengths, batches, strict=True):
-        generator = torch.Generator().manual_seed(n)
-        ids = torch.randint(1, SHAPE["vocab_size"], (batch, n), generator=generator)
-        mask = torch.ones_like(ids)
-        steps = {name: training_step(model, ids, mask) for name, model in models.items()}
-        medians = time_interleaved(steps, args.reps, args.warmup)
-        ours, hf, bert = (medians[name] for name in names)
-        row = (f"| {n} | {batch} | " + " | ".join(f"{1e3 * medians[name]:.1f}" for name in names)
-               + f" | {hf / ours:.2f}x | {ours / bert:.2f}x |")
-        lines.append(row)
-        print(row, flush=True)
-    ours_attention = models[names[0]].encoder.layer[0].attention.self
-    hf_attention = models[names[1]].encoder.layer[0].attention.self
-    lines += ["", "Attention module alone (layer 0, forward + backward):", "",
-              "| n | batch | convattn (ms) | transformers (ms) | transformers / convattn |", "|---|---|---|---|---|"]
-    for n, batch in zip(lengths, batches, strict=True):
-        x = torch.randn(batch, n, SHAPE["hidden_size"], generator=torch.Generator().manual_seed(n))
-        medians = time_interleaved({"ours": attention_step(ours_attention, x, True),
-                                    "hf": attention_step(hf_attention, x, False)}, 3 * args.reps, args.warmup)
-        row = (f"| {n} | {batch} | {1e3 * medians['ours']:.2f} | {1e3 * medians['hf']:.2f} | "
-               f"{medians['hf'] / medians['ours']:.2f}x |")
-        lines.append(row)
-        print(row, flush=True)
-    write_atomic(args.output, "\n".join(lines) + "\n")
-    print(f"wrote {args.output}")
+    with harness.Run("convbert_speed", reps=args.reps, warmup=args.warmup) as run:
+        for n, batch in zip(lengths, batches, strict=True):
+            generator = torch.Generator().manual_seed(n)
+            ids = torch.randint(1, SHAPE["vocab_size"], (batch, n), generator=generator)
+            mask = torch.ones_like(ids)
+            steps = {name: training_step(model, ids, mask) for name, model in models.items()}
+            medians = harness.time_interleaved(steps, args.reps, args.warmup)
+            ours, hf, bert = (medians[name] for name in names)
+            run.add(level="model", n=n, batch=batch, ms={name: round(1e3 * medians[name], 2) for name in names},
+                    transformers_over_convattn=round(hf / ours, 3), convattn_over_bert=round(ours / bert, 3))
+            harness.emit(lines, n, batch, *(f"{1e3 * medians[name]:.1f}" for name in names), f"{hf / ours:.2f}x",
+                         f"{ours / bert:.2f}x")
+        ours_attention = models[names[0]].encoder.layer[0].attention.self
+        hf_attention = models[names[1]].encoder.layer[0].attention.self
+        lines += ["", "Attention module alone (layer 0, forward + backward):", "",
+                  "| n | batch | convattn (ms) | transformers (ms) | transformers / convattn |",
+                  "|---|---|---|---|---|"]
+        for n, batch in zip(lengths, batches, strict=True):
+            x = torch.randn(batch, n, SHAPE["hidden_size"], generator=torch.Generator().manual_seed(n))
+            medians = harness.time_interleaved({"ours": attention_step(ours_attention, x, True),
+                                                "hf": attention_step(hf_attention, x, False)}, 3 * args.reps,
+                                               args.warmup)
+            run.add(level="attention", n=n, batch=batch, ms={name: round(1e3 * value, 3) for name, value in
+                                                              medians.items()},
+                    transformers_over_convattn=round(medians["hf"] / medians["ours"], 3))
+            harness.emit(lines, n, batch, f"{1e3 * medians['ours']:.2f}", f"{1e3 * medians['hf']:.2f}",
+                         f"{medians['hf'] / medians['ours']:.2f}x")
+    harness.report(args.output, lines)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gpu_gate
+import harness
 import kernel_tilings
 import pretrain_step
 
@@ -346,7 +347,6 @@ def attention_step(row: dict, plan: Plan):
     attention runs), and the tensors whose gradients each step leaves."""
     import torch
     import torch.nn.functional as F
-    from attention_gpu import padded_keep
 
     from convattn import ConvAttnConfig
     from convattn.attention.core import TokenMask
@@ -359,7 +359,8 @@ def attention_step(row: dict, plan: Plan):
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(batch, heads, n, d, device=device, dtype=dtype)
-    keep = padded_keep(batch, n, device) if arm.padding else torch.ones(batch, n, dtype=torch.bool, device=device)
+    keep = harness.padded_keep(batch, n, device) if arm.padding else torch.ones(batch, n, dtype=torch.bool,
+                                                                                  device=device)
     if arm.kind == "sdpa":
         mask = keep[:, None, None, :] if arm.padding else None
         backend = None
@@ -440,12 +441,6 @@ def profiled(one, plan: Plan, steps: int):
     return prof, wall
 
 
-def device_events(prof) -> list:
-    from torch.autograd import DeviceType
-
-    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-
-
 def kernel_names(events: list, steps: int, top: int = 8) -> list[dict]:
     """The device's kernels (copies and memsets too) by their time, per step: name, ms, calls."""
     time_of, calls = Counter(), Counter()
@@ -462,12 +457,10 @@ def device_time(row: dict, plan: Plan, deadline: float) -> dict:
     for _ in range(plan.warmup):
         one()
     prof, wall = profiled(one, plan, plan.profiled)
-    events = device_events(prof)
     result = {"wall_ms": round(wall, 4), "steps": plan.profiled, "device_ms": None, "launches": None}
     if plan.device == "cuda":
-        result["device_ms"] = round(sum(e.time_range.elapsed_us() for e in events) / plan.profiled / 1e3, 4)
-        result["launches"] = round(len(events) / plan.profiled, 2)
-        result["kernels"] = kernel_names(events, plan.profiled)
+        result.update(harness.device_time(prof, plan.profiled, digits=(4, 2)))
+        result["kernels"] = kernel_names(harness.device_events(prof), plan.profiled)
     return result
 
 
@@ -492,10 +485,8 @@ def host_time(row: dict, plan: Plan, deadline: float) -> dict:
         return result
     steps = min(3, plan.host_steps)
     prof, _ = profiled(one, plan, steps)
-    events = device_events(prof)
-    if events:
-        result["device_ms"] = round(sum(e.time_range.elapsed_us() for e in events) / steps / 1e3, 4)
-        result["launches"] = round(len(events) / steps, 2)
+    result.update(harness.device_time(prof, steps, digits=(4, 2)))
+    if result["launches"]:
         result["host_us_per_launch"] = round(result["host_ms"] * 1e3 / result["launches"], 2)
     return result
 
@@ -691,16 +682,8 @@ def context_lost(plan: Plan) -> bool:
 
 
 def machine(plan: Plan) -> str:
-    import torch
-
-    try:
-        import triton
-
-        version = f"triton {triton.__version__}"
-    except ImportError:
-        version = "no triton"
-    name = torch.cuda.get_device_name() if plan.device == "cuda" else "CPU (rehearsal, TRITON_INTERPRET=1)"
-    return f"{name}, torch {torch.__version__}, {version}, {plan.dtype}"
+    where = "cuda" if plan.device == "cuda" else "CPU (rehearsal, TRITON_INTERPRET=1)"
+    return harness.machine_line(where, packages=("torch", "triton"), threads=False, extra=(plan.dtype,))
 
 
 KERNEL_MODULES = ("convattn.attention.relative.triton_attention", "convattn.attention.relative.triton")
@@ -904,6 +887,7 @@ def session(plan: Plan, out: Path, rehearse: bool) -> int:
         staged.unlink()
     text, short = summary(out, plan)
     write_atomic(out / "summary.md", text)
+    record(out, plan, harness.command_line(script="benchmarks/gpu_session.sh", program="bash"))
     print(f"gpu_session: {time.time() - start:.0f} s in all; files in {out}: "
           f"{', '.join(sorted(p.name for p in out.iterdir()))}\n")
     print(short, flush=True)
@@ -983,6 +967,7 @@ class Bars:
 
     def __init__(self):
         self.lines: list[str] = []
+        self.figures: list[dict] = []
         self.counts = Counter()
 
     def add(self, name: str, where: str, value: float | None, limit: float, at_most: bool,
@@ -996,6 +981,7 @@ class Bars:
         bound = f"{'<=' if at_most else '>='} {limit:g}x"
         said = f"{verdict} (unverified)" if unverified and value is not None else verdict
         self.lines.append(f"| {name} | {where} | {times(value)} | {bound} | {said} |")
+        self.figures.append({"bar": name, "where": where, "ratio": value, "bound": bound, "verdict": said})
 
     def text(self) -> list[str]:
         total = sum(self.counts[word] for word in ("pass", "fail", "not measured"))
@@ -1149,14 +1135,35 @@ def tests_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def summary(out: Path, plan: Plan) -> tuple[str, str]:
-    """summary.md's text, and its short part: the gate, the tests, the bars with their verdicts, the stages' tables,
-    what failed."""
+def measured(out: Path, plan: Plan) -> tuple[dict, str, Bars]:
+    """Every stage's rows in the plan's order, the machine they ran on, and the bars' verdicts."""
     stages = {stage: planned(out, stage, plan) for stage in STAGES}
-    machine_name = next((name for _, name in stages.values() if name), "no stage ran")
     bars = Bars()
     kernel_bars(bars, stages["kernels"][0], plan)
     train_bars(bars, stages["train"][0], plan)
+    return stages, next((name for _, name in stages.values() if name), "no stage ran"), bars
+
+
+def record(out: Path, plan: Plan, command: str) -> None:
+    """The session's figures as one row of benchmarks/results/gpu_session.jsonl: each bar's measured ratio and
+    verdict, then every stage's measured rows (the kernels' names and the gate's per-tiling errors stay in the
+    stages' files)."""
+    stages, machine_name, bars = measured(out, plan)
+    with harness.Run("gpu_session", machine=machine_name, command=command,
+                     gate=gate_verdict(out, plan) or "passed") as run:
+        for figure in bars.figures:
+            run.add(stage="bars", **figure)
+        for stage, (rows, _) in stages.items():
+            for row in rows:
+                if "error" not in row:
+                    run.add(stage=stage, **{k: v for k, v in row.items() if k not in ("traceback", "kernels",
+                                                                                          "tilings")})
+
+
+def summary(out: Path, plan: Plan) -> tuple[str, str]:
+    """summary.md's text, and its short part: the gate, the tests, the bars with their verdicts, the stages' tables,
+    what failed."""
+    stages, machine_name, bars = measured(out, plan)
     problems = Counter(f"{stage}: {row['error']}" for stage, (rows, _) in stages.items()
                        for row in rows if "error" in row)
     stand_in = "; in the rehearsal the wall time under the profiler stands in" if plan.rehearsal else ""
@@ -1236,6 +1243,7 @@ def main() -> int:
     if args.stage == "summary":
         text, short = summary(out, plan)
         write_atomic(out / "summary.md", text)
+        record(out, plan, harness.command_line())
         print(short)
         return 0
     if args.stage:

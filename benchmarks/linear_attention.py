@@ -27,13 +27,12 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import psutil
 import torch
-from common import machine_line, write_atomic
 
 from convattn.training.compare.memory import saved_activation_bytes
 
-HERE = Path(__file__).parent
 MODELS = {"full": "malard/transformer-n512", "linformer": "malard/linformer-n512-k{k}",
           "conv-linformer": "malard/conv-linformer-n512-k{k}"}
 LINFORMER_PAPER = ("Linformer paper (V100, inference, layerwise sharing, k = 128, n = 4096): "
@@ -204,7 +203,7 @@ def report(rows: list[dict], args, levels: list[str], lengths: list[int], k_valu
         "# Linear attention scaling: full attention vs Linformer vs Conv-Linformer",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {machine_line().replace(f'{torch.get_num_threads()} threads', f'{args.threads} threads')}; "
+        f"Machine: {harness.machine_line(threads=args.threads)}; "
         f"the 2 cores were shared with other jobs while this ran, so absolute times are noisy (ratios less so). "
         f"Total benchmark time: {minutes:.1f} min.",
         "",
@@ -221,7 +220,7 @@ def report(rows: list[dict], args, levels: list[str], lengths: list[int], k_valu
         "Memory: **peak** = peak resident set size of that subprocess (`ru_maxrss`) minus its RSS after the "
         "model and inputs were built and a 16-token step had loaded the kernels: everything one training step "
         "adds (activations, parameter gradients, kernel workspaces, allocator slack). **saved** = bytes "
-        "autograd keeps for backward (exact, deterministic; `common.saved_activation_bytes`). params = "
+        "autograd keeps for backward (exact, deterministic; `saved_activation_bytes`). params = "
         "parameters of the measured module (the dense Conv-Linformer convolution has H x H x n/k weights, so "
         "it grows with n). Time and memory ratios are full / model (> 1: the model is faster / smaller).",
         "",
@@ -270,7 +269,8 @@ def report(rows: list[dict], args, levels: list[str], lengths: list[int], k_valu
     return "\n".join(lines) + "\n"
 
 
-def measure_grid(args, levels: list[str], lengths: list[int], k_values: list[int]) -> tuple[list[dict], float]:
+def measure_grid(args, levels: list[str], lengths: list[int], k_values: list[int],
+                 run: harness.Run) -> tuple[list[dict], float]:
     start = time.perf_counter()
     rows: list[dict] = []
     for level in levels:
@@ -280,7 +280,7 @@ def measure_grid(args, levels: list[str], lengths: list[int], k_values: list[int
             for model in MODELS:
                 for k in ([None] if model == "full" else k_values):
                     row = run_child(level, model, n, k or 0, args)
-                    rows.append(row)
+                    rows.append(run.add(**row))
                     print(f"{level:7s} n={n:5d} {model:14s} k={k or '-':>3} {row['seconds'] * 1e3:9.0f} ms  "
                           f"peak {row['peak_bytes'] / 2**20:7.0f} MiB  saved {row['saved_bytes'] / 2**20:7.0f} MiB",
                           flush=True)
@@ -288,7 +288,7 @@ def measure_grid(args, levels: list[str], lengths: list[int], k_values: list[int
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, threads=2, output="linear_attention.md")
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
     parser.add_argument("--k", default="128,256")
     parser.add_argument("--levels", default="layer,encoder")
@@ -296,9 +296,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="timed reps per layer measurement")
     parser.add_argument("--encoder-reps", type=int, default=1, help="timed reps per 8-layer encoder measurement")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="n = 512, 1024, layer only, k = 128, one rep")
-    parser.add_argument("--output", type=Path, default=HERE / "results" / "linear_attention.md")
     parser.add_argument("--from-json", type=Path, help="re-render the report and plot from a run's saved .json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -311,17 +309,19 @@ def main() -> int:
     if args.quick:
         lengths, k_values, levels, args.reps, args.encoder_reps = [512, 1024], [128], ["layer"], 1, 1
 
-    if args.from_json:
+    if args.from_json:  # a report made again, not a run: no row
         run = json.loads(args.from_json.read_text())
         rows, minutes, command = run["rows"], run["minutes"], run["command"]
     else:
-        rows, minutes = measure_grid(args, levels, lengths, k_values)
-        command = " ".join(["python benchmarks/linear_attention.py", *sys.argv[1:]])
-        write_atomic(args.output.with_suffix(".json"),
-                     json.dumps(dict(command=command, minutes=minutes, rows=rows), indent=1))
+        command = harness.command_line()
+        with harness.Run("linear_attention", machine=harness.machine_line(threads=args.threads),
+                         batch=args.batch) as run:
+            rows, minutes = measure_grid(args, levels, lengths, k_values, run)
+        harness.report(args.output.with_suffix(".json"),
+                       json.dumps(dict(command=command, minutes=minutes, rows=rows), indent=1))
     plot(rows, levels, k_values, args.output.with_suffix(".png"))
-    write_atomic(args.output, report(rows, args, levels, lengths, k_values, minutes, command))
-    print(f"wrote {args.output} and {args.output.with_suffix('.png')} in {minutes:.1f} min")
+    harness.report(args.output, report(rows, args, levels, lengths, k_values, minutes, command))
+    print(f"wrote {args.output.with_suffix('.png')} in {minutes:.1f} min")
     return 0
 
 

@@ -13,7 +13,7 @@ those tasks' training text ([CLS] a [SEP] (b [SEP]), BERT's layout). Arms, all o
   restarting at every example).
 
 Every arm runs the same batches; the arms take turns within every repetition, in one process, so that a slow
-phase of the machine hits all of them alike (benchmarks/common.py). Nothing here asserts a time. Results go to
+phase of the machine hits all of them alike (benchmarks/harness.py). Nothing here asserts a time. Results go to
 benchmarks/results/padding_free.md.
 
     python benchmarks/padding_free.py                      # SST-2, CoLA, MRPC; absolute and composite; 2 threads
@@ -22,7 +22,6 @@ benchmarks/results/padding_free.md.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import random
 import statistics
@@ -30,15 +29,14 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
-import transformers
-from common import machine_line, time_interleaved, write_atomic
-from transformers import BertConfig, BertForSequenceClassification, DataCollatorWithFlattening
+from transformers import BertForSequenceClassification, DataCollatorWithFlattening
 
 import convattn.padding_free as routing
 from convattn import ConvAttnConfig, ConvAttnForMaskedLM, ConvAttnForSequenceClassification
 
-GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue_data"
+GLUE = harness.DATA / "glue_data"
 RESULTS = Path(__file__).resolve().parent / "results" / "padding_free.md"
 SHAPE = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
 # the examples of each task's train.tsv: (column of the first sentence, of the second or None, header rows)
@@ -114,8 +112,7 @@ def build_arms(presets: list[str], vocab_size: int, flattened_arm: bool):
     """name -> (model, layout, padding-free route on?)."""
     arms = {}
     torch.manual_seed(0)
-    bert = BertConfig(vocab_size=vocab_size, max_position_embeddings=512, num_labels=2, **SHAPE)
-    bert._attn_implementation = "sdpa"
+    bert = harness.bert_config(dict(vocab_size=vocab_size, max_position_embeddings=512, **SHAPE), num_labels=2)
     arms["BERT-SDPA"] = (BertForSequenceClassification(bert), "padded", None)
     for preset in presets:
         config = ConvAttnConfig.from_preset(
@@ -207,7 +204,7 @@ def sweep(presets: list[str], vocab_size: int, fractions: list[float], reps: int
             labels = torch.where(keep & (torch.rand(keep.shape, generator=rng) < 0.15), ids, -100)
             batches = [dict(input_ids=ids[b], attention_mask=keep[b].long(), labels=labels[b]) for b in range(len(ids))]
             # padding-free at every fraction here, whatever the library's threshold
-            seconds = time_interleaved(
+            seconds = harness.time_interleaved(
                 {
                     "padded": masked_lm_steps(model, optimizer, batches, PADDED),
                     "padding-free": masked_lm_steps(model, optimizer, batches, {"cpu": 1.0}),
@@ -226,13 +223,12 @@ def real_fraction(task_batches: list[list[dict]]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, threads=2)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--presets", nargs="+", default=["absolute", "composite"])
     parser.add_argument("--batches", type=int, default=8, help="distinct batches per task (default 8)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5, help="timed passes through the batches (median; default 5)")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--no-flattened", action="store_true", help="leave out the DataCollatorWithFlattening arms")
     parser.add_argument(
@@ -250,21 +246,33 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     tokenizer = train_tokenizer(args.vocab_size)
     arms = build_arms(args.presets, len(tokenizer), not args.no_flattened)
+    run = harness.Run("padding_free", machine=harness.machine_line(packages=("torch", "transformers")),
+                      batch_size=args.batch_size, batches=args.batches, reps=args.reps, note=args.note)
+    with run:
+        lines = measure_tasks(args, tokenizer, arms, run)
+        if args.sweep is not None:
+            lines += sweep_lines(args, len(tokenizer), run)
+    return harness.report(args.out, lines)
+
+
+def measure_tasks(args, tokenizer, arms: dict, run: harness.Run) -> list[str]:
     rows = []
     for task in args.tasks:
         task_batches = batches(task, tokenizer, args.batches, args.batch_size, seed=0)
         rates = measure(task, arms, task_batches, args.reps)
-        bert = rates["BERT-SDPA"]
-        print(f"{task}: real tokens {real_fraction(task_batches):.0%}", file=sys.stderr)
+        bert, fraction = rates["BERT-SDPA"], real_fraction(task_batches)
+        print(f"{task}: real tokens {fraction:.0%}", file=sys.stderr)
         for name, rate in rates.items():
             print(f"  {name:28s} {rate:8.1f} examples/s  {rate / bert:5.2f}x BERT-SDPA", file=sys.stderr)
-            rows.append((task, real_fraction(task_batches), name, rate, rate / bert))
+            rows.append((task, fraction, name, rate, rate / bert))
+            run.add(task=task, real_tokens=round(fraction, 4), arm=name, examples_per_s=round(rate, 2),
+                    vs_bert=round(rate / bert, 3))
     lines = [
         "# Padding-free fine-tuning steps against transformers' BERT (SDPA)",
         "",
-        f"`python benchmarks/padding_free.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"`{harness.command_line()}`",
         "",
-        f"{machine_line()}; transformers {transformers.__version__}. A step: forward + backward + AdamW (fused) of a "
+        f"{run.machine}. A step: forward + backward + AdamW (fused) of a "
         f"sequence classifier, train mode, batch {args.batch_size}, {args.batches} batches of real training "
         f"examples per task; each batch's median step time over {args.reps} passes, summed; the arms take turns "
         "step by step in one process, in an order rotating from batch to batch.",
@@ -273,32 +281,31 @@ def main() -> int:
     if args.note:
         lines += [args.note, ""]
     lines += ["| task | real tokens | arm | examples/s | x BERT-SDPA |", "|---|---:|---|---:|---:|"]
-    lines += [
-        f"| {task} | {fraction:.0%} | {name} | {rate:.1f} | {ratio:.2f}x |"
-        for task, fraction, name, rate, ratio in rows
+    return lines + [f"| {task} | {fraction:.0%} | {name} | {rate:.1f} | {ratio:.2f}x |"
+                    for task, fraction, name, rate, ratio in rows]
+
+
+def sweep_lines(args, vocab_size: int, run: harness.Run) -> list[str]:
+    fractions = args.sweep or [0.5, 0.7, 0.8, 0.9, 0.95]
+    lines = [
+        "",
+        f"Masked-LM steps on padded ({args.batch_size}, 128) batches by their real-token fraction (lengths drawn "
+        "around it, one row full), padded against padding-free, 4 batches a repetition, median of "
+        f"{args.reps}; the library runs padded batches padding-free below "
+        f"{PADDING_FREE.get('cpu', 0):.0%} real tokens on CPU.",
+        "",
+        "| preset | real tokens | padded examples/s | padding-free examples/s | padding-free / padded |",
+        "|---|---:|---:|---:|---:|",
     ]
-    if args.sweep is not None:
-        fractions = args.sweep or [0.5, 0.7, 0.8, 0.9, 0.95]
-        lines += [
-            "",
-            f"Masked-LM steps on padded ({args.batch_size}, 128) batches by their real-token fraction (lengths drawn "
-            "around it, one row full), padded against padding-free, 4 batches a repetition, median of "
-            f"{args.reps}; the library runs padded batches padding-free below "
-            f"{PADDING_FREE.get('cpu', 0):.0%} real tokens on CPU.",
-            "",
-            "| preset | real tokens | padded examples/s | padding-free examples/s | padding-free / padded |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for preset, fraction, padded_rate, free_rate in sweep(
-            args.presets, len(tokenizer), fractions, args.reps, args.batch_size
-        ):
-            print(f"  sweep {preset} {fraction:.0%}: {free_rate / padded_rate:.2f}x", file=sys.stderr)
-            lines.append(
-                f"| {preset} | {fraction:.0%} | {padded_rate:.1f} | {free_rate:.1f} | {free_rate / padded_rate:.2f}x |"
-            )
-    write_atomic(args.out, "\n".join(lines) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    for preset, fraction, padded_rate, free_rate in sweep(args.presets, vocab_size, fractions, args.reps,
+                                                          args.batch_size):
+        print(f"  sweep {preset} {fraction:.0%}: {free_rate / padded_rate:.2f}x", file=sys.stderr)
+        run.add(sweep=preset, real_tokens=round(fraction, 4), padded_examples_per_s=round(padded_rate, 2),
+                padding_free_examples_per_s=round(free_rate, 2), padding_free_over_padded=round(
+                    free_rate / padded_rate, 3))
+        lines.append(f"| {preset} | {fraction:.0%} | {padded_rate:.1f} | {free_rate:.1f} | "
+                     f"{free_rate / padded_rate:.2f}x |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Paired per-seed comparison of `convattn compare` runs (the reproduction tables of RESULTS.md §6).
+"""Paired per-seed comparison of `convattn compare` runs (the reproduction tables of RESULTS.md section 6).
 
 Seed k gives every run the same initialisation seed, data order and masks, so the difference between two
 runs at the same seed and step is a paired measurement: its sign over seeds says more than two overlapping
@@ -21,6 +21,8 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+import harness
 
 
 def load_curves(metrics_csv: Path) -> dict[str, dict[int, dict[int, float]]]:
@@ -65,21 +67,28 @@ def ordering_onset(diffs: dict[int, dict[int, float]], sign: float, seeds: int) 
     return onset
 
 
+def number(x: float) -> float | None:
+    """x, or None for NaN (a row's JSON has no NaN)."""
+    return None if math.isnan(x) else x
+
+
 def fmt(x: float, digits: int = 1) -> str:
     return "n/a" if math.isnan(x) else f"{x:,.{digits}f}"
 
 
-def report(curves, pairs: list[tuple[str, str]], source: Path) -> str:
-    by_short = {short_name(run): run for run in curves}
+def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run) -> str:
+    by_short = {short_name(name): name for name in curves}
     lines = [f"# Paired comparison: `{source}`", ""]
     lines += ["## Final eval perplexity", "", "| Run | Seeds | Mean ± SEM | Per seed | Last step |",
               "|---|---:|---:|---|---:|"]
-    for run, seeds in curves.items():
+    for run_name, seeds in curves.items():
         finals = {s: steps[max(steps)] for s, steps in sorted(seeds.items())}
         last = min(max(steps) for steps in seeds.values())
         mean, sem = mean_sem(list(finals.values()))
         per_seed = ", ".join(f"{v:,.1f}" for v in finals.values())
-        lines.append(f"| {short_name(run)} | {len(finals)} | {fmt(mean)} ± {fmt(sem)} | {per_seed} | {last:,} |")
+        run.add(run=short_name(run_name), seeds=len(finals), perplexity=finals, mean=mean, sem=number(sem),
+                last_step=last)
+        lines.append(f"| {short_name(run_name)} | {len(finals)} | {fmt(mean)} ± {fmt(sem)} | {per_seed} | {last:,} |")
     lines += ["", "## Paired differences (same seed = same initialisation, data order and masks)", "",
               "Negative: the first run has the lower (better) perplexity. Onset: the first evaluated step from "
               "which every later evaluation has every seed on the final sign (step 0, the initialisation, "
@@ -97,6 +106,8 @@ def report(curves, pairs: list[tuple[str, str]], source: Path) -> str:
         agree = sum(v * sign > 0 for v in values)
         onset = ordering_onset(diffs, sign, seeds)
         per_seed = ", ".join(f"{v:+,.1f}" for v in values)
+        run.add(pair=f"{a} - {b}", step=step, differences=dict(diffs[step]), mean=mean, sem=number(sem), agreeing=agree,
+                onset=onset)
         lines.append(f"| {a} - {b} | {step:,} | {per_seed} | {mean:+,.1f} ± {fmt(sem)} | {agree}/{len(values)} | "
                      f"{'never' if onset is None else f'{onset:,}'} |")
     return "\n".join(lines) + "\n"
@@ -146,10 +157,9 @@ def main() -> None:
         parser.error(f"--pairs: no run named {', '.join(sorted(unknown))} in {args.compare_dir}/metrics.csv")
     out = args.out or args.compare_dir
     out.mkdir(parents=True, exist_ok=True)
-    text = report(curves, pairs, args.compare_dir)
-    tmp = out / "paired.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "paired.md")
+    with harness.Run("paired_comparison", machine="-", source=str(args.compare_dir)) as run:
+        text = report(curves, pairs, args.compare_dir, run)
+    harness.report(out / "paired.md", text, quiet=True)
     plot(curves, pairs, out / "paired.png")
     print(text)
 

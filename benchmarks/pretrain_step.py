@@ -8,7 +8,8 @@ host) and graphs (`--compile-mode reduce-overhead`: the same kernels replayed as
 its graph breaks and cudagraph skips with their reasons (`compile_events`); a graphs row with any is "not graphed".
 
 Each `convattn pretrain` runs in the stage's process through the command line's own entry (convattn.cli.main), one
-after another; a TrainerCallback added to every transformers.Trainer the process builds measures the steps:
+after another; harness.StepMeter, a TrainerCallback added to every transformers.Trainer the process builds, measures the
+steps:
 
   warm-up   the first steps (compilation, the allocator's first growth, recompilation for a new length);
   timed     the next steps, synchronised at both ends: milliseconds per step, tokens per second (the Trainer's own
@@ -29,7 +30,6 @@ CPU: a 2-layer model of hidden 64 on random words, 32 tokens, fp32, eager only (
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import json
 import random
@@ -42,6 +42,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import harness
+from harness import NotMeasured, metered, step_meter
+
 # torch and transformers are imported where a run needs them: gpu_session.py's own process reads the plans here
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +56,6 @@ PRESETS = {"composite": "chang2021-small/composite", "absolute": "chang2021-smal
 ARMS = (*PRESETS, "bert")
 # each mode's torch.compile mode (None: eager), for `convattn pretrain --compile-mode` and BERT's TrainingArguments
 MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
-SAVED = ("input_ids", "token_type_ids", "special_tokens_mask")  # the formatted examples' columns the BERT arm reads
 WORDS = "the of and to in a is was for on as with by he at from his an were are city film year war king".split()  # noqa: SIM905
 
 
@@ -104,10 +106,6 @@ class Corpus:
     tokenizer: Path | None  # None: `convattn pretrain` trains one (the rehearsal)
 
 
-class NotMeasured(Exception):
-    """A row that cannot run here: its reason is the row's."""
-
-
 def corpus(work: Path, rehearse: bool, kit: Path = KIT) -> Corpus:
     """The session's corpus in `work` (written once): random words in a rehearsal, else the kit's first
     CORPUS_BYTES of Wikipedia lines and its tokenizer."""
@@ -148,117 +146,6 @@ def corpus(work: Path, rehearse: bool, kit: Path = KIT) -> Corpus:
 
 
 # --- measuring the steps --------------------------------------------------------------------------------------------
-
-class StepMeter:
-    """The warm-up, timed and profiled steps of one run (see the module's docstring); where `capture` is a folder,
-    it also saves there the first examples of the run's training data, its tokenizer and its model's shape, for the
-    BERT arm. Stops the training after the profiled steps, or at `deadline`. A transformers.TrainerCallback through
-    `step_meter`, which builds one."""
-
-    def __init__(self, warmup: int, timed: int, profiled: int, deadline: float, capture: Path | None = None,
-                 examples: int = 0):
-        import torch
-
-        self.warmup, self.timed, self.profiled, self.deadline = warmup, timed, profiled, deadline
-        self.capture, self.examples = capture, examples
-        self.cuda = torch.cuda.is_available()
-        self.marks: dict[str, tuple[float, int, int]] = {}
-        self.result: dict = {}
-        self.profiler = None
-
-    def sync(self) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-
-    def mark(self, name: str, state) -> None:
-        self.sync()
-        self.marks[name] = (time.perf_counter(), state.num_input_tokens_seen, graphs_compiled())
-
-    def on_train_begin(self, args, state, control, train_dataloader=None, processing_class=None, model=None,
-                       **kwargs):
-        import torch
-
-        if self.cuda:
-            self.sync()
-            torch.cuda.reset_peak_memory_stats()
-            self.result["allocated_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1)
-        self.mark("begin", state)
-        if self.capture is not None and not (self.capture / "model.json").exists():
-            save_examples(self.capture, train_dataloader, processing_class, model, self.examples)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        import torch
-
-        step = state.global_step
-        if step == 1:
-            self.mark("first", state)
-        if step == self.warmup:
-            self.mark("warm", state)
-        elif step == self.warmup + self.timed:
-            self.mark("timed", state)
-            if self.cuda:
-                self.result["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-            activities = [torch.profiler.ProfilerActivity.CUDA if self.cuda else torch.profiler.ProfilerActivity.CPU]
-            self.profiler = torch.profiler.profile(activities=activities)
-            self.profiler.__enter__()
-        elif step == self.warmup + self.timed + self.profiled:
-            self.sync()
-            self.profiler.__exit__(None, None, None)
-            self.result.update(device_time(self.profiler, self.profiled))
-            self.profiler = None
-            control.should_training_stop = True
-        if time.time() > self.deadline and not control.should_training_stop:
-            self.result["stopped"] = f"at step {step}: the stage's time ran out"
-            control.should_training_stop = True
-        return control
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.profiler is not None:
-            self.profiler.__exit__(None, None, None)
-            self.profiler = None
-
-    def measured(self) -> dict:
-        """What the run measured; raises where it stopped before the timed steps ended."""
-        if "timed" not in self.marks:
-            if "stopped" in self.result:
-                raise NotMeasured(f"stopped {self.result['stopped']}")
-            raise RuntimeError("the run ended before its timed steps")
-        (start, tokens, graphs), (end, tokens_end, graphs_end) = self.marks["warm"], self.marks["timed"]
-        seconds = end - start
-        result = {"tokens_per_s": round((tokens_end - tokens) / seconds, 1),
-                  "ms_per_step": round(seconds / self.timed * 1e3, 3), "steps": self.timed,
-                  "first_step_s": round(self.marks["first"][0] - self.marks["begin"][0], 2),
-                  "warmup_s": round(start - self.marks["begin"][0], 2), **self.result}
-        if graphs_end != graphs:
-            result["recompiled"] = f"{graphs_end - graphs} graph(s) compiled during the timed steps"
-        if result.get("device_ms") is not None:
-            result["busy"] = round(min(result["device_ms"] / result["ms_per_step"], 1.0), 3)
-        return result
-
-
-@functools.cache
-def _callback_class() -> type:
-    from transformers import TrainerCallback
-
-    return type("StepMeter", (StepMeter, TrainerCallback), {})
-
-
-def step_meter(*args, **kwargs) -> StepMeter:
-    """A StepMeter that is a transformers.TrainerCallback (the Trainer's other events: nothing)."""
-    return _callback_class()(*args, **kwargs)
-
-
-def graphs_compiled() -> int:
-    """The graphs torch.compile made in this process so far (0 where torch does not say)."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # a private counter: it may move
-        return 0
-
 
 class _SkipReasons:
     """Stands in for torch._inductor.cudagraph_utils' log while a run compiles: keeps each message it warns with
@@ -319,53 +206,6 @@ def not_graphed(events: dict) -> str | None:
     return f"not graphed: {'; '.join(said)}"[:300] if said else None
 
 
-def device_time(prof, steps: int) -> dict:
-    """Per step: the device's time (its kernels, copies and memsets, summed) and how many it ran; None on CPU."""
-    from torch.autograd import DeviceType
-
-    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    if not events:
-        return {"device_ms": None, "launches": None}
-    return {"device_ms": round(sum(e.time_range.elapsed_us() for e in events) / steps / 1e3, 3),
-            "launches": round(len(events) / steps, 1)}
-
-
-def save_examples(folder: Path, loader, tokenizer, model, count: int) -> None:
-    """The first `count` examples of the run's data, its tokenizer and its model's shape (config.json's fields)."""
-    import torch
-
-    if loader is None or tokenizer is None or model is None:
-        raise RuntimeError("the Trainer's callbacks did not receive the data loader, tokenizer and model")
-    dataset = loader.dataset
-    columns = dataset[:min(count, len(dataset))]  # a datasets.Dataset's slice: {column: [values]}
-    kept = [name for name in SAVED if name in columns]
-    picked = [dict(zip(kept, values, strict=True)) for values in zip(*(columns[name] for name in kept), strict=True)]
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save(picked, folder / "examples.pt")
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
-    config = getattr(model, "config", None) or model.module.config
-    (folder / "model.json").write_text(json.dumps(config.to_dict(), default=str))
-
-
-@contextlib.contextmanager
-def metered(meter: StepMeter):
-    """Every transformers.Trainer built inside takes `meter` among its callbacks (convattn's Trainer subclasses
-    it: the command line's own run, unchanged)."""
-    import transformers
-
-    original = transformers.Trainer.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.add_callback(meter)
-
-    transformers.Trainer.__init__ = init
-    try:
-        yield meter
-    finally:
-        transformers.Trainer.__init__ = original
-
-
 class Tee(io.TextIOBase):
     """Writes to a stream and keeps the last lines (an in-process command's error, for its row)."""
 
@@ -393,7 +233,7 @@ def convattn_argv(row: dict, plan: TrainPlan, data: Corpus, work: Path, output: 
             "--seed", "0", *(["--compile-mode", compile_mode] if compile_mode else []), *plan.flags]
 
 
-def run_convattn(row: dict, plan: TrainPlan, data: Corpus, work: Path, meter: StepMeter) -> None:
+def run_convattn(row: dict, plan: TrainPlan, data: Corpus, work: Path, meter: harness.StepMeter) -> None:
     from convattn.cli import main
 
     output = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
@@ -410,21 +250,11 @@ def run_convattn(row: dict, plan: TrainPlan, data: Corpus, work: Path, meter: St
         raise RuntimeError(f"convattn pretrain exited {code}: {(said or [''])[-1].strip()}")
 
 
-def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
+def run_bert(row: dict, plan: TrainPlan, work: Path, meter: harness.StepMeter) -> None:
     """transformers' BertForMaskedLM (SDPA) of the product model's shape, trained by transformers' Trainer on the
     examples the first convattn run saved."""
     import torch
-    from transformers import (
-        AutoTokenizer,
-        BertConfig,
-        BertForMaskedLM,
-        DataCollatorForLanguageModeling,
-        Trainer,
-        TrainingArguments,
-        set_seed,
-    )
-
-    from convattn.training.execution import compile_arguments
+    from transformers import AutoTokenizer, BertForMaskedLM, set_seed
 
     saved = work / "examples"
     if not (saved / "model.json").exists():
@@ -432,26 +262,14 @@ def run_bert(row: dict, plan: TrainPlan, work: Path, meter: StepMeter) -> None:
     shape = json.loads((saved / "model.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(str(saved / "tokenizer"))
     examples = torch.load(saved / "examples.pt")
-    names = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "max_position_embeddings", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-             "layer_norm_eps", "type_vocab_size", "initializer_range")
-    config = BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa",
-                        **{name: shape[name] for name in names if name in shape})
+    config = harness.bert_config(shape, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
     set_seed(0)
     model = BertForMaskedLM(config)
-    cuda = torch.cuda.is_available()
-    steps = plan.steps(row["mode"])
     with tempfile.TemporaryDirectory(dir=work) as output:
-        arguments = TrainingArguments(
-            output_dir=output, max_steps=steps, per_device_train_batch_size=row["batch"], learning_rate=3e-4,
-            weight_decay=0.01, warmup_steps=1, lr_scheduler_type="linear", optim="adamw_torch_fused",
-            bf16=plan.precision == "bf16", max_grad_norm=1.0, seed=0, data_seed=0, eval_strategy="no",
-            save_strategy="no", logging_steps=steps, report_to="none", disable_tqdm=True,
-            **compile_arguments(MODES[row["mode"]]), include_num_input_tokens_seen="non_padding",
-            remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=cuda, use_cpu=not cuda)
-        collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
-        trainer = Trainer(model=model, args=arguments, data_collator=collator, train_dataset=examples,
-                          processing_class=tokenizer, callbacks=[meter])
+        trainer = harness.bert_trainer(
+            model, tokenizer, examples, output, steps=plan.steps(row["mode"]), batch=row["batch"],
+            precision=plan.precision, compile_mode=MODES[row["mode"]], callbacks=[meter], learning_rate=3e-4,
+            weight_decay=0.01, warmup_steps=1, max_grad_norm=1.0, include_num_input_tokens_seen="non_padding")
         trainer.train()
 
 

@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
+
 from convattn.files import atomic_path, write_json_atomic
 from convattn.runs.finetune import GLUE_RESULTS
 
@@ -306,6 +308,9 @@ def run(args) -> int:
               "phases": {phase: round(seconds, 1) for phase, seconds in spent.items()},
               "models": brought, "command": command[1:], "machine": machine()}
     write_json_atomic(out / "real_scale.json", status)
+    where = "cuda" if status["machine"].get("gpu") else "cpu"
+    harness.Run("real_scale", machine=harness.machine_line(where, threads=where == "cpu"), stage="run").save(
+        **{name: status[name] for name in ("finished", "exit_code", "seconds", "budget", "models")})
     say(f"exit code {code} after {status['seconds']:.0f} s; report and {len(brought)} models in {out}")
     if finished:
         say("finished")
@@ -420,6 +425,10 @@ def glue(args) -> int:
         subprocess.run(command, cwd=ROOT, check=True)
         results[model.name] = json.loads((args.work / "glue" / model.name / GLUE_RESULTS).read_text())
     write_json_atomic(args.out / "glue.json", results)
+    run = harness.Run("real_scale", stage="glue", tasks=args.tasks, seeds=args.seeds)
+    for model, result in results.items():
+        run.add(model=model, glue=result["glue"], columns=result["columns"])
+    run.save()
     with atomic_path(args.out / "glue.md") as tmp:
         tmp.write_text(glue_table(results))
     say(f"GLUE of {len(models)} models in {args.out / 'glue.md'}")

@@ -1,5 +1,5 @@
 """SQuAD v1.1 on the shared 3-article sample: a pretrained checkpoint fine-tuned on some articles and scored
-on a held-out one, against the trivial baselines (RESULTS.md §8).
+on a held-out one, against the trivial baselines (RESULTS.md section 7.2).
 
 The sample (../shared/data/squad/squad-v1.1-dev-sample.json) is split by article, so no context is seen in
 both training and evaluation. Each of `--articles` is held out once (a fold), the model being fine-tuned on
@@ -18,16 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from statistics import mean
 
+import harness
+
 from convattn.training.squad.metrics import squad_scores
 from convattn.training.squad.run import squad_seed_dir
 
-SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "squad" / "squad-v1.1-dev-sample.json"
+SAMPLE = harness.DATA / "squad" / "squad-v1.1-dev-sample.json"
 METRICS = ("exact_match", "f1")
 
 
@@ -76,10 +77,9 @@ def run_fold(sample: dict, held_out: str, train_titles: list[str], args) -> dict
         (out / name).write_text(json.dumps(data) + "\n")
     trivial = baselines(dev)
     (out / "baselines.json").write_text(json.dumps(trivial, indent=2) + "\n")
-    command = [sys.executable, "-m", "convattn", "squad", "--model", args.model, "--version", "1.1",
-               "--train-file", str(out / "train.json"), "--dev-file", str(out / "dev.json"),
-               "--output-dir", str(out / "squad"), *args.squad_args]
-    subprocess.run(command, check=True)
+    harness.convattn(["squad", "--model", args.model, "--version", "1.1", "--train-file", str(out / "train.json"),
+                      "--dev-file", str(out / "dev.json"), "--output-dir", str(out / "squad"), *args.squad_args],
+                     quiet=False)
     results = json.loads((out / "squad" / "squad_results.json").read_text())
     seeds = [squad_seed_dir(out / "squad", "1.1", seed) for seed in results["seeds"]]
     shared = [shared_answers(dev, json.loads((seed / "predictions.json").read_text())) for seed in seeds]
@@ -143,7 +143,9 @@ def main() -> None:
     articles = args.articles.split(",")
     if len(articles) < 2 or len(set(articles)) < len(articles) or not set(articles) <= set(titles):
         sys.exit(f"--articles must name two or more different articles of {titles}")
-    folds = [run_fold(sample, held_out, [a for a in articles if a != held_out], args) for held_out in articles]
+    with harness.Run("squad_sample", model=args.model, squad_args=args.squad_args) as run:
+        folds = [run.add(**run_fold(sample, held_out, [a for a in articles if a != held_out], args))
+                 for held_out in articles]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "squad_sample.json").write_text(json.dumps(folds, indent=2) + "\n")
     text = report(folds, args)

@@ -23,34 +23,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
-import os
-import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import harness
 import torch
-import transformers
-from transformers import (
-    AutoTokenizer,
-    BertConfig,
-    BertForMaskedLM,
-    DataCollatorForLanguageModeling,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+from transformers import AutoTokenizer, BertForMaskedLM
 
 from convattn.data.corpus import load_corpus
 from convattn.data.formatting import format_dataset
-from convattn.files import write_text_atomic
 from convattn.training.pretrain import PretrainOptions, pretrain
 from convattn.training.recipes import load_recipe
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = harness.DATA
 BERT = "transformers BertForMaskedLM"
 # per device: (layers, hidden, heads, intermediate, batch, steps, warm-up steps, vocabulary, text); the GPU's is
 # BERT-small with the paper's vocabulary, which needs more text than WikiText-103 valid (11,386 pieces from it)
@@ -58,39 +45,6 @@ DEFAULTS = {
     "cpu": (4, 256, 4, 1024, 8, 16, 4, 8000, DATA / "wikitext-103-raw" / "wiki.valid.raw"),
     "cuda": (12, 256, 4, 1024, 128, 60, 20, 30004, DATA / "enwiki-2015-sample"),
 }
-
-
-class StepClock(TrainerCallback):
-    """The time at the start of the first optimizer step and at the end of every step (after the device has
-    finished it)."""
-
-    def __init__(self):
-        self.started: float | None = None
-        self.ends: list[float] = []
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if self.started is None:
-            self.started = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.ends.append(time.perf_counter())
-
-    def measured(self, warmup: int, tokens_per_step: int) -> dict:
-        """Tokens/s at the median time of the steps after `warmup` (a step slowed by another process on the
-        machine does not count), and the seconds the warm-up steps took."""
-        steady = self.ends[warmup - 1:]
-        if len(steady) < 2:
-            raise ValueError(f"only {len(self.ends)} steps timed; --steps must exceed --warmup-steps")
-        step_seconds = statistics.median(b - a for a, b in itertools.pairwise(steady))
-        return {"tokens_per_second": tokens_per_step / step_seconds, "warmup_seconds": steady[0] - self.started}
-
-
-def precision_flags(precision: str, device: str) -> dict:
-    # bf16 autocast on CPU: the Trainer only allows it when told to stay on the CPU (as convattn's own arguments)
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16",
-            "use_cpu": device == "cpu" and precision == "bf16"}
 
 
 def recipe_for(preset: str, args):
@@ -103,14 +57,19 @@ def recipe_for(preset: str, args):
     )
 
 
-def run_convattn(preset: str, precision: str, compiled: bool, args, work: Path) -> tuple[dict, Path]:
-    clock = StepClock()
+def clock(args):
+    """The step meter of both sides: every step's end, for the median step after the warm-up."""
+    return harness.step_meter(args.warmup_steps, args.steps - args.warmup_steps, every_step=True)
+
+
+def run_convattn(preset: str, precision: str, mode: str | None, args, work: Path) -> tuple[dict, Path]:
+    meter = clock(args)
     out = Path(tempfile.mkdtemp(dir=work, prefix="convattn-"))
     options = PretrainOptions(recipe=recipe_for(preset, args), output_dir=out, train_files=[str(args.train_file)],
                               tokenizer=str(args.tokenizer) if args.tokenizer else None, cache_dir=work / "cache",
-                              precision=precision, compile=compiled, log_every=args.steps)
-    pretrain(options, callbacks=[clock])
-    return clock.measured(args.warmup_steps, args.batch_size * args.seq_len), out
+                              precision=precision, compile=mode, log_every=args.steps)
+    pretrain(options, callbacks=[meter])
+    return meter.steady(args.batch_size * args.seq_len), out
 
 
 def bert_dataset(tokenizer, args, work: Path):
@@ -119,49 +78,44 @@ def bert_dataset(tokenizer, args, work: Path):
     return format_dataset(corpus.train, tokenizer, "packed", args.seq_len)
 
 
-def run_bert(tokenizer, dataset, precision: str, compiled: bool, args, work: Path) -> dict:
+def run_bert(tokenizer, dataset, precision: str, mode: str | None, args, work: Path) -> dict:
     recipe = recipe_for("chang2021-small/absolute", args)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
-                        num_attention_heads=args.heads, intermediate_size=args.intermediate,
-                        max_position_embeddings=max(args.seq_len, 128), pad_token_id=tokenizer.pad_token_id,
-                        attn_implementation="sdpa")
+    config = harness.bert_config(dict(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                      num_attention_heads=args.heads, intermediate_size=args.intermediate,
+                                      max_position_embeddings=max(args.seq_len, 128)),
+                                 pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(recipe.seed)
     model = BertForMaskedLM(config)
-    training = TrainingArguments(
-        output_dir=str(work / "bert"), max_steps=recipe.max_steps, per_device_train_batch_size=recipe.batch_size,
-        learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay, adam_epsilon=recipe.adam_epsilon,
-        adam_beta1=recipe.adam_beta1, adam_beta2=recipe.adam_beta2, optim="adamw_torch_fused",
-        lr_scheduler_type="linear", warmup_steps=recipe.warmup, max_grad_norm=recipe.max_grad_norm, seed=recipe.seed,
-        data_seed=recipe.seed, eval_strategy="no", save_strategy="no", logging_steps=recipe.max_steps,
-        remove_unused_columns=False, dataloader_num_workers=0, dataloader_pin_memory=args.device == "cuda",
-        report_to="none", disable_tqdm=True, torch_compile=compiled, **precision_flags(precision, args.device),
-    )
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=recipe.mlm_probability, pad_to_multiple_of=8)
-    clock = StepClock()
-    Trainer(model=model, args=training, data_collator=collator, train_dataset=dataset, callbacks=[clock]).train()
-    return clock.measured(args.warmup_steps, args.batch_size * args.seq_len)
+    meter = clock(args)
+    harness.bert_trainer(
+        model, tokenizer, dataset, work / "bert", steps=recipe.max_steps, batch=recipe.batch_size,
+        precision=precision, compile_mode=mode, seed=recipe.seed, callbacks=[meter],
+        mlm_probability=recipe.mlm_probability, learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay,
+        adam_epsilon=recipe.adam_epsilon, adam_beta1=recipe.adam_beta1, adam_beta2=recipe.adam_beta2,
+        warmup_steps=recipe.warmup, max_grad_norm=recipe.max_grad_norm).train()
+    return meter.steady(args.batch_size * args.seq_len)
 
 
 def measure(args, work: Path) -> list[dict]:
     """Every (precision, mode) setting: each convattn preset, then BERT; repeated, medians kept."""
-    modes = [False, True] if args.compile else [False]
+    modes = [None, "default"] if args.compile else [None]  # torch.compile's mode (None: eager)
     samples: dict[tuple, list[dict]] = {}
     tokenizer = dataset = None
     for repeat in range(args.repeats):
         for precision in args.precisions:
-            for compiled in modes:
+            for mode in modes:
                 ours = {}
                 for preset in args.presets:
                     torch._dynamo.reset()  # a fresh model each run: no recompile limit, no stale graphs
-                    ours[preset], out = run_convattn(preset, precision, compiled, args, work)
+                    ours[preset], out = run_convattn(preset, precision, mode, args, work)
                     if tokenizer is None:  # the tokenizer the runs trained (cached: every run has the same)
                         tokenizer = AutoTokenizer.from_pretrained(out)
                         dataset = bert_dataset(tokenizer, args, work)
                         args.vocabulary = len(tokenizer)
                 torch._dynamo.reset()
-                results = {BERT: run_bert(tokenizer, dataset, precision, compiled, args, work), **ours}
+                results = {BERT: run_bert(tokenizer, dataset, precision, mode, args, work), **ours}
                 for model, row in results.items():
-                    key = (precision, "compiled" if compiled else "eager", model)
+                    key = (precision, "compiled" if mode else "eager", model)
                     samples.setdefault(key, []).append(row)
                     print(f"[{repeat + 1}/{args.repeats}] {precision} {key[1]:8s} {model:32s} "
                           f"{row['tokens_per_second']:9,.0f} tokens/s  warm-up {row['warmup_seconds']:.1f} s",
@@ -187,19 +141,10 @@ def ratio_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def machine_line(device: str) -> str:
-    where = (torch.cuda.get_device_name() if device == "cuda"
-             else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
-    return f"{where}, {versions}, {torch.get_num_threads()} threads"
-
-
 def report(rows: list[dict], args) -> str:
     return "\n".join([
-        "# Training throughput: convattn pretraining vs transformers BertForMaskedLM (same Trainer)",
-        "",
-        f"Command: `python benchmarks/train_throughput.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {machine_line(args.device)}.  ",
+        *harness.heading("Training throughput: convattn pretraining vs transformers BertForMaskedLM (same Trainer)"),
+        f"Machine: {machine(args.device)}.  ",
         f"Shape: L {args.layers}, H {args.hidden} (convattn embedding size = H, as BERT), {args.heads} heads, "
         f"I {args.intermediate}, seq len {args.seq_len}, batch {args.batch_size}, vocabulary {args.vocabulary:,} "
         f"(unigram trained on the text, --vocab-size {args.vocab_size}); {args.steps} steps, the first "
@@ -257,14 +202,20 @@ def parse_args():
     return args
 
 
+def machine(device: str) -> str:
+    return harness.machine_line(device, packages=("torch", "transformers"))
+
+
 def main() -> int:
     args = parse_args()
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="train-throughput-") as work:
+    with (harness.Run("train_throughput", machine=machine(args.device), steps=args.steps,
+                      warmup_steps=args.warmup_steps, repeats=args.repeats) as run,
+          tempfile.TemporaryDirectory(prefix="train-throughput-") as work):
         rows = measure(args, Path(work))
-    write_text_atomic(args.output, report(rows, args))
-    print(f"wrote {args.output}")
+        run.figures += rows
+    harness.report(args.output, report(rows, args))
     return 0
 
 

@@ -19,18 +19,19 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
 from pathlib import Path
 
+import harness
 import torch
 import triton.runtime.autotuner
 import triton.runtime.jit
-from common import machine_line, write_atomic
 from torch._library.utils import fill_defaults  # what torch.library's autograd runs per call (arm below)
 
 from convattn.attention.relative.triton import launch, operator
 
-HEADS, LENGTH, HEAD_DIM, REACH = 4, 128, 64, 8
+HEADS, LENGTH, HEAD_DIM, REACH = 4, 128, harness.HEAD_DIM, harness.REACH
+# what each problem adds to plain attention: both tables, a key mask (every key real), dropout
+FEATURES = {"plain": (), "composite+key": ("row", "key", "keep", "dropout")}
 
 
 def stub_launches() -> None:
@@ -44,15 +45,6 @@ def stub_launches() -> None:
         kernel_class.run = lambda self, *args, **kwargs: None
     launch.multiprocessors = lambda device: 132
     operator.interpreting = lambda: True  # the entry's device check only: the operators are already registered
-
-
-def operands(problem: str):
-    q, k, v = (torch.randn(1, LENGTH, HEADS, HEAD_DIM, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
-               for _ in range(3))
-    tables = [torch.randn(1, HEADS, LENGTH, 2 * REACH + 1, dtype=torch.bfloat16, requires_grad=True)
-              if problem == "composite+key" else None for _ in range(2)]
-    keep = torch.ones(1, LENGTH, dtype=torch.bool) if problem == "composite+key" else None
-    return q, k, v, tables, keep, 0.1 if problem == "composite+key" else 0.0
 
 
 def bare(fn):
@@ -79,7 +71,7 @@ def arms(problem: str) -> dict:
     """The calls timed: through the public entry, the operator (forward and backward through autograd), the two
     runners alone (no torch.library: wrap_triton hands back the kernel, as inside a triton_op in eager mode), and
     torch.library's argument-default filling on the forward's schema, which its autograd runs once per call."""
-    q, k, v, (row, key), keep, p = operands(problem)
+    q, k, v, row, key, keep, p = harness.kernel_operands(FEATURES[problem], 1, HEADS, LENGTH, requires_grad=True)
     grad = torch.randn_like(q)
     keep8 = None if keep is None else keep.view(torch.uint8)
     seed = torch.tensor(5) if p else None
@@ -116,18 +108,6 @@ def arms(problem: str) -> dict:
             "fill_defaults of the forward's schema": lambda: fill_defaults(schema, inputs, {})}
 
 
-def per_call_us(fn, calls: int, rounds: int) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return min(times)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", default="plain,composite+key")
@@ -140,25 +120,28 @@ def main() -> int:
     torch.set_num_threads(1)
     operators = "custom_op" if launch.interpreting() else "triton_op"
     print(f"torch {torch.__version__}, operators: {operators}")
-    lines = [f"# Host cost per eager call of the fused kernel, its launches stubbed ({machine_line()})", "",
-             f"Command: `python benchmarks/triton_host_cost.py {' '.join(sys.argv[1:])}`  ",
+    machine = harness.machine_line()
+    lines = [*harness.heading(f"Host cost per eager call of the fused kernel, its launches stubbed ({machine})"),
              f"torch {torch.__version__}, {operators} operators; the least of {args.rounds} rounds of {args.calls} "
              "calls' mean", "", "| problem | arm | us per call |", "|---|---|---:|"]
-    for problem in args.problems.split(","):
-        for name, fn in arms(problem).items():
-            us = per_call_us(fn, args.calls, args.rounds)
-            print(f"{problem:14} {name:48} {us:8.1f} us", flush=True)
-            lines.append(f"| {problem} | {name} | {us:.1f} |")
-            if args.output:
-                write_atomic(args.output, "\n".join(lines) + "\n")  # what is measured survives a later failure
-        if args.profile:
-            profiler = cProfile.Profile()
-            fn = arms(problem)["entry forward + backward"]
-            profiler.enable()
-            for _ in range(args.calls):
-                fn()
-            profiler.disable()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+    with harness.Run("triton_host_cost", machine=machine, operators=operators, calls=args.calls,
+                     rounds=args.rounds) as run:
+        for problem in args.problems.split(","):
+            for name, fn in arms(problem).items():
+                us = harness.least_per_call(fn, args.calls, args.rounds, warmup=20) * 1e6
+                run.add(problem=problem, arm=name, us_per_call=round(us, 2))
+                print(f"{problem:14} {name:48} {us:8.1f} us", flush=True)
+                lines.append(f"| {problem} | {name} | {us:.1f} |")
+                if args.output:  # what is measured survives a later failure
+                    harness.report(args.output, lines, quiet=True)
+            if args.profile:
+                profiler = cProfile.Profile()
+                fn = arms(problem)["entry forward + backward"]
+                profiler.enable()
+                for _ in range(args.calls):
+                    fn()
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
     return 0
 
 

@@ -24,7 +24,6 @@ Needs TRITON_INTERPRET unset (the interpreter defines no compilable kernels) and
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -33,9 +32,9 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import harness
 import torch
 import triton
-from common import write_atomic
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -46,6 +45,8 @@ VARIANTS = {"plain": {}, "dropout": {"dropout"}, "padding": {"padding"},
             "composite": {"row", "padding", "dropout"}, "composite+key": {"row", "key", "padding", "dropout"}}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEADS, LENGTH, REACH = 4, 512, 8
+# a row's columns after its tiling, in the table's order
+RESOURCES = ("variant", "registers", "spilled", "off_band", "band", "smem", "spill_ops", "band_spill_ops")
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
@@ -158,7 +159,7 @@ def library_tilings(kernel_name: str, dtype_name: str, head_dim: int) -> list[tu
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, output="triton_resources.md")
     parser.add_argument("--tilings", help="BLOCK_M x BLOCK_N x warps x stages, comma-separated (default: the "
                         "autotuner's candidates of each kernel)")
     parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated: " + ", ".join(KERNELS))
@@ -166,7 +167,6 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "triton_resources.md")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
@@ -178,8 +178,7 @@ def main() -> int:
     given = [tuple(int(x) for x in t.split("x")) for t in args.tilings.split(",")] if args.tilings else None
     jobs = [(kernel, variant, tiling, args.dtype, args.head_dim) for kernel in kernels
             for tiling in (given or library_tilings(kernel, args.dtype, args.head_dim)) for variant in variants]
-    lines = ["# The fused kernels on sm_90, read from their machine code without a GPU", "",
-             f"Command: `python benchmarks/triton_resources.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+    lines = [*harness.heading("The fused kernels on sm_90, read from their machine code without a GPU"),
              f"triton {triton.__version__}, {args.dtype}, {HEADS} heads of {args.head_dim} channels, n = {LENGTH}, "
              f"r = {REACH}, clip, specialized as the JIT would. Registers per thread (255 is the most), bytes spilled "
              "per thread; issue: warp instructions per 1,000 scores in the loops off the band and in the band's "
@@ -189,17 +188,14 @@ def main() -> int:
              "issue off the band | issue in the band | smem off the band | spills off the band | spills in the band | "
              "wgmma |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    with ProcessPoolExecutor(max(1, args.workers)) as pool:
+    with (harness.Run("triton_resources", machine=harness.machine_line(packages=("torch", "triton")),
+                      dtype=args.dtype, head_dim=args.head_dim) as run,
+          ProcessPoolExecutor(max(1, args.workers)) as pool):
         for r in pool.map(resources, jobs):
-            m, n, w, s = r["tiling"]
-            row = (f"| {r['kernel']} | {m} x {n} | {w} | {s} | {r['variant']} | {r['registers']} | {r['spilled']} | "
-                   f"{r['off_band']} | {r['band']} | {r['smem']} | {r['spill_ops']} | {r['band_spill_ops']} | "
-                   f"{'yes' if r['wgmma'] else 'no'} |")
-            lines.append(row)
-            print(row, flush=True)
-    write_atomic(args.output, "\n".join(lines) + "\n")
-    print(f"wrote {args.output}")
-    return 0
+            m, n, w, s = run.add(**r)["tiling"]
+            harness.emit(lines, r["kernel"], f"{m} x {n}", w, s, *(r[name] for name in RESOURCES),
+                         "yes" if r["wgmma"] else "no")
+    return harness.report(args.output, lines)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import harness
+
 from convattn.attention.relative import triton_attention
 from convattn.attention.relative.triton import kernels, launch, operator
 
@@ -63,7 +65,7 @@ FEATURES = {"plain": (), "dropout": ("dropout",), "padding": ("padding",), "padd
             "padding+row+key": ("padding", "row", "key"), "composite+key": ("padding", "row", "key", "dropout")}
 PROBLEMS = ("plain", "composite+key")  # the tilings' sweep
 LADDER = tuple(FEATURES)  # one feature more at a time, at the library's own first tilings
-HEAD_DIM, REACH, DROPOUT = 64, 8, 0.1
+HEAD_DIM, REACH = harness.HEAD_DIM, harness.REACH
 LIBRARY_CONFIGS = launch.configs
 
 
@@ -76,19 +78,11 @@ def force(tilings: dict[str, tuple]) -> None:
 
 
 def operands(problem: str, batch: int, heads: int, n: int, device: str, dtype: torch.dtype):
-    """(q, k, v, row_table, key_table, keep, dropout_p) laid out as a layer makes them: q, k, v are views of a
-    (batch, n, heads * d) projection."""
-    features = FEATURES[problem]
-    generator = torch.Generator(device).manual_seed(0)
-    q, k, v = (torch.randn(batch, n, heads, HEAD_DIM, device=device, dtype=dtype, generator=generator).transpose(1, 2)
-               for _ in range(3))
-    row, key = (torch.randn(batch, heads, n, 2 * REACH + 1, device=device, dtype=dtype, generator=generator)
-                if feature in features else None for feature in ("row", "key"))
-    keep = None
-    if "padding" in features:
-        keep = torch.ones(batch, n, dtype=torch.uint8, device=device)
-        keep[0, n - n // 8:] = 0
-    return q, k, v, row, key, keep, DROPOUT if "dropout" in features else 0.0
+    """(q, k, v, row_table, key_table, keep, dropout_p) of `problem`, the key mask in bytes as the runners take it."""
+    q, k, v, row, key, keep, p = harness.kernel_operands(FEATURES[problem], batch, heads, n, HEAD_DIM, reach=REACH,
+                                                         device=device, dtype=dtype,
+                                                         generator=torch.Generator(device).manual_seed(0))
+    return q, k, v, row, key, None if keep is None else keep.view(torch.uint8), p
 
 
 def kernel_calls(problem: str, shape: tuple, device: str, dtype: torch.dtype):
@@ -361,6 +355,19 @@ def main() -> None:
         print(f"triton_tuning: {stage.__name__} took {time.time() - started:.0f} s", flush=True)
         session.save()
     print(session.report())
+    record(session.results, args.rehearse)
+
+
+def record(results: dict, rehearse: bool) -> None:
+    """The session's figures as one row of benchmarks/results/triton_tuning.jsonl."""
+    machine = harness.machine_line("cpu" if rehearse else "cuda", packages=("torch", "triton"), threads=rehearse)
+    with harness.Run("triton_tuning", machine=machine, failed=sorted(results["failed"]),
+                     unfinished=results.get("unfinished")) as run:
+        for call, times in results["host"].items():
+            run.add(stage="host", call=call, **times)
+        for stage in ("ladder", "sdpa", "tilings"):
+            for row in results.get(stage, []):
+                run.add(stage=stage, **row)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def gpu_session():
 
 
 @pytest.mark.slow
-def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summary_last(tmp_path):
+def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summary_last(tmp_path, benchmark_rows):
     result = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), "--rehearse"], capture_output=True,
                             text=True, timeout=1200, env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -94,6 +94,11 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
                     "## Training step", "## FlexAttention"):
         assert section in summary
     assert "| training step: composite's tokens/s vs absolute's | batch 4, eager |" in summary
+    # the session's row: the bars, then every stage's rows
+    row = json.loads((benchmark_rows / "gpu_session.jsonl").read_text())
+    assert row["command"] == "bash benchmarks/gpu_session.sh --rehearse" and row["gate"] == "passed", row
+    assert any(figure["stage"] == "bars" and figure["where"] == "batch 4, eager" for figure in row["figures"])
+    assert {figure["stage"] for figure in row["figures"]} >= {"bars", "gate", "kernels", "train", "host", "flex"}
 
 
 def test_a_stage_goes_on_past_a_broken_context_without_that_arm_and_records_what_time_left_out(gpu_session,

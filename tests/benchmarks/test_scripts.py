@@ -15,9 +15,10 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a subprocess importing every benchmark
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-# modules the scripts import, not scripts: gpu_session.py --help imports pretrain_step, gpu_gate and kernel_tilings;
-# cuda_selection is the tests stage's pytest plugin (tests/benchmarks/test_gpu_session.py loads it)
-MODULES = ("common.py", "pretrain_step.py", "gpu_gate.py", "kernel_tilings.py", "cuda_selection.py")
+# modules the scripts import, not scripts: harness.py (what every benchmark shares); gpu_session.py --help imports
+# pretrain_step, gpu_gate and kernel_tilings; cuda_selection is the tests stage's pytest plugin
+# (tests/benchmarks/test_gpu_session.py loads it)
+MODULES = ("harness.py", "pretrain_step.py", "gpu_gate.py", "kernel_tilings.py", "cuda_selection.py")
 SCRIPTS = sorted(path.name for path in BENCHMARKS.glob("*.py") if path.name not in MODULES)
 
 EACH_HELP = """

@@ -17,7 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.slow
-def test_the_rehearsal_runs_every_stage_and_every_forced_tiling(tmp_path):
+def test_the_rehearsal_runs_every_stage_and_every_forced_tiling(tmp_path, benchmark_rows):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     # a deadline an hour away: the default five minutes left the rehearsal unfinished on a machine loaded 4x over
     result = subprocess.run([sys.executable, str(BENCHMARKS / "triton_tuning.py"), "--rehearse", "--out",
@@ -33,6 +33,10 @@ def test_the_rehearsal_runs_every_stage_and_every_forced_tiling(tmp_path):
     assert timed == {(problem, kernel) for problem in ("plain", "composite+key")
                      for kernel in ("forward", "backward")}
     assert all(row["ms"] > 0 for row in results["tilings"])
+    # the run's row, its figures those of tuning.json
+    row = json.loads((benchmark_rows / "triton_tuning.jsonl").read_text())
+    assert row["command"].startswith("python benchmarks/triton_tuning.py --rehearse")
+    assert sum(figure["stage"] == "tilings" for figure in row["figures"]) == len(results["tilings"])
 
 
 @pytest.mark.slow
