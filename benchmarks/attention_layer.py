@@ -11,6 +11,7 @@ row padded. Results go to benchmarks/results/attention_layer.md.
     python benchmarks/attention_layer.py --shapes 8192x1 --reps 1  # does a batch of 1 at n = 8192 train
     python benchmarks/attention_layer.py --shapes 512x16 --decomposed-from 100000  # the dense bias instead
     python benchmarks/attention_layer.py --compile --reps 7  # every arm under torch.compile (inductor), time only
+    python benchmarks/attention_layer.py --arms none,rotary,alibi,composite,composite+rotary  # today's positions
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def main() -> int:
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="dropout on the probabilities (relative terms then run blockwise from "
                              "dispatch.CPU_BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help="chang2021-small presets' layers to time, comma-separated; `none` (plain SDPA) first, "
+                             "the baseline of every ratio (default: %(default)s)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each layer (inductor); the first step compiles and is not timed, and "
                              "memory is not measured")
@@ -61,6 +65,9 @@ def main() -> int:
     if args.decomposed_from is not None:
         dispatch.CPU_DECOMPOSED_MIN_LENGTH = dispatch.CPU_BLOCKWISE_MIN_LENGTH = args.decomposed_from
     shapes = harness.shapes(args.shapes)
+    arms = args.arms.split(",")
+    if arms[0] != "none":
+        parser.error(f"--arms must start with none, the baseline of every ratio; got {args.arms}")
     if args.arm:
         return harness.measure_arm(args.arm, build, *shapes[0], args.attention_dropout)
 
@@ -84,11 +91,11 @@ def main() -> int:
         child += ["--decomposed-from", str(args.decomposed_from)]
     with harness.Run("attention_layer", dropout=args.attention_dropout, compiled=args.compile) as run:
         for n, batch in shapes:
-            times = harness.spreads({arm: build(arm, n, batch, args.attention_dropout, args.compile) for arm in ARMS},
+            times = harness.spreads({arm: build(arm, n, batch, args.attention_dropout, args.compile) for arm in arms},
                                     args.reps) if args.reps else {}
             memory = {} if args.compile else harness.fresh_processes(  # a fresh process per arm; none compiled
-                __file__, ARMS, ["--shapes", f"{n}x{batch}", *child])
-            for arm in ARMS:
+                __file__, arms, ["--shapes", f"{n}x{batch}", *child])
+            for arm in arms:
                 mem, spread = memory.get(arm), times.get(arm)
                 figure = run.add(n=n, batch=batch, arm=arm)
                 if spread:

@@ -176,10 +176,17 @@ def arguments(doc: str, *, shapes: str | None = None, reps: int | None = None, t
     if threads is not None:
         parser.add_argument("--threads", type=int, default=threads)
     if output is not None:
-        parser.add_argument("--output", type=Path, default=RESULTS / output)
+        parser.add_argument("--output", type=results_path, default=RESULTS / output,
+                            help="a file name (written under benchmarks/results/) or a path")
     if arm:
         parser.add_argument("--arm", help=argparse.SUPPRESS)
     return parser
+
+
+def results_path(text: str) -> Path:
+    """--output: a bare file name goes under benchmarks/results/, beside the rows; a path is taken as given."""
+    path = Path(text)
+    return RESULTS / path if path.parent == Path(".") else path
 
 
 def shapes(text: str) -> list[tuple[int, ...]]:
