@@ -20,3 +20,17 @@ def job_argv(job: str, checkpoint: Path, out: Path, *extra: str, train: Path = S
     return ["squad", "--model", str(checkpoint), "--version", "1.1", "--train-file", str(train), "--dev-file",
             str(dev), "--output-dir", str(out), "--seeds", "1", "--max-length", "48", "--doc-stride", "16",
             "--max-query-length", "12", *extra]
+
+
+def rewriting_the_model_after(fine_tune, model: Path):
+    """`fine_tune` (a job module's), then the weights of `model` rewritten: a `pretrain --resume` finishing into
+    --model while the job's seeds run."""
+    from safetensors.torch import load_file, save_file
+
+    def then_rewrite_the_model(*args, **kwargs):
+        run = fine_tune(*args, **kwargs)
+        weights = load_file(model / "model.safetensors")
+        save_file({name: tensor + 1 for name, tensor in weights.items()}, model / "model.safetensors",
+                  metadata={"format": "pt"})
+        return run
+    return then_rewrite_the_model

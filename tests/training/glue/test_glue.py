@@ -352,22 +352,13 @@ def test_a_folder_holding_the_users_results_is_refused_and_left_alone(tiny_check
 def test_a_model_rewritten_between_seeds_never_mixes_into_one_table(tiny_checkpoint, tmp_path, capsys, monkeypatch):
     import shutil
 
-    from safetensors.torch import load_file, save_file
+    from helpers.finetune import rewriting_the_model_after
 
     from convattn.training.glue import job
 
     model, out = tmp_path / "model", tmp_path / "out"
     shutil.copytree(tiny_checkpoint, model)
-    fine_tune = job.fine_tune
-
-    def then_rewrite_the_model(*args, **kwargs):  # a `pretrain --resume` finishing into --model meanwhile
-        run = fine_tune(*args, **kwargs)
-        weights = load_file(model / "model.safetensors")
-        save_file({name: tensor + 1 for name, tensor in weights.items()}, model / "model.safetensors",
-                  metadata={"format": "pt"})
-        return run
-
-    monkeypatch.setattr(job, "fine_tune", then_rewrite_the_model)
+    monkeypatch.setattr(job, "fine_tune", rewriting_the_model_after(job.fine_tune, model))
     argv = ["glue", "--model", str(model), "--task", "sst2", "--data-dir", str(FIXTURE_GLUE_DATA),
             "--output-dir", str(out), *QUICK, "--seeds", "2"]
     assert main(argv) == 2

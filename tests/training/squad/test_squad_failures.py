@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.finetune import SENTENCES, SQUAD, job_argv
+from helpers.finetune import SENTENCES, SQUAD, job_argv, rewriting_the_model_after
 from helpers.folders import entries, one_error_line, snapshot
 from helpers.tiny import save_tiny_checkpoint
 from transformers import Trainer
@@ -142,22 +142,11 @@ def test_a_model_rewritten_between_squad_seeds_never_mixes_into_one_table(checkp
     at the next seed's load, the finished seed kept, no results written."""
     import shutil
 
-    from safetensors.torch import load_file, save_file
-
     from convattn.training.squad import job
 
     model, out = tmp_path / "model", tmp_path / "out"
     shutil.copytree(checkpoint, model)
-    fine_tune = job.fine_tune
-
-    def then_rewrite_the_model(*args, **kwargs):
-        run = fine_tune(*args, **kwargs)
-        weights = load_file(model / "model.safetensors")
-        save_file({name: tensor + 1 for name, tensor in weights.items()}, model / "model.safetensors",
-                  metadata={"format": "pt"})
-        return run
-
-    monkeypatch.setattr(job, "fine_tune", then_rewrite_the_model)
+    monkeypatch.setattr(job, "fine_tune", rewriting_the_model_after(job.fine_tune, model))
     assert main(argv("squad", model, out, "--seeds", "2")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("convattn squad: error: --model") and "changed while this job ran" in err
