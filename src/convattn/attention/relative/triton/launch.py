@@ -31,20 +31,12 @@ def kernel_dropout_p(p: float) -> float:
 
 def configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the autotuner to try per kernel ("forward", "backward"); the
-    first alone when interpreting. The forward in half precision with heads of up to 64 channels: the fastest three
-    of ten tilings, timed on an H200 (benchmarks/triton_tuning.py; results/gpu_session/session2/tuning.md) at
-    n = 512, 2,048 and 8,192, without terms and with both tables, padding and dropout. The rest: from ptxas's
-    register report for sm_90 (benchmarks/triton_resources.py), untimed. The backward's four in half precision, of
-    72 tilings compiled (results/triton_resources_backward.md), by instructions per score at n = 512 (the band's
-    loop weighed by its share of the tiles): 64 x 64 at 4 warps, the fewest of all with dropout or a table (where
-    its loops spill), and of those whose loops do not spill without them; 128 x 64 at 8 warps, no spill without
-    tables and 8-12 spill instructions per 1,000 scores with the row table; 32 x 64 at 4 and at 8 warps, the fewest
-    of those whose loops do not spill with the row table and with both tables. All are one-stage (the count charges
-    pipelining's extra instructions and cannot credit the latency it hides). The backward's two in float32 and at
-    128 channels: 32 x 64 at 8 warps, whose loops spill least in both (at 128 channels only with both tables), and
-    at 4 warps, 11 % fewer instructions at 128 channels without terms or dropout, where neither spills; the two kept
-    for the forward spill in every variant compiled. Every backward key block is 64 wide, so `splits` deals the same
-    blocks whichever the autotuner picks."""
+    first alone when interpreting. Half precision, heads of up to 64 channels: the forward's fastest three of ten
+    tilings timed on an H200 (python benchmarks/triton_tuning.py); the backward's four with the fewest instructions
+    per score among those whose loops spill least, read from ptxas for sm_90 without a GPU (python
+    benchmarks/triton_resources.py), one-stage since that count cannot credit the latency pipelining hides. Float32
+    or 128 channels: the tilings that spill least there. Every backward key block is 64 wide, so `splits` deals the
+    same blocks whichever the autotuner picks."""
     if interpreting():
         return [(16, 32, 1, 1)]  # the smallest tiles dropout_keep allows
     if dtype == torch.float32 or head_dim > 64:
@@ -67,7 +59,7 @@ TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_ALIBI", "HAS_KEEP", "V
 # fixed order (bit-identical passes), or "atomic", one accumulator a program per key block adds into atomically.
 # CONVATTN_TRITON_DQ chooses; by default (auto), torch.use_deterministic_algorithms(True) keeps "split", and
 # otherwise "atomic" serves on a GPU where the split accumulators would not fit in half its L2 cache (where their
-# traffic outweighs the atomics': issue 62's estimate, which benchmarks/gpu_session.py times both to settle).
+# traffic outweighs the atomics': an estimate; python benchmarks/gpu_session.py times both designs to settle it).
 DQ_DESIGNS = ("auto", "split", "atomic")
 DQ_ENVIRONMENT = "CONVATTN_TRITON_DQ"
 
