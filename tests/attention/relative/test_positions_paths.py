@@ -19,6 +19,7 @@ from helpers.relative import (
     make_layer,
     output_and_grads,
 )
+from helpers.tiers import slow_except
 from transformers import ModernBertConfig
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
@@ -83,9 +84,17 @@ def assert_path_matches(layer, reference, tolerance=1e-5):
                                        msg=lambda m, name=name, label=label: f"{label}, {name}: {m}")
 
 
+def kernel_cases_slow_except(cases: list[str], paths: list[str], kernel: str, fast: str) -> list:
+    """(case, path) pairs: the fused kernel's, seconds each under Triton's interpreter, in the slow tier but for
+    `fast`'s (test_triton_attention covers the kernel's own cases in the fast tier)."""
+    pairs = [(case, path) for case in cases for path in paths]
+    return slow_except(pairs, *(pair for pair in pairs if pair[1] != kernel or pair[0] == fast))
+
+
 @pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
-@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise", "triton"])
-@pytest.mark.parametrize("case", ["alibi", "composite+key+rotary", "composite+key+alibi"])
+@pytest.mark.parametrize(("case", "path"), kernel_cases_slow_except(
+    ["alibi", "composite+key+rotary", "composite+key+alibi"], ["dense", "decomposed", "blockwise", "triton"],
+    "triton", "composite+key+alibi"))
 def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     """Each path the dispatcher can take for score terms, forced; blocks of 8 queries so that the decomposition's
     fused calls and the blockwise path's blocks are several."""
@@ -104,8 +113,8 @@ def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
 
 
 @pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
-@pytest.mark.parametrize("implementation", ["sdpa", "eager", "convattn_triton"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("case", "implementation"), kernel_cases_slow_except(
+    list(CASES), ["sdpa", "eager", "convattn_triton"], "convattn_triton", "composite+key+rotary"))
 def test_attn_implementations_match_the_reference(case, implementation, convbert):
     """By attn_implementation, as a model runs: SDPA applies rotary before its kernel; "convattn_triton" takes the
     fused kernel for padded rows and its variable-length interface for packed sequences."""
@@ -116,7 +125,8 @@ def test_attn_implementations_match_the_reference(case, implementation, convbert
     assert_path_matches(layer, reference, tolerance(case, convbert))
 
 
-@pytest.mark.parametrize("path", ["dense", "decomposed", "blockwise", "triton"])
+@pytest.mark.parametrize("path", slow_except(["dense", "decomposed", "blockwise", "triton"], "dense", "decomposed",
+                                              "blockwise"))
 def test_alibi_beside_terms_that_stop_at_their_window(path, monkeypatch):
     """relative_out_of_window "zero": the terms add nothing past r, ALiBi's -m_h |i - j| goes on at every offset (the
     decomposition's off-band constants come from ALiBi's table alone)."""
