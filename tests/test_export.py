@@ -129,6 +129,7 @@ def test_onnx_export_command_matches_eager(preset, tmp_path, capfd):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs the [onnx] extra (onnxruntime)")
+@pytest.mark.slow  # the command's fast case is the masked LM's above
 def test_onnx_export_command_writes_a_squad_model(tmp_path):
     import onnxruntime
 

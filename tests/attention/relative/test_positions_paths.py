@@ -85,14 +85,15 @@ def assert_path_matches(layer, reference, tolerance=1e-5):
 
 
 def kernel_cases_slow_except(cases: list[str], paths: list[str], kernel: str, fast: str) -> list:
-    """(case, path) pairs: the fused kernel's, seconds each under Triton's interpreter, in the slow tier but for
-    `fast`'s (test_triton_attention covers the kernel's own cases in the fast tier)."""
-    pairs = [(case, path) for case in cases for path in paths]
-    return slow_except(pairs, *(pair for pair in pairs if pair[1] != kernel or pair[0] == fast))
+    """(case, path, convbert) for every case, path and layer: the fused kernel's, seconds each under Triton's
+    interpreter, in the slow tier but for `fast`'s on the composite layer (test_triton_attention covers the
+    kernel's own cases)."""
+    return [pytest.param(case, path, convbert, id=f"{case}-{path}-{'convbert' if convbert else 'composite'} layer",
+                         marks=[pytest.mark.slow] if path == kernel and (case, convbert) != (fast, False) else [])
+            for case in cases for path in paths for convbert in (False, True)]
 
 
-@pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
-@pytest.mark.parametrize(("case", "path"), kernel_cases_slow_except(
+@pytest.mark.parametrize(("case", "path", "convbert"), kernel_cases_slow_except(
     ["alibi", "composite+key+rotary", "composite+key+alibi"], ["dense", "decomposed", "blockwise", "triton"],
     "triton", "composite+key+alibi"))
 def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
@@ -112,8 +113,7 @@ def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     assert set(taken) == {path}
 
 
-@pytest.mark.parametrize("convbert", [False, True], ids=["composite layer", "convbert layer"])
-@pytest.mark.parametrize(("case", "implementation"), kernel_cases_slow_except(
+@pytest.mark.parametrize(("case", "implementation", "convbert"), kernel_cases_slow_except(
     list(CASES), ["sdpa", "eager", "convattn_triton"], "convattn_triton", "composite+key+rotary"))
 def test_attn_implementations_match_the_reference(case, implementation, convbert):
     """By attn_implementation, as a model runs: SDPA applies rotary before its kernel; "convattn_triton" takes the

@@ -226,8 +226,10 @@ def padding_anywhere(n):
 ALIBI_TERMS = {"alibi": [], "composite+alibi": TERMS["composite"], "composite+key+alibi": TERMS["composite+key"]}
 
 
-# fast tier: ALiBi alone here (the reference's pair-by-pair tables take the time), with terms in the dropout test's
-@pytest.mark.parametrize("terms", slow_except(list(ALIBI_TERMS), "alibi"))
+# slow tier: the reference's pair-by-pair tables take the time; the fast tier has the kernel with ALiBi and terms
+# against the loop reference in test_positions_paths, and ALiBi alone in the no-table test below
+@pytest.mark.slow
+@pytest.mark.parametrize("terms", list(ALIBI_TERMS))
 def test_alibi_matches_the_reference_with_padding_anywhere(terms, dq_design):
     """ALiBi computed inside the kernels, in the forward and the backward's recomputed scores: three heads (slopes
     2^-4, 2^-8 and 2^-2: not a power of two), odd n over several query and key tiles, so that tiles left of the band,
@@ -343,7 +345,8 @@ def dropped_probabilities(q, k, rel, keep, dropout_p, seed):
     return (out[..., :n] == 0) & keep[:, None, None, :]
 
 
-@pytest.mark.parametrize("alibi", slow_except([False, True], True), ids=["composite+key", "composite+key+alibi"])
+@pytest.mark.slow
+@pytest.mark.parametrize("alibi", [False, True], ids=["composite+key", "composite+key+alibi"])
 def test_dropout_is_replayed_in_backward(alibi, dq_design):
     batch, heads, n, head_dim, dropout_p, seed = 2, 2, 21, 32, 0.3, 7
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3, alibi=alibi)
