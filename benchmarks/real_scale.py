@@ -226,7 +226,7 @@ def compare_command(args, work: Path, budget: str) -> list[str]:
     smoke = ["--layers", "1", "--hidden", "64", "--heads", "2", "--intermediate", "128", "--batch-size", "8",
              "--eval-samples", "32"] if args.smoke else []
     return [
-        sys.executable, "-m", "convattn", "compare", "--presets", PRESETS, "--recipe", "chang2021-small",
+        sys.executable, "-m", "convattn", "compare", "--presets", args.presets, "--recipe", "chang2021-small",
         "--time-budget", budget, "--warmup", "0.08", "--seeds", "1",
         "--train-file", str(work / "corpus"), "--eval-file", str(work / EVAL_FILE),
         "--tokenizer", str(args.kit / "tokenizer"), "--eval-samples", str(args.eval_samples),
@@ -263,7 +263,7 @@ def machine() -> dict:
 
 def run(args) -> int:
     if args.dry_run:
-        budget, lines = plan_lines(args.limit, ESTIMATES, len(PRESETS.split(",")))
+        budget, lines = plan_lines(args.limit, ESTIMATES, len(args.presets.split(",")))
         say(f"the plan (unpacking and tokenizing estimated; a real call measures them first): {budget:.0f} s of "
             "training each")
         print("\n".join(lines))
@@ -278,7 +278,7 @@ def run(args) -> int:
     work, out = args.work, args.out
     out.mkdir(parents=True, exist_ok=True)
     started = call_started()
-    models = len(PRESETS.split(","))
+    models = len(args.presets.split(","))
     estimate, lines = plan_lines(args.limit, ESTIMATES, models)
     say(f"the plan, before anything runs (unpacking and tokenizing estimated): {estimate:.0f} s of training each")
     print("\n".join(lines), flush=True)
@@ -472,6 +472,9 @@ def main() -> int:
     running.add_argument("--stop-after", type=float,
                          help="interrupt the comparison after this many seconds (default: what leaves time to bring "
                               "the models back inside --limit)")
+    running.add_argument("--presets", default=PRESETS,
+                         help="the models, trained one after another for the same time (default: %(default)s; "
+                              "rotary against composite: chang2021-small/composite,chang2021-small/rotary)")
     running.add_argument("--dry-run", action="store_true", help="print the plan with estimated phases, run nothing")
     running.add_argument("--eval-samples", type=int, default=2048)
     running.add_argument("--compile", action="store_true", help="torch.compile the models")
