@@ -3,7 +3,15 @@ own folder, never to the checkout's benchmarks/results/, for the benchmark's pro
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# a script loaded from its file (importlib) imports harness as `python benchmarks/x.py` would: from its own folder
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
+if BENCHMARKS not in sys.path:
+    sys.path.insert(0, BENCHMARKS)
 
 
 @pytest.fixture(autouse=True)

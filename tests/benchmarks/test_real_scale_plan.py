@@ -22,7 +22,8 @@ def real_scale():
 
 
 def test_the_dry_run_plan_fits_the_call_with_equal_budgets(real_scale, capsys):
-    assert real_scale.run(argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT)) == 0
+    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=real_scale.PRESETS)
+    assert real_scale.run(args) == 0
     printed = capsys.readouterr().out.splitlines()
     budgets = {line.split()[-2] for line in printed if "training (budget)" in line}
     assert len([line for line in printed if "training (budget)" in line]) == 2 and len(budgets) == 1
