@@ -84,13 +84,15 @@ def assert_path_matches(layer, reference, tolerance=1e-5):
                                        msg=lambda m, name=name, label=label: f"{label}, {name}: {m}")
 
 
-def kernel_cases_slow_except(cases: list[str], paths: list[str], kernel: str, fast: str) -> list:
-    """(case, path, convbert) for every case, path and layer: the fused kernel's, seconds each under Triton's
-    interpreter, in the slow tier but for `fast`'s on the composite layer (test_triton_attention covers the
-    kernel's own cases)."""
+def kernel_cases_slow_except(cases: list[str], paths: list[str], kernel: str, fast: str,
+                             kernel_cases: tuple[str, ...] | None = None) -> list:
+    """(case, path, convbert) for every case, path and layer: the fused kernel's (seconds each under Triton's
+    interpreter) for `kernel_cases` only (default: all), in the slow tier but for `fast`'s on the composite layer.
+    The kernel's own cases, ALiBi and packed sequences included, are test_triton_attention's."""
     return [pytest.param(case, path, convbert, id=f"{case}-{path}-{'convbert' if convbert else 'composite'} layer",
                          marks=[pytest.mark.slow] if path == kernel and (case, convbert) != (fast, False) else [])
-            for case in cases for path in paths for convbert in (False, True)]
+            for case in cases for path in paths for convbert in (False, True)
+            if path != kernel or kernel_cases is None or case in kernel_cases]
 
 
 @pytest.mark.parametrize(("case", "path", "convbert"), kernel_cases_slow_except(
@@ -113,8 +115,10 @@ def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     assert set(taken) == {path}
 
 
+# through the kernel: the cases whose terms it reads (rotary alone is the plain kernel on rotated projections)
 @pytest.mark.parametrize(("case", "implementation", "convbert"), kernel_cases_slow_except(
-    list(CASES), ["sdpa", "eager", "convattn_triton"], "convattn_triton", "composite+key+rotary"))
+    list(CASES), ["sdpa", "eager", "convattn_triton"], "convattn_triton", "composite+key+rotary",
+    kernel_cases=("composite+key+rotary", "composite+key+alibi")))
 def test_attn_implementations_match_the_reference(case, implementation, convbert):
     """By attn_implementation, as a model runs: SDPA applies rotary before its kernel; "convattn_triton" takes the
     fused kernel for padded rows and its variable-length interface for packed sequences."""
