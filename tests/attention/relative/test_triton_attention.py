@@ -227,10 +227,11 @@ ALIBI_TERMS = {"alibi": [], "composite+alibi": TERMS["composite"], "composite+ke
 
 
 # slow tier: the reference's pair-by-pair tables take the time; the fast tier has the kernel with ALiBi and terms
-# against the loop reference in test_positions_paths, and ALiBi alone in the no-table test below
+# against the loop reference in test_positions_paths, and ALiBi alone in the no-table test below. The split dQ
+# design only: ALiBi changes the scores, not how dQ is summed (the atomic design's cases are the terms' above)
 @pytest.mark.slow
 @pytest.mark.parametrize("terms", list(ALIBI_TERMS))
-def test_alibi_matches_the_reference_with_padding_anywhere(terms, dq_design):
+def test_alibi_matches_the_reference_with_padding_anywhere(terms):
     """ALiBi computed inside the kernels, in the forward and the backward's recomputed scores: three heads (slopes
     2^-4, 2^-8 and 2^-2: not a power of two), odd n over several query and key tiles, so that tiles left of the band,
     on it and right of it all carry the term, and every padding the kernels tell apart."""
