@@ -65,14 +65,34 @@ def padded_and_packed(layer, x, keep):
     return padded, padded.new_zeros(padded.shape).masked_scatter(keep[..., None], packed)
 
 
-def assert_path_matches(layer, reference, tolerance=1e-5):
+# the loop reference of a (case, layer), with its gradients: seconds each, and the same for every path and
+# attn_implementation that layer is run on, so computed once per layer's weights (`assert_path_matches`'s `case`)
+REFERENCES: dict[tuple, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+
+
+def gradient_weights(out: torch.Tensor) -> torch.Tensor:
+    """The fixed random projection of an output whose gradients are compared."""
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+def assert_path_matches(layer, reference, tolerance=1e-5, case: tuple | None = None):
+    """The layer, padded and packed, against `reference` in the output and every gradient. `case`: what built the
+    layer and its reference (layer_and_reference's arguments), under which the reference is kept for the next test
+    that builds the same layer (its weights are checked to be the same)."""
     x, keep = batch(LENGTHS, N, torch.float32, width=HIDDEN)
-    expected = reference(x, keep)
-    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    real = keep[..., None].expand_as(expected)
     params = [x, *layer.parameters()]
-    expected_grads = torch.autograd.grad((expected * weights * keep[..., None]).sum(), params)
-    expected = expected.detach()
+    key = None if case is None else (*case, tuple(float(p.double().sum()) for p in layer.parameters()))
+    if key in REFERENCES:
+        expected, expected_grads = REFERENCES[key]
+    else:
+        out = reference(x, keep)
+        expected_grads = tuple(g.detach() for g in torch.autograd.grad(
+            (out * gradient_weights(out) * keep[..., None]).sum(), params))
+        expected = out.detach()
+        if key is not None:
+            REFERENCES[key] = expected, expected_grads
+    weights = gradient_weights(expected)
+    real = keep[..., None].expand_as(expected)
     scale = max(g.abs().max().item() for g in expected_grads)
     for label, ours in zip(("padded", "packed"), padded_and_packed(layer, x, keep), strict=True):
         torch.testing.assert_close(ours.double()[real], expected[real], rtol=tolerance, atol=tolerance,
@@ -111,7 +131,7 @@ def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     monkeypatch.setattr(dispatch, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
     monkeypatch.setattr(dispatch, "_packed_kernel_serves", lambda *args: False)  # packed: blocks, forced path
     with dispatch.forced_path(path):
-        assert_path_matches(layer, reference, tolerance(case, convbert))
+        assert_path_matches(layer, reference, tolerance(case, convbert), case=(case, convbert))
     assert set(taken) == {path}
 
 
@@ -126,7 +146,7 @@ def test_attn_implementations_match_the_reference(case, implementation, convbert
         pytest.importorskip("triton")
     layer, reference = layer_and_reference(case, convbert)
     layer.config._attn_implementation = implementation
-    assert_path_matches(layer, reference, tolerance(case, convbert))
+    assert_path_matches(layer, reference, tolerance(case, convbert), case=(case, convbert))
 
 
 @pytest.mark.parametrize("path", slow_except(["dense", "decomposed", "blockwise", "triton"], "dense", "decomposed",
