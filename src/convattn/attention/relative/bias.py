@@ -17,7 +17,7 @@ slope per head (`alibi_slopes`), no parameter. The dense paths (`forward`, `bias
 computes it from the positions inside itself, as FlashAttention's ALiBi does, and flex.py's score_mod from the query
 and key indices: both take the relative terms' tables without ALiBi (`tables`; none for ALiBi alone) and the slopes
 (`slopes`), and no ALiBi tensor of n entries or more exists on those paths. The decomposition (`pieces`) carries it
-in the tables (`kernel_tables`), in clip mode: with p = position - c (c any constant, the middle of the sequence
+in the tables (`alibi_table`), in clip mode: with p = position - c (c any constant, the middle of the sequence
 keeps the entries small), row[i, t] = sign(t - r) m_h p_i and key[j, s] = sign(s - r) m_h p_j give row[i, c(j - i)]
 + key[j, c(i - j)] = -m_h |i - j| on the band and off it, where clip mode reads the edge columns: left of the band
 -m_h p_i + m_h p_j, right of it m_h p_i - m_h p_j. These entries grow with the length (|m_h p| <= m_h n / 2), so
@@ -139,19 +139,6 @@ class RelativePositionBias(nn.Module):
         centred = torch.arange(n, device=like.device).to(slopes.dtype) - (n - 1) / 2
         return (slopes[:, None, None] * centred[None, :, None] * signs)[None]
 
-    def kernel_tables(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """`tables` with ALiBi added (float32 tables then, whatever q's dtype; the key table as wide as k's batch):
-        what `pieces` builds the decomposition's pieces from. The fused kernel and flex.py compute ALiBi themselves
-        and take `tables`."""
-        row_table, key_table = self.tables(q, k)
-        if self.alibi is None:
-            return row_table, key_table
-        alibi = self.alibi_table(q)
-        row_table = alibi if row_table is None else row_table.to(alibi.dtype) + alibi
-        key_table = alibi.expand(k.shape[0], *alibi.shape[1:]) if key_table is None else \
-            key_table.to(alibi.dtype) + alibi
-        return row_table, key_table
-
     def alibi_bias(self, q: Tensor, n: int, rows: slice) -> Tensor:
         """(1, heads, rows, n): -m_h |i - j| for the query `rows` against n keys, in q's dtype."""
         query = torch.arange(n, device=q.device)[rows]
@@ -180,7 +167,12 @@ class RelativePositionBias(nn.Module):
         off-band constants (batch, heads, n) per query row and per key, left and right of the band."""
         batch, heads, n, _ = q.shape
         reach, width = self.reach, 2 * self.reach + 1
-        row_table, key_table = self.kernel_tables(q, k)
+        row_table, key_table = self.tables(q, k)
+        alibi = None if self.alibi is None else self.alibi_table(q)
+        if alibi is not None:  # float32 tables then, whatever q's dtype; the key table as wide as k's batch
+            row_table = alibi if row_table is None else row_table.to(alibi.dtype) + alibi
+            key_table = alibi.expand(k.shape[0], *alibi.shape[1:]) if key_table is None else \
+                key_table.to(alibi.dtype) + alibi
         band = row_table.expand(batch, heads, n, width) if row_table is not None else None
         if key_table is not None:
             # key i + t - r sits at offset i - j = r - t from query i: column 2r - t of its row
@@ -192,7 +184,7 @@ class RelativePositionBias(nn.Module):
         pieces = dict(band=band, row_left=None, row_right=None, key_left=None, key_right=None)
         if not self.clip:
             # off the band the terms add nothing and ALiBi alone continues: its own table's edge columns
-            row_table = key_table = None if self.alibi is None else self.alibi_table(q)
+            row_table = key_table = alibi
         if row_table is not None:
             pieces["row_left"] = row_table[..., 0].expand(batch, heads, n)
             pieces["row_right"] = row_table[..., 2 * reach].expand(batch, heads, n)
