@@ -62,12 +62,12 @@ def test_padded_and_flattened_batches_equal_each_sequence_alone(kind, composed):
 def test_rotary_attention_depends_on_position_differences_only(monkeypatch):
     """Position ids shifted by 5 leave the outputs as they were, while the rotated queries differ: the ids given
     reach the rotation, and only their differences count."""
-    from convattn.attention import composite, rotary
+    from convattn.attention import rotary
 
     built = model("rotary", "alone")
     rotated = []
     original = rotary.rotate_queries_and_keys
-    monkeypatch.setattr(composite, "rotate_queries_and_keys", lambda *args: rotated.append(original(*args)[0])
+    monkeypatch.setattr(rotary, "rotate_queries_and_keys", lambda *args: rotated.append(original(*args)[0])
                         or original(*args))
     assert_same_when_shifted(built)
     layers = TINY["num_hidden_layers"]

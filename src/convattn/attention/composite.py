@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
 from convattn.attention.relative import attention_per_sequence, position_bias
-from convattn.attention.rotary import rotate_queries_and_keys, terms_inputs
+from convattn.attention.rotary import rotated_for_attention
 
 
 class DepthwiseConv1d(nn.Conv1d):
@@ -82,10 +82,8 @@ class CompositeSelfAttention(nn.Module):
             hidden_states = mask.zero_pads(hidden_states)
         query, key, values = (layer(hidden_states, mask) if isinstance(layer, ConvProjection) else layer(hidden_states)
                               for layer in (self.query, self.key, self.value))
-        tables_from = None
-        if self.rope_theta is not None:
-            tables_from = terms_inputs(self.relative, query, key)
-            query, key = rotate_queries_and_keys(query, key, mask.token_positions(), self.num_heads, self.rope_theta)
+        query, key, tables_from = rotated_for_attention(query, key, mask.token_positions(), self.num_heads,
+                                                        self.rope_theta, self.relative)
         dropout_p = self.dropout_p if self.training else 0.0
         context, probs = attention_per_sequence(
             query, key, values, self.num_heads, self.relative, mask, dropout_p=dropout_p,

@@ -32,7 +32,7 @@ from transformers import initialization as init
 from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
 from convattn.attention.relative import attention_per_sequence, position_bias
-from convattn.attention.rotary import rotate_queries_and_keys, terms_inputs
+from convattn.attention.rotary import rotated_for_attention
 
 
 def shifted_taps(x: Tensor, kernel_size: int) -> list[Tensor]:
@@ -150,11 +150,8 @@ class ConvBertMixedAttention(nn.Module):
         """hidden_states: a padded batch (batch, n, H) with its TokenMask, or packed sequences (1, total, H)."""
         query, key = self.query(hidden_states), self.key(hidden_states)
         # rotary positions turn the self-attention heads' queries and keys; the span kernels read Q as it is
-        attention_query, attention_key, tables_from = query, key, None
-        if self.rope_theta is not None:
-            tables_from = terms_inputs(self.relative, query, key)
-            attention_query, attention_key = rotate_queries_and_keys(query, key, mask.token_positions(),
-                                                                     self.num_heads, self.rope_theta)
+        attention_query, attention_key, tables_from = rotated_for_attention(
+            query, key, mask.token_positions(), self.num_heads, self.rope_theta, self.relative)
         dropout_p = self.dropout_p if self.training else 0.0
         context, probs = attention_per_sequence(attention_query, attention_key, self.value(hidden_states),
                                                 self.num_heads, self.relative, mask, dropout_p=dropout_p,

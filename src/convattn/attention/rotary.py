@@ -45,11 +45,13 @@ def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_h
     return rotate(query, cos, sin, num_heads), rotate(key, cos, sin, num_heads)
 
 
-def terms_inputs(relative, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The projections that relative terms reading queries or keys (dynamic_query, dynamic_key) take beside rotary
-    positions: query and key before the rotation, so that each term depends on the offset j - i alone, as without
-    rotary (terms read from turned vectors would change when a whole sequence shifts). None where no term reads
-    them (fixed terms, ALiBi, none)."""
-    if relative is None or not relative.reads_projections:
-        return None
-    return query, key
+def rotated_for_attention(query: Tensor, key: Tensor, positions: Tensor, num_heads: int, theta: float | None,
+                          relative) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+    """(query, key) rotated at positions (unchanged where theta is None), and the projections that relative terms
+    reading queries or keys (dynamic_query, dynamic_key) take beside them: query and key before the rotation, so that
+    each term depends on the offset j - i alone, as without rotary (terms read from turned vectors would change when
+    a whole sequence shifts); None where no term reads them or nothing turned."""
+    if theta is None:
+        return query, key, None
+    tables_from = (query, key) if relative is not None and relative.reads_projections else None
+    return *rotate_queries_and_keys(query, key, positions, num_heads, theta), tables_from
