@@ -164,7 +164,7 @@ def configure(verbose: bool) -> None:
         _saved[name] = (logger.handlers[:], logger.level, logger.propagate)
         logger.handlers, logger.propagate = [_run_log, screen], False
         logger.setLevel(logging.INFO)
-    logging.captureWarnings(False)  # anew: whoever replaced warnings.showwarning since (a test's recorder)
+    # anew, release having let go: whoever replaced warnings.showwarning since (a test's recorder) is wrapped
     logging.captureWarnings(True)
 
 
