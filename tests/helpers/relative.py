@@ -47,12 +47,31 @@ def batch(lengths, n, dtype, seed=0, width=32):
     return x, keep
 
 
+def gradient_weights(out: Tensor) -> Tensor:
+    """The fixed random projection of an output whose gradients are compared."""
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
 def output_and_grads(layer, x, keep, forward):
     out = forward(x, keep)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    loss = (out.double() * weights * keep[..., None]).sum()  # pad rows' outputs are unused downstream
+    loss = (out.double() * gradient_weights(out) * keep[..., None]).sum()  # pad rows' outputs are unused downstream
     grads = torch.autograd.grad(loss, [x, *layer.parameters()])
     return out.double(), [g.double() for g in grads]
+
+
+# the float64 loop references' outputs and gradients, by what they were computed from (`kept_output_and_grads`)
+REFERENCES: dict[tuple, tuple[Tensor, list[Tensor]]] = {}
+
+
+def kept_output_and_grads(case: tuple, layer, x, keep, reference):
+    """`output_and_grads` of a loop reference (seconds each), computed once for `case` (what built the layer and the
+    batch) and the reference, the layer's weights and the inputs as they are now: tests that run one layer on several
+    paths, or tile it differently, share it."""
+    key = (getattr(reference, "func", reference).__name__, *case, float(x.double().sum()),
+           tuple(keep.sum(-1).tolist()), tuple(float(p.double().sum()) for p in layer.parameters()))
+    if key not in REFERENCES:
+        REFERENCES[key] = output_and_grads(layer, x, keep, reference)
+    return REFERENCES[key]
 
 
 class MathKernel:

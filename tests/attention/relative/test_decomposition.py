@@ -16,6 +16,7 @@ from helpers.relative import (
     MathKernel,
     batch,
     directional_derivatives,
+    kept_output_and_grads,
     make_convbert_layer,
     make_layer,
     output_and_grads,
@@ -48,23 +49,12 @@ def use_kernel(monkeypatch):
     return use
 
 
-# the loop reference's output and gradients by what they are computed from (`assert_every_kernel_matches`' `case`):
-# shapes that differ only in how the decomposition tiles the same layer and batch share one
-REFERENCES: dict[tuple, tuple] = {}
-
-
 def assert_every_kernel_matches(layer, x, keep, reference, tolerance, use_kernel, case: tuple | None = None):
     """The layer through the decomposition with each kernel of KERNELS: output and every gradient as `reference`.
-    `case`: what built the layer and the batch, under which the reference is kept for a test that builds the same
-    (its weights and inputs are checked to be the same)."""
-    key = None if case is None else (*case, float(x.double().sum()), tuple(keep.sum(1).tolist()),
-                                     tuple(float(p.double().sum()) for p in layer.parameters()))
-    if key in REFERENCES:
-        expected, ref_grads = REFERENCES[key]
-    else:
-        expected, ref_grads = output_and_grads(layer, x, keep, reference)
-        if key is not None:
-            REFERENCES[key] = expected, ref_grads
+    `case`: what built the layer and the batch, under which the reference is shared with the tests that build the same
+    (`kept_output_and_grads`)."""
+    expected, ref_grads = (output_and_grads(layer, x, keep, reference) if case is None
+                           else kept_output_and_grads(case, layer, x, keep, reference))
     names = ["input", *(name for name, _ in layer.named_parameters())]
     for label, kernel in KERNELS.items():
         use_kernel(kernel)

@@ -15,6 +15,8 @@ from helpers.relative import (
     MathKernel,
     batch,
     directional_derivatives,
+    gradient_weights,
+    kept_output_and_grads,
     make_convbert_layer,
     make_layer,
     output_and_grads,
@@ -65,32 +67,14 @@ def padded_and_packed(layer, x, keep):
     return padded, padded.new_zeros(padded.shape).masked_scatter(keep[..., None], packed)
 
 
-# the loop reference of a (case, layer), with its gradients: seconds each, and the same for every path and
-# attn_implementation that layer is run on, so computed once per layer's weights (`assert_path_matches`'s `case`)
-REFERENCES: dict[tuple, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
-
-
-def gradient_weights(out: torch.Tensor) -> torch.Tensor:
-    """The fixed random projection of an output whose gradients are compared."""
-    return torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-
-
 def assert_path_matches(layer, reference, tolerance=1e-5, case: tuple | None = None):
     """The layer, padded and packed, against `reference` in the output and every gradient. `case`: what built the
-    layer and its reference (layer_and_reference's arguments), under which the reference is kept for the next test
-    that builds the same layer (its weights are checked to be the same)."""
+    layer (layer_and_reference's arguments), under which its reference is shared with the tests that build the same
+    layer (`kept_output_and_grads`)."""
     x, keep = batch(LENGTHS, N, torch.float32, width=HIDDEN)
     params = [x, *layer.parameters()]
-    key = None if case is None else (*case, tuple(float(p.double().sum()) for p in layer.parameters()))
-    if key in REFERENCES:
-        expected, expected_grads = REFERENCES[key]
-    else:
-        out = reference(x, keep)
-        expected_grads = tuple(g.detach() for g in torch.autograd.grad(
-            (out * gradient_weights(out) * keep[..., None]).sum(), params))
-        expected = out.detach()
-        if key is not None:
-            REFERENCES[key] = expected, expected_grads
+    expected, expected_grads = (output_and_grads(layer, x, keep, reference) if case is None
+                                else kept_output_and_grads(case, layer, x, keep, reference))
     weights = gradient_weights(expected)
     real = keep[..., None].expand_as(expected)
     scale = max(g.abs().max().item() for g in expected_grads)
