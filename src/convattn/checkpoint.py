@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,6 +319,7 @@ def check_model_folder(model: str | Path, flag: str = "--model", need_convattn: 
     data = read_config_json(file)
     check_config_fields(data, file)
     folder = ModelFolder(str(model), load_config(path, data), local=True)
+    say_unsure_rotary_terms(data, file)
     require_convattn(folder, need_convattn)
     check_token_ids(folder.config, file)
     shapes = {}
@@ -325,6 +327,20 @@ def check_model_folder(model: str | Path, flag: str = "--model", need_convattn: 
         shapes |= check_weight_file(weights)
     check_weights_fit(folder.config, shapes, file)
     return folder
+
+
+_SAID: set[Path] = set()
+
+
+def say_unsure_rotary_terms(data: dict, file: Path) -> None:
+    """Say on the screen, once a process, how a config that predates rotary_relative_terms is read where it changes
+    the outputs (loading warns too, but a command sends the libraries' warnings to its log.txt)."""
+    from convattn.config import unsure_rotary_terms
+    from convattn.console import main_process
+
+    if (note := unsure_rotary_terms(data)) and file.resolve() not in _SAID and main_process():
+        _SAID.add(file.resolve())
+        print(f"convattn: warning: {file}: {note}", file=sys.stderr, flush=True)
 
 
 def check_hub_model(model: str, flag: str, need_convattn: str | None) -> ModelFolder:

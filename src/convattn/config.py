@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 
 from transformers import PretrainedConfig
@@ -43,6 +44,10 @@ LINFORMER_BIASES = ("after_projection", "before_projection")
 # which token predicts the weight of a ConvBERT convolution-head tap: "query" (Jiang et al. 2020) or "key"
 # (Chang et al. 2021's code, see convbert.py)
 CONVBERT_KERNELS_FROM = ("query", "key")
+# what dynamic relative terms beside rotary read: the queries and keys before the rotation ("unrotated": every term a
+# function of the offset, translation invariant) or after it ("rotated": what convattn computed until 2026-11-29,
+# kept so that models saved then load with their outputs)
+ROTARY_RELATIVE_TERMS = ("unrotated", "rotated")
 # the values of each field that takes one of a few: validate_convattn holds the field to them, and the checks of a
 # saved model try them to find the field its weights contradict (checkpoint.py)
 CHOICES = {
@@ -53,6 +58,7 @@ CHOICES = {
     "linformer_conv": ("dense", "depthwise"),
     "linformer_bias": LINFORMER_BIASES,
     "convbert_kernel_from": CONVBERT_KERNELS_FROM,
+    "rotary_relative_terms": ROTARY_RELATIVE_TERMS,
     "qa_head": QA_HEADS,
     # a layout or one kind for every layer (a list, one kind a layer, is validated on its own)
     "sequence_projection": SEQUENCE_PROJECTIONS + tuple(SEQUENCE_PROJECTION_LAYOUTS),
@@ -156,6 +162,7 @@ class ConvAttnConfig(PretrainedConfig):
     # composite-attention family
     position_embedding_type: str = "absolute"
     rope_theta: float = 10000.0  # the base of the rotary frequencies, theta^(-2k/d)
+    rotary_relative_terms: str = "unrotated"
     relative_terms: list[str] | tuple[str, ...] = ()
     relative_reach: int = 8
     relative_out_of_window: str = "clip"
@@ -344,6 +351,11 @@ class ConvAttnConfig(PretrainedConfig):
         if self.rope_theta != ConvAttnConfig.rope_theta and not rotary:
             raise ValueError(f"rope_theta={self.rope_theta!r} has no effect without rotary positions; set "
                              f"position_embedding_type='rotary' or rope_theta={ConvAttnConfig.rope_theta!r}")
+        default = ConvAttnConfig.rotary_relative_terms
+        if self.rotary_relative_terms != default and not reads_rotary_projections(vars(self)):
+            raise ValueError(f"rotary_relative_terms={self.rotary_relative_terms!r} has no effect without rotary "
+                             "positions and a dynamic relative term (dynamic_query, dynamic_key); set "
+                             f"rotary_relative_terms={default!r}")
         if rotary and self.attention_head_size % 2:
             raise ValueError(f"position_embedding_type='rotary' rotates pairs of channels, so the attention heads' "
                              f"size must be even (got {self.attention_head_size})")
@@ -415,10 +427,36 @@ class ConvAttnConfig(PretrainedConfig):
         return cls(**fields, preset=name)
 
 
+def reads_rotary_projections(fields: dict) -> bool:
+    """Whether a config's (or a config.json's) rotary positions sit beside relative terms that read the queries or
+    keys, the one case in which rotary_relative_terms changes what is computed."""
+    terms = fields.get("relative_terms") or ()
+    terms = [terms] if isinstance(terms, str) else terms
+    return fields.get("position_embedding_type") == "rotary" and bool({"dynamic_query", "dynamic_key"} & set(terms))
+
+
+def unsure_rotary_terms(config_dict: dict) -> str | None:
+    """For a saved config (it has `transformers_version`) with rotary positions beside dynamic relative terms that
+    predates `rotary_relative_terms`: the line saying how it is read and how to read it as an earlier convattn
+    computed it. Such configs were written both before 2026-11-29 (terms from the rotated queries and keys) and
+    after (from the unrotated ones), with nothing in them to tell which; None for every other config."""
+    if ("transformers_version" not in config_dict or "rotary_relative_terms" in config_dict
+            or not reads_rotary_projections(config_dict)):
+        return None
+    return ("config.json has rotary positions beside dynamic relative terms and no rotary_relative_terms (saved "
+            "before the field existed): read as 'unrotated' (the terms read the queries and keys before the "
+            "rotation, as convattn computes since 2026-11-29); a model saved before then computed them from the "
+            "rotated ones: add \"rotary_relative_terms\": \"rotated\" to its config.json to get its outputs back, "
+            "or \"unrotated\" to keep these and silence this line")
+
+
 def keep_saved_function(config_dict: dict) -> dict:
     """A saved config (it has `transformers_version`) written before `linformer_bias` existed, rewritten to
     compute what it computed then: the "linear+conv" layout at odd depth as its old explicit split (linear in
-    the first L - L//2 layers, one more than Malard's) and the biases before the linear projection."""
+    the first L - L//2 layers, one more than Malard's) and the biases before the linear projection. One that
+    predates `rotary_relative_terms` and which it changes is said (`unsure_rotary_terms`)."""
+    if note := unsure_rotary_terms(config_dict):
+        warnings.warn(note, stacklevel=3)
     if "transformers_version" not in config_dict or "linformer_bias" in config_dict:
         return config_dict
     upgraded = dict(config_dict)

@@ -117,3 +117,87 @@ def test_save_and_load_keep_the_outputs(kind, fields, tmp_path):
     ids = torch.randint(1, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, saved(ids).logits)
+
+
+def test_terms_read_from_the_rotated_projections_move_with_a_shift():
+    """rotary_relative_terms "rotated" (what convattn computed before 2026-11-29) is read as it says: a shift of
+    every position id moves the outputs, which the default's unrotated terms leave as they were."""
+    built = model("rotary", "composite+key", rotary_relative_terms="rotated")
+    with pytest.raises(AssertionError):
+        assert_same_when_shifted(built)
+
+
+def test_rotary_relative_terms_without_what_it_changes_is_refused():
+    for fields in (dict(position_embedding_type="alibi", relative_terms=["dynamic_query"]),
+                   dict(position_embedding_type="rotary", relative_terms=["fixed"])):
+        with pytest.raises(ValueError, match="rotary_relative_terms='rotated' has no effect"):
+            ConvAttnConfig(**TINY, **fields, rotary_relative_terms="rotated")
+
+
+def saved_without_the_field(tmp_path, **fields):
+    """A rotary model with dynamic terms saved, its config.json rewritten as convattn wrote it before
+    rotary_relative_terms existed (no such key), and its logits."""
+    import json
+
+    torch.manual_seed(0)
+    saved = ConvAttnForMaskedLM(ConvAttnConfig(**TINY, position_embedding_type="rotary", **COMPOSED["composite"],
+                                               **fields)).eval()
+    randomize_(saved)
+    saved.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config.pop("rotary_relative_terms") == saved.config.rotary_relative_terms
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ids = torch.randint(1, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        return saved, ids, saved(ids).logits
+
+
+def test_a_config_from_before_the_field_loads_as_saved_since_and_says_so(tmp_path, capsys):
+    """Such a config.json was written both before 2026-11-29 (terms from the rotated projections) and after (from
+    the unrotated ones), with nothing in it to tell which: it loads as the current code computes, and loading (a
+    warning) and the folder check (a line on the screen, once) say how to get the other back."""
+    import json
+
+    from convattn.checkpoint import check_model_folder
+
+    _, ids, logits = saved_without_the_field(tmp_path)
+    with pytest.warns(UserWarning, match='add "rotary_relative_terms": "rotated" to its config.json'):
+        loaded = ConvAttnForMaskedLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.rotary_relative_terms == "unrotated"
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, logits)
+    capsys.readouterr()
+    with pytest.warns(UserWarning):
+        check_model_folder(tmp_path)
+        check_model_folder(tmp_path)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("convattn")]
+    assert len(said) == 1 and said[0].startswith(f"convattn: warning: {tmp_path / 'config.json'}: config.json has "
+                                                 "rotary positions beside dynamic relative terms")
+    # the field written as the line says brings back a model saved before the field existed
+    _, _, rotated_logits = saved_without_the_field(tmp_path, rotary_relative_terms="rotated")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "rotary_relative_terms": "rotated"}))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = ConvAttnForMaskedLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, rotated_logits)
+    assert not torch.allclose(rotated_logits, logits, atol=1e-4)
+
+
+@pytest.mark.parametrize(("kind", "composed"), [("rotary", "alone"), ("rotary", "composite"), ("alibi", "composite")])
+def test_configs_the_field_does_not_change_load_without_a_word(kind, composed, tmp_path):
+    import json
+    import warnings
+
+    ConvAttnForMaskedLM(ConvAttnConfig(**TINY, position_embedding_type=kind, **COMPOSED[composed])).save_pretrained(
+        tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if kind != "rotary" or composed == "alone":  # predating the field: said only where it changes the outputs
+        config.pop("rotary_relative_terms")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ConvAttnForMaskedLM.from_pretrained(tmp_path)

@@ -99,6 +99,14 @@ def rotated(module, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Ten
     return rotary_loops(q, positions, module.rope_theta), rotary_loops(k, positions, module.rope_theta)
 
 
+def terms_read(module, q: Tensor, k: Tensor, turned_q: Tensor, turned_k: Tensor) -> tuple[Tensor, Tensor]:
+    """What the dynamic relative terms read beside rotary: the projections before the rotation, or the turned ones
+    where the config says "rotated" (convattn before 2026-11-29)."""
+    if module.config.rotary_relative_terms == "rotated":
+        return turned_q, turned_k
+    return q, k
+
+
 def composite_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor | None = None) -> Tensor:
     """Reference for `CompositeSelfAttention` in eval mode: returns the (batch, n, H) context."""
     x = x.double()
@@ -112,7 +120,8 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor
     values = composite_projection(x, module.value)
     v = values.view(batch, n, heads, d)
     turned_q, turned_k = rotated(module, q, k, positions)
-    context = relative_attention_loops(module.relative, turned_q, turned_k, v, keep, q, k).reshape(batch, n, hidden)
+    terms = terms_read(module, q, k, turned_q, turned_k)
+    context = relative_attention_loops(module.relative, turned_q, turned_k, v, keep, *terms).reshape(batch, n, hidden)
     if module.value_conv is not None:
         zeroed = values * keep[..., None].double()
         context = context + depthwise_conv_loops(zeroed, module.value_conv.weight, module.value_conv.bias)
@@ -149,7 +158,8 @@ def convbert_self_attention_loops(module, x: Tensor, keep: Tensor, positions: Te
     k = linear(x, module.key).view(batch, n, heads, d)
     v = linear(x, module.value).view(batch, n, heads, d)
     turned_q, turned_k = rotated(module, q, k, positions)
-    return relative_attention_loops(module.relative, turned_q, turned_k, v, keep, q, k).reshape(batch, n, heads * d)
+    terms = terms_read(module, q, k, turned_q, turned_k)
+    return relative_attention_loops(module.relative, turned_q, turned_k, v, keep, *terms).reshape(batch, n, heads * d)
 
 
 def conv_heads_loops(module, x, keep, masked: bool, kernel_from: str = "query"):

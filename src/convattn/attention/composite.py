@@ -83,7 +83,8 @@ class CompositeSelfAttention(nn.Module):
         query, key, values = (layer(hidden_states, mask) if isinstance(layer, ConvProjection) else layer(hidden_states)
                               for layer in (self.query, self.key, self.value))
         query, key, tables_from = rotated_for_attention(query, key, mask.token_positions(), self.num_heads,
-                                                        self.rope_theta, self.relative)
+                                                        self.rope_theta, self.relative,
+                                                        self.config.rotary_relative_terms)
         dropout_p = self.dropout_p if self.training else 0.0
         context, probs = attention_per_sequence(
             query, key, values, self.num_heads, self.relative, mask, dropout_p=dropout_p,

@@ -151,7 +151,8 @@ class ConvBertMixedAttention(nn.Module):
         query, key = self.query(hidden_states), self.key(hidden_states)
         # rotary positions turn the self-attention heads' queries and keys; the span kernels read Q as it is
         attention_query, attention_key, tables_from = rotated_for_attention(
-            query, key, mask.token_positions(), self.num_heads, self.rope_theta, self.relative)
+            query, key, mask.token_positions(), self.num_heads, self.rope_theta, self.relative,
+            self.config.rotary_relative_terms)
         dropout_p = self.dropout_p if self.training else 0.0
         context, probs = attention_per_sequence(attention_query, attention_key, self.value(hidden_states),
                                                 self.num_heads, self.relative, mask, dropout_p=dropout_p,

@@ -46,12 +46,14 @@ def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_h
 
 
 def rotated_for_attention(query: Tensor, key: Tensor, positions: Tensor, num_heads: int, theta: float | None,
-                          relative) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+                          relative, terms_read: str = "unrotated") -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """(query, key) rotated at positions (unchanged where theta is None), and the projections that relative terms
-    reading queries or keys (dynamic_query, dynamic_key) take beside them: query and key before the rotation, so that
-    each term depends on the offset j - i alone, as without rotary (terms read from turned vectors would change when
-    a whole sequence shifts); None where no term reads them or nothing turned."""
+    reading queries or keys (dynamic_query, dynamic_key) take beside them: with terms_read "unrotated" (the config's
+    rotary_relative_terms), query and key before the rotation, so that each term depends on the offset j - i alone,
+    as without rotary (terms read from turned vectors change when a whole sequence shifts); None where no term reads
+    them, nothing turned, or the terms read the rotated ones ("rotated": convattn before 2026-11-29)."""
     if theta is None:
         return query, key, None
-    tables_from = (query, key) if relative is not None and relative.reads_projections else None
+    unrotated = relative is not None and relative.reads_projections and terms_read == "unrotated"
+    tables_from = (query, key) if unrotated else None
     return *rotate_queries_and_keys(query, key, positions, num_heads, theta), tables_from

@@ -119,6 +119,30 @@ def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     assert set(taken) == {path}
 
 
+@pytest.mark.parametrize(("path", "convbert"), [
+    pytest.param(path, convbert, id=f"{path}-{'convbert' if convbert else 'composite'} layer",
+                 marks=[pytest.mark.slow] if path == "triton" else [])
+    for path in ["dense", "decomposed", "blockwise", "triton"] for convbert in (False, True)])
+def test_terms_read_the_rotated_projections_where_the_config_says_so(path, convbert, monkeypatch):
+    """rotary_relative_terms "rotated" (what models saved before 2026-11-29 computed): the dynamic terms read the
+    turned queries and keys on every path, against the reference that gives them the turned ones."""
+    if path == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(blockwise, "block_size", lambda n, reach, tiling: 8)
+    monkeypatch.setattr(dispatch, "_packed_kernel_serves", lambda *args: False)
+    fields = dict(hidden_size=HIDDEN, position_embedding_type="rotary", rotary_relative_terms="rotated")
+    if convbert:
+        layer = make_convbert_layer(TERMS["composite+key"], **fields)
+        reference = partial(mixed_attention_loops, layer, masked=True)
+    else:
+        layer = make_layer(TERMS["composite+key"], value_depthwise_conv=True, **fields)
+        reference = partial(composite_attention_loops, layer)
+    with dispatch.forced_path(path):
+        assert_path_matches(layer, reference, tolerance("composite+key+rotary", convbert),
+                            case=("composite+key+rotary, rotated", convbert))
+
+
 # through the kernel: the cases whose terms it reads (rotary alone is the plain kernel on rotated projections)
 @pytest.mark.parametrize(("case", "implementation", "convbert"), kernel_cases_slow_except(
     list(CASES), ["sdpa", "eager", "convattn_triton"], "convattn_triton", "composite+key+rotary",
