@@ -15,34 +15,44 @@ from convattn import ConvAttnForMaskedLM
 from convattn.remote_code import AUTO_MAP
 
 LOAD_AND_RUN = textwrap.dedent('''
-    import sys, torch
+    import sys, traceback, torch
     from safetensors.torch import load_file, save_file
     from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
                               AutoTokenizer)
 
-    model_dir, out = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)  # as the test process: a product split across threads sums in another order
-    ids = load_file(model_dir + "/inputs.safetensors")
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
-    assert type(config).__name__ == "ConvAttnConfig", type(config)
-    outputs = {}
-    for name, auto in (("mlm", AutoModelForMaskedLM), ("base", AutoModel)):
-        model = auto.from_pretrained(model_dir, trust_remote_code=True).eval()
+
+    def load_and_run(model_dir, out):
+        ids = load_file(model_dir + "/inputs.safetensors")
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
+        assert type(config).__name__ == "ConvAttnConfig", type(config)
+        outputs = {}
+        for name, auto in (("mlm", AutoModelForMaskedLM), ("base", AutoModel)):
+            model = auto.from_pretrained(model_dir, trust_remote_code=True).eval()
+            with torch.no_grad():
+                outputs[name] = model(**ids).to_tuple()[0]
+        classifier = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True,
+                                                                        num_labels=3)
+        assert type(classifier).__name__ == "ConvAttnForSequenceClassification"
+        # a model loaded from the bundle saves the bundle again, and the copy loads too
+        model = AutoModelForMaskedLM.from_pretrained(model_dir, trust_remote_code=True).eval()
+        model.save_pretrained(out + ".again")
+        again = AutoModelForMaskedLM.from_pretrained(out + ".again", trust_remote_code=True).eval()
         with torch.no_grad():
-            outputs[name] = model(**ids).to_tuple()[0]
-    classifier = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True, num_labels=3)
-    assert type(classifier).__name__ == "ConvAttnForSequenceClassification"
-    # a model loaded from the bundle saves the bundle again, and the copy loads too
-    model = AutoModelForMaskedLM.from_pretrained(model_dir, trust_remote_code=True).eval()
-    model.save_pretrained(out + ".again")
-    again = AutoModelForMaskedLM.from_pretrained(out + ".again", trust_remote_code=True).eval()
-    with torch.no_grad():
-        outputs["again"] = again(**ids).logits
-    # the tokenizer alone, without running the model's code (transformers reads config.json first)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    assert tokenizer.is_fast and tokenizer.mask_token == "[MASK]"
-    assert "convattn" not in sys.modules
-    save_file(outputs, out)
+            outputs["again"] = again(**ids).logits
+        # the tokenizer alone, without running the model's code (transformers reads config.json first)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+        assert tokenizer.is_fast and tokenizer.mask_token == "[MASK]"
+        assert "convattn" not in sys.modules
+        save_file(outputs, out)
+
+    # (model folder, output file) pairs: one process for them all (each start imports transformers' models, seconds);
+    # a folder that fails leaves its traceback beside its output for its own test to show
+    for model_dir, out in zip(sys.argv[1::2], sys.argv[2::2], strict=True):
+        try:
+            load_and_run(model_dir, out)
+        except Exception:
+            open(out + ".error", "w").write(traceback.format_exc())
 ''')
 
 
@@ -51,29 +61,58 @@ def test_the_blocker_really_hides_convattn(tmp_path):
     assert result.returncode != 0 and "No module named 'convattn'" in result.stderr
 
 
-@pytest.mark.parametrize("preset", ["chang2021-small/composite+conv-qkv", "chang2021-small/convbert",
-                                    "malard/conv-linformer-n128-k32", "chang2021-small/composite+rotary",
-                                    "chang2021-small/alibi"])
-@pytest.mark.slow
-def test_saved_model_loads_and_reproduces_logits_without_convattn(tmp_path, preset, one_thread):
-    """Bit for bit: both processes run the same code on one thread each (with the machine's thread count in one
-    and a single thread in the other, the logits had differed in the 5th digit on a 2-core machine)."""
+REMOTE_PRESETS = ["chang2021-small/composite+conv-qkv", "chang2021-small/convbert", "malard/conv-linformer-n128-k32",
+                  "chang2021-small/composite+rotary", "chang2021-small/alibi"]
+
+
+def saved_preset(preset: str, folder):
+    """The randomised tiny model of `preset`, saved with a tokenizer and its inputs into `folder`; the model and
+    its inputs."""
     torch.manual_seed(0)
     model = ConvAttnForMaskedLM(tiny_config(preset))
     randomize_(model)
     model.eval()
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    tiny_wordpiece_tokenizer(["the cat sat on the mat", "a dog ran"], vocab_size=60).save_pretrained(model_dir)
-    assert json.loads((model_dir / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == (
-        "convattn_model.ConvAttnForMaskedLM")
+    model.save_pretrained(folder)
+    tiny_wordpiece_tokenizer(["the cat sat on the mat", "a dog ran"], vocab_size=60).save_pretrained(folder)
     ids = torch.randint(5, 101, (2, 13))
     keep = torch.ones_like(ids)
     keep[1, 9:] = 0
-    save_file({"input_ids": ids, "attention_mask": keep}, model_dir / "inputs.safetensors")
-    result = run_without_convattn(tmp_path, LOAD_AND_RUN, str(model_dir), str(tmp_path / "out.safetensors"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = load_file(tmp_path / "out.safetensors")
+    save_file({"input_ids": ids, "attention_mask": keep}, folder / "inputs.safetensors")
+    return model, ids, keep
+
+
+@pytest.fixture(scope="module")
+def remote_runs(tmp_path_factory):
+    """Every preset of REMOTE_PRESETS saved, then loaded and run in ONE process that cannot import convattn: per
+    preset, its model, inputs and the output file that process wrote (or a `.error` file beside it)."""
+    root = tmp_path_factory.mktemp("remote")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bit for bit: both processes on one thread
+    try:
+        runs, args = {}, []
+        for index, preset in enumerate(REMOTE_PRESETS):
+            folder = root / f"model{index}"  # one folder name each: remote code is cached under it
+            runs[preset] = (*saved_preset(preset, folder), root / f"out{index}.safetensors")
+            args += [str(folder), str(runs[preset][-1])]
+        result = run_without_convattn(root, LOAD_AND_RUN, *args)
+    finally:
+        torch.set_num_threads(threads)
+    return runs, result
+
+
+@pytest.mark.parametrize("preset", REMOTE_PRESETS)
+@pytest.mark.slow
+def test_saved_model_loads_and_reproduces_logits_without_convattn(preset, remote_runs, one_thread):
+    """Bit for bit: both processes run the same code on one thread each (with the machine's thread count in one
+    and a single thread in the other, the logits had differed in the 5th digit on a 2-core machine)."""
+    runs, result = remote_runs
+    model, ids, keep, out = runs[preset]
+    error = out.with_name(out.name + ".error")
+    assert result.returncode == 0 and not error.exists(), (error.read_text() if error.exists() else
+                                                           result.stderr[-3000:])
+    assert json.loads((out.parent / f"model{REMOTE_PRESETS.index(preset)}" / "config.json").read_text())[
+        "auto_map"]["AutoModelForMaskedLM"] == "convattn_model.ConvAttnForMaskedLM"
+    remote = load_file(out)
     with torch.no_grad():
         assert torch.equal(remote["mlm"], model(input_ids=ids, attention_mask=keep).logits)
         assert torch.equal(remote["again"], remote["mlm"])
