@@ -111,10 +111,11 @@ def read_record(file: Path) -> dict | None:
     return saved
 
 
-def check_unchanged(model: str, identity: str) -> None:
+def check_unchanged(model: str, identity: str | None) -> None:
     """`model` still has the fingerprint the job recorded (checked once a seed has loaded it): a folder rewritten
-    meanwhile (a `pretrain --resume` finishing there) would put two models in one table."""
-    if (now := model_identity(model)) != identity:
+    meanwhile (a `pretrain --resume` finishing there) would put two models in one table. None: a model this job
+    made (MNLI's, for the tasks that start from it), nothing to check."""
+    if identity is not None and (now := model_identity(model)) != identity:
         raise UsageError(f"{option('model')} {model} changed while this job ran (fingerprint {identity}, now {now}); "
                          f"the seeds finished before are kept; fine-tune the new model into another "
                          f"{option('output_dir')}")

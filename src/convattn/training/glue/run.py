@@ -74,8 +74,7 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
         AutoModelForSequenceClassification, model_source, num_labels=task.num_labels, id2label=task.id2label,
         label2id=task.label2id,
     )
-    if identity is not None:
-        check_unchanged(model_source, identity)
+    check_unchanged(model_source, identity)
     trainer = LayerDecayTrainer(
         model=model, args=fine_tuning_arguments(path, settings, seed, "glue"), train_dataset=data.train,
         data_collator=padding_collator(DataCollatorWithPadding, tokenizer, settings), processing_class=tokenizer,

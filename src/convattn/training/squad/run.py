@@ -98,8 +98,7 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
     start = time.time()
     set_seed(seed)  # the new span head's initialisation and the data order
     model = load_qa_model(model_source, settings.head)
-    if identity is not None:
-        check_unchanged(model_source, identity)
+    check_unchanged(model_source, identity)
     collator = padding_collator(SquadCollator, tokenizer, settings)
     trainer = LayerDecayTrainer(
         model=model, args=fine_tuning_arguments(path, settings, seed, "squad"), train_dataset=data.train,
