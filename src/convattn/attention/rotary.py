@@ -46,7 +46,8 @@ def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_h
 
 
 def rotated_for_attention(query: Tensor, key: Tensor, positions: Tensor, num_heads: int, theta: float | None,
-                          relative, terms_read: str = "unrotated") -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+                          relative, terms_read: str = "unrotated"
+                          ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """(query, key) rotated at positions (unchanged where theta is None), and the projections that relative terms
     reading queries or keys (dynamic_query, dynamic_key) take beside them: with terms_read "unrotated" (the config's
     rotary_relative_terms), query and key before the rotation, so that each term depends on the offset j - i alone,

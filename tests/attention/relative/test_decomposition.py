@@ -217,19 +217,25 @@ def test_relative_heads_never_build_an_n_by_n_tensor_on_cpu(make, monkeypatch):
 
 def operator_arguments(terms: str, out_of_window: str, padded: bool, tiling: str) -> tuple:
     """The operator's arguments for a batch of 2 x 4 heads of 16 channels, n = 37, reach 3, leaves that need
-    gradients (the relative pieces detached from the tables that made them)."""
+    gradients (the relative pieces detached from the tables that made them); terms ending in "+alibi" add ALiBi,
+    whose key constants take no gradient and ride on the CPU kernel's key mask."""
     torch.manual_seed(0)
-    relative = RelativePositionBias(TERMS[terms], 4, 16, 3, out_of_window)
+    alibi = terms.endswith("+alibi")
+    relative = RelativePositionBias(TERMS[terms.removesuffix("+alibi")], 4, 16, 3, out_of_window, alibi=alibi)
     q, k, v = (torch.randn(2, 4, 37, 16) for _ in range(3))
     pieces = relative.pieces(q, k)
     names = ["band", "row_left", "row_right", "key_left", "key_right"]
     tensors = [q, k, v, *(None if pieces[name] is None else pieces[name].contiguous() for name in names)]
     keep = torch.arange(37)[None] < torch.tensor([37, 20])[:, None] if padded else None
-    return (*(None if t is None else t.detach().clone().requires_grad_() for t in tensors), keep, 3, 0.0, tiling)
+    # ALiBi's key constants take no gradient (the operator gives them none)
+    constant = {6, 7} if alibi and pieces["key_constants"] else set()
+    leaves = [None if t is None else t.detach().clone().requires_grad_(index not in constant)
+              for index, t in enumerate(tensors)]
+    return (*leaves, keep, 3, 0.0, tiling, pieces["key_constants"])
 
 
 OPERATOR_CASES = [("composite+key", "clip", True, "blocks"), ("composite", "zero", False, "blocks"),
-                  ("fixed", "clip", True, "causal")]
+                  ("fixed", "clip", True, "causal"), ("composite+alibi", "clip", True, "blocks")]
 
 
 @pytest.mark.parametrize(("terms", "out_of_window", "padded", "tiling"), OPERATOR_CASES)
@@ -248,7 +254,7 @@ def test_the_compile_operator_computes_what_the_autograd_function_does(terms, ou
     function keeps on its context."""
     monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
     arguments = operator_arguments(terms, out_of_window, padded, tiling)
-    leaves = [t for t in arguments[:8] if t is not None]
+    leaves = [t for t in arguments[:8] if t is not None and t.requires_grad]
     weights = torch.randn(2, 4, 37, 16, generator=torch.Generator().manual_seed(1))
 
     def run(attend):
@@ -256,7 +262,7 @@ def test_the_compile_operator_computes_what_the_autograd_function_does(terms, ou
         return [out, *torch.autograd.grad((out * weights).sum(), leaves)]
 
     operator = run(lambda *args: decomposition._relative_attention_op(*args)[0])
-    function = run(lambda *args: decomposition.DecomposedRelativeAttention.apply(*args[:-1], CPU_FLASH, args[-1]))
+    function = run(lambda *args: decomposition.DecomposedRelativeAttention.apply(*args[:-2], CPU_FLASH, *args[-2:]))
     for got, want in zip(operator, function, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 

@@ -36,6 +36,7 @@ CASES = {
     "composite+rotary": ("rotary", TERMS["composite"]),
     "composite+key+rotary": ("rotary", TERMS["composite+key"]),
     "composite+key+alibi": ("alibi", TERMS["composite+key"]),
+    "composite+alibi": ("alibi", TERMS["composite"]),  # ALiBi's key constants on the CPU kernel's key mask
 }
 LENGTHS, N = (19, 8, 1), 19  # odd lengths, a row of mostly padding
 HIDDEN = 64  # heads of 16 channels: the fused kernel's and FlexAttention's smallest
@@ -100,8 +101,9 @@ def kernel_cases_slow_except(cases: list[str], paths: list[str], kernel: str, fa
 
 
 @pytest.mark.parametrize(("case", "path", "convbert"), kernel_cases_slow_except(
-    ["alibi", "composite+key+rotary", "composite+key+alibi"], ["dense", "decomposed", "blockwise", "triton"],
-    "triton", "composite+key+alibi"))
+    ["alibi", "composite+key+rotary", "composite+key+alibi", "composite+alibi"],
+    ["dense", "decomposed", "blockwise", "triton"], "triton", "composite+key+alibi",
+    kernel_cases=("alibi", "composite+key+rotary", "composite+key+alibi")))
 def test_relative_paths_match_the_reference(case, path, convbert, monkeypatch):
     """Each path the dispatcher can take for score terms, forced; blocks of 8 queries so that the decomposition's
     fused calls and the blockwise path's blocks are several."""

@@ -181,7 +181,10 @@ class RelativePositionBias(nn.Module):
                      + torch.arange(width, device=q.device) * (width - 1) + 2 * reach)
             key_band = padded[..., index]
             band = key_band if band is None else band + key_band
-        pieces = dict(band=band, row_left=None, row_right=None, key_left=None, key_right=None)
+        # key_constants: the per-key constants are ALiBi's alone (no dynamic_key, or off the band in zero mode),
+        # which take no gradient (decomposition.py)
+        pieces = dict(band=band, row_left=None, row_right=None, key_left=None, key_right=None,
+                      key_constants=self.key_kernel is None or not self.clip)
         if not self.clip:
             # off the band the terms add nothing and ALiBi alone continues: its own table's edge columns
             row_table = key_table = alibi

@@ -223,8 +223,9 @@ class _Operands:
     a key mask. With key constants: [1, q, 1], [sqrt(d) key_left, k, sqrt(d) key_right] and [0, v, 0]; the
     left calls take columns 0 .. d, the right ones and the windows 1 .. d + 1."""
 
-    def __init__(self, q: Tensor, k: Tensor, with_key: bool, keep: Tensor | None, kernel_masks: bool):
-        self.q, self.k, self.with_key, self.keep = q, k, with_key, keep
+    def __init__(self, q: Tensor, k: Tensor, with_key: bool, keep: Tensor | None, kernel_masks: bool,
+                 masked_keys: dict | None = None):
+        self.q, self.k, self.with_key, self.keep, self.masked_keys = q, k, with_key, keep, masked_keys
         self.d = q.shape[-1] - (2 if with_key else 1)
         # kernels that take no key mask see pads on the key column
         self.column_in_calls = with_key or (keep is not None and not kernel_masks)
@@ -233,7 +234,12 @@ class _Operands:
 
     @classmethod
     def build(cls, q: Tensor, k: Tensor, key_left: Tensor | None, key_right: Tensor | None,
-              keep: Tensor | None, kernel_masks: bool) -> _Operands:
+              keep: Tensor | None, kernel_masks: bool, key_constants: bool = False) -> _Operands:
+        """key_constants: the key constants need no gradient (ALiBi's), so a kernel that takes a key mask gets them
+        there, per head, and no call carries an extra column."""
+        if key_constants and key_left is not None and kernel_masks:
+            masked = _by_side(key_left.to(q.dtype), key_right.to(q.dtype))
+            return cls.build(q, k, None, None, keep, kernel_masks)._with_masked_keys(masked)
         d, with_key = q.shape[-1], key_left is not None
         lowest, root = torch.finfo(q.dtype).min, d ** 0.5
 
@@ -252,6 +258,10 @@ class _Operands:
             q_buffer[..., 0] = 1
             k_buffer[..., 0] = column(key_left)
         return cls(q_buffer, k_buffer, with_key, keep, kernel_masks)
+
+    def _with_masked_keys(self, masked: dict) -> _Operands:
+        self.masked_keys = masked
+        return self
 
     def side(self, x: Tensor, side: str) -> Tensor:
         """A (..., width) buffer as one side's fused call takes it."""
@@ -274,14 +284,20 @@ class _Operands:
             return F.pad(x, (1, 1))
         return F.pad(x, (0, 1)) if self.column_in_calls else x
 
-    def key_mask(self, keys: slice) -> Tensor | None:
-        """Additive (batch, 1, 1, keys) mask of a fused call's pad keys (finite, so an all-pad part gets a
-        finite log-sum-exp and weight exp(lse_p - lse) = 0); None where the column masks them."""
-        if self.keep is None or self.column_in_calls:
+    def key_mask(self, call: FusedCall) -> Tensor | None:
+        """Additive (batch, 1 or heads, 1, keys) mask of a fused call: its side's key constants where they ride
+        here (`masked_keys`), and its pad keys at -max (finite, so an all-pad part gets a finite log-sum-exp and
+        weight exp(lse_p - lse) = 0); None where the column carries both."""
+        keys = call.keys
+        if self.masked_keys is not None:
+            mask = self.masked_keys[call.side][..., keys][:, :, None, :]
+        elif self.keep is None or self.column_in_calls:
             return None
-        keep = self.keep[:, keys]
-        mask = torch.zeros(keep.shape, dtype=self.q.dtype, device=keep.device)
-        return mask.masked_fill(~keep, torch.finfo(self.q.dtype).min)[:, None, None, :]
+        else:
+            mask = torch.zeros(self.keep[:, keys].shape, dtype=self.q.dtype, device=self.q.device)[:, None, None, :]
+        if self.keep is not None:
+            mask = mask.masked_fill(~self.keep[:, None, None, keys], torch.finfo(self.q.dtype).min)
+        return mask
 
 
 class _NearTerms:
@@ -299,7 +315,9 @@ class _NearTerms:
         if keys["right"] is not None:
             band = band - _band_keys(keys["right"], tiling.reach)  # the key column adds key_right to the band too
         self.band = tiling.groups(band.to(self.acc))
-        self.rows = self.key_shift = None
+        self.rows = self.key_shift = self.key_right = None
+        if operands.masked_keys is not None:  # no key column for them: key_right added to every entry instead
+            self.key_right = tiling.windows(keys["right"][..., None].to(self.acc)).flatten(0, -3).mT
         if tiling.band_only:
             self.off_band = tiling.off_band(band.device)
         else:
@@ -332,6 +350,8 @@ class _NearTerms:
             scores.baddbmm_(q, k.mT, alpha=self.d ** -0.5)
         else:
             scores += torch.matmul(q, k.mT).to(self.acc) * self.d ** -0.5
+        if self.key_right is not None:
+            scores += self.key_right[chunk]
         if self.key_shift is not None:
             scores.addcmul_(self.left_weight, self.key_shift[chunk])
         if self.tiling.band_only:
@@ -350,7 +370,7 @@ def _call(kernel_function, call: FusedCall, operands: _Operands, tensors: list[T
     """kernel_function(*tensors, *args, key_mask=..., causal=..., **kwargs) for a fused call whose tensors are
     taken already. An anti-causal call (right side) runs the kernel's causal mode on the sequences reversed;
     the outputs come back in the original order."""
-    mask = operands.key_mask(call.keys)
+    mask = operands.key_mask(call)
     flip = call.causal and call.side == "right"
     if flip:
         tensors = [_flip_rows(t) for t in tensors]
@@ -360,9 +380,9 @@ def _call(kernel_function, call: FusedCall, operands: _Operands, tensors: list[T
 
 
 def _prepare(q: Tensor, k: Tensor, v: Tensor, band: Tensor, rows: dict, keys: dict, keep: Tensor | None, reach: int,
-             kernel, tiling: str) -> tuple[Tiling, _Operands, _NearTerms]:
+             kernel, tiling: str, key_constants: bool = False) -> tuple[Tiling, _Operands, _NearTerms]:
     tiles = Tiling(q.shape[-2], reach, tiling)
-    operands = _Operands.build(q, k, keys["left"], keys["right"], keep, kernel.takes_key_mask)
+    operands = _Operands.build(q, k, keys["left"], keys["right"], keep, kernel.takes_key_mask, key_constants)
     return tiles, operands, _NearTerms(tiles, operands, v, band, rows, keys)
 
 
@@ -406,10 +426,10 @@ class _Saved:
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, band: Tensor, rows: dict, keys: dict, keep: Tensor | None, reach: int,
-             dropout_p: float, kernel, tiling: str) -> tuple[Tensor, _Saved]:
+             dropout_p: float, kernel, tiling: str, key_constants: bool = False) -> tuple[Tensor, _Saved]:
     d = q.shape[-1]
     acc, scale = _acc(q), d ** -0.5
-    tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling)
+    tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling, key_constants)
     row_left = rows["left"]
     # the near part, a chunk of groups at a time: U = exp(s - max_row), kept for backward, and U V
     near_out = q.new_empty(*terms.queries.shape[:-1], d)
@@ -555,13 +575,15 @@ class DecomposedRelativeAttention(torch.autograd.Function):
 
     q, k, v: (batch, heads, n, d); band: (batch, heads, n, 2r + 1), the bias of key i + t - r at [i, t];
     row_*: (batch, heads, n) or None, the off-band bias per query row; key_*: (batch, heads, n) or
-    None, per key; keep: (batch, n) bool or None; kernel: from kernels.py; tiling: "blocks" or "causal".
+    None, per key; keep: (batch, n) bool or None; kernel: from kernels.py; tiling: "blocks" or "causal";
+    key_constants: the key constants take no gradient (ALiBi's), so a kernel with a key mask carries them there.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach, dropout_p, kernel, tiling):
+    def forward(ctx, q, k, v, band, row_left, row_right, key_left, key_right, keep, reach, dropout_p, kernel, tiling,
+                key_constants=False):
         rows, keys = _by_side(row_left, row_right), _by_side(key_left, key_right)
-        out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, kernel, tiling)
+        out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, kernel, tiling, key_constants)
         ctx.save_for_backward(v, row_left, row_right, out)
         ctx.saved, ctx.kernel, ctx.dropout_p = saved, kernel, dropout_p
         return out
@@ -571,7 +593,7 @@ class DecomposedRelativeAttention(torch.autograd.Function):
         v, row_left, row_right, out = ctx.saved_tensors
         saved, ctx.saved = ctx.saved, None  # backward frees the near part as soon as it is done with it
         grads = _backward(grad_out, v, _by_side(row_left, row_right), out, saved, ctx.kernel, ctx.dropout_p)
-        return *grads, None, None, None, None, None
+        return *grads, None, None, None, None, None, None
 
 
 # Under torch.compile the same computation runs as an opaque custom operator (the graph holds one node per
@@ -582,19 +604,21 @@ class DecomposedRelativeAttention(torch.autograd.Function):
 
 def _attend_for_compile(q: Tensor, k: Tensor, v: Tensor, band: Tensor, row_left: Tensor | None,
                         row_right: Tensor | None, key_left: Tensor | None, key_right: Tensor | None,
-                        keep: Tensor | None, reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
+                        keep: Tensor | None, reach: int, dropout_p: float, tiling: str,
+                        key_constants: bool) -> list[Tensor]:
     rows, keys = _by_side(row_left, row_right), _by_side(key_left, key_right)
-    out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, fused_kernel(q.device, q.dtype), tiling)
+    out, saved = _forward(q, k, v, band, rows, keys, keep, reach, dropout_p, fused_kernel(q.device, q.dtype), tiling,
+                          key_constants)
     return [out, *saved.tensors()]
 
 
 def _attend_backward_for_compile(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, band: Tensor,
                                  row_left: Tensor | None, row_right: Tensor | None, key_left: Tensor | None,
                                  key_right: Tensor | None, keep: Tensor | None, out: Tensor, saved: list[Tensor],
-                                 reach: int, dropout_p: float, tiling: str) -> list[Tensor]:
+                                 reach: int, dropout_p: float, tiling: str, key_constants: bool) -> list[Tensor]:
     rows, keys = _by_side(row_left, row_right), _by_side(key_left, key_right)
     kernel = fused_kernel(q.device, q.dtype)
-    tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling)
+    tiles, operands, terms = _prepare(q, k, v, band, rows, keys, keep, reach, kernel, tiling, key_constants)
     state = _Saved.from_tensors(saved, tiles, operands, terms, row_left is not None, dropout_p, kernel.state_size)
     grads = _backward(grad_out, v, rows, out, state, kernel, dropout_p)
     return [q.new_empty(0) if grad is None else grad for grad in grads]
@@ -609,9 +633,9 @@ _relative_attention_backward_op.register_fake(_attend_backward_for_compile)
 
 
 def _op_setup_context(ctx, inputs, output):
-    *tensors, reach, dropout_p, tiling = inputs
+    *tensors, reach, dropout_p, tiling, key_constants = inputs
     ctx.save_for_backward(*tensors, *output)
-    ctx.reach, ctx.dropout_p, ctx.tiling = reach, dropout_p, tiling
+    ctx.reach, ctx.dropout_p, ctx.tiling, ctx.key_constants = reach, dropout_p, tiling, key_constants
     ctx.set_materialize_grads(False)  # the extra outputs get no gradient
 
 
@@ -619,10 +643,12 @@ def _op_backward(ctx, grads):
     q, k, v, band, row_left, row_right, key_left, key_right, keep, out, *saved = ctx.saved_tensors
     inputs = (q, k, v, band, row_left, row_right, key_left, key_right)
     if grads[0] is None:
-        return (None,) * 12
+        return (None,) * 13
     result = _relative_attention_backward_op(grads[0], *inputs, keep, out, saved, ctx.reach, ctx.dropout_p,
-                                             ctx.tiling)
-    return *(None if x is None else grad for x, grad in zip(inputs, result, strict=True)), None, None, None, None
+                                             ctx.tiling, ctx.key_constants)
+    # (key constants that take no gradient get none: result's entries for them are empty)
+    tensor_grads = (None if x is None or grad.numel() == 0 else grad for x, grad in zip(inputs, result, strict=True))
+    return *tensor_grads, None, None, None, None, None
 
 
 _relative_attention_op.register_autograd(_op_backward, setup_context=_op_setup_context)
@@ -634,6 +660,7 @@ def decomposed_relative_attention(q: Tensor, k: Tensor, v: Tensor, pieces: dict,
     kernels.py, tiling its own unless given. Under torch.compile, with the device's kernel, one custom operator."""
     tensors = (q, k, v, pieces["band"].contiguous(), pieces["row_left"], pieces["row_right"], pieces["key_left"],
                pieces["key_right"], keep, reach, dropout_p)
+    key_constants = pieces.get("key_constants", False)
     if torch.compiler.is_compiling() and kernel is fused_kernel(q.device, q.dtype):
-        return _relative_attention_op(*tensors, tiling or kernel.tiling)[0]
-    return DecomposedRelativeAttention.apply(*tensors, kernel, tiling or kernel.tiling)
+        return _relative_attention_op(*tensors, tiling or kernel.tiling, key_constants)[0]
+    return DecomposedRelativeAttention.apply(*tensors, kernel, tiling or kernel.tiling, key_constants)
