@@ -10,7 +10,8 @@ parts, each computed by a fused kernel (kernels.py) that sees only constants the
 
 * a far part's per-row constant does not change its softmax, only its log-sum-exp (lse + row_i); its per-key
   constant (and, for kernels without a key mask, the padding) rides on one extra column of q and k,
-  (q_i, 1) . (k_j, sqrt(d) key_j or -max) / sqrt(d);
+  (q_i, 1) . (k_j, sqrt(d) key_j or -max) / sqrt(d), whose gradient is the constant's; constants that take no
+  gradient (ALiBi's) ride on the key mask instead, where the kernel takes one, and the calls keep d channels;
 * the near part is computed a block of S queries at a time against its window of keys [s - r, s + S + r),
   one dense (S x (S + 2r)) matmul. How far it reaches depends on the kernel's tiling. "causal": only the
   band; the far-left part is ONE causal call of queries r + 1 .. n - 1 against keys 0 .. n - r - 2 (query
