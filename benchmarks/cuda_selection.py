@@ -21,13 +21,15 @@ from pathlib import Path
 
 import pytest
 
-# what each bar stands on, in the call's order: the relative terms with padding (composite and composite+key), dropout's
-# replay, the timed dtype (bf16), the dQ accumulators' determinism (the backward's read-add-write: a race would show
-# here), then the CUDA graphs the training stage's graphs rows replay. The plain kernel's own case runs under the
-# interpreter only; the gate checks it on the GPU
+# what each bar stands on, in the call's order: the relative terms with padding (composite and composite+key), ALiBi
+# computed inside the kernel (never yet compiled for a GPU, and not in the gate), dropout's replay, the timed dtype
+# (bf16), the dQ accumulators' determinism (the backward's read-add-write: a race would show here), then the CUDA
+# graphs the training stage's graphs rows replay. The plain kernel's own case runs under the interpreter only; the
+# gate checks it on the GPU
 BARS_FIRST = (
     "test_every_term_combination_matches_the_reference_with_padding",
     "test_padding_anywhere_and_keys_past_the_last_real_one",
+    "test_alibi_matches_the_reference_with_padding_anywhere",
     "test_dropout_is_replayed_in_backward",
     "test_half_precision_against_float32",
     "test_repeated_calls_compute_the_same_bits",

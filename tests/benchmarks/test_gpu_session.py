@@ -448,3 +448,13 @@ def test_a_tiling_is_pinned_for_the_gate_and_the_warm_up_and_a_launch_only_compi
     monkeypatch.delattr(launch, "AUTOTUNERS")  # a rework that renames what a tiling is pinned through
     with pytest.raises(kernel_tilings.TilingsUnknown, match="AUTOTUNERS"):
         kernel_tilings.tiling_count(64, torch.bfloat16)
+
+
+def test_every_test_the_bars_put_first_exists(gpu_session):
+    """A renamed kernel test would silently lose its place at the head of the GPU's selection."""
+    import cuda_selection
+
+    tests = Path(__file__).parents[1] / "attention" / "relative"
+    defined = "".join(path.read_text() for path in tests.glob("test_triton*.py"))
+    for name in cuda_selection.BARS_FIRST:
+        assert (tests / name).is_file() if name.endswith(".py") else f"def {name}(" in defined, name
