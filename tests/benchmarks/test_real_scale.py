@@ -3,6 +3,7 @@ packed from the shared data, unpacked, and the comparison runs (and continues wh
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
@@ -44,15 +45,19 @@ def script(real_scale, monkeypatch, capsys):
     return call
 
 
-def test_the_kit_packs_the_models_come_back_and_glue_runs_on_them(tmp_path, real_scale, script):
+def test_the_kit_packs_the_models_come_back_and_glue_runs_on_them(tmp_path, real_scale, script, monkeypatch):
     kit, work, out, results = tmp_path / "kit", tmp_path / "work", tmp_path / "out", tmp_path / "results"
+    # the kit's archives at xz's fastest preset, which trades only size for time (the models' own preset stays)
+    monkeypatch.setattr(real_scale, "write_tar", functools.partial(real_scale.write_tar, preset=0))
     packed, said = script("pack", "--kit", str(kit), "--text-mb", "1", "--vocab-size", "1000", "--no-wheels")
     assert packed == 0, said
     assert {p.name for p in kit.iterdir()} == {".real_scale-kit", "corpus.tar.xz", "eval.tar.xz", "tokenizer"}
 
-    run = ["run", "--kit", str(kit), "--work", str(work), "--out", str(out), "--smoke", "--budget", "4s"]
-    # a first call stopped early says so and leaves a status; the same command continues it
-    first, said = script(*run, "--stop-after", "10")
+    run = ["run", "--kit", str(kit), "--work", str(work), "--out", str(out), "--smoke", "--budget", "2s"]
+    # a first call stopped early says so and leaves a status; the same command continues it. The comparison outlasts
+    # --stop-after on a fast machine too: the process's start, then each model's --budget of training compute with
+    # its evaluations and checkpoints on top
+    first, said = script(*run, "--stop-after", "6")
     status = json.loads((out / "real_scale.json").read_text())
     assert first in (0, 3), said
     assert status["finished"] == (first == 0)
