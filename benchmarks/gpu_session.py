@@ -184,6 +184,7 @@ class Plan:
     flash: bool = True  # SDPA without a mask through its flash backend
     compile_flex: bool = True  # FlexAttention through torch.compile (eager, it is a reference implementation)
     work: str = ""  # the train stage's scratch folder (the session's; set by main)
+    collect: bool = True  # a full garbage collection after each row: what cycles hold goes before the next row
 
     @property
     def rehearsal(self) -> bool:
@@ -197,12 +198,15 @@ GPU = Plan("cuda", "bfloat16", ((8, 4, 2048), (2, 12, 8192), (32, 4, 512), (128,
            budgets=GPU_BUDGETS, gate_shape=(4, 8, 512), flex_shape=(8, 4, 2048),
            train_attention=((2, 4, 128), (2, 4, 120)), warm_workers=10)
 # A call of the kernel under the interpreter takes 0.2-0.5 s on CPU at 1 x 1 x 16 (1-5 s at 2 x 2 x 24): one tiny
-# shape, one call of each kind; two warm-up processes (the logic, nothing to compile); the first two tests of the
-# selection (each takes 10 s or more here)
+# shape, one call of each kind; one warm-up process (the logic: the interpreter compiles nothing, and a second
+# process only imported torch and convattn again); the first two tests of the selection (each takes 10 s or more
+# here). No garbage collection after each row: its tensors are tiny, and with torch and transformers loaded a
+# collection costs a stage's row more than its own work (time it: python -c "import time, gc, torch,
+# transformers.modeling_utils; t = time.time(); gc.collect(); print(time.time() - t)")
 REHEARSAL = Plan("cpu", "float32", ((1, 1, 16),), ((1, 1, 16),), long=0, head_dim=16, warmup=0, profiled=1,
                  host_steps=1, train=pretrain_step.REHEARSAL_TRAIN, budgets=REHEARSAL_BUDGETS, gate_shape=(1, 2, 40),
-                 flex_shape=(1, 1, 16), train_attention=((1, 1, 16),), warm_workers=2, tests_limit=2, flash=False,
-                 compile_flex=False)
+                 flex_shape=(1, 1, 16), train_attention=((1, 1, 16),), warm_workers=1, tests_limit=2, flash=False,
+                 compile_flex=False, collect=False)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -737,7 +741,8 @@ def run_stage(stage: str, plan: Plan, out: Path, deadline: float) -> int:
                 if context_lost(plan):
                     result["context_lost"] = True
             finally:
-                gc.collect()
+                if plan.collect:
+                    gc.collect()
                 if plan.device == "cuda" and not result.get("context_lost"):
                     import torch
 

@@ -60,6 +60,10 @@ TILINGS = {
                  (64, 128, 4, 2), (32, 128, 4, 3), (16, 128, 4, 3), (32, 128, 4, 5)],
 }
 SHAPES = [(32, 4, 512), (8, 4, 2048), (2, 12, 8192)]  # (batch, heads, n)
+# the rehearsal's one shape, a single program a launch at the interpreter's tiles: under TRITON_INTERPRET=1 each program
+# is interpreted op by op, so a larger shape multiplies the seconds of each stage, which `TRITON_INTERPRET=1 python
+# benchmarks/triton_tuning.py --rehearse` prints
+REHEARSAL_SHAPE = (1, 1, 16)
 # what each problem adds to plain attention: 1/8 of one row padded, the row table, the key table, dropout 0.1
 FEATURES = {"plain": (), "dropout": ("dropout",), "padding": ("padding",), "padding+row": ("padding", "row"),
             "padding+row+key": ("padding", "row", "key"), "composite+key": ("padding", "row", "key", "dropout")}
@@ -125,7 +129,7 @@ def compile_job(job: tuple) -> tuple:
     try:
         device, dtype = ("cpu", torch.float32) if rehearse else ("cuda", torch.bfloat16)
         force({kernel: tuple(tiling)} if kernel in KERNELS else {})
-        forward, backward = kernel_calls(problem, (1, 4 if not rehearse else 2, 64), device, dtype)
+        forward, backward = kernel_calls(problem, (1, 4, 64) if not rehearse else REHEARSAL_SHAPE, device, dtype)
         if kernel in ("forward", "all"):
             forward()
         if kernel != "forward":
@@ -137,8 +141,7 @@ def compile_job(job: tuple) -> tuple:
 
 def bench(fn, rehearse: bool) -> float:
     """Milliseconds per call, the median."""
-    if rehearse:
-        fn()
+    if rehearse:  # the interpreter compiles nothing ahead: its first call is already a call like any other
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
@@ -163,7 +166,7 @@ class Session:
     # host
 
     def host_costs(self) -> None:
-        shape = (1, 4, 128) if not self.rehearse else (1, 2, 16)
+        shape = (1, 4, 128) if not self.rehearse else REHEARSAL_SHAPE
         q, k, v, *_ = operands("plain", *shape, self.device, self.dtype)
         q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
         grad = torch.randn_like(q)
@@ -197,9 +200,9 @@ class Session:
                 problem.grid("BLOCK_M")](*args, **problem.keywords, BLOCK_M=m, BLOCK_N=n_, num_warps=w,
                                          num_stages=s)
             arms["a 3-argument triton kernel"] = trivial_launch()
-        calls = 300 if not self.rehearse else 3
+        calls, warmup = (300, 5) if not self.rehearse else (1, 1)
         for name, fn in arms.items():
-            for _ in range(5):
+            for _ in range(warmup):
                 fn()
             self.sync()
             start = time.perf_counter()
@@ -213,7 +216,7 @@ class Session:
             self.save()
         profiler = cProfile.Profile()
         profiler.enable()
-        for _ in range(200 if not self.rehearse else 2):
+        for _ in range(200 if not self.rehearse else 1):
             arms["kernel forward + backward (entry)"]()
         profiler.disable()
         self.sync()
@@ -232,7 +235,8 @@ class Session:
         jobs = [("all", None, problem, self.rehearse) for problem in LADDER]
         jobs += [(kernel, tiling, problem, self.rehearse) for problem in PROBLEMS for kernel in KERNELS
                  for tiling in self.tilings(kernel)]
-        workers = 2 if self.rehearse else min(14, os.cpu_count() or 1)
+        # the rehearsal's pool has one process: the interpreter compiles nothing, so a second would only import again
+        workers = 1 if self.rehearse else min(14, os.cpu_count() or 1)
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             for (kernel, tiling, problem, _), error in pool.map(compile_job, jobs):
                 if error:
@@ -243,7 +247,7 @@ class Session:
         """Each problem at the library's first tilings, forward and backward, against SDPA with the same padding
         and dropout: what each feature costs."""
         force({})
-        for shape in SHAPES if not self.rehearse else [(2, 2, 40)]:
+        for shape in SHAPES if not self.rehearse else [REHEARSAL_SHAPE]:
             for problem in LADDER:
                 if self.left() < 5:
                     self.results["unfinished"] = "the deadline came first"
@@ -260,7 +264,7 @@ class Session:
         return TILINGS[kernel][:2] if self.rehearse else TILINGS[kernel]
 
     def sweep(self) -> None:
-        shapes = SHAPES if not self.rehearse else [(2, 2, 40)]
+        shapes = SHAPES if not self.rehearse else [REHEARSAL_SHAPE]
         for problem in PROBLEMS:
             for shape in shapes:
                 sdpa_forward, sdpa_both = sdpa_calls(problem, shape, self.device, self.dtype)

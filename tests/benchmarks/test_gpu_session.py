@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     selection = next(line for line in said if line.startswith("gpu_session: tests: the GPU's selection, "))
     assert "the bars' first: test_every_term_combination_matches_the_reference" in selection  # whole in tests.json
     assert "test_the_step_replays_as_cuda_graphs_and_computes_what_eager_does" in selection  # a GPU's alone
-    assert "16 units compiled by 2 processes" in said[first["warm-up"]]  # both dQ designs
+    assert "16 units compiled by 1 processes" in said[first["warm-up"]]  # both dQ designs
 
     gate = json.loads((tmp_path / "gate.json").read_text())["rows"]
     assert [(row["gate"], row["design"], row["verdict"]) for row in gate] == [
@@ -78,10 +79,9 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     assert [row["arm"] for row in json.loads((tmp_path / "flex.json").read_text())["rows"]] == [
         "sdpa", "flex", "plain"]
     train = json.loads((tmp_path / "train.json").read_text())["rows"]
-    assert [(row["mode"], row["arm"]) for row in train[:9]] == [
-        (mode, arm) for arms in (("composite", "absolute"), ("bert",)) for mode in ("graphs", "eager", "compiled")
+    assert [(row["batch"], row["mode"], row["arm"]) for row in train] == [
+        (4, mode, arm) for arms in (("composite", "absolute"), ("bert",)) for mode in ("graphs", "eager", "compiled")
         for arm in arms]
-    assert {row["batch"] for row in train[:9]} == {4} and {row["batch"] for row in train[9:]} == {8}
     for row in train:
         if row["mode"] == "eager":  # through `convattn pretrain` (and transformers' Trainer for BERT), timed
             assert row.get("tokens_per_s", 0) > 0 and row["steps"] > 0, row
@@ -276,7 +276,7 @@ def test_the_training_stage_runs_batch_128_as_cuda_graphs_first_and_bert_after_t
     assert rows[9:] == [(512, mode, arm) for batch, mode, arm in rows[:9]]
 
 
-def test_the_warm_up_compiles_every_tiling_of_every_timed_kernel_row_the_gates_first(gpu_session):
+def test_the_warm_up_compiles_every_tiling_of_every_timed_kernel_row_the_gates_first(gpu_session, monkeypatch):
     plan = gpu_session.GPU
     units = gpu_session.warm_units(plan, 4)
     assert [(row.get("gate"), index) for row, index in units[:8]] == [
@@ -288,9 +288,20 @@ def test_the_warm_up_compiles_every_tiling_of_every_timed_kernel_row_the_gates_f
     assert all(gpu_session.key(gpu_session.shape_row(shape, "+row table", "split")) in warmed
                for shape in ((2, 4, 128), (2, 4, 120)))  # the training step's attention, eager
     assert len(warmed) * 4 == len(units)
-    # the processes take the units in turn: the first ones side by side
-    shares = [units[worker::plan.warm_workers] for worker in range(plan.warm_workers)]
-    assert [share[0] for share in shares] == units[:plan.warm_workers]
+    # the processes (each a warm() of its own) take the units in turn: the first ones side by side, each unit once
+    taken, firsts = [], []
+
+    def warm_unit(row, index, plan):
+        taken.append((gpu_session.key(row), index))
+        return []
+    monkeypatch.setattr(gpu_session, "tiling_count", lambda plan: 4)
+    monkeypatch.setattr(gpu_session, "warm_unit", warm_unit)
+    for worker in range(plan.warm_workers):
+        before = len(taken)
+        assert gpu_session.warm(plan, worker, plan.warm_workers) == 0
+        firsts.append(taken[before])
+    every = [(gpu_session.key(row), index) for row, index in units]
+    assert firsts == every[:plan.warm_workers] and Counter(taken) == Counter(every)
 
 
 # --- the gate ---------------------------------------------------------------------------------------------------------
