@@ -197,12 +197,11 @@ GPU = Plan("cuda", "bfloat16", ((8, 4, 2048), (2, 12, 8192), (32, 4, 512), (128,
            long=2048, head_dim=64, warmup=3, profiled=10, host_steps=20, train=pretrain_step.GPU_TRAIN,
            budgets=GPU_BUDGETS, gate_shape=(4, 8, 512), flex_shape=(8, 4, 2048),
            train_attention=((2, 4, 128), (2, 4, 120)), warm_workers=10)
-# A call of the kernel under the interpreter takes 0.2-0.5 s on CPU at 1 x 1 x 16 (1-5 s at 2 x 2 x 24): one tiny
-# shape, one call of each kind; one warm-up process (the logic: the interpreter compiles nothing, and a second
-# process only imported torch and convattn again); the first two tests of the selection (each takes 10 s or more
-# here). No garbage collection after each row: its tensors are tiny, and with torch and transformers loaded a
-# collection costs a stage's row more than its own work (time it: python -c "import time, gc, torch,
-# transformers.modeling_utils; t = time.time(); gc.collect(); print(time.time() - t)")
+# Under the interpreter every kernel call is seconds of Python: one tiny shape, one call of each kind; one warm-up
+# process (the interpreter compiles nothing, so a second only imports again); the first two tests of the selection;
+# no garbage collection after each row (its tensors are tiny, and with transformers' models imported a collection
+# costs more than the row: python -c "import time, gc, transformers.modeling_utils; t = time.time(); gc.collect();
+# print(time.time() - t)")
 REHEARSAL = Plan("cpu", "float32", ((1, 1, 16),), ((1, 1, 16),), long=0, head_dim=16, warmup=0, profiled=1,
                  host_steps=1, train=pretrain_step.REHEARSAL_TRAIN, budgets=REHEARSAL_BUDGETS, gate_shape=(1, 2, 40),
                  flex_shape=(1, 1, 16), train_attention=((1, 1, 16),), warm_workers=1, tests_limit=2, flash=False,
