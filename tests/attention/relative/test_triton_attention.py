@@ -502,14 +502,14 @@ def test_the_dq_design_follows_the_variable_and_deterministic_algorithms(monkeyp
 @pytest.mark.slow
 def test_two_backward_passes_give_the_same_bits():
     """Deterministic by default, without atomics: the backward operator run twice on the same inputs and seed gives
-    every gradient bit for bit, here with two splits of two and three key blocks each under the interpreter (on a
-    GPU as many splits as fill it, their programs running at once)."""
-    batch, heads, n, head_dim = 2, 2, 130, 32
+    every gradient bit for bit, here with two splits, of two key blocks and of one, under the interpreter (on a GPU
+    as many splits as fill it, their programs running at once)."""
+    batch, heads, n, head_dim = 2, 2, 70, 32  # three key blocks under the interpreter: every launch is seconds there
     q, k, v = (x.float() for x in operands(batch, heads, n, head_dim))
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=4)
     row, key = (t.detach().float() for t in rel.tables(q, k))
     position = torch.arange(n)
-    keep = torch.stack([position < 100, position % 5 != 2]).to(DEVICE).view(torch.uint8)
+    keep = torch.stack([position < 60, position % 5 != 2]).to(DEVICE).view(torch.uint8)
     args = (q, k, v, row[:1].contiguous(), key, keep, None, torch.tensor(7, device=DEVICE), 0, 4, True, 0.2, 0.2)
     out, lse = operator.attention_forward(*args)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
