@@ -180,7 +180,8 @@ def test_padding_anywhere_and_keys_past_the_last_real_one(terms, dq_design):
     position = torch.arange(n)
     keep = torch.stack([position >= 20, (position % 7 != 3) & (position < 61), position < 20,
                         torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)]).to(DEVICE)
-    check_against_reference(TERMS[terms], "clip", batch=5, heads=2, n=n, head_dim=32, reach=3, keep=keep)
+    # one head: the key mask is per sequence, and the other tests here take several heads through the same code
+    check_against_reference(TERMS[terms], "clip", batch=5, heads=1, n=n, head_dim=32, reach=3, keep=keep)
 
 
 @interpreter_only
