@@ -140,13 +140,15 @@ def test_the_triton_kernel_is_one_operator_in_a_compiled_step():
     """attn_implementation="convattn_triton" (the CUDA default; the interpreter here): with dropout one graph, its
     seed drawn inside it; without, the kernel's two operators in the forward and backward graphs, and what eager
     mode computes."""
-    model = tiny_model("composite+key", dropout=0.1, num_hidden_layers=1, attn_implementation="convattn_triton")
-    inputs = model_inputs("composite+key", padded_batch(24))
+    # two heads and one query tile of the interpreter's 16: it runs the kernel three times, each launch seconds
+    fields = dict(num_hidden_layers=1, num_attention_heads=2, attn_implementation="convattn_triton")
+    model = tiny_model("composite+key", dropout=0.1, **fields)
+    inputs = model_inputs("composite+key", padded_batch(16))
     with torch._dynamo.config.patch(trace_autograd_ops=True):
         explanation = torch._dynamo.explain(training_step)(model, inputs)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
     torch._dynamo.reset()
-    model = tiny_model("composite+key", num_hidden_layers=1, attn_implementation="convattn_triton")
+    model = tiny_model("composite+key", **fields)
     eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
     targets = set()
 

@@ -1,12 +1,13 @@
 """Slow, obviously-correct float64 references written with explicit loops over positions.
 
 They read the weights out of our modules but share no code with them: every score, tap and
-offset is computed one at a time from the papers' formulas.
+offset is computed one at a time from the papers' formulas (a score for every sequence and head at once).
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
@@ -47,28 +48,29 @@ def relative_term(table: Tensor, offset: int, reach: int, clip: bool) -> Tensor 
     return table[..., max(-reach, min(reach, offset)) + reach]
 
 
-def score_with_relative_terms(rel, q_i: Tensor, k_j: Tensor, i: int, j: int, head: int,
-                              terms_q_i: Tensor | None = None, terms_k_j: Tensor | None = None) -> Tensor:
-    """s_ij = q_i . k_j / sqrt(d) + beta[head, c(j - i)] + q_i . W[:, c(j - i)] / sqrt(d)
-    + k_j . U[:, c(i - j)] / sqrt(d), for the terms `rel` (a RelativePositionBias or None) has; the dynamic terms
-    read terms_q_i / terms_k_j where given (under rotary positions: the query and key before their rotation)."""
+def score_with_relative_terms(rel, q_i: Tensor, k_j: Tensor, i: int, j: int, terms_q_i: Tensor | None = None,
+                              terms_k_j: Tensor | None = None) -> Tensor:
+    """s_ij = q_i . k_j / sqrt(d) + beta[h, c(j - i)] + q_i . W[:, c(j - i)] / sqrt(d) + k_j . U[:, c(i - j)] / sqrt(d)
+    of one pair (i, j) in every sequence and head h at once (q_i, k_j: (batch, heads, d) -> (batch, heads)), for the
+    terms `rel` (a RelativePositionBias or None) has; the dynamic terms read terms_q_i / terms_k_j where given (under
+    rotary positions: the query and key before their rotation)."""
     d = q_i.shape[-1]
-    s = (q_i @ k_j) / math.sqrt(d)
+    s = (q_i * k_j).sum(-1) / math.sqrt(d)
     if rel is None:
         return s
     q_i = q_i if terms_q_i is None else terms_q_i
     k_j = k_j if terms_k_j is None else terms_k_j
     r, clip = rel.reach, rel.clip
-    if rel.fixed is not None:
-        s = s + relative_term(rel.fixed[head].double(), j - i, r, clip)
+    if rel.fixed is not None:  # (heads,): each head's beta
+        s = s + relative_term(rel.fixed.double(), j - i, r, clip)
     if rel.query_kernel is not None:
         w = relative_term(rel.query_kernel.double(), j - i, r, clip)
         s = s + (q_i @ w if torch.is_tensor(w) else 0.0) / math.sqrt(d)
     if rel.key_kernel is not None:
         u = relative_term(rel.key_kernel.double(), i - j, r, clip)
         s = s + (k_j @ u if torch.is_tensor(u) else 0.0) / math.sqrt(d)
-    if rel.alibi is not None:  # ALiBi, MosaicBERT's symmetric form: -m_head |i - j|
-        s = s - rel.alibi[head] * abs(i - j)
+    if rel.alibi is not None:  # ALiBi, MosaicBERT's symmetric form: -m_h |i - j|, each head's slope m_h
+        s = s - torch.tensor(rel.alibi, dtype=torch.float64) * abs(i - j)
     return s
 
 
@@ -128,25 +130,31 @@ def composite_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor
     return context
 
 
+def in_float64(rel):
+    """The terms of `rel` with its tables converted to float64 once, so that their gradients sum in float64 over all
+    pairs before rounding to the parameters' dtype (not once per pair)."""
+    if rel is None:
+        return None
+    tables = {name: None if t is None else t.double() for name, t in
+              (("fixed", rel.fixed), ("query_kernel", rel.query_kernel), ("key_kernel", rel.key_kernel))}
+    return SimpleNamespace(reach=rel.reach, clip=rel.clip, alibi=rel.alibi, **tables)
+
+
 def relative_attention_loops(rel, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, terms_q: Tensor | None = None,
                              terms_k: Tensor | None = None) -> Tensor:
-    """Softmax attention with relative terms, one score at a time; q, k, v are (batch, n, heads, d); the dynamic
-    terms read terms_q, terms_k where given (`score_with_relative_terms`)."""
+    """Softmax attention with relative terms, one (query, key) pair at a time, for every sequence and head at once
+    (a loop per sequence and head paid Python's overhead batch x heads times over for the same numbers); q, k, v are
+    (batch, n, heads, d); the dynamic terms read terms_q, terms_k where given (`score_with_relative_terms`)."""
     terms_q, terms_k = (q if terms_q is None else terms_q), (k if terms_k is None else terms_k)
-    batch, n, heads, d = q.shape
-    out = torch.zeros(batch, n, heads, d, dtype=torch.float64)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(n):
-                scores = []
-                for j in range(n):
-                    s = score_with_relative_terms(rel, q[b, i, h], k[b, j, h], i, j, h, terms_q[b, i, h],
-                                                  terms_k[b, j, h])
-                    scores.append(s if keep[b, j] else torch.tensor(-math.inf, dtype=torch.float64))
-                probs = torch.softmax(torch.stack(scores), dim=0)
-                for j in range(n):
-                    out[b, i, h] += probs[j] * v[b, j, h]
-    return out
+    rel = in_float64(rel)
+    n = q.shape[1]
+    rows = []
+    for i in range(n):
+        scores = torch.stack([score_with_relative_terms(rel, q[:, i], k[:, j], i, j, terms_q[:, i], terms_k[:, j])
+                              for j in range(n)], dim=-1)  # (batch, heads, keys)
+        probs = torch.softmax(scores.masked_fill(~keep[:, None, :], -math.inf), dim=-1)
+        rows.append(sum(probs[..., j, None] * v[:, j] for j in range(n)))  # (batch, heads, d)
+    return torch.stack(rows, dim=1)
 
 
 def convbert_self_attention_loops(module, x: Tensor, keep: Tensor, positions: Tensor | None = None) -> Tensor:
