@@ -67,8 +67,8 @@ def kept_output_and_grads(case: tuple, layer, x, keep, reference):
     """`output_and_grads` of a loop reference (seconds each), computed once for `case` (what built the layer and the
     batch) and the reference, the layer's weights and the inputs as they are now: tests that run one layer on several
     paths, or tile it differently, share it."""
-    key = (getattr(reference, "func", reference).__name__, *case, float(x.double().sum()),
-           tuple(keep.sum(-1).tolist()), tuple(float(p.double().sum()) for p in layer.parameters()))
+    key = (getattr(reference, "func", reference).__name__, *case, float(x.detach().double().sum()),
+           tuple(keep.sum(-1).tolist()), tuple(float(p.detach().double().sum()) for p in layer.parameters()))
     if key not in REFERENCES:
         REFERENCES[key] = output_and_grads(layer, x, keep, reference)
     return REFERENCES[key]
