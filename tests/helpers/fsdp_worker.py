@@ -71,6 +71,9 @@ def main(out: Path, steps: int, resume_from: Path | None) -> None:
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=out / "checkpoint")
     if rank == 0:
         (out / "losses.json").write_text(json.dumps(losses))
+    # every process past its last collective before any tears gloo down: on 2 loaded cores a process leaving first
+    # once aborted the other ("terminate called without an active exception") in the full suite
+    dist.barrier()
     dist.destroy_process_group()
 
 
