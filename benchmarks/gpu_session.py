@@ -181,6 +181,7 @@ class Plan:
     designs: tuple[str, ...] = tuple(DESIGNS)  # the dQ designs timed and checked
     warm_workers: int = 0  # the warm-up's processes
     tests_limit: int | None = None  # run the first this many tests of the selection (None: all)
+    warm_limit: int | None = None  # warm the first this many units (None: all)
     flash: bool = True  # SDPA without a mask through its flash backend
     compile_flex: bool = True  # FlexAttention through torch.compile (eager, it is a reference implementation)
     work: str = ""  # the train stage's scratch folder (the session's; set by main)
@@ -198,14 +199,15 @@ GPU = Plan("cuda", "bfloat16", ((8, 4, 2048), (2, 12, 8192), (32, 4, 512), (128,
            budgets=GPU_BUDGETS, gate_shape=(4, 8, 512), flex_shape=(8, 4, 2048),
            train_attention=((2, 4, 128), (2, 4, 120)), warm_workers=10)
 # Under the interpreter every kernel call is seconds of Python: one tiny shape, one call of each kind; one warm-up
-# process (the interpreter compiles nothing, so a second only imports again); the first two tests of the selection;
+# process for the gate's four units, both dQ designs (the interpreter compiles nothing, so more processes or units
+# would only import or run kernels again); the first two tests of the selection;
 # no garbage collection after each row (its tensors are tiny, and with transformers' models imported a collection
 # costs more than the row: python -c "import time, gc, transformers.modeling_utils; t = time.time(); gc.collect();
 # print(time.time() - t)")
 REHEARSAL = Plan("cpu", "float32", ((1, 1, 16),), ((1, 1, 16),), long=0, head_dim=16, warmup=0, profiled=1,
                  host_steps=1, train=pretrain_step.REHEARSAL_TRAIN, budgets=REHEARSAL_BUDGETS, gate_shape=(1, 2, 40),
-                 flex_shape=(1, 1, 16), train_attention=((1, 1, 16),), warm_workers=1, tests_limit=2, flash=False,
-                 compile_flex=False, collect=False)
+                 flex_shape=(1, 1, 16), train_attention=((1, 1, 16),), warm_workers=1, warm_limit=4, tests_limit=2,
+                 flash=False, compile_flex=False, collect=False)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -543,7 +545,7 @@ def warm(plan: Plan, worker: int, workers: int) -> int:
     if tilings is None:
         print(f"warm {worker}: nothing to do: the kernel's tilings cannot be pinned", flush=True)
         return 0
-    units = warm_units(plan, tilings)[worker::workers]
+    units = warm_units(plan, tilings)[:plan.warm_limit][worker::workers]
     start = time.time()
     for row, index in units:
         began = time.time()

@@ -59,7 +59,7 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     selection = next(line for line in said if line.startswith("gpu_session: tests: the GPU's selection, "))
     assert "the bars' first: test_every_term_combination_matches_the_reference" in selection  # whole in tests.json
     assert "test_the_step_replays_as_cuda_graphs_and_computes_what_eager_does" in selection  # a GPU's alone
-    assert "16 units compiled by 1 processes" in said[first["warm-up"]]  # both dQ designs
+    assert "4 units compiled by 1 processes" in said[first["warm-up"]]  # the gate's: both dQ designs
 
     gate = json.loads((tmp_path / "gate.json").read_text())["rows"]
     assert [(row["gate"], row["design"], row["verdict"]) for row in gate] == [
