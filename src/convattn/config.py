@@ -2,7 +2,7 @@
 
 The mechanism is described by composable fields, not one opaque string:
 
-* positions: `position_embedding_type` (absolute, none, rotary with `rope_theta`, alibi);
+* positions: `position_embedding_type` (absolute, none, rotary with `rope_theta` and `rotary_relative_terms`, alibi);
 * composite family (Chang et al. 2021): `relative_terms`,
   `relative_reach`, `relative_out_of_window`, `value_depthwise_conv`, `conv_projections`;
 * ConvBERT (Jiang et al. 2020): `head_ratio`, `conv_kernel_size`, `num_groups`, `convbert_padding`,
