@@ -238,9 +238,10 @@ class _Operands:
               keep: Tensor | None, kernel_masks: bool, key_constants: bool = False) -> _Operands:
         """key_constants: the key constants need no gradient (ALiBi's), so a kernel that takes a key mask gets them
         there, per head, and no call carries an extra column."""
+        masked = None
         if key_constants and key_left is not None and kernel_masks:
             masked = _by_side(key_left.to(q.dtype), key_right.to(q.dtype))
-            return cls.build(q, k, None, None, keep, kernel_masks)._with_masked_keys(masked)
+            key_left = key_right = None  # no column for them
         d, with_key = q.shape[-1], key_left is not None
         lowest, root = torch.finfo(q.dtype).min, d ** 0.5
 
@@ -258,11 +259,7 @@ class _Operands:
         if with_key:
             q_buffer[..., 0] = 1
             k_buffer[..., 0] = column(key_left)
-        return cls(q_buffer, k_buffer, with_key, keep, kernel_masks)
-
-    def _with_masked_keys(self, masked: dict) -> _Operands:
-        self.masked_keys = masked
-        return self
+        return cls(q_buffer, k_buffer, with_key, keep, kernel_masks, masked)
 
     def side(self, x: Tensor, side: str) -> Tensor:
         """A (..., width) buffer as one side's fused call takes it."""
@@ -661,7 +658,7 @@ def decomposed_relative_attention(q: Tensor, k: Tensor, v: Tensor, pieces: dict,
     kernels.py, tiling its own unless given. Under torch.compile, with the device's kernel, one custom operator."""
     tensors = (q, k, v, pieces["band"].contiguous(), pieces["row_left"], pieces["row_right"], pieces["key_left"],
                pieces["key_right"], keep, reach, dropout_p)
-    key_constants = pieces.get("key_constants", False)
+    key_constants = pieces["key_constants"]
     if torch.compiler.is_compiling() and kernel is fused_kernel(q.device, q.dtype):
         return _relative_attention_op(*tensors, tiling or kernel.tiling, key_constants)[0]
     return DecomposedRelativeAttention.apply(*tensors, kernel, tiling or kernel.tiling, key_constants)
