@@ -84,7 +84,7 @@ def saved_preset(preset: str, folder):
 @pytest.fixture(scope="module")
 def remote_runs(tmp_path_factory):
     """Every preset of REMOTE_PRESETS saved, then loaded and run in ONE process that cannot import convattn: per
-    preset, its model, inputs and the output file that process wrote (or a `.error` file beside it)."""
+    preset, its model, inputs, folder and the output file that process wrote (or a `.error` file beside it)."""
     root = tmp_path_factory.mktemp("remote")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # bit for bit: both processes on one thread
@@ -92,8 +92,9 @@ def remote_runs(tmp_path_factory):
         runs, args = {}, []
         for index, preset in enumerate(REMOTE_PRESETS):
             folder = root / f"model{index}"  # one folder name each: remote code is cached under it
-            runs[preset] = (*saved_preset(preset, folder), root / f"out{index}.safetensors")
-            args += [str(folder), str(runs[preset][-1])]
+            out = root / f"out{index}.safetensors"
+            runs[preset] = (*saved_preset(preset, folder), folder, out)
+            args += [str(folder), str(out)]
         result = run_without_convattn(root, LOAD_AND_RUN, *args)
     finally:
         torch.set_num_threads(threads)
@@ -106,12 +107,12 @@ def test_saved_model_loads_and_reproduces_logits_without_convattn(preset, remote
     """Bit for bit: both processes run the same code on one thread each (with the machine's thread count in one
     and a single thread in the other, the logits had differed in the 5th digit on a 2-core machine)."""
     runs, result = remote_runs
-    model, ids, keep, out = runs[preset]
+    model, ids, keep, folder, out = runs[preset]
     error = out.with_name(out.name + ".error")
     assert result.returncode == 0 and not error.exists(), (error.read_text() if error.exists() else
                                                            result.stderr[-3000:])
-    assert json.loads((out.parent / f"model{REMOTE_PRESETS.index(preset)}" / "config.json").read_text())[
-        "auto_map"]["AutoModelForMaskedLM"] == "convattn_model.ConvAttnForMaskedLM"
+    assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == (
+        "convattn_model.ConvAttnForMaskedLM")
     remote = load_file(out)
     with torch.no_grad():
         assert torch.equal(remote["mlm"], model(input_ids=ids, attention_mask=keep).logits)
