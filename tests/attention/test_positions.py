@@ -3,6 +3,9 @@ own, every mechanism they compose with, and a flattened batch equal to each sequ
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 import torch
 from helpers.tiny import TINY, randomize_
@@ -137,8 +140,6 @@ def test_rotary_relative_terms_without_what_it_changes_is_refused():
 def saved_without_the_field(tmp_path, **fields):
     """A rotary model with dynamic terms saved, its config.json rewritten as convattn wrote it before
     rotary_relative_terms existed (no such key), and its logits."""
-    import json
-
     torch.manual_seed(0)
     saved = ConvAttnForMaskedLM(ConvAttnConfig(**TINY, position_embedding_type="rotary", **COMPOSED["composite"],
                                                **fields)).eval()
@@ -156,8 +157,6 @@ def test_a_config_from_before_the_field_loads_as_saved_since_and_says_so(tmp_pat
     """Such a config.json was written both before 2026-11-29 (terms from the rotated projections) and after (from
     the unrotated ones), with nothing in it to tell which: it loads as the current code computes, and loading (a
     warning) and the folder check (a line on the screen, once) say how to get the other back."""
-    import json
-
     from convattn.checkpoint import check_model_folder
 
     _, ids, logits = saved_without_the_field(tmp_path)
@@ -177,8 +176,6 @@ def test_a_config_from_before_the_field_loads_as_saved_since_and_says_so(tmp_pat
     _, _, rotated_logits = saved_without_the_field(tmp_path, rotary_relative_terms="rotated")
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "rotary_relative_terms": "rotated"}))
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         again = ConvAttnForMaskedLM.from_pretrained(tmp_path).eval()
@@ -189,9 +186,6 @@ def test_a_config_from_before_the_field_loads_as_saved_since_and_says_so(tmp_pat
 
 @pytest.mark.parametrize(("kind", "composed"), [("rotary", "alone"), ("rotary", "composite"), ("alibi", "composite")])
 def test_configs_the_field_does_not_change_load_without_a_word(kind, composed, tmp_path):
-    import json
-    import warnings
-
     ConvAttnForMaskedLM(ConvAttnConfig(**TINY, position_embedding_type=kind, **COMPOSED[composed])).save_pretrained(
         tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
