@@ -9,6 +9,12 @@ mean ± SEM intervals. Reads OUTPUT_DIR/metrics.csv of a compare run and writes,
   every later evaluation has every seed agreeing on that sign (the budget at which the ordering appears);
 - paired.png: each pair's mean difference vs step with its SEM band.
 
+With --costs (benchmarks/step_cost.py's .json: each run's seconds per training step, measured in one process) the
+table also reads at equal cost: every run's cost per step beside its perplexity, and each run's curves read where
+it has spent what the cheapest run spends in all its steps (fewer steps for a dearer run), with the pairs' paired
+differences there. A dearer run's learning rate has not finished decaying at that step, so its perplexity there
+is worse than a run planned for that many steps would reach: at equal cost the dearer run is read pessimistically.
+
     python benchmarks/paired_comparison.py runs/repro16 \
         --pairs composite:none composite:absolute fixed:none dynamic:fixed
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -67,6 +74,70 @@ def ordering_onset(diffs: dict[int, dict[int, float]], sign: float, seeds: int) 
     return onset
 
 
+def read_costs(path: Path) -> dict[str, float]:
+    """run name (after the preset family's '/') -> seconds per training step, from step_cost.py's .json."""
+    return {name: cost["seconds_per_step"] for name, cost in json.loads(path.read_text())["costs"].items()}
+
+
+def at_step(curve: dict[int, float], step: float) -> float:
+    """A seed's eval perplexity at `step` (between its first and last evaluation), linear in log perplexity between
+    the evaluations either side."""
+    steps = sorted(curve)
+    if not steps[0] <= step <= steps[-1]:
+        raise ValueError(f"step {step:g} is outside the evaluated steps {steps[0]}..{steps[-1]}")
+    after = next(s for s in steps if s >= step)
+    if after == step:
+        return curve[after]
+    before = max(s for s in steps if s < step)
+    share = (step - before) / (after - before)
+    return math.exp((1 - share) * math.log(curve[before]) + share * math.log(curve[after]))
+
+
+def equal_cost_steps(curves, costs: dict[str, float]) -> dict[str, float]:
+    """run (short name) -> the step at which it has spent what the cheapest costed run spends over all its steps
+    (every run's last step is the one all its seeds reach)."""
+    last = {short_name(run): min(max(steps) for steps in seeds.values()) for run, seeds in curves.items()}
+    costed = {name: cost for name, cost in costs.items() if name in last}
+    budget = min(cost * last[name] for name, cost in costed.items())
+    return {name: min(last[name], budget / cost) for name, cost in costed.items()}
+
+
+def equal_cost_lines(curves, pairs: list[tuple[str, str]], costs: dict[str, float], baseline: str,
+                     run: harness.Run) -> list[str]:
+    by_short = {short_name(name): name for name in curves}
+    steps = equal_cost_steps(curves, costs)
+    cheapest = min(steps, key=lambda name: costs[name])
+    lines = ["", "## At equal cost", "",
+             f"Each run's curves read at the step where it has spent what `{cheapest}`, the cheapest, spends in "
+             f"{steps[cheapest]:,.0f} steps (seconds per step from the cost file, x `{baseline}`'s). The dearer a "
+             "run, the earlier it is read, before its learning rate has decayed: pessimistic for the dearer runs.",
+             "", "| Run | Cost per step | Step read | Mean ± SEM | Per seed |", "|---|---:|---:|---:|---|"]
+    base = costs.get(baseline, costs[cheapest])
+    read: dict[str, dict[int, float]] = {}
+    for name, step in steps.items():
+        read[name] = {seed: at_step(curve, step) for seed, curve in sorted(curves[by_short[name]].items())}
+        mean, sem = mean_sem(list(read[name].values()))
+        run.add(equal_cost_run=name, cost_ratio=costs[name] / base, step=step, perplexity=read[name], mean=mean,
+                sem=number(sem))
+        lines.append(f"| {name} | {costs[name] / base:.2f}x | {step:,.0f} | {fmt(mean)} ± {fmt(sem)} | "
+                     + ", ".join(f"{v:,.1f}" for v in read[name].values()) + " |")
+    lines += ["", "| A - B at equal cost | Per seed | Mean ± SEM | Seeds agreeing |", "|---|---|---:|---:|"]
+    for a, b in pairs:
+        if a not in read or b not in read:
+            continue
+        seeds = sorted(set(read[a]) & set(read[b]))
+        values = [read[a][seed] - read[b][seed] for seed in seeds]
+        if not values:
+            continue
+        mean, sem = mean_sem(values)
+        agree = sum(v * (-1.0 if mean < 0 else 1.0) > 0 for v in values)
+        run.add(equal_cost_pair=f"{a} - {b}", differences=dict(zip(seeds, values, strict=True)), mean=mean,
+                sem=number(sem), agreeing=agree)
+        lines.append(f"| {a} - {b} | {', '.join(f'{v:+,.1f}' for v in values)} | {mean:+,.1f} ± {fmt(sem)} | "
+                     f"{agree}/{len(values)} |")
+    return lines
+
+
 def number(x: float) -> float | None:
     """x, or None for NaN (a row's JSON has no NaN)."""
     return None if math.isnan(x) else x
@@ -76,7 +147,8 @@ def fmt(x: float, digits: int = 1) -> str:
     return "n/a" if math.isnan(x) else f"{x:,.{digits}f}"
 
 
-def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run) -> str:
+def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run,
+           costs: dict[str, float] | None = None, baseline: str = "absolute") -> str:
     by_short = {short_name(name): name for name in curves}
     lines = [f"# Paired comparison: `{source}`", ""]
     lines += ["## Final eval perplexity", "", "| Run | Seeds | Mean ± SEM | Per seed | Last step |",
@@ -110,6 +182,8 @@ def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run)
                 onset=onset)
         lines.append(f"| {a} - {b} | {step:,} | {per_seed} | {mean:+,.1f} ± {fmt(sem)} | {agree}/{len(values)} | "
                      f"{'never' if onset is None else f'{onset:,}'} |")
+    if costs:
+        lines += equal_cost_lines(curves, pairs, costs, baseline, run)
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +221,8 @@ def main() -> None:
                                                         "dynamic:fixed"],
                         help="A:B pairs of run names (the part after the preset family's '/'); reports A - B")
     parser.add_argument("--out", type=Path, help="where paired.md and paired.png go (default: compare_dir)")
+    parser.add_argument("--costs", type=Path,
+                        help="benchmarks/step_cost.py's .json of the same runs: adds the table at equal cost")
     args = parser.parse_args()
     curves = load_curves(args.compare_dir / "metrics.csv")
     if any(p.count(":") != 1 for p in args.pairs):
@@ -155,10 +231,19 @@ def main() -> None:
     unknown = {name for pair in pairs for name in pair} - {short_name(run) for run in curves}
     if unknown:
         parser.error(f"--pairs: no run named {', '.join(sorted(unknown))} in {args.compare_dir}/metrics.csv")
+    costs, baseline = None, "absolute"
+    if args.costs:
+        try:
+            baseline = json.loads(args.costs.read_text())["baseline"]
+            costs = read_costs(args.costs)
+        except (OSError, ValueError, KeyError) as err:
+            parser.error(f"--costs {args.costs}: not benchmarks/step_cost.py's .json ({err})")
+        if not set(costs) & {short_name(run) for run in curves}:
+            parser.error(f"--costs {args.costs}: none of its runs ({', '.join(costs)}) is in {args.compare_dir}")
     out = args.out or args.compare_dir
     out.mkdir(parents=True, exist_ok=True)
     with harness.Run("paired_comparison", machine="-", source=str(args.compare_dir)) as run:
-        text = report(curves, pairs, args.compare_dir, run)
+        text = report(curves, pairs, args.compare_dir, run, costs, baseline)
     harness.report(out / "paired.md", text, quiet=True)
     plot(curves, pairs, out / "paired.png")
     print(text)
