@@ -7,10 +7,11 @@ loss at the masked tokens alone (as `convattn pretrain` computes it), backward, 
 AdamW, in training mode (dropout on). With --train-file and --tokenizer the batches are the run's own kind: lines of
 the corpus in the recipe's format (the position study's: pairs of lines, cut to --seq-len, padded to a multiple of 8)
 masked by the pretraining collator, the same --batches batches for every run in turn. Their padding matters: on the
-study's corpus a third of the tokens are pads, and ConvBERT's step costs 1.15x composite+key's there against 0.85x
-on full rows. Without them, random ids with 1/8 of one row padded. Results go to benchmarks/results/<output>.md,
-the costs by run to the same name's .json (`benchmarks/paired_comparison.py --costs` reads it) and a row to
-step_cost.jsonl.
+study's corpus a sixth of the tokens are pads, and ConvBERT's step costs 1.15x composite+key's there against 0.85x
+on full rows. Without them, random ids with 1/8 of one row padded. OpenMP's threads wait as the environment says
+(libgomp's default unless OMP_WAIT_POLICY is set; benchmarks/thread_wait.py measures what sleeping costs).
+Results go to benchmarks/results/<output>.md, the costs by run to the same name's .json
+(`benchmarks/paired_comparison.py --costs` reads it) and a row to step_cost.jsonl.
 
     # the position study's shape (RESULTS 6.5)
     python benchmarks/step_cost.py --grid positions --layers 2 --hidden 128 --heads 4 --intermediate 512 \\
@@ -21,10 +22,7 @@ step_cost.jsonl.
 from __future__ import annotations
 
 import json
-import os
 import random
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the command line sets it before torch loads (RESULTS 5)
 
 import harness
 import torch

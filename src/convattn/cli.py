@@ -13,6 +13,7 @@ import traceback
 
 from convattn.commands.arguments import HelpFormatter
 from convattn.errors import UsageError
+from convattn.openmp import choose_waiting
 
 # each module defines NAME, HELP, DESCRIPTION, optionally EXAMPLES, and `add_arguments(parser)`, which sets `func`
 COMMAND_MODULES = (
@@ -129,17 +130,8 @@ def with_flag(message: str, name) -> str:
     return f"{name(found['field'])} {found['rest']}"
 
 
-def passive_threads() -> None:
-    """A time budget's compute clock counts CPU seconds, which OpenMP's idle threads would inflate by spinning while
-    other processes hold the CPU they wait for (a resumed run learns its clock only once torch has loaded); they
-    sleep instead, no slower on an idle machine (`benchmarks/budget_clock.py` times the clock both ways). OpenMP reads
-    this once, when torch loads, which the command line has not done yet (main calls this before anything else); a
-    value the user set is kept."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def main(argv: list[str] | None = None) -> int:
-    passive_threads()  # first: parsing --time-budget already imports torch
+    choose_waiting(sys.argv[1:] if argv is None else argv)  # first: parsing --time-budget already imports torch
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -4,7 +4,6 @@ and the runs and checkpoints recorded before the choice existed (they counted th
 from __future__ import annotations
 
 import json
-import os
 import time
 from types import SimpleNamespace
 
@@ -12,7 +11,6 @@ import pytest
 import torch
 from helpers.clock import StepClock
 
-from convattn import cli
 from convattn.runs.pretrain import recorded_options
 from convattn.training.compare.grids import RunSpec
 from convattn.training.compare.report import slowed, step_spread
@@ -112,29 +110,6 @@ def test_options_recorded_before_the_choice_counted_the_wall_clock(tmp_path):
     steps.write_text(json.dumps({"time_budget": None, "max_steps": 500}))
     assert recorded_options(budget)["budget_clock"] == "wall"
     assert recorded_options(steps)["budget_clock"] == "compute"  # no budget: the clock changes nothing
-
-
-def test_the_command_line_sets_the_policy_before_parsing_which_may_load_torch(monkeypatch):
-    """--time-budget's parser imports the budget module, and torch with it: the policy must be set before."""
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    seen = []
-
-    def parser():
-        seen.append(os.environ.get("OMP_WAIT_POLICY"))
-        raise SystemExit(0)
-    monkeypatch.setattr(cli, "build_parser", parser)
-    with pytest.raises(SystemExit):
-        cli.main(["presets"])
-    assert seen == ["PASSIVE"]
-
-
-def test_the_command_line_makes_idle_threads_sleep_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    cli.passive_threads()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    cli.passive_threads()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_the_report_marks_a_run_that_other_processes_slowed():
