@@ -122,3 +122,16 @@ def test_the_report_marks_a_run_that_other_processes_slowed():
     assert slowed(result.slowed_steps) == "25% (slowed)" and slowed(0.05) == "5%" and slowed(None) == "–"
     old = RunResult(RunSpec("absolute", "chang2021-small/absolute"), {0: [{"step": 10}]}, [0], None, {})
     assert old.step_seconds is None and old.slowed_steps is None
+
+
+def test_a_run_mostly_slowed_by_other_processes_is_told_how_threads_can_wait(monkeypatch, tmp_path):
+    from convattn.training.pretrain.job import PretrainSummary
+
+    def summary(slowed):
+        return "\n".join(PretrainSummary(tmp_path, 10, 100, 5, 90.0, 80.0, 60.0, "corpus", slowed=slowed).lines())
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert "OMP_WAIT_POLICY=PASSIVE trains faster" in summary(0.8)
+    assert "OMP_WAIT_POLICY" not in summary(0.2)  # a few slowed steps: the spin costs little
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert "OMP_WAIT_POLICY" not in summary(0.8)  # already sleeping

@@ -80,7 +80,7 @@ def compute_seconds() -> float:
     """The CPU seconds this process has used, per intra-op thread: about the wall time of a step that keeps its
     threads busy on an idle machine, and unmoved by other processes, which only make the step wait. Waiting threads
     must sleep rather than spin for this to hold under load (the command line sets OMP_WAIT_POLICY=PASSIVE before
-    torch loads: `cli.passive_threads`)."""
+    torch loads where a compute clock counts: `convattn.openmp`)."""
     return time.process_time() / torch.get_num_threads()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -73,6 +74,9 @@ from convattn.training.pretrain.options import (
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, pretraining_arguments
 from convattn.training.recipes import warmup_steps
 
+# the share of a run's steps slowed by other processes from which the summary says how to wait on a busy CPU
+BUSY_RUN = 0.5
+
 
 @dataclass
 class PretrainSummary:
@@ -116,6 +120,9 @@ class PretrainSummary:
         if self.slowed:
             lines.append(f"  outside load    {self.slowed:.0%} of the steps waited for a CPU that other processes held"
                          + ("; the budget's compute clock does not count that" if self.clock == "compute" else ""))
+            if self.slowed >= BUSY_RUN and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+                lines.append(" " * 18 + "(on a busy CPU, OMP_WAIT_POLICY=PASSIVE trains faster: idle threads then "
+                             "sleep at once instead of spinning; RESULTS 5)")
         if not self.interrupted:
             return [*lines, f"  outputs         {self.output_dir}/ (model + tokenizer, {METRICS_FILE}, {PLOT_FILE}, "
                             f"{TENSORBOARD}/)"]
