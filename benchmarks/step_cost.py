@@ -6,22 +6,26 @@ The step is the pretraining one: the model of the run's preset with the command'
 loss at the masked tokens alone (as `convattn pretrain` computes it), backward, gradient clipping at 1.0 and fused
 AdamW, in training mode (dropout on). With --train-file and --tokenizer the batches are the run's own kind: lines of
 the corpus in the recipe's format (the position study's: pairs of lines, cut to --seq-len, padded to a multiple of 8)
-masked by the pretraining collator, the same --batches batches for every run in turn. Their padding matters: on the
-study's corpus a sixth of the tokens are pads, and ConvBERT's step costs 1.15x composite+key's there against 0.85x
-on full rows. Without them, random ids with 1/8 of one row padded. OpenMP's threads wait as the environment says
-(libgomp's default unless OMP_WAIT_POLICY is set; benchmarks/thread_wait.py measures what sleeping costs).
+masked by the pretraining collator, the same --batches batches for every run in turn. Their padding matters: a
+sixth of the study's tokens are pads, and ConvBERT's step costs 0.88x composite+key's on them against 0.81x on full
+rows of random ids (the default without them: 1/8 of one row padded). How OpenMP's threads wait matters more: they
+wait as the environment says (the command line's runs: GOMP_SPINCOUNT=1000 unless a time budget's compute clock
+counts, then OMP_WAIT_POLICY=PASSIVE, under which the same ratios are 1.07x and 0.86x; benchmarks/thread_wait.py).
 Results go to benchmarks/results/<output>.md, the costs by run to the same name's .json
 (`benchmarks/paired_comparison.py --costs` reads it) and a row to step_cost.jsonl.
 
-    # the position study's shape (RESULTS 6.5)
-    python benchmarks/step_cost.py --grid positions --layers 2 --hidden 128 --heads 4 --intermediate 512 \\
-        --batch-size 32 --seq-len 128 --tokenizer benchmarks/results/compare-positions/tokenizer \\
+    # the position study's shape (RESULTS 6.5), threads waiting as `convattn pretrain --max-steps` makes them
+    GOMP_SPINCOUNT=1000 python benchmarks/step_cost.py --grid positions --layers 2 --hidden 128 --heads 4 \\
+        --intermediate 512 --batch-size 32 --seq-len 128 --tokenizer benchmarks/results/compare-positions/tokenizer \\
         --train-file ../shared/data/enwiki-2015-sample/ --output step_cost_positions.md
+    # as the study's runs waited (every command slept at once before 2026-11-29)
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/step_cost.py ... --output step_cost_positions_sleeping.md
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import harness
@@ -143,7 +147,9 @@ def main() -> int:
         steps[name], model = build(spec.preset, {**fields, **spec.model}, batches)
         params[name] = encoder_parameters(model)
     shape = f"batch {args.batch_size} x {args.seq_len} tokens; {inputs}"
-    with harness.Run("step_cost", grid=args.grid, fields=fields, shape=shape, threads=args.threads) as run:
+    waiting = {name: os.environ.get(name, "unset") for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    with harness.Run("step_cost", grid=args.grid, fields=fields, shape=shape, threads=args.threads,
+                     openmp=waiting) as run:
         spreads = harness.spreads(steps, args.reps, warmup=2)
         base = spreads[args.baseline].median
         costs = {}
@@ -155,13 +161,14 @@ def main() -> int:
     lines = harness.heading(
         f"Training step of each run of the grid `{args.grid}`", f"Machine: {harness.machine_line()}  ",
         f"Config fields for every run: `{json.dumps(fields)}`; {shape}; {args.reps} repetitions after 2 warm-up "
-        "ones, the runs taking turns within each.", "",
+        "ones, the runs taking turns within each; OpenMP's waiting: "
+        + ", ".join(f"{name} {value}" for name, value in waiting.items()) + ".", "",
         f"| run | encoder params | ms per step: median [least, most] | x {args.baseline} |", "|---|---:|---:|---:|")
     for name, cost in costs.items():
         lines.append(f"| {name} | {cost['encoder_params'] / 1e6:.2f}M | {cost['seconds_per_step'] * 1e3:,.0f} "
                      f"[{cost['least'] * 1e3:,.0f}, {cost['most'] * 1e3:,.0f}] | {cost['ratio']:.2f} |")
     harness.report(args.output, lines)
-    payload = {"grid": args.grid, "baseline": args.baseline, "shape": shape, "fields": fields,
+    payload = {"grid": args.grid, "baseline": args.baseline, "shape": shape, "fields": fields, "openmp": waiting,
                "command": harness.command_line(), "commit": harness.commit(), "costs": costs}
     write_text_atomic(args.output.with_suffix(".json"), json.dumps(payload, indent=1) + "\n")
     print("\n".join(lines))
