@@ -103,3 +103,23 @@ def test_choosing_loads_neither_torch_nor_a_run_folder_module_that_does(tmp_path
               "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("variables", "sleep"), [
+    ({}, False),  # libgomp's default: spin 300,000 rounds
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, True),
+    ({"OMP_WAIT_POLICY": "passive"}, True),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, False),
+    ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}, False),  # the count overrides the policy
+    ({"GOMP_SPINCOUNT": "0"}, True),
+    ({"GOMP_SPINCOUNT": "1000"}, False),
+])
+def test_a_compute_clock_on_spinning_threads_is_warned_of_on_cpu_only(unset, monkeypatch, variables, sleep):
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert openmp.threads_sleep() is sleep
+    warning = openmp.compute_clock_warning("cpu")
+    assert (warning is None) is sleep
+    if warning:
+        assert "OMP_WAIT_POLICY=PASSIVE" in warning
+    assert openmp.compute_clock_warning("cuda") is None  # a GPU's clock is its own time

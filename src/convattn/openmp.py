@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# libgomp's spin before sleeping outside a compute clock (rounds): the measurement above
+# libgomp's spin before sleeping outside a compute clock (rounds; about 10 us by libgomp's own estimate of 100,000
+# rounds a millisecond): the measurement above
 SPIN_ROUNDS = 1000
 BUDGET_COMMANDS = ("pretrain", "compare")  # the commands with --time-budget
 
@@ -29,6 +30,26 @@ def choose_waiting(argv: list[str]) -> None:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     else:
         os.environ["GOMP_SPINCOUNT"] = str(SPIN_ROUNDS)
+
+
+def threads_sleep() -> bool:
+    """Whether the environment makes libgomp's idle threads sleep at once: GOMP_SPINCOUNT 0, or no spin count and
+    OMP_WAIT_POLICY=PASSIVE (a spin count overrides the policy). It counts only as it was when torch loaded, which
+    this cannot see."""
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    if spin:
+        return spin == "0"
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+
+
+def compute_clock_warning(device_type: str) -> str | None:
+    """The line a CPU run on a compute clock gets where idle threads spin (a library call without the command
+    line's choice, or a variable the user set): spinning is CPU time the clock counts on a busy machine."""
+    if device_type != "cpu" or threads_sleep():
+        return None
+    return ("OpenMP's idle threads spin while they wait (OMP_WAIT_POLICY is not PASSIVE): on a busy machine the "
+            "compute clock counts that spinning and the budget buys fewer steps (beside two busy processes, about "
+            "half: RESULTS 5); set OMP_WAIT_POLICY=PASSIVE before Python starts, as the command line does")
 
 
 def counts_compute(argv: list[str]) -> bool:

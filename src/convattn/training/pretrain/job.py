@@ -19,6 +19,7 @@ from convattn.console import log_to, main_process, processes, say, say_launch
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic
 from convattn.hub import write_model_card
+from convattn.openmp import compute_clock_warning
 from convattn.runs.checkpoints import check_checkpoint_fits, is_whole
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.pretrain import (
@@ -159,6 +160,8 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
     args = pretraining_arguments(options, resuming=plan.resume_from is not None)
     spent = time_spent(plan.resume_from) if plan.resume_from else {}
     clock = TrainingClock(recipe.time_budget, recipe.budget_clock, spent) if recipe.time_budget is not None else None
+    if clock is not None and clock.reads_compute and (note := compute_clock_warning(args.device.type)):
+        say("pretrain", f"warning: {note}")
     meter = clock or StepMeter(spent.get("wall", 0.0), spent.get("compute", 0.0))
     say("pretrain", f"{schedule_line(recipe, clock)}; {processes()}")
     say_launch("pretrain")
