@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +26,10 @@ RUN = ["--layers", "2", "--hidden", "128", "--batch-size", "16", "--seq-len", "1
 ARMS = {"compute": ("compute", {}), "wall": ("wall", {}), "spinning": ("compute", {"GOMP_SPINCOUNT": "300000"})}
 
 
-def busy_processes(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-
-
 def run_arm(arm: str, budget: str, busy: int, folder: Path) -> dict:
     clock, env = ARMS[arm]
     out = folder / f"{arm}-busy{busy}"
-    load = busy_processes(busy)
+    load = harness.busy_processes(busy)
     started = time.perf_counter()
     try:
         harness.convattn(["pretrain", *RUN, "--time-budget", budget, "--budget-clock", clock, "--output-dir", str(out)],

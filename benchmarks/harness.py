@@ -140,6 +140,12 @@ def convattn(argv: list[str], env: dict | None = None, quiet: bool = True) -> No
                          + (f":\n{done.stderr[-2000:]}" if quiet else ""))
 
 
+def busy_processes(count: int) -> list[subprocess.Popen]:
+    """`count` processes that each hold a core (a Python loop), the load beside which clock-sensitive arms run; kill
+    them when done."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
 def heading(title: str, *about: str) -> list[str]:
     """A markdown report's first lines: its title, the command that made it, then `about` (the machine, the set-up)."""
     return [f"# {title}", "", f"Command: `{command_line()}`  ", *about]

@@ -24,6 +24,7 @@ Results go to benchmarks/results/<output>.md, the costs by run to the same name'
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -32,6 +33,7 @@ import harness
 import torch
 
 from convattn import ConvAttnConfig
+from convattn.commands.arguments import ARCHITECTURE_FLAGS
 from convattn.files import write_text_atomic
 from convattn.model import ConvAttnForMaskedLM
 from convattn.training.compare.grids import load_grid
@@ -79,7 +81,7 @@ def build(preset: str, fields: dict, batches: list[dict], seed: int = 0):
     torch.manual_seed(seed)
     model = ConvAttnForMaskedLM(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6, fused=True)
-    turn = iter(range(10**12))
+    turn = itertools.count()
 
     def step():
         inputs = batches[next(turn) % len(batches)]
@@ -99,9 +101,8 @@ def encoder_parameters(model) -> int:
 
 def size_fields(args) -> dict:
     """The config fields the command's size flags set, as `convattn compare` sets them for every run."""
-    fields = {"num_hidden_layers": args.layers, "hidden_size": args.hidden, "num_attention_heads": args.heads,
-              "intermediate_size": args.intermediate, "vocab_size": args.vocab_size}
-    return {name: value for name, value in fields.items() if value is not None}
+    fields = {ARCHITECTURE_FLAGS[flag]: getattr(args, flag) for flag in ("layers", "hidden", "heads", "intermediate")}
+    return {name: value for name, value in {**fields, "vocab_size": args.vocab_size}.items() if value is not None}
 
 
 def main() -> int:

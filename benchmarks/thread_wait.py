@@ -58,7 +58,7 @@ def child(spec: dict) -> dict:
 def run_arm(arm: str, busy: int, spec: dict) -> dict:
     env = {name: value for name, value in os.environ.items() if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(ARMS[arm])
-    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    load = harness.busy_processes(busy)
     try:
         done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
                               text=True, env=env, cwd=Path(__file__).parent)

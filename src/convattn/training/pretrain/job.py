@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from convattn.console import log_to, main_process, processes, say, say_launch
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic
 from convattn.hub import write_model_card
-from convattn.openmp import compute_clock_warning
+from convattn.openmp import compute_clock_warning, threads_sleep
 from convattn.runs.checkpoints import check_checkpoint_fits, is_whole
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.pretrain import (
@@ -121,7 +120,7 @@ class PretrainSummary:
         if self.slowed:
             lines.append(f"  outside load    {self.slowed:.0%} of the steps waited for a CPU that other processes held"
                          + ("; the budget's compute clock does not count that" if self.clock == "compute" else ""))
-            if self.slowed >= BUSY_RUN and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+            if self.slowed >= BUSY_RUN and not threads_sleep():
                 lines.append(" " * 18 + "(on a busy CPU, OMP_WAIT_POLICY=PASSIVE trains faster: idle threads then "
                              "sleep at once instead of spinning; RESULTS 5)")
         if not self.interrupted:
