@@ -12,6 +12,7 @@ row padded. Results go to benchmarks/results/attention_layer.md.
     python benchmarks/attention_layer.py --shapes 512x16 --decomposed-from 100000  # the dense bias instead
     python benchmarks/attention_layer.py --compile --reps 7  # every arm under torch.compile (inductor), time only
     python benchmarks/attention_layer.py --arms none,rotary,alibi,composite,composite+rotary  # today's positions
+    python benchmarks/attention_layer.py --arms none,rotary,rotary-halves  # what rotary's pair order saves
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ import harness
 import torch
 
 from convattn import ConvAttnConfig
-from convattn.attention import TokenMask
+from convattn.attention import TokenMask, rotary
 from convattn.attention.composite import CompositeSelfAttention
 from convattn.attention.relative import dispatch
 
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
 
 
+# arms that are a preset's layer computed another way: the rotate-half formula in place of the pair order
+VARIANTS = {"rotary-halves": ("rotary", "PAIR_ORDER", False)}
+
+
 def build(arm: str, n: int, batch: int, dropout: float = 0.0, compiled: bool = False):
-    config = ConvAttnConfig.from_preset(f"chang2021-small/{arm}", attention_probs_dropout_prob=dropout,
+    preset, switch, value = VARIANTS.get(arm, (arm, None, None))
+    config = ConvAttnConfig.from_preset(f"chang2021-small/{preset}", attention_probs_dropout_prob=dropout,
                                         max_position_embeddings=max(n, 128))
     torch.manual_seed(0)
     layer = CompositeSelfAttention(config).train()
@@ -39,7 +45,15 @@ def build(arm: str, n: int, batch: int, dropout: float = 0.0, compiled: bool = F
     attend = torch.compile(layer) if compiled else layer
 
     def step():
-        attend(hidden, mask)[0].pow(2).mean().backward()
+        if switch is None:
+            attend(hidden, mask)[0].pow(2).mean().backward()
+            return
+        kept = getattr(rotary, switch)
+        setattr(rotary, switch, value)
+        try:
+            attend(hidden, mask)[0].pow(2).mean().backward()
+        finally:
+            setattr(rotary, switch, kept)
     return step
 
 
@@ -52,8 +66,9 @@ def main() -> int:
                         help="dropout on the probabilities (relative terms then run blockwise from "
                              "dispatch.CPU_BLOCKWISE_MIN_LENGTH tokens on, the dense bias below)")
     parser.add_argument("--arms", default=",".join(ARMS),
-                        help="chang2021-small presets' layers to time, comma-separated; `none` (plain SDPA) first, "
-                             "the baseline of every ratio (default: %(default)s)")
+                        help="chang2021-small presets' layers to time, comma-separated, or "
+                             f"{', '.join(VARIANTS)}; `none` (plain SDPA) first, the baseline of every ratio "
+                             "(default: %(default)s)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each layer (inductor); the first step compiles and is not timed, and "
                              "memory is not measured")

@@ -70,11 +70,33 @@ def test_rotary_attention_depends_on_position_differences_only(monkeypatch):
     built = model("rotary", "alone")
     rotated = []
     original = rotary.rotate_queries_and_keys
-    monkeypatch.setattr(rotary, "rotate_queries_and_keys", lambda *args: rotated.append(original(*args)[0])
-                        or original(*args))
+
+    def recorded(*args, **kwargs):
+        rotated.append(original(*args, **kwargs)[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rotary, "rotate_queries_and_keys", recorded)
     assert_same_when_shifted(built)
     layers = TINY["num_hidden_layers"]
     assert len(rotated) == 2 * layers and (rotated[0] - rotated[layers]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(("composed", "fields", "pairs"), [
+    ("alone", {}, True), ("composite+key", {}, True), ("convbert+key", {}, True), ("conv qkv", {}, True),
+    ("composite+key", dict(rotary_relative_terms="rotated"), False),
+])
+def test_rotary_takes_the_pair_order_where_only_scores_read_the_turned_vectors(composed, fields, pairs,
+                                                                              monkeypatch):
+    """Eagerly, every layer turns its queries and keys in pair order (one complex product, the fast form), but
+    where the terms read the turned vectors channel by channel (rotary_relative_terms "rotated")."""
+    from convattn.attention import rotary
+
+    calls = []
+    original = rotary.rotate_pairs
+    monkeypatch.setattr(rotary, "rotate_pairs", lambda *args: calls.append(1) or original(*args))
+    with torch.no_grad():
+        model("rotary", composed, **fields)(torch.randint(1, TINY["vocab_size"], (2, 7)))
+    assert len(calls) == (2 * TINY["num_hidden_layers"] if pairs else 0)
 
 
 @pytest.mark.parametrize("composed", ["composite", "composite+key", "convbert+key"])

@@ -9,6 +9,15 @@ so that q_i . k_j depends on positions only through p_i - p_j. The positions are
 ... along a padded row unless given, and restarting at every sequence of a flattened batch, so that each sequence
 is rotated as if alone. The angles are computed in float32 (float64 for float64 inputs) and the rotation too, then
 cast back, as transformers' ModernBERT does. No parameter: nothing is learned or saved.
+
+Where only the attention scores read the turned vectors (no relative term reads them: the terms read none, or the
+projections before the turn), the attention modules take them with each pair's two channels side by side
+(`pairs=True`): a pair is then one complex number and its turn one complex product, so a reordering copy and the
+product cost two passes forward and two backward, where the rotate-half formula takes five and about eight. The
+same reordering of q and k leaves every q . k as it was. One layer forward + backward, 16 x 512 tokens, H 256, 2
+cores: 1.04x plain SDPA's time, against 1.11x with the formula (`python benchmarks/attention_layer.py --arms
+none,rotary`). Under tracing (torch.compile, export) the formula stays: the compilers fuse it, and ONNX has no
+complex numbers.
 """
 
 from __future__ import annotations
@@ -16,12 +25,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from convattn.attention.core import is_tracing
 
-def rotary_angles(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin (batch or 1, n, dim) of positions (batch or 1, n), in float32 (float64 for float64)."""
+# False: the rotate-half formula on every path (benchmarks/attention_layer.py's arm rotary-halves sets it, to
+# measure what the pair order saves)
+PAIR_ORDER = True
+
+
+def pair_angles(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> Tensor:
+    """(batch or 1, n, dim / 2): pair c's angle p theta^(-2c/d) at positions (batch or 1, n), in float32 (float64
+    for float64)."""
     acc = torch.promote_types(dtype, torch.float32)
     inverse = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=acc, device=positions.device) / dim))
-    angles = positions[..., None].to(acc) * inverse
+    return positions[..., None].to(acc) * inverse
+
+
+def rotary_angles(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin (batch or 1, n, dim) of positions (batch or 1, n), each pair's angle at c and c + d/2."""
+    angles = pair_angles(positions, dim, theta, dtype)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
 
@@ -38,10 +59,31 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, num_heads: int) -> Tensor:
     return rotated.flatten(-2).to(x.dtype)
 
 
-def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_heads: int,
-                            theta: float) -> tuple[Tensor, Tensor]:
-    """query, key (batch, n, heads * d) rotated at positions (batch or 1, n)."""
-    cos, sin = rotary_angles(positions, query.shape[-1] // num_heads, theta, query.dtype)
+def turns(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> Tensor:
+    """cos + i sin of every pair's angle, complex (batch or 1, n, 1, dim / 2), in complex64 (complex128 for
+    float64): one unit complex number per pair, heads broadcast."""
+    angles = pair_angles(positions, dim, theta, dtype)[..., None, :]
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def rotate_pairs(x: Tensor, turn: Tensor, num_heads: int) -> Tensor:
+    """x (batch, n, heads * d) rotated as `rotate` does, each head's channels reordered to c, c + d/2 side by side
+    (c = 0 .. d/2 - 1): the first of a pair is the real part, the second the imaginary, turned by one complex
+    product. The reordering copy and the product are the whole cost, forward and backward."""
+    halves = x.unflatten(-1, (num_heads, 2, -1)).transpose(-1, -2)
+    paired = halves.to(turn.real.dtype, copy=True, memory_format=torch.contiguous_format)
+    return torch.view_as_real(torch.view_as_complex(paired) * turn).flatten(-3).to(x.dtype)
+
+
+def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_heads: int, theta: float,
+                            pairs: bool = False) -> tuple[Tensor, Tensor]:
+    """query, key (batch, n, heads * d) rotated at positions (batch or 1, n); with `pairs` (and not under tracing),
+    each head's channels in pair order (`rotate_pairs`), for a reader of q . k alone."""
+    dim = query.shape[-1] // num_heads
+    if pairs and not is_tracing():
+        turn = turns(positions, dim, theta, query.dtype)
+        return rotate_pairs(query, turn, num_heads), rotate_pairs(key, turn, num_heads)
+    cos, sin = rotary_angles(positions, dim, theta, query.dtype)
     return rotate(query, cos, sin, num_heads), rotate(key, cos, sin, num_heads)
 
 
@@ -55,6 +97,9 @@ def rotated_for_attention(query: Tensor, key: Tensor, positions: Tensor, num_hea
     them, nothing turned, or the terms read the rotated ones ("rotated": convattn before 2026-11-29)."""
     if theta is None:
         return query, key, None
-    unrotated = relative is not None and relative.reads_projections and terms_read == "unrotated"
-    tables_from = (query, key) if unrotated else None
-    return *rotate_queries_and_keys(query, key, positions, num_heads, theta), tables_from
+    reads = relative is not None and relative.reads_projections
+    tables_from = (query, key) if reads and terms_read == "unrotated" else None
+    # the turned vectors in pair order wherever only the scores read them (not the terms of "rotated")
+    scores_only = not reads or tables_from is not None
+    return *rotate_queries_and_keys(query, key, positions, num_heads, theta, pairs=PAIR_ORDER and scores_only), \
+        tables_from

@@ -229,21 +229,24 @@ def test_half_precision_decomposition_with_alibi_attends_in_float32(case, monkey
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_flex_forward_matches_the_reference_on_cpu(case):
-    """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly."""
+    """torch 2.13 has no CPU backward for flex_attention: the forward only, eagerly, in float64 (exact, where float32
+    rounds to about 1e-5 here, the tolerance's size)."""
     layer, reference = layer_and_reference(case, convbert=False)
     layer.config._attn_implementation = "flex_attention"
-    layer.eval()
-    x, keep = batch(LENGTHS, N, torch.float32, width=HIDDEN)
+    layer.double().eval()
+    x, keep = batch(LENGTHS, N, torch.float64, width=HIDDEN)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention's "eager mode is unoptimised" notice
-        ours = layer(x, TokenMask(keep))[0].double()
+        ours = layer(x, TokenMask(keep))[0]
     expected = reference(x.detach(), keep)
     real = keep[..., None].expand_as(ours)
-    torch.testing.assert_close(ours[real], expected[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[real], expected[real], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("pairs", [False, True], ids=["halves", "pairs"])
 @pytest.mark.parametrize("theta", [10_000.0, 160_000.0])  # ModernBERT's local and global layers
-def test_rotary_equals_transformers_modernbert(theta):
+def test_rotary_equals_transformers_modernbert(theta, pairs):
+    """Both layouts: rotate-half's, and the pair order the attention modules take (put back in halves here)."""
     batch_size, heads, n, d = 2, 4, 13, 16
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(batch_size, heads, n, d, generator=generator) for _ in range(2))
@@ -256,6 +259,32 @@ def test_rotary_equals_transformers_modernbert(theta):
     def heads_last(x):  # (batch, heads, n, d) -> (batch, n, heads * d), the layout the attention modules rotate
         return x.transpose(1, 2).flatten(2)
 
-    ours_q, ours_k = rotate_queries_and_keys(heads_last(q), heads_last(k), positions, heads, theta)
+    def halves(x):  # each head's channel pairs (c, c + d/2) side by side -> c's first, then c + d/2's
+        return x.unflatten(-1, (heads, d // 2, 2)).transpose(-1, -2).flatten(-3) if pairs else x
+
+    ours_q, ours_k = map(halves, rotate_queries_and_keys(heads_last(q), heads_last(k), positions, heads, theta,
+                                                         pairs=pairs))
     torch.testing.assert_close(ours_q, heads_last(expected_q), rtol=0, atol=1e-6)
     torch.testing.assert_close(ours_k, heads_last(expected_k), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotary_pairs_leave_every_score_as_the_halves_give_it(dtype):
+    """The pair order is a reordering of each head's channels, the same for queries and keys: q . k and the
+    gradients reaching the projections are rotate-half's (in float32 for bfloat16 inputs, as rotate-half turns)."""
+    batch_size, heads, n, d = 2, 3, 11, 8
+    generator = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(batch_size, n, heads * d, generator=generator).to(dtype).requires_grad_()
+            for _ in range(2))
+    positions = torch.cat([torch.arange(4), torch.arange(7)])[None]
+    probe = torch.randn(batch_size, heads, n, n, generator=generator, dtype=torch.float64)
+    results = []
+    for pairs in (False, True):
+        turned = rotate_queries_and_keys(q, k, positions, heads, 10_000.0, pairs=pairs)
+        assert all(t.dtype == dtype for t in turned)
+        rq, rk = (t.double().unflatten(-1, (heads, d)).transpose(1, 2) for t in turned)
+        scores = rq @ rk.transpose(-1, -2)
+        results.append((scores, *torch.autograd.grad((scores * probe).sum(), (q, k))))
+    tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    for halves, pairs in zip(*results, strict=True):
+        torch.testing.assert_close(pairs.double(), halves.double(), rtol=tolerance, atol=tolerance)
