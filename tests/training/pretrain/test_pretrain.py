@@ -85,6 +85,9 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run
         assert torch.equal(expected[name], resumed[name]), name
     rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+    # the tied decoder is saved under the embeddings' name: no "missing keys" in the run's log on resuming
+    log = (out / "log.txt").read_text()
+    assert "Resuming training from checkpoint" in log and "missing keys" not in log
 
 
 def test_resume_rejects_changed_options_naming_the_option_and_its_fix(corpus, finished_run, capsys):

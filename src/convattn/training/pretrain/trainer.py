@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
@@ -52,6 +53,15 @@ class PretrainTrainer(ScheduledTrainer, FiniteTraining, Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         with without_remote_code():  # convattn resumes a checkpoint itself: the model folder alone carries the code
             super()._save_checkpoint(model, trial)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # a tied weight (the masked-LM decoder, the generator's shared embeddings) is saved once, under the name it
+        # is tied to, and loading that name fills both: its absence from a checkpoint is no missing weight (the
+        # Trainer's warning said so on every resume)
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        super()._issue_warnings_after_load(SimpleNamespace(
+            missing_keys=[key for key in load_result.missing_keys if key not in tied],
+            unexpected_keys=load_result.unexpected_keys))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
