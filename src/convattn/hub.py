@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ import yaml
 
 from convattn.errors import UsageError
 from convattn.files import read_json, write_text_atomic
+from convattn.runs.environment import changes, describe, recorded_environments
 from convattn.runs.finetune import PUBLISHED_RECORD
 from convattn.runs.pretrain import CHECKPOINTS, OPTIONS_FILE, TENSORBOARD, read_metrics
 
@@ -136,7 +138,8 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
         f"- steps: {final.get('step', options.get('max_steps', 'not recorded'))}",
         f"- tokens seen: {final['tokens_seen']:,}" if final.get("tokens_seen") else "- tokens seen: not recorded",
         f"- eval perplexity: {final['perplexity']}" if final.get("perplexity") is not None
-        else "- eval perplexity: not recorded", "",
+        else "- eval perplexity: not recorded",
+        *environment_lines(run), "",
         "## Usage", "",
         "The modeling code is saved with the weights, so convattn need not be installed:", "",
         "```python",
@@ -146,6 +149,19 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
         "```", "",
     ]
     return "\n".join(lines)
+
+
+def environment_lines(run: Path) -> list[str]:
+    """The card's lines on what the run trained on: its first start's environment, then each resume's that
+    changed a setting (runs from before environment.jsonl: none)."""
+    entries = recorded_environments(run)
+    if not entries:
+        return []
+    lines = [f"- trained on: {describe(entries[0])}"]
+    for before, entry in itertools.pairwise(entries):
+        if changes(before, entry):
+            lines.append(f"- from step {entry.get('step', 0):,} (resumed): {describe(entry)}")
+    return lines
 
 
 def write_model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> Path:

@@ -23,6 +23,7 @@ from pathlib import Path
 from convattn.console import LOG_FILE
 from convattn.errors import UsageError, option
 from convattn.files import read_json
+from convattn.runs.environment import ENVIRONMENT_FILE
 from convattn.runs.folder import (
     LOCK_FILE,
     PARTIAL,
@@ -60,7 +61,8 @@ CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
 # what a pretraining run writes into its folder: all that --overwrite may remove
 # (and plots/, the figures `convattn plot` draws of the run by default)
 RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, DATA_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, PLOT_FILE, TENSORBOARD,
-                             CHECKPOINTS, DISCRIMINATOR, FINAL_TMP, LOCK_FILE, REPLACED, PARTIAL, PLOTS_DIR}
+                             CHECKPOINTS, DISCRIMINATOR, FINAL_TMP, LOCK_FILE, REPLACED, PARTIAL, PLOTS_DIR,
+                             ENVIRONMENT_FILE}
 
 EMPTY, UNSTARTED, IN_PROGRESS, FINISHED = "empty", "unstarted", "in progress", "finished"
 NOT_A_RUN = "not a run"

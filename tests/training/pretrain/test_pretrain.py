@@ -20,6 +20,7 @@ from transformers import (
 
 from convattn.cli import main
 from convattn.commands.pretrain import options_from_args
+from convattn.runs.environment import recorded_environments
 from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
 
@@ -88,6 +89,10 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run
     # the tied decoder is saved under the embeddings' name: no "missing keys" in the run's log on resuming
     log = (out / "log.txt").read_text()
     assert "Resuming training from checkpoint" in log and "missing keys" not in log
+    # each start recorded what it trained on; the card says it once (nothing moved)
+    assert [e["step"] for e in recorded_environments(out)] == [0, 4]
+    card = (out / "README.md").read_text()
+    assert "- trained on: cpu (" in card and "(resumed)" not in card
 
 
 def test_resume_rejects_changed_options_naming_the_option_and_its_fix(corpus, finished_run, capsys):

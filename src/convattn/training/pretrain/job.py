@@ -14,12 +14,13 @@ from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from convattn.config import ConvAttnConfig
-from convattn.console import log_to, main_process, processes, say, say_launch
+from convattn.console import log_to, main_process, processes, say, say_launch, world_size
 from convattn.errors import UsageError, option
 from convattn.files import write_json_atomic
 from convattn.hub import write_model_card
 from convattn.openmp import compute_clock_warning, threads_sleep
 from convattn.runs.checkpoints import check_checkpoint_fits, is_whole
+from convattn.runs.environment import ENVIRONMENT_FILE, changes, environment, record_environment, recorded_environments
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.pretrain import (
     DATA_FILE,
@@ -47,6 +48,7 @@ from convattn.runs.replace import (
     recover_replaced_run,
     restore_replaced,
 )
+from convattn.training.execution import run_precision
 from convattn.training.guards import TrainedSteps
 from convattn.training.pretrain.budget import (
     CLOCK_EXPLAINED,
@@ -188,6 +190,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
                                                  **({"eval_overlap": data.eval_overlap} if data.eval_overlap
                                                     else {})})
         log_to(out)
+        note_environment(out, args, plan)
     metrics = MetricsWriter(out, meter)
     if plan.resume_from is not None and args.process_index == 0:
         metrics.keep_until(checkpoint_step(plan.resume_from))
@@ -241,6 +244,18 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         wall_spent=meter.wall_spent, slowed=meter.steps_slowed / meter.steps_seen if meter.steps_seen else None,
         eval_overlap=data.eval_overlap,
     )
+
+
+def note_environment(out: Path, args, plan: OutputPlan) -> None:
+    """Append the environment this start trains in to the run's environment.jsonl, and say on a resume what moved
+    since the last start: its times are not comparable across that line."""
+    entry = environment(args.device, world_size(), run_precision({"bf16": args.bf16, "fp16": args.fp16}))
+    earlier = recorded_environments(out) if plan.resume_from is not None else []
+    if earlier and (moved := changes(earlier[-1], entry)):
+        say("pretrain", f"resuming with other settings than the start at step {earlier[-1].get('step', 0):,}: "
+                        f"{'; '.join(moved)} ({ENVIRONMENT_FILE} keeps each start's; times and tokens/s before "
+                        "and after differ by them too)")
+    record_environment(out, checkpoint_step(plan.resume_from) if plan.resume_from else 0, entry)
 
 
 def schedule_line(recipe, clock: TrainingClock | None) -> str:

@@ -1,0 +1,80 @@
+"""environment.jsonl: what each start of a run trained on, what a resume says changed, and the card's lines."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from convattn.hub import environment_lines
+from convattn.runs.environment import (
+    ENVIRONMENT_FILE,
+    changes,
+    describe,
+    environment,
+    record_environment,
+    recorded_environments,
+)
+from convattn.training.pretrain.job import note_environment
+
+
+def test_the_record_names_device_threads_and_the_thread_variables_set(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    entry = environment(torch.device("cpu"), processes=1, precision="fp32")
+    assert entry["device"] == "cpu" and entry["threads"] == torch.get_num_threads()
+    assert entry["thread_variables"] == {"OMP_WAIT_POLICY": "PASSIVE", **{
+        name: entry["thread_variables"][name] for name in ("OMP_NUM_THREADS", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
+        if name in entry["thread_variables"]}}
+    assert entry["torch"] == torch.__version__ and entry["device_name"]
+    json.dumps(entry)  # one JSON line
+
+
+def test_changes_name_each_setting_that_moves_a_time_and_nothing_else():
+    before = dict(device="cpu", threads=2, precision="fp32", thread_variables={"OMP_WAIT_POLICY": "PASSIVE"},
+                  load_average=0.1, torch="2.13.0")
+    after = dict(before, threads=4, load_average=3.0, thread_variables={"GOMP_SPINCOUNT": "1000"})
+    assert changes(before, after) == ["threads 2 -> 4", "GOMP_SPINCOUNT unset -> 1000",
+                                      "OMP_WAIT_POLICY PASSIVE -> unset"]
+    assert changes(before, dict(before, load_average=5.0)) == []  # the load is recorded, not a setting
+
+
+def test_lines_are_appended_and_a_damaged_line_is_skipped(tmp_path):
+    record_environment(tmp_path, 0, {"threads": 2})
+    with open(tmp_path / ENVIRONMENT_FILE, "a", encoding="utf-8") as f:
+        f.write('{"step": 4, "thr')  # a kill while appending
+    record_environment(tmp_path, 8, {"threads": 4})
+    entries = recorded_environments(tmp_path)
+    assert [(e["step"], e["threads"]) for e in entries] == [(0, 2), (8, 4)]
+    assert all(e["started"].endswith("+00:00") for e in entries)
+
+
+def fake_start(threads: int, variables: dict) -> dict:
+    return dict(device="cpu", device_name="Test CPU", cpu_cores=2, threads=threads, processes=1, precision="fp32",
+                thread_variables=variables, load_average=0.5, torch="2.13.0", transformers="5.0", convattn="0.1.0")
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_resume_says_what_moved_and_the_card_lists_it(moved, tmp_path, monkeypatch, capsys):
+    from convattn.training.pretrain import job
+
+    first = fake_start(2, {"OMP_WAIT_POLICY": "PASSIVE"})
+    record_environment(tmp_path, 0, first)
+    now = fake_start(4 if moved else 2, {"OMP_WAIT_POLICY": "PASSIVE"})
+    monkeypatch.setattr(job, "environment", lambda *args: now)
+    checkpoint = tmp_path / "checkpoints" / "checkpoint-250"
+    args = SimpleNamespace(device=torch.device("cpu"), bf16=False, fp16=False)
+    note_environment(tmp_path, args, SimpleNamespace(resume_from=checkpoint))
+    said = capsys.readouterr()
+    assert ("threads 2 -> 4" in said.out + said.err) == moved
+    assert [e["step"] for e in recorded_environments(tmp_path)] == [0, 250]
+    lines = environment_lines(tmp_path)
+    assert lines[0] == f"- trained on: {describe(first)}"
+    assert "Test CPU, 2 threads of 2 cores" in lines[0] and "OMP_WAIT_POLICY=PASSIVE" in lines[0]
+    assert lines[1:] == ([f"- from step 250 (resumed): {describe(now)}"] if moved else [])
+
+
+def test_a_run_from_before_the_record_has_no_environment_lines(tmp_path):
+    assert environment_lines(tmp_path) == []
