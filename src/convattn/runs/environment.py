@@ -115,8 +115,9 @@ def changes(before: dict, now: dict) -> list[str]:
     return said
 
 
-def describe(entry: dict) -> str:
-    """One line: 'cpu (Intel Xeon ..., 2 threads of 2 cores), 1 process, fp32, torch 2.13.0, OpenMP: ...'."""
+def describe(entry: dict, load: bool = True) -> str:
+    """One line: 'cpu (AMD EPYC, 2 threads of 2 cores), 1 process, fp32, torch 2.13.0+cpu, ..., the thread
+    variables set, the load average at the start (with `load`)'."""
     if entry.get("device") == "cuda":
         place = f"cuda ({entry.get('device_name')})"
     else:
@@ -129,6 +130,6 @@ def describe(entry: dict) -> str:
     variables = entry.get("thread_variables") or {}
     if variables:
         parts.append(" ".join(f"{name}={value}" for name, value in variables.items()))
-    if entry.get("load_average") is not None:
+    if load and entry.get("load_average") is not None:
         parts.append(f"load average {entry['load_average']} at the start")
     return ", ".join(parts)

@@ -134,6 +134,23 @@ def test_report_only_rebuilds_from_the_run_directories(compared, monkeypatch):
     report = (compared / "report.md").read_text()
     assert "| chang2021-small/absolute |" in report and "| 2/2 |" in report  # seeds found in the directories
     assert "4 steps x batch 8 x 32 tokens" in report  # the budget the runs were trained with, not the recipe's
+    assert "- **machine**: cpu (" in report and "(every run, seed and resume)" in report
+
+
+def test_the_report_names_starts_whose_settings_moved(compared, monkeypatch, tmp_path):
+    """A seed resumed with other threads is named with what moved: its tokens/s is not comparable."""
+    copy = tmp_path / "out"
+    shutil.copytree(compared, copy)
+    environment = copy / "runs" / "chang2021-small--composite" / "seed1" / "environment.jsonl"
+    first = json.loads(environment.read_text().splitlines()[0])
+    environment.write_text(environment.read_text() + json.dumps(dict(first, step=2, threads=first["threads"] + 3))
+                           + "\n")
+    monkeypatch.setattr(compare, "pretrain", lambda options: pytest.fail("trained"))
+    assert main(["compare", "--presets", ",".join(PRESETS), "--output-dir", str(copy), "--report-only"]) == 0
+    report = (copy / "report.md").read_text()
+    threads = first["threads"]
+    assert (f"other settings in chang2021-small/composite seed 1 from step 2: threads {threads} -> {threads + 3}"
+            in report), report
 
 
 def test_report_only_of_a_subset_leaves_the_full_report_alone(compared, monkeypatch, capsys):

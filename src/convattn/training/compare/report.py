@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import read_json, write_json_atomic, write_text_atomic
+from convattn.runs.environment import changes, describe, recorded_environments
 from convattn.runs.pretrain import DATA_FILE, LEGACY_CLOCK, OPTIONS_FILE
 from convattn.training.compare.cells import (
     TEXT_COLUMNS,
@@ -159,7 +160,24 @@ class Report:
             ("tokenizer", tokenizer),
             ("seeds", f"{self.options.seeds} per run (seed k: initialisation, data order and masking; the same k "
                       "gives every run the same data order)"),
+            *self.machine(),
         ]
+
+    def machine(self) -> list[tuple[str, str]]:
+        """What the runs trained on, from their environment.jsonl: one setting for all, or the first run's and
+        every start (a run, a seed, a resume) whose settings moved from it; nothing for runs older than the
+        record."""
+        starts = [(result.spec.name, seed, entry) for result in self.results for seed in sorted(result.metrics)
+                  for entry in recorded_environments(self.options.run_path(result.spec, seed))]
+        if not starts:
+            return []
+        first = starts[0][2]
+        moved = [f"{name} seed {seed} from step {entry.get('step', 0):,}: {', '.join(what)}"
+                 for name, seed, entry in starts if (what := changes(first, entry))]
+        if not moved:
+            return [("machine", f"{describe(first, load=False)} (every run, seed and resume)")]
+        return [("machine", f"{describe(first, load=False)}; other settings in {'; '.join(moved)}: tokens/s and "
+                            "times compare only between starts of one setting")]
 
     def eval_overlap(self) -> str:
         """' (eval text is training text ...)' where a run scored on training text, as --allow-eval-overlap let it
