@@ -1153,9 +1153,10 @@ def measured(out: Path, plan: Plan) -> tuple[dict, str, Bars]:
 def record(out: Path, plan: Plan, command: str) -> None:
     """The session's figures as one row of benchmarks/results/gpu_session.jsonl: each bar's measured ratio and
     verdict, then every stage's measured rows (the kernels' names and the gate's per-tiling errors stay in the
-    stages' files)."""
+    stages' files). A rehearsal's row goes beside its own files: CPU figures are no GPU session's results."""
     stages, machine_name, bars = measured(out, plan)
-    with harness.Run("gpu_session", machine=machine_name, command=command,
+    path = out / "gpu_session.jsonl" if plan.rehearsal else None
+    with harness.Run("gpu_session", machine=machine_name, command=command, path=path,
                      gate=gate_verdict(out, plan) or "passed") as run:
         for figure in bars.figures:
             run.add(stage="bars", **figure)

@@ -37,7 +37,8 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
                             text=True, timeout=1200, env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert {path.name for path in tmp_path.iterdir()} == {
-        "session.log", "gate.json", "kernels.json", "train.json", "tests.json", "host.json", "flex.json", "summary.md"}
+        "session.log", "gate.json", "kernels.json", "train.json", "tests.json", "host.json", "flex.json", "summary.md",
+        "gpu_session.jsonl"}
     said = result.stdout.splitlines()
     stages = [line.split()[2] for line in said if line.startswith("gpu_session: stage ")]
     assert stages == ["gate:", "kernels:", "train:", "tests:", "host:", "flex:"], said
@@ -94,8 +95,9 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
                     "## Training step", "## FlexAttention"):
         assert section in summary
     assert "| training step: composite's tokens/s vs absolute's | batch 4, eager |" in summary
-    # the session's row: the bars, then every stage's rows
-    row = json.loads((benchmark_rows / "gpu_session.jsonl").read_text())
+    # the session's row: the bars, then every stage's rows; a rehearsal's beside its files, not in the results
+    assert not (benchmark_rows / "gpu_session.jsonl").exists()
+    row = json.loads((tmp_path / "gpu_session.jsonl").read_text())
     assert row["command"] == "bash benchmarks/gpu_session.sh --rehearse" and row["gate"] == "passed", row
     assert any(figure["stage"] == "bars" and figure["where"] == "batch 4, eager" for figure in row["figures"])
     assert {figure["stage"] for figure in row["figures"]} >= {"bars", "gate", "kernels", "train", "host", "flex"}
