@@ -30,6 +30,8 @@ from convattn.attention.core import is_tracing
 # False: the rotate-half formula on every path (benchmarks/attention_layer.py's arm rotary-halves sets it, to
 # measure what the pair order saves)
 PAIR_ORDER = True
+# where the pair order's complex product runs (other backends' complex support varies): the formula elsewhere
+COMPLEX_DEVICES = ("cpu", "cuda")
 
 
 def pair_angles(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> Tensor:
@@ -77,10 +79,10 @@ def rotate_pairs(x: Tensor, turn: Tensor, num_heads: int) -> Tensor:
 
 def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_heads: int, theta: float,
                             pairs: bool = False) -> tuple[Tensor, Tensor]:
-    """query, key (batch, n, heads * d) rotated at positions (batch or 1, n); with `pairs` (and not under tracing),
-    each head's channels in pair order (`rotate_pairs`), for a reader of q . k alone."""
+    """query, key (batch, n, heads * d) rotated at positions (batch or 1, n); with `pairs` (not under tracing, on CPU
+    or CUDA), each head's channels in pair order (`rotate_pairs`), for a reader of q . k alone."""
     dim = query.shape[-1] // num_heads
-    if pairs and not is_tracing():
+    if pairs and not is_tracing() and query.device.type in COMPLEX_DEVICES:
         turn = turns(positions, dim, theta, query.dtype)
         return rotate_pairs(query, turn, num_heads), rotate_pairs(key, turn, num_heads)
     cos, sin = rotary_angles(positions, dim, theta, query.dtype)
