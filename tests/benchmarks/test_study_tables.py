@@ -148,3 +148,29 @@ def test_corpus_batches_are_the_pretraining_collators_pairs(step_cost, tmp_path,
     with pytest.raises(SystemExit, match="fewer than --batches x --batch-size"):
         step_cost.corpus_batches(str(tmp_path / "train.txt"), str(tmp_path / "tokenizer"), "pairs", batch=64,
                                  n=16, count=10)
+
+
+def test_glue_over_seeds_averages_fine_tuning_seeds_inside_each_pretraining_seed(tmp_path, benchmark_rows,
+                                                                                   monkeypatch):
+    """A cell is the mean ± SEM over pretraining seeds of each seed's mean over its fine-tuning seeds; the last
+    column the mean of the tasks per pretraining seed; a folder without results is refused naming it."""
+    import argparse
+
+    glue = importlib.import_module("glue_over_seeds")
+    folders = []
+    for seed, (cola, sst) in enumerate([(4.0, 80.0), (8.0, 78.0)]):
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        columns = {"CoLA": {"mean": cola, "per_seed": {"0": cola - 1, "1": cola + 1}},
+                   "SST": {"mean": sst, "per_seed": {"0": sst, "1": sst}}}
+        (folder / "glue_results.json").write_text(json.dumps({"columns": columns}))
+        folders.append(str(folder))
+    monkeypatch.setattr(sys, "argv", ["glue_over_seeds.py", "--row", f"composite={','.join(folders)}",
+                                      "--row", f"one={folders[0]}", "--output", "glue.md"])
+    assert glue.main() == 0
+    table = (benchmark_rows / "glue.md").read_text().splitlines()[-2:]
+    # CoLA 6 ± 2 (the SEM of 4 and 8), SST 79 ± 1, the tasks' mean per seed 42 and 43: 42.5 ± 0.5
+    assert table[0] == "| composite | 2 | 6.0 ± 2.0 | 79.0 ± 1.0 | 42.5 ± 0.5 |", table
+    assert table[1] == "| one | 1 | 4.0 | 80.0 | 42.0 |", table
+    with pytest.raises(argparse.ArgumentTypeError, match=r"nothing has no glue_results\.json"):
+        glue.row_argument("x=" + str(tmp_path / "nothing"))
