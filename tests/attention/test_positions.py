@@ -65,38 +65,48 @@ def test_padded_and_flattened_batches_equal_each_sequence_alone(kind, composed):
 def test_rotary_attention_depends_on_position_differences_only(monkeypatch):
     """Position ids shifted by 5 leave the outputs as they were, while the rotated queries differ: the ids given
     reach the rotation, and only their differences count."""
-    from convattn.attention import rotary
+    from convattn.attention import composite
 
     built = model("rotary", "alone")
     rotated = []
-    original = rotary.rotate_queries_and_keys
+    original = composite.turned_projections  # rotary alone: the projections in pair order, turned
 
-    def recorded(*args, **kwargs):
-        rotated.append(original(*args, **kwargs)[0])
-        return original(*args, **kwargs)
+    def recorded(*args):
+        rotated.append(original(*args)[0])
+        return original(*args)
 
-    monkeypatch.setattr(rotary, "rotate_queries_and_keys", recorded)
+    monkeypatch.setattr(composite, "turned_projections", recorded)
     assert_same_when_shifted(built)
     layers = TINY["num_hidden_layers"]
     assert len(rotated) == 2 * layers and (rotated[0] - rotated[layers]).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize(("composed", "fields", "pairs"), [
-    ("alone", {}, True), ("composite+key", {}, True), ("convbert+key", {}, True), ("conv qkv", {}, True),
-    ("composite+key", dict(rotary_relative_terms="rotated"), False),
+@pytest.mark.parametrize(("composed", "fields", "path"), [
+    ("alone", {}, "projections"), ("composite+key", {}, "copy"), ("convbert+key", {}, "copy"),
+    ("conv qkv", {}, "copy"), ("composite+key", dict(rotary_relative_terms="rotated"), "formula"),
 ])
-def test_rotary_takes_the_pair_order_where_only_scores_read_the_turned_vectors(composed, fields, pairs,
-                                                                              monkeypatch):
-    """Eagerly, every layer turns its queries and keys in pair order (one complex product, the fast form), but
-    where the terms read the turned vectors channel by channel (rotary_relative_terms "rotated")."""
-    from convattn.attention import rotary
+def test_rotary_takes_the_pair_order_where_only_scores_read_the_turned_vectors(composed, fields, path, monkeypatch):
+    """Eagerly, every layer turns its queries and keys in pair order (one complex product, the fast form): projected
+    so where the projections are plain linear maps and no term reads q or k, reordered by a copy where terms read the
+    projections before the turn or the projections are convolutions; the rotate-half formula where the terms read
+    the turned vectors channel by channel (rotary_relative_terms "rotated")."""
+    from convattn.attention import composite, rotary
 
-    calls = []
-    original = rotary.rotate_pairs
-    monkeypatch.setattr(rotary, "rotate_pairs", lambda *args: calls.append(1) or original(*args))
+    calls = {"projections": 0, "copy": 0}
+    for name, module in (("projections", composite), ("copy", rotary)):
+        original = getattr(module, {"projections": "turned_projections", "copy": "rotate_pairs"}[name])
+
+        def counted(*args, name=name, original=original):
+            result = original(*args)
+            calls[name] += result is not None
+            return result
+
+        monkeypatch.setattr(module, original.__name__, counted)
     with torch.no_grad():
         model("rotary", composed, **fields)(torch.randint(1, TINY["vocab_size"], (2, 7)))
-    assert len(calls) == (2 * TINY["num_hidden_layers"] if pairs else 0)
+    layers = TINY["num_hidden_layers"]
+    expected = {"projections": layers if path == "projections" else 0, "copy": 2 * layers if path == "copy" else 0}
+    assert calls == expected
 
 
 @pytest.mark.parametrize("composed", ["composite", "composite+key", "convbert+key"])

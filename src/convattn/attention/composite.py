@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from convattn.attention.core import PackedSequences, TokenMask, attn_implementation
 from convattn.attention.depthwise import depthwise_over_tokens
 from convattn.attention.relative import attention_per_sequence, position_bias
-from convattn.attention.rotary import rotated_for_attention
+from convattn.attention.rotary import rotated_for_attention, turned_projections
 
 
 class DepthwiseConv1d(nn.Conv1d):
@@ -80,11 +80,18 @@ class CompositeSelfAttention(nn.Module):
         if self.conv_projection_input:
             # as the paper's code: with convolutional projections, pad rows are zeroed for all of Q, K, V
             hidden_states = mask.zero_pads(hidden_states)
-        query, key, values = (layer(hidden_states, mask) if isinstance(layer, ConvProjection) else layer(hidden_states)
-                              for layer in (self.query, self.key, self.value))
-        query, key, tables_from = rotated_for_attention(query, key, mask.token_positions(), self.num_heads,
-                                                        self.rope_theta, self.relative,
-                                                        self.config.rotary_relative_terms)
+        turned = None
+        if self.rope_theta is not None and (self.relative is None or not self.relative.reads_projections):
+            turned = turned_projections(hidden_states, self.query, self.key, mask.token_positions(), self.num_heads,
+                                        self.rope_theta)
+        if turned is not None:  # rotary, and only the scores read q and k: projected in pair order, turned
+            (query, key), values, tables_from = turned, self.value(hidden_states), None
+        else:
+            query, key, values = (layer(hidden_states, mask) if isinstance(layer, ConvProjection)
+                                  else layer(hidden_states) for layer in (self.query, self.key, self.value))
+            query, key, tables_from = rotated_for_attention(query, key, mask.token_positions(), self.num_heads,
+                                                            self.rope_theta, self.relative,
+                                                            self.config.rotary_relative_terms)
         dropout_p = self.dropout_p if self.training else 0.0
         context, probs = attention_per_sequence(
             query, key, values, self.num_heads, self.relative, mask, dropout_p=dropout_p,

@@ -288,3 +288,33 @@ def test_rotary_pairs_leave_every_score_as_the_halves_give_it(dtype):
     tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
     for halves, pairs in zip(*results, strict=True):
         torch.testing.assert_close(pairs.double(), halves.double(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_turned_projections_equal_the_projections_turned_in_halves(dtype):
+    """Projecting in pair order (the weights' rows reordered) and turning gives rotate-half's scores and the same
+    gradients for the input and both projections' weights and biases; a hooked or other projection declines."""
+    from torch import nn
+
+    from convattn.attention.rotary import turned_projections
+
+    torch.manual_seed(3)
+    heads, d, n = 3, 8, 11
+    hidden = torch.randn(2, n, 16, dtype=dtype, requires_grad=True)
+    query, key = (nn.Linear(16, heads * d).to(dtype) for _ in range(2))
+    positions = torch.cat([torch.arange(4), torch.arange(7)])[None]
+    probe = torch.randn(2, heads, n, n, dtype=torch.float64)
+    params = [hidden, query.weight, query.bias, key.weight, key.bias]
+    results = []
+    for turned in (turned_projections(hidden, query, key, positions, heads, 10_000.0),
+                   rotate_queries_and_keys(query(hidden), key(hidden), positions, heads, 10_000.0)):
+        rq, rk = (t.double().unflatten(-1, (heads, d)).transpose(1, 2) for t in turned)
+        scores = rq @ rk.transpose(-1, -2)
+        results.append((scores, *torch.autograd.grad((scores * probe).sum(), params)))
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    for pairs, halves in zip(*results, strict=True):
+        torch.testing.assert_close(pairs.double(), halves.double(), rtol=tolerance, atol=tolerance)
+    handle = query.register_forward_hook(lambda *args: None)
+    assert turned_projections(hidden, query, key, positions, heads, 10_000.0) is None
+    handle.remove()
+    assert turned_projections(hidden, nn.Sequential(query), key, positions, heads, 10_000.0) is None
