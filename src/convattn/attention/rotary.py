@@ -11,13 +11,13 @@ is rotated as if alone. The angles are computed in float32 (float64 for float64 
 cast back, as transformers' ModernBERT does. No parameter: nothing is learned or saved.
 
 Where only the attention scores read the turned vectors (no relative term reads them: the terms read none, or the
-projections before the turn), the attention modules take them with each pair's two channels side by side
-(`pairs=True`): a pair is then one complex number and its turn one complex product, so a reordering copy and the
-product cost two passes forward and two backward, where the rotate-half formula takes five and about eight. The
-same reordering of q and k leaves every q . k as it was. One layer forward + backward, 16 x 512 tokens, H 256, 2
-cores: 1.04x plain SDPA's time, against 1.11x with the formula (`python benchmarks/attention_layer.py --arms
-none,rotary`). Under tracing (torch.compile, export) the formula stays: the compilers fuse it, and ONNX has no
-complex numbers.
+projections before the turn), the attention modules take them with each pair's two channels side by side: a pair is
+then one complex number and its turn one complex product. The same reordering of q and k leaves every q . k as it
+was. Rotary alone gets the pairs straight from its projections, whose weights' rows are reordered
+(`turned_projections`); elsewhere a copy reorders q and k (`pairs=True`). One layer forward + backward, 16 x 512
+tokens, H 256, 2 cores: 1.02x plain SDPA's time, 1.04x with the copy, 1.13x with the rotate-half formula's five
+passes forward and about eight backward (`python benchmarks/attention_layer.py --arms none,rotary,rotary-halves`).
+Under tracing (torch.compile, export) the formula stays: the compilers fuse it, and ONNX has no complex numbers.
 """
 
 from __future__ import annotations
