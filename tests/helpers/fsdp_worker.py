@@ -11,6 +11,7 @@ checkpoint (torch.distributed.checkpoint, one file per process) in OUT/checkpoin
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,12 +24,16 @@ from torch.distributed.fsdp import fully_shard
 GLOBAL_BATCH, LENGTH = 8, 24
 
 
+# the preset the test trains (its processes and its one-process reference read it)
+PRESET_VARIABLE = "CONVATTN_FSDP_TEST_PRESET"
+
+
 def tiny_model() -> torch.nn.Module:
     from convattn import ConvAttnForMaskedLM
     from helpers.tiny import tiny_config
 
     torch.manual_seed(0)  # the same initial weights in every process, and in the one-process reference
-    return ConvAttnForMaskedLM(tiny_config("chang2021-small/composite"))
+    return ConvAttnForMaskedLM(tiny_config(os.environ.get(PRESET_VARIABLE, "chang2021-small/composite")))
 
 
 def global_batch() -> tuple[torch.Tensor, torch.Tensor]:

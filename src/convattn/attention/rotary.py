@@ -89,12 +89,13 @@ def turned_projections(hidden: Tensor, query_layer: nn.Module, key_layer: nn.Mod
     scores alone read them: the weights' rows are reordered (an (H x H) gather), so the projections give pairs
     side by side and no copy of q or k reorders them, forward or backward (one layer at 16 x 512: 1.005x plain
     SDPA's time against 1.04x reordering q and k). None where this does not apply: projections other than a plain
-    nn.Linear without hooks (the convolutional ones, adapters, quantised layers), under tracing, off CPU and CUDA,
-    or PAIR_ORDER off; the caller then projects and turns as `rotated_for_attention` does."""
+    nn.Linear without hooks holding plain tensors (the convolutional ones, adapters, quantised or sharded layers),
+    under tracing, off CPU and CUDA, or PAIR_ORDER off; the caller then projects and turns as
+    `rotated_for_attention` does."""
     layers = (query_layer, key_layer)
     if not (PAIR_ORDER and hidden.device.type in COMPLEX_DEVICES and not is_tracing()
             and all(type(layer) is nn.Linear and not layer._forward_hooks and not layer._forward_pre_hooks
-                    for layer in layers)):
+                    and type(layer.weight.data) is torch.Tensor for layer in layers)):  # not sharded (DTensor)
         return None
     dim = query_layer.out_features // num_heads
     order = pair_order(num_heads, dim, hidden.device)

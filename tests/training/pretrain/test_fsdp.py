@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.fsdp_worker import GLOBAL_BATCH, global_batch, tiny_model
+from helpers.fsdp_worker import GLOBAL_BATCH, PRESET_VARIABLE, global_batch, tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
 FSDP2_YAML = ROOT / "examples" / "fsdp2.yaml"
@@ -41,7 +41,7 @@ def torchrun(out: Path, steps: int, *resume: Path) -> list[float]:
     out.mkdir()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(WORKER), str(out), str(steps), *map(str, resume)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}  # the preset's variable too
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)  # a hang guard only
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((out / "losses.json").read_text())
@@ -61,7 +61,11 @@ def one_process_losses(steps: int) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_sharded_cpu_processes_train_as_one_and_resume_from_a_sharded_checkpoint(tmp_path):
+@pytest.mark.parametrize("preset", ["chang2021-small/composite", "chang2021-small/rotary"])
+def test_two_sharded_cpu_processes_train_as_one_and_resume_from_a_sharded_checkpoint(preset, tmp_path, monkeypatch):
+    """Rotary too: its projections run in pair order where their weights are plain tensors, not where they are
+    sharded."""
+    monkeypatch.setenv(PRESET_VARIABLE, preset)
     first = torchrun(tmp_path / "first", 3)
     checkpoint = tmp_path / "first" / "checkpoint"
     assert sorted(p.name for p in checkpoint.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
