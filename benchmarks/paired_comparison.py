@@ -130,12 +130,18 @@ def equal_cost_lines(curves, pairs: list[tuple[str, str]], costs: dict[str, floa
         if not values:
             continue
         mean, sem = mean_sem(values)
-        agree = sum(v * (-1.0 if mean < 0 else 1.0) > 0 for v in values)
+        agree = agreeing(values, mean)
         run.add(equal_cost_pair=f"{a} - {b}", differences=dict(zip(seeds, values, strict=True)), mean=mean,
                 sem=number(sem), agreeing=agree)
         lines.append(f"| {a} - {b} | {', '.join(f'{v:+,.1f}' for v in values)} | {mean:+,.1f} ± {fmt(sem)} | "
                      f"{agree}/{len(values)} |")
     return lines
+
+
+def agreeing(values: list[float], mean: float) -> int:
+    """How many seeds' differences have their mean's sign."""
+    sign = -1.0 if mean < 0 else 1.0
+    return sum(v * sign > 0 for v in values)
 
 
 def number(x: float) -> float | None:
@@ -175,7 +181,7 @@ def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run,
         values = list(diffs[step].values())
         mean, sem = mean_sem(values)
         sign = -1.0 if mean < 0 else 1.0
-        agree = sum(v * sign > 0 for v in values)
+        agree = agreeing(values, mean)
         onset = ordering_onset(diffs, sign, seeds)
         per_seed = ", ".join(f"{v:+,.1f}" for v in values)
         run.add(pair=f"{a} - {b}", step=step, differences=dict(diffs[step]), mean=mean, sem=number(sem), agreeing=agree,
