@@ -99,6 +99,15 @@ def encoder_parameters(model) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("mlm_head"))
 
 
+def add_size_flags(parser, **defaults) -> None:
+    """--layers, --hidden, --heads, --intermediate (the presets' own where not given, unless `defaults` says),
+    --batch-size and --seq-len, as `convattn compare` takes them."""
+    for flag in ("layers", "hidden", "heads", "intermediate"):
+        parser.add_argument(f"--{flag}", type=int, default=defaults.get(flag))
+    parser.add_argument("--batch-size", type=int, default=defaults.get("batch_size", 32))
+    parser.add_argument("--seq-len", type=int, default=defaults.get("seq_len", 128))
+
+
 def size_fields(args) -> dict:
     """The config fields the command's size flags set, as `convattn compare` sets them for every run."""
     fields = {ARCHITECTURE_FLAGS[flag]: getattr(args, flag) for flag in ("layers", "hidden", "heads", "intermediate")}
@@ -111,11 +120,8 @@ def main() -> int:
     parser.add_argument("--baseline", default="absolute",
                         help="the run every ratio divides by (its name after the preset family's '/')")
     parser.add_argument("--runs", help="comma-separated run names to time (default: the grid's every run)")
-    for flag in ("layers", "hidden", "heads", "intermediate"):
-        parser.add_argument(f"--{flag}", type=int)
+    add_size_flags(parser)
     parser.add_argument("--vocab-size", type=int, default=8000, help="random ids' vocabulary (without --tokenizer)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--train-file", help="a corpus file or folder, as `convattn pretrain --train-file` takes it")
     parser.add_argument("--tokenizer", help="the runs' tokenizer (a folder); with --train-file")
     parser.add_argument("--batches", type=int, default=8, help="how many corpus batches the runs cycle through")

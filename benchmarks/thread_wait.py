@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import harness
+import step_cost
 
 # arm -> the OpenMP variables it sets (none: libgomp's own default, a spin of 300,000 rounds before sleeping);
 # GOMP_SPINCOUNT bounds the spin whatever the policy says
@@ -30,17 +31,16 @@ ARMS = {"sleeping": {"OMP_WAIT_POLICY": "PASSIVE"}, "spinning": {},
 
 def child(spec: dict) -> dict:
     """In the arm's own process: each run's median wall and CPU-per-thread seconds per step."""
-    import step_cost
     import torch
 
     torch.set_num_threads(spec["threads"])
-    fields = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512}
+    batch, length = spec["batch_size"], spec["seq_len"]
     if spec["train_file"]:
-        batches, vocab = step_cost.corpus_batches(spec["train_file"], spec["tokenizer"], "pairs", 32, 128, 8)
+        batches, vocab = step_cost.corpus_batches(spec["train_file"], spec["tokenizer"], "pairs", batch, length, 8)
     else:
         vocab = 8000
-        batches = step_cost.random_batches(vocab, 32, 128)
-    steps = {run: step_cost.build(f"chang2021-small/{run}", {**fields, "vocab_size": vocab}, batches)[0]
+        batches = step_cost.random_batches(vocab, batch, length)
+    steps = {run: step_cost.build(f"chang2021-small/{run}", {**spec["fields"], "vocab_size": vocab}, batches)[0]
              for run in spec["runs"]}
     wall: dict[str, list[float]] = {run: [] for run in steps}
     cpu: dict[str, list[float]] = {run: [] for run in steps}
@@ -78,6 +78,8 @@ def main() -> int:
     parser.add_argument("--arms", default="sleeping,spinning,spin-1000", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--train-file")
     parser.add_argument("--tokenizer")
+    # the position study's sizes (RESULTS 6.5), which RESULTS 5's figures were measured at
+    step_cost.add_size_flags(parser, layers=2, hidden=128, heads=4, intermediate=512)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -86,7 +88,9 @@ def main() -> int:
     if bool(args.train_file) != bool(args.tokenizer):
         parser.error("--train-file and --tokenizer go together")
     root = Path.cwd()
-    spec = {"runs": args.runs.split(","), "reps": args.reps, "threads": args.threads,
+    fields = step_cost.size_fields(argparse.Namespace(**vars(args), vocab_size=None))  # the tokenizer's vocabulary
+    spec = {"runs": args.runs.split(","), "reps": args.reps, "threads": args.threads, "fields": fields,
+            "batch_size": args.batch_size, "seq_len": args.seq_len,
             "train_file": str(root / args.train_file) if args.train_file else None,
             "tokenizer": str(root / args.tokenizer) if args.tokenizer else None}
     loads = [int(x) for x in args.busy.split(",")]
