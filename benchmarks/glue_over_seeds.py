@@ -42,15 +42,19 @@ def seed_scores(folder: Path) -> dict[str, float]:
     return {column: stat["mean"] for column, stat in columns.items()}
 
 
-def table(rows: list[tuple[str, list[Path]]]) -> list[str]:
+def table(rows: list[tuple[str, list[Path]]], run: harness.Run) -> list[str]:
+    """The markdown table; each row's figures (per column and the tasks' mean: per seed, mean, SEM) kept in `run`."""
     per_row = {name: [seed_scores(folder) for folder in folders] for name, folders in rows}
     columns = [c for c in next(iter(per_row.values()))[0] if all(c in s for seeds in per_row.values() for s in seeds)]
     lines = ["| row | pretraining seeds | " + " | ".join(columns) + " | mean of the tasks |",
              "|---|---:|" + "---:|" * (len(columns) + 1)]
     for name, seeds in per_row.items():
-        cells = [format_mean_sem(mean_sem([s[c] for s in seeds])) for c in columns]
-        overall = format_mean_sem(mean_sem([statistics.fmean(s[c] for c in columns) for s in seeds]))
-        lines.append(f"| {name} | {len(seeds)} | " + " | ".join(cells) + f" | {overall} |")
+        stats = {c: mean_sem([s[c] for s in seeds]) for c in columns}
+        stats["mean of the tasks"] = mean_sem([statistics.fmean(s[c] for c in columns) for s in seeds])
+        run.add(row=name, folders=[str(p) for p in dict(rows)[name]],
+                **{c: {k: stat[k] for k in ("values", "mean", "sem")} for c, stat in stats.items()})
+        lines.append(f"| {name} | {len(seeds)} | " + " | ".join(format_mean_sem(stat) for stat in stats.values())
+                     + " |")
     return lines
 
 
@@ -64,7 +68,8 @@ def main() -> int:
     about = ("Dev scores x 100: per pretraining seed the mean over its fine-tuning seeds, then mean ± SEM over the "
              "pretraining seeds (one seed: its mean alone). Folders: " + "; ".join(
                  f"{name}: {', '.join(str(p) for p in paths)}" for name, paths in args.row))
-    lines = [*harness.heading("GLUE dev over pretraining seeds", about), "", *table(args.row)]
+    with harness.Run("glue_over_seeds", machine="-") as run:  # figures of finished runs: no machine measured
+        lines = [*harness.heading("GLUE dev over pretraining seeds", about), "", *table(args.row, run)]
     return harness.report(harness.results_dir() / args.output, lines)
 
 

@@ -172,5 +172,9 @@ def test_glue_over_seeds_averages_fine_tuning_seeds_inside_each_pretraining_seed
     # CoLA 6 ± 2 (the SEM of 4 and 8), SST 79 ± 1, the tasks' mean per seed 42 and 43: 42.5 ± 0.5
     assert table[0] == "| composite | 2 | 6.0 ± 2.0 | 79.0 ± 1.0 | 42.5 ± 0.5 |", table
     assert table[1] == "| one | 1 | 4.0 | 80.0 | 42.0 |", table
+    row = json.loads((benchmark_rows / "glue_over_seeds.jsonl").read_text())
+    figure = row["figures"][0]
+    assert figure["row"] == "composite" and figure["CoLA"]["values"] == [4.0, 8.0]
+    assert figure["mean of the tasks"]["mean"] == 42.5
     with pytest.raises(argparse.ArgumentTypeError, match=r"nothing has no glue_results\.json"):
         glue.row_argument("x=" + str(tmp_path / "nothing"))
