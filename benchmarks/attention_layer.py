@@ -17,7 +17,9 @@ row padded. Results go to benchmarks/results/attention_layer.md.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from unittest import mock
 
 import harness
 import torch
@@ -43,17 +45,11 @@ def build(arm: str, n: int, batch: int, dropout: float = 0.0, compiled: bool = F
     hidden = torch.randn(batch, n, config.hidden_size, requires_grad=True)
     mask = TokenMask(harness.padded_keep(batch, n))
     attend = torch.compile(layer) if compiled else layer
+    switched = (lambda: mock.patch.object(rotary, switch, value)) if switch else contextlib.nullcontext
 
     def step():
-        if switch is None:
+        with switched():
             attend(hidden, mask)[0].pow(2).mean().backward()
-            return
-        kept = getattr(rotary, switch)
-        setattr(rotary, switch, value)
-        try:
-            attend(hidden, mask)[0].pow(2).mean().backward()
-        finally:
-            setattr(rotary, switch, kept)
     return step
 
 

@@ -48,10 +48,11 @@ def table(rows: list[tuple[str, list[Path]]], run: harness.Run) -> list[str]:
     columns = [c for c in next(iter(per_row.values()))[0] if all(c in s for seeds in per_row.values() for s in seeds)]
     lines = ["| row | pretraining seeds | " + " | ".join(columns) + " | mean of the tasks |",
              "|---|---:|" + "---:|" * (len(columns) + 1)]
-    for name, seeds in per_row.items():
+    for name, folders in rows:
+        seeds = per_row[name]
         stats = {c: mean_sem([s[c] for s in seeds]) for c in columns}
         stats["mean of the tasks"] = mean_sem([statistics.fmean(s[c] for c in columns) for s in seeds])
-        run.add(row=name, folders=[str(p) for p in dict(rows)[name]],
+        run.add(row=name, folders=[str(p) for p in folders],
                 **{c: {k: stat[k] for k in ("values", "mean", "sem")} for c, stat in stats.items()})
         lines.append(f"| {name} | {len(seeds)} | " + " | ".join(format_mean_sem(stat) for stat in stats.values())
                      + " |")

@@ -80,10 +80,8 @@ class CompositeSelfAttention(nn.Module):
         if self.conv_projection_input:
             # as the paper's code: with convolutional projections, pad rows are zeroed for all of Q, K, V
             hidden_states = mask.zero_pads(hidden_states)
-        turned = None
-        if self.rope_theta is not None and (self.relative is None or not self.relative.reads_projections):
-            turned = turned_projections(hidden_states, self.query, self.key, mask.token_positions(), self.num_heads,
-                                        self.rope_theta)
+        turned = turned_projections(hidden_states, self.query, self.key, mask.token_positions(), self.num_heads,
+                                    self.rope_theta, self.relative)
         if turned is not None:  # rotary, and only the scores read q and k: projected in pair order, turned
             (query, key), values, tables_from = turned, self.value(hidden_states), None
         else:

@@ -35,6 +35,12 @@ PAIR_ORDER = True
 COMPLEX_DEVICES = ("cpu", "cuda")
 
 
+def pairs_run_on(device: torch.device) -> bool:
+    """Whether the pair order's complex product turns tensors on `device` now: PAIR_ORDER on, CPU or CUDA, and not
+    under tracing (the formula there)."""
+    return PAIR_ORDER and device.type in COMPLEX_DEVICES and not is_tracing()
+
+
 def pair_angles(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> Tensor:
     """(batch or 1, n, dim / 2): pair c's angle p theta^(-2c/d) at positions (batch or 1, n), in float32 (float64
     for float64)."""
@@ -74,8 +80,12 @@ def rotate_pairs(x: Tensor, turn: Tensor, num_heads: int) -> Tensor:
     (c = 0 .. d/2 - 1): the first of a pair is the real part, the second the imaginary, turned by one complex
     product. The reordering copy and the product are the whole cost, forward and backward."""
     halves = x.unflatten(-1, (num_heads, 2, -1)).transpose(-1, -2)
-    paired = halves.to(turn.real.dtype, copy=True, memory_format=torch.contiguous_format)
-    return torch.view_as_real(torch.view_as_complex(paired) * turn).flatten(-3).to(x.dtype)
+    return _turn(halves.to(turn.real.dtype, copy=True, memory_format=torch.contiguous_format), turn, x.dtype)
+
+
+def _turn(paired: Tensor, turn: Tensor, dtype: torch.dtype) -> Tensor:
+    """(..., heads, d/2, 2) pairs, contiguous in turn's real dtype, times the turns -> (..., heads * d) in dtype."""
+    return torch.view_as_real(torch.view_as_complex(paired) * turn).flatten(-3).to(dtype)
 
 
 def pair_order(num_heads: int, dim: int, device: torch.device) -> Tensor:
@@ -84,18 +94,18 @@ def pair_order(num_heads: int, dim: int, device: torch.device) -> Tensor:
 
 
 def turned_projections(hidden: Tensor, query_layer: nn.Module, key_layer: nn.Module, positions: Tensor,
-                       num_heads: int, theta: float) -> tuple[Tensor, Tensor] | None:
+                       num_heads: int, theta: float | None, relative=None) -> tuple[Tensor, Tensor] | None:
     """The query and key projections of `hidden`, turned, each head's channels in pair order, for a layer whose
     scores alone read them: the weights' rows are reordered (an (H x H) gather), so the projections give pairs
     side by side and no copy of q or k reorders them, forward or backward (one layer at 16 x 512: 1.005x plain
     SDPA's time against 1.04x reordering q and k). None where this does not apply: projections other than a plain
     nn.Linear without hooks holding plain tensors (the convolutional ones, adapters, quantised or sharded layers),
-    under tracing, off CPU and CUDA, or PAIR_ORDER off; the caller then projects and turns as
-    `rotated_for_attention` does."""
-    layers = (query_layer, key_layer)
-    if not (PAIR_ORDER and hidden.device.type in COMPLEX_DEVICES and not is_tracing()
-            and all(type(layer) is nn.Linear and not layer._forward_hooks and not layer._forward_pre_hooks
-                    and type(layer.weight.data) is torch.Tensor for layer in layers)):  # not sharded (DTensor)
+    no rotary (theta None), `relative` terms that read q or k, or where `pairs_run_on` says no; the caller then
+    projects and turns as `rotated_for_attention` does."""
+    if theta is None or (relative is not None and relative.reads_projections) or not pairs_run_on(hidden.device):
+        return None
+    if not all(type(layer) is nn.Linear and not layer._forward_hooks and not layer._forward_pre_hooks
+               and type(layer.weight.data) is torch.Tensor for layer in (query_layer, key_layer)):  # not a DTensor
         return None
     dim = query_layer.out_features // num_heads
     order = pair_order(num_heads, dim, hidden.device)
@@ -103,18 +113,17 @@ def turned_projections(hidden: Tensor, query_layer: nn.Module, key_layer: nn.Mod
 
     def project(layer: nn.Linear) -> Tensor:
         x = F.linear(hidden, layer.weight[order], None if layer.bias is None else layer.bias[order])
-        pairs = torch.view_as_complex(x.unflatten(-1, (num_heads, -1, 2)).to(turn.real.dtype))
-        return torch.view_as_real(pairs * turn).flatten(-3).to(x.dtype)
+        return _turn(x.unflatten(-1, (num_heads, -1, 2)).to(turn.real.dtype), turn, x.dtype)
 
     return project(query_layer), project(key_layer)
 
 
 def rotate_queries_and_keys(query: Tensor, key: Tensor, positions: Tensor, num_heads: int, theta: float,
                             pairs: bool = False) -> tuple[Tensor, Tensor]:
-    """query, key (batch, n, heads * d) rotated at positions (batch or 1, n); with `pairs` (not under tracing, on CPU
-    or CUDA), each head's channels in pair order (`rotate_pairs`), for a reader of q . k alone."""
+    """query, key (batch, n, heads * d) rotated at positions (batch or 1, n); with `pairs` (where `pairs_run_on`),
+    each head's channels in pair order (`rotate_pairs`), for a reader of q . k alone."""
     dim = query.shape[-1] // num_heads
-    if pairs and not is_tracing() and query.device.type in COMPLEX_DEVICES:
+    if pairs and pairs_run_on(query.device):
         turn = turns(positions, dim, theta, query.dtype)
         return rotate_pairs(query, turn, num_heads), rotate_pairs(key, turn, num_heads)
     cos, sin = rotary_angles(positions, dim, theta, query.dtype)
@@ -135,5 +144,4 @@ def rotated_for_attention(query: Tensor, key: Tensor, positions: Tensor, num_hea
     tables_from = (query, key) if reads and terms_read == "unrotated" else None
     # the turned vectors in pair order wherever only the scores read them (not the terms of "rotated")
     scores_only = not reads or tables_from is not None
-    return *rotate_queries_and_keys(query, key, positions, num_heads, theta, pairs=PAIR_ORDER and scores_only), \
-        tables_from
+    return *rotate_queries_and_keys(query, key, positions, num_heads, theta, pairs=scores_only), tables_from
