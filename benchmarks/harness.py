@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"  # what the reports' figures are quoted in
 DATA = ROOT.parent / "shared" / "data"  # the project's data sets, beside the checkout
 
 
@@ -153,13 +154,30 @@ def heading(title: str, *about: str) -> list[str]:
 
 def report(path: Path, lines: list[str] | str, quiet: bool = False) -> int:
     """A benchmark's report (its lines, or its text), written whole (a reader never sees half of it), and said; 0,
-    the benchmark's exit status."""
+    the benchmark's exit status. Over a report that RESULTS.md quotes, one line says so: its figures there now
+    disagree with the file until RESULTS is brought up to date or the file restored (a check run once replaced the
+    position study's costs unnoticed)."""
     from convattn.files import write_text_atomic
 
+    quoted = path.exists() and quoted_in_results(path)
     write_text_atomic(path, lines if isinstance(lines, str) else "\n".join(lines) + "\n")
     if not quiet:
         print(f"wrote {path}")
+    if quoted:
+        print(f"note: RESULTS.md quotes {quoted}, which this run replaced: bring RESULTS up to date with it, or "
+              f"restore it (git checkout -- benchmarks/{quoted}) and write check runs under another --output",
+              file=sys.stderr)
     return 0
+
+
+def quoted_in_results(path: Path) -> str | None:
+    """`results/<name>` where RESULTS.md links the report at `path` (under benchmarks/results/), else None."""
+    try:
+        name = Path(path).resolve().relative_to(RESULTS.resolve()).as_posix()
+    except ValueError:
+        return None
+    cited = f"results/{name}"
+    return cited if RESULTS_MD.is_file() and f"({cited})" in RESULTS_MD.read_text(encoding="utf-8") else None
 
 
 def emit(lines: list[str], *cells) -> None:

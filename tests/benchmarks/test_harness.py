@@ -49,6 +49,24 @@ def test_a_run_stopped_before_it_measured_anything_leaves_no_row(harness, benchm
     assert not (benchmark_rows / "stopped.jsonl").exists()
 
 
+def test_replacing_a_report_that_results_quotes_says_so_in_one_line(harness, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(harness, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(harness, "RESULTS_MD", tmp_path / "RESULTS.md")
+    (tmp_path / "RESULTS.md").write_text("costs in [`results/cost.md`](results/cost.md); results/other.md unlinked\n")
+    (tmp_path / "results").mkdir()
+    quoted, other, elsewhere = tmp_path / "results" / "cost.md", tmp_path / "results" / "other.md", tmp_path / "x.md"
+    for path in (quoted, other, elsewhere):
+        harness.report(path, ["first"], quiet=True)  # new files: nothing quoted was replaced
+    assert capsys.readouterr().err == ""
+    for path in (other, elsewhere):
+        harness.report(path, ["again"], quiet=True)
+    assert capsys.readouterr().err == ""
+    harness.report(quoted, ["again"], quiet=True)
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and "RESULTS.md quotes results/cost.md" in said[0]
+    assert "git checkout -- benchmarks/results/cost.md" in said[0] and quoted.read_text() == "again\n"
+
+
 def test_the_machine_line_names_the_cpu_the_packages_and_the_threads(harness):
     import torch
 
