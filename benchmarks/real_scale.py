@@ -17,7 +17,8 @@ of at most 16 MiB each (64 MiB in all):
         weights in bfloat16, in parts of at most 15 MiB): 7 files. Its last line says "finished" or "run again".
   glue  here: joins the parts from --models (the device call's files), unpacks each model into .gpu-work/models/
         with its weights back in float32, and runs `convattn glue` on both (resumable: run it again after a
-        kill), then writes glue.md, the two models' dev scores side by side.
+        kill), then writes glue.md: each model beside Chang et al.'s row of the same preset (their GLUE dev
+        scores, Table 6, and test GLUE, Table 1), with its eval perplexity, steps, tokens and training time.
 
     python benchmarks/real_scale.py pack                                     # here (a few minutes)
     bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT   # there: one call, carry [".gpu-kit"]
@@ -430,28 +431,76 @@ def glue(args) -> int:
         run.add(model=model, glue=result["glue"], columns=result["columns"])
     run.save()
     with atomic_path(args.out / "glue.md") as tmp:
-        tmp.write_text(glue_table(results))
+        tmp.write_text(glue_table(results, {model.name: model for model in models}))
     say(f"GLUE of {len(models)} models in {args.out / 'glue.md'}")
     return 0
 
 
-def glue_table(results: dict) -> str:
-    """The models' dev scores side by side: mean +- std over the seeds, x 100."""
+# Chang et al. 2021's BERT-small rows (../shared/papers/chang2021-convolutions-and-self-attention.txt), by preset:
+# GLUE dev, mean and SEM over ten fine-tuning runs (their Table 6; the three tasks run here), and the test-set GLUE
+# of all nine tasks (their Table 1). Pretrained 125,000 steps x 128 pairs x 128 tokens.
+PAPER_DEV = {
+    "none": {"CoLA": (7.0, 2.4), "MRPC": (80.9, 0.4), "SST": (80.9, 0.9)},
+    "absolute": {"CoLA": (33.5, 0.4), "MRPC": (83.3, 0.4), "SST": (85.0, 0.2)},
+    "fixed": {"CoLA": (38.3, 0.8), "MRPC": (84.0, 0.5), "SST": (86.9, 0.2)},
+    "dynamic": {"CoLA": (38.4, 0.7), "MRPC": (85.6, 0.5), "SST": (86.8, 0.2)},
+    "composite": {"CoLA": (40.9, 0.7), "MRPC": (86.2, 0.3), "SST": (86.9, 0.1)},
+    "composite+key": {"CoLA": (40.0, 0.6), "MRPC": (86.3, 0.3), "SST": (86.5, 0.3)},
+}
+PAPER_TEST_GLUE = {"none": 68.4, "absolute": 71.1, "fixed": 74.5, "dynamic": 74.7, "composite": 75.2}
+PAPER_TOKENS = 125_000 * 128 * 128  # token positions of their pretraining, padding included
+
+
+def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
+    """Each model's GLUE dev scores (glue_results.json's columns, already x 100: mean ± SEM over the fine-tuning
+    seeds) beside Chang et al.'s row of its preset, and its pretraining from the last line of its metrics.jsonl."""
     columns = list(dict.fromkeys(column for result in results.values() for column in result["columns"]))
-    lines = ["# GLUE dev of the real-scale models", "", "`python benchmarks/real_scale.py glue` (mean +- std over "
-             "the fine-tuning seeds, x 100)", "", "| model | " + " | ".join(columns) + " | mean |",
-             "|---|" + "---:|" * (len(columns) + 1)]
+    lines = ["# The real-scale models beside Chang et al. (2021)", "",
+             "`python benchmarks/real_scale.py glue`. GLUE dev x 100, mean ± SEM over fine-tuning seeds (ours: the "
+             "n given; Chang et al.: ten, their Table 6). Mean: of the columns shown, per seed (ours) or of the "
+             "column means (theirs). CoLA: MCC; MRPC: mean of accuracy and F1; SST: accuracy. Their test GLUE "
+             "(Table 1) averages all nine tasks. Pretraining: the model's last evaluation (eval perplexity on the "
+             "held-out text, optimizer steps, real tokens seen, training compute time); theirs 125,000 steps of 128 "
+             f"x 128 token positions ({PAPER_TOKENS / 1e9:.2f}B, padding included).", "",
+             "| model | source | " + " | ".join(columns) + " | mean | test GLUE (9 tasks) | eval perplexity | steps | "
+             "tokens seen | training time |",
+             "|---|---|" + "---:|" * (len(columns) + 6)]
     for row, result in results.items():
+        preset = row.split("--", 1)[-1]
+        trained = pretraining(models[row]) if models and row in models else {}
         cells = [score(result["columns"].get(column)) for column in columns]
-        lines.append(f"| {row} | {' | '.join(cells)} | {score(result['glue'])} |")
+        tokens = trained.get("tokens_seen")
+        lines.append(f"| {row} | ours | {' | '.join(cells)} | {score(result['glue'])} | – | "
+                     f"{trained['perplexity']:.1f} | {trained['step']:,} | "
+                     f"{tokens / 1e6:.1f}M ({tokens / PAPER_TOKENS:.1%} of theirs) | "
+                     f"{trained['training_compute_seconds']:.0f} s |" if trained else
+                     f"| {row} | ours | {' | '.join(cells)} | {score(result['glue'])} | – | – | – | – | – |")
+        if preset in PAPER_DEV:
+            paper = PAPER_DEV[preset]
+            means = [paper[column][0] for column in columns if column in paper]
+            mean = f"{sum(means) / len(means):.1f}" if len(means) == len(columns) else "–"
+            cells = [f"{paper[column][0]:.1f} ± {paper[column][1]:.1f}" if column in paper else "–"
+                     for column in columns]
+            lines.append(f"| {row} | Chang et al. | {' | '.join(cells)} | {mean} | "
+                         f"{PAPER_TEST_GLUE.get(preset, '–')} | – | 125,000 | {PAPER_TOKENS / 1e9:.2f}B | – |")
     return "\n".join(lines) + "\n"
 
 
+def pretraining(model: Path) -> dict:
+    """The last evaluation a pretraining run logged (metrics.jsonl), {} where it logged none."""
+    path = model / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    evaluations = [json.loads(line) for line in path.read_text().splitlines() if '"perplexity"' in line]
+    return evaluations[-1] if evaluations else {}
+
+
 def score(stat: dict | None) -> str:
+    """A glue_results.json entry (already x 100): mean ± SEM (n seeds)."""
     if not stat:
-        return "-"
-    spread = f" +- {100 * stat['std']:.1f}" if stat.get("std") is not None else ""
-    return f"{100 * stat['mean']:.1f}{spread} (n {stat['n']})"
+        return "–"
+    spread = f" ± {stat['sem']:.1f}" if stat.get("sem") is not None else ""
+    return f"{stat['mean']:.1f}{spread} (n {stat['n']})"
 
 
 def main() -> int:

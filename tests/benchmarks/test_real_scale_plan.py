@@ -1,5 +1,6 @@
 """benchmarks/real_scale.py run's plan: both models the same training budget, the whole call (unpacking and
-tokenizing included) inside its limit, a continuing call keeping the first call's budget."""
+tokenizing included) inside its limit, a continuing call keeping the first call's budget; and the glue stage's table
+of the models beside Chang et al.'s rows."""
 
 from __future__ import annotations
 
@@ -51,3 +52,33 @@ def test_a_call_left_without_time_to_train_refuses(real_scale, tmp_path):
     with pytest.raises(SystemExit, match="s of training each is left"):
         real_scale.budget_for_call(argparse.Namespace(budget=None, limit=540), tmp_path, {"prepare": 400}, 2)
     assert not (tmp_path / real_scale.PLAN_FILE).exists()
+
+
+def glue_result(scores: dict[str, tuple[float, float]]) -> dict:
+    """glue_results.json's shape: every column already x 100, mean and SEM over 3 fine-tuning seeds."""
+    columns = {name: {"mean": mean, "sem": sem, "std": sem * 3 ** 0.5, "n": 3} for name, (mean, sem) in scores.items()}
+    means = [mean for mean, _ in scores.values()]
+    return {"columns": columns, "glue": {"mean": sum(means) / len(means), "sem": 0.25, "n": 3}}
+
+
+def test_the_glue_table_sets_each_model_beside_the_papers_row_of_its_preset(real_scale, tmp_path):
+    composite = tmp_path / "chang2021-small--composite"
+    composite.mkdir()
+    evaluations = [{"step": 500, "perplexity": 90.0, "tokens_seen": 5_000_000, "training_compute_seconds": 60.0},
+                   {"step": 1000, "perplexity": 41.25, "tokens_seen": 10_240_000, "training_compute_seconds": 121.4}]
+    (composite / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in evaluations) + '\n{"step": 1000}\n')
+    results = {"chang2021-small--composite": glue_result({"CoLA": (7.66, 0.77), "MRPC": (70.6, 0.97),
+                                                          "SST": (78.7, 0.1)}),
+               "chang2021-small--rotary": glue_result({"CoLA": (9.0, 1.0), "MRPC": (71.0, 1.0), "SST": (79.0, 0.2)})}
+    table = real_scale.glue_table(results, {"chang2021-small--composite": composite}).splitlines()
+    rows = {(line.split(" | ")[0][2:], line.split(" | ")[1]): line for line in table if line.startswith("| chang")}
+    assert set(rows) == {("chang2021-small--composite", "ours"), ("chang2021-small--composite", "Chang et al."),
+                         ("chang2021-small--rotary", "ours")}  # the paper has no rotary row
+    # the scores as they are (x 100 already), with the model's last evaluation beside them
+    assert rows["chang2021-small--composite", "ours"] == (
+        "| chang2021-small--composite | ours | 7.7 ± 0.8 (n 3) | 70.6 ± 1.0 (n 3) | 78.7 ± 0.1 (n 3) | "
+        "52.3 ± 0.2 (n 3) | – | 41.2 | 1,000 | 10.2M (0.5% of theirs) | 121 s |")
+    # Table 6's dev scores and their mean, Table 1's test GLUE
+    assert rows["chang2021-small--composite", "Chang et al."].startswith(
+        "| chang2021-small--composite | Chang et al. | 40.9 ± 0.7 | 86.2 ± 0.3 | 86.9 ± 0.1 | 71.3 | 75.2 |")
+    assert rows["chang2021-small--rotary", "ours"].endswith("| – | – | – | – | – |")  # no metrics.jsonl given
