@@ -65,6 +65,9 @@ WHEELS = ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "tokenizers
 # What `run` brings back beside the models (the device tool returns at most 8 files from $OUT, 16 MiB each)
 REPORT_FILES = ("report.md",)
 PART_BYTES = 15 * 2**20
+# The models one call brings back: each about 27 MB in bfloat16 through xz, so 2 parts; with the 3 files above,
+# two models make 7 files and a third would make 9, one of which the device tool would leave behind
+MAX_MODELS = 2
 LEFT_BEHIND = {"checkpoints", "tensorboard", "training_args.bin"}  # of a run folder: not needed to fine-tune
 KIT_MARKER = ".real_scale-kit"  # in a kit folder this script made, which pack may then rewrite
 
@@ -263,6 +266,11 @@ def machine() -> dict:
 
 
 def run(args) -> int:
+    presets = args.presets.split(",")
+    if len(presets) > MAX_MODELS:
+        sys.exit(f"real_scale run: --presets names {len(presets)} models; a call brings back at most {MAX_MODELS} "
+                 "(8 files of 16 MiB: the report, the log, the status and 2 parts per model): give a later call "
+                 "the others")
     if args.dry_run:
         budget, lines = plan_lines(args.limit, ESTIMATES, len(args.presets.split(",")))
         say(f"the plan (unpacking and tokenizing estimated; a real call measures them first): {budget:.0f} s of "

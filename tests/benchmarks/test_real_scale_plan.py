@@ -33,6 +33,14 @@ def test_the_dry_run_plan_fits_the_call_with_equal_budgets(real_scale, capsys):
     assert "prepare" in "\n".join(printed) and "unpack" in "\n".join(printed)
 
 
+def test_a_third_model_is_refused_before_anything_runs(real_scale):
+    """Three models would come back as 9 files, one more than a device call returns: refused in one line."""
+    presets = ",".join(f"chang2021-small/{row}" for row in ("absolute", "composite", "rotary"))
+    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=presets)
+    with pytest.raises(SystemExit, match="names 3 models; a call brings back at most 2"):
+        real_scale.run(args)
+
+
 def test_the_budget_shrinks_with_the_measured_tokenizing_time_and_the_total_stays_inside(real_scale):
     quick, _ = real_scale.plan_lines(540, {"unpack": 10, "prepare": 30}, 2)
     slow, lines = real_scale.plan_lines(540, {"unpack": 10, "prepare": 150}, 2)
