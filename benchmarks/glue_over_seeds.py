@@ -19,9 +19,8 @@ from pathlib import Path
 
 import harness
 
+from convattn.runs.finetune import GLUE_RESULTS
 from convattn.training.seed_statistics import format_mean_sem, mean_sem
-
-GLUE_RESULTS = "glue_results.json"
 
 
 def row_argument(text: str) -> tuple[str, list[Path]]:
