@@ -272,7 +272,7 @@ def run(args) -> int:
                  "(8 files of 16 MiB: the report, the log, the status and 2 parts per model): give a later call "
                  "the others")
     if args.dry_run:
-        budget, lines = plan_lines(args.limit, ESTIMATES, len(args.presets.split(",")))
+        budget, lines = plan_lines(args.limit, ESTIMATES, len(presets))
         say(f"the plan (unpacking and tokenizing estimated; a real call measures them first): {budget:.0f} s of "
             "training each")
         print("\n".join(lines))
@@ -287,7 +287,7 @@ def run(args) -> int:
     work, out = args.work, args.out
     out.mkdir(parents=True, exist_ok=True)
     started = call_started()
-    models = len(args.presets.split(","))
+    models = len(presets)
     estimate, lines = plan_lines(args.limit, ESTIMATES, models)
     say(f"the plan, before anything runs (unpacking and tokenizing estimated): {estimate:.0f} s of training each")
     print("\n".join(lines), flush=True)
@@ -475,14 +475,9 @@ def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
              "|---|---|" + "---:|" * (len(columns) + 6)]
     for row, result in results.items():
         preset = row.split("--", 1)[-1]
-        trained = pretraining(models[row]) if models and row in models else {}
-        cells = [score(result["columns"].get(column)) for column in columns]
-        tokens = trained.get("tokens_seen")
-        lines.append(f"| {row} | ours | {' | '.join(cells)} | {score(result['glue'])} | – | "
-                     f"{trained['perplexity']:.1f} | {trained['step']:,} | "
-                     f"{tokens / 1e6:.1f}M ({tokens / PAPER_TOKENS:.1%} of theirs) | "
-                     f"{trained['training_compute_seconds']:.0f} s |" if trained else
-                     f"| {row} | ours | {' | '.join(cells)} | {score(result['glue'])} | – | – | – | – | – |")
+        cells = [*(score(result["columns"].get(column)) for column in columns), score(result["glue"]), "–",
+                 *pretraining_cells(models[row] if models and row in models else None)]
+        lines.append(f"| {row} | ours | {' | '.join(cells)} |")
         if preset in PAPER_DEV:
             paper = PAPER_DEV[preset]
             means = [paper[column][0] for column in columns if column in paper]
@@ -494,13 +489,18 @@ def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pretraining(model: Path) -> dict:
-    """The last evaluation a pretraining run logged (metrics.jsonl), {} where it logged none."""
-    path = model / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    evaluations = [json.loads(line) for line in path.read_text().splitlines() if '"perplexity"' in line]
-    return evaluations[-1] if evaluations else {}
+def pretraining_cells(model: Path | None) -> list[str]:
+    """Eval perplexity, steps, tokens seen and training time at the last evaluation the model's pretraining logged
+    (its metrics.jsonl), dashes where it logged none."""
+    path = model / "metrics.jsonl" if model is not None else None
+    lines = path.read_text().splitlines() if path is not None and path.is_file() else []
+    evaluations = [entry for entry in map(json.loads, lines) if "perplexity" in entry]
+    if not evaluations:
+        return ["–"] * 4
+    last = evaluations[-1]
+    tokens = last["tokens_seen"]
+    return [f"{last['perplexity']:.1f}", f"{last['step']:,}", f"{tokens / 1e6:.1f}M ({tokens / PAPER_TOKENS:.1%} of "
+            "theirs)", f"{last['training_compute_seconds']:.0f} s"]
 
 
 def score(stat: dict | None) -> str:
