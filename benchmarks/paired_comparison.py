@@ -103,13 +103,13 @@ def equal_cost_steps(curves, costs: dict[str, float]) -> dict[str, float]:
 
 
 def equal_cost_lines(curves, pairs: list[tuple[str, str]], costs: dict[str, float], baseline: str,
-                     run: harness.Run) -> list[str]:
+                     run: harness.Run, cost_source: str = "the cost file") -> list[str]:
     by_short = {short_name(name): name for name in curves}
     steps = equal_cost_steps(curves, costs)
     cheapest = min(steps, key=lambda name: costs[name])
     lines = ["", "## At equal cost", "",
              f"Each run's curves read at the step where it has spent what `{cheapest}`, the cheapest, spends in "
-             f"{steps[cheapest]:,.0f} steps (seconds per step from the cost file, x `{baseline}`'s). The dearer a "
+             f"{steps[cheapest]:,.0f} steps (seconds per step from {cost_source}, x `{baseline}`'s). The dearer a "
              "run, the earlier it is read, before its learning rate has decayed: pessimistic for the dearer runs.",
              "", "| Run | Cost per step | Step read | Mean ± SEM | Per seed |", "|---|---:|---:|---:|---|"]
     base = costs.get(baseline, costs[cheapest])
@@ -154,7 +154,8 @@ def fmt(x: float, digits: int = 1) -> str:
 
 
 def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run,
-           costs: dict[str, float] | None = None, baseline: str = "absolute") -> str:
+           costs: dict[str, float] | None = None, baseline: str = "absolute",
+           cost_source: str = "the cost file") -> str:
     by_short = {short_name(name): name for name in curves}
     lines = [f"# Paired comparison: `{source}`", ""]
     lines += ["## Final eval perplexity", "", "| Run | Seeds | Mean ± SEM | Per seed | Last step |",
@@ -189,7 +190,7 @@ def report(curves, pairs: list[tuple[str, str]], source: Path, run: harness.Run,
         lines.append(f"| {a} - {b} | {step:,} | {per_seed} | {mean:+,.1f} ± {fmt(sem)} | {agree}/{len(values)} | "
                      f"{'never' if onset is None else f'{onset:,}'} |")
     if costs:
-        lines += equal_cost_lines(curves, pairs, costs, baseline, run)
+        lines += equal_cost_lines(curves, pairs, costs, baseline, run, cost_source)
     return "\n".join(lines) + "\n"
 
 
@@ -237,11 +238,15 @@ def main() -> None:
     unknown = {name for pair in pairs for name in pair} - {short_name(run) for run in curves}
     if unknown:
         parser.error(f"--pairs: no run named {', '.join(sorted(unknown))} in {args.compare_dir}/metrics.csv")
-    costs, baseline = None, "absolute"
+    costs, baseline, cost_source = None, "absolute", "the cost file"
     if args.costs:
         try:
-            baseline = json.loads(args.costs.read_text())["baseline"]
+            measured = json.loads(args.costs.read_text())
+            baseline = measured["baseline"]
             costs = read_costs(args.costs)
+            # which measurement the table rests on: a cost file measured again changes it
+            cost_source = (f"`{args.costs}`, commit {measured.get('commit', 'unknown')}: "
+                           f"`{measured.get('command', '?')}`")
         except (OSError, ValueError, KeyError) as err:
             parser.error(f"--costs {args.costs}: not benchmarks/step_cost.py's .json ({err})")
         if not set(costs) & {short_name(run) for run in curves}:
@@ -249,7 +254,7 @@ def main() -> None:
     out = args.out or args.compare_dir
     out.mkdir(parents=True, exist_ok=True)
     with harness.Run("paired_comparison", machine="-", source=str(args.compare_dir)) as run:
-        text = report(curves, pairs, args.compare_dir, run, costs, baseline)
+        text = report(curves, pairs, args.compare_dir, run, costs, baseline, cost_source)
     harness.report(out / "paired.md", text, quiet=True)
     plot(curves, pairs, out / "paired.png")
     print(text)

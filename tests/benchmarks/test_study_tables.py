@@ -66,7 +66,8 @@ def test_the_equal_cost_table_pairs_each_seed_at_each_runs_own_step(paired, tmp_
               "f/b": {0: {0: 1000.0, 100: 600.0, 200: 300.0}, 1: {0: 1000.0, 100: 700.0, 200: 350.0}}}
     write_metrics(tmp_path / "metrics.csv", curves)
     (tmp_path / "costs.json").write_text(json.dumps(
-        {"baseline": "b", "costs": {"a": {"seconds_per_step": 0.2}, "b": {"seconds_per_step": 0.1}}}))
+        {"baseline": "b", "costs": {"a": {"seconds_per_step": 0.2}, "b": {"seconds_per_step": 0.1}},
+         "commit": "abc1234", "command": "python benchmarks/step_cost.py --runs a,b"}))
     sys_argv = ["paired_comparison.py", str(tmp_path), "--pairs", "a:b", "--costs", str(tmp_path / "costs.json"),
                 "--out", str(tmp_path / "out")]
     with pytest.MonkeyPatch.context() as patch:
@@ -78,6 +79,8 @@ def test_the_equal_cost_table_pairs_each_seed_at_each_runs_own_step(paired, tmp_
     assert "| a | 2.00x | 100 | 450.0 ± 50.0 | 400.0, 500.0 |" in text
     assert "| b | 1.00x | 200 | 325.0 ± 25.0 | 300.0, 350.0 |" in text
     assert "| a - b | +100.0, +150.0 | +125.0 ± 25.0 | 2/2 |" in text
+    # the table names the measurement it rests on
+    assert f"from `{tmp_path / 'costs.json'}`, commit abc1234: `python benchmarks/step_cost.py --runs a,b`" in text
     row = json.loads((benchmark_rows / "paired_comparison.jsonl").read_text().splitlines()[-1])
     assert {"equal_cost_pair": "a - b", "differences": {"0": 100.0, "1": 150.0}, "mean": 125.0, "sem": 25.0,
             "agreeing": 2} in row["figures"]
