@@ -74,9 +74,9 @@ def ordering_onset(diffs: dict[int, dict[int, float]], sign: float, seeds: int) 
     return onset
 
 
-def read_costs(path: Path) -> dict[str, float]:
-    """run name (after the preset family's '/') -> seconds per training step, from step_cost.py's .json."""
-    return {name: cost["seconds_per_step"] for name, cost in json.loads(path.read_text())["costs"].items()}
+def read_costs(measured: dict) -> dict[str, float]:
+    """run name (after the preset family's '/') -> seconds per training step, from step_cost.py's .json, parsed."""
+    return {name: cost["seconds_per_step"] for name, cost in measured["costs"].items()}
 
 
 def at_step(curve: dict[int, float], step: float) -> float:
@@ -243,7 +243,7 @@ def main() -> None:
         try:
             measured = json.loads(args.costs.read_text())
             baseline = measured["baseline"]
-            costs = read_costs(args.costs)
+            costs = read_costs(measured)
             # which measurement the table rests on: a cost file measured again changes it
             cost_source = (f"`{args.costs}`, commit {measured.get('commit', 'unknown')}: "
                            f"`{measured.get('command', '?')}`")

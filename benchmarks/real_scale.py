@@ -48,6 +48,7 @@ import harness
 
 from convattn.files import atomic_path, write_json_atomic
 from convattn.runs.finetune import GLUE_RESULTS
+from convattn.training.seed_statistics import format_mean_sem
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -505,10 +506,7 @@ def pretraining_cells(model: Path | None) -> list[str]:
 
 def score(stat: dict | None) -> str:
     """A glue_results.json entry (already x 100): mean ± SEM (n seeds)."""
-    if not stat:
-        return "–"
-    spread = f" ± {stat['sem']:.1f}" if stat.get("sem") is not None else ""
-    return f"{stat['mean']:.1f}{spread} (n {stat['n']})"
+    return f"{format_mean_sem(stat)} (n {stat['n']})" if stat else "–"
 
 
 def main() -> int:
