@@ -10,8 +10,9 @@ Everything the user can get wrong (files, vocabulary, sequence length, preset, o
 checked before the output directory is touched. What the output directory then holds: `convattn.runs.pretrain`;
 --overwrite keeps the old run aside until the new one stands: `convattn.runs.replace`.
 
-Eval perplexity is exp(total token loss / total masked tokens) over the whole eval set; masks are drawn
-from a generator seeded by each batch's tokens, so every evaluation scores the same positions.
+Eval perplexity is exp(total token loss / total masked tokens) over the whole eval set (ELECTRA: the generator's
+loss over the tokens each batch masked); masks are drawn from a generator seeded by each batch's tokens, so every
+evaluation scores the same positions.
 """
 
 from convattn.training.pretrain.job import PretrainSummary, pretrain

@@ -113,16 +113,25 @@ class PretrainTrainer(ScheduledTrainer, FiniteTraining, Trainer):
             loss = masked_lm_loss(model.mlm_head, hidden, labels, reduction="per_example")
             return {"loss": loss, "tokens": (labels != -100).sum(1)}
         out = model(**batch)
-        # ELECTRA reports batch means: weight each by the batch's tokens
-        tokens = batch["attention_mask"].sum().double()
-        names = ("loss", "generator_loss", "discriminator_loss", "discriminator_accuracy")
-        sums = {name: (getattr(out, name).double() * tokens).reshape(1) for name in names}
-        return sums | {"tokens": tokens.reshape(1)}
+        # ELECTRA reports batch means: the generator's over the tokens the batch masked, the discriminator's over its
+        # real tokens; weigh each by its own count
+        real, masked = batch["attention_mask"].sum().double(), out.masked.sum().double()
+        sums = {"generator_loss": out.generator_loss.double() * masked}
+        for name in ("discriminator_loss", "discriminator_accuracy"):
+            sums[name] = getattr(out, name).double() * real
+        return {name: value.reshape(1) for name, value in (sums | {"tokens": real, "masked_tokens": masked}).items()}
 
     def _eval_metrics(self, totals: dict[str, float], prefix: str) -> dict[str, float]:
         tokens = max(totals.pop("tokens"), 1.0)
-        metrics = {f"{prefix}_{name}": value / tokens for name, value in totals.items()}
-        mlm_loss = metrics[f"{prefix}_loss"] if self.objective == "mlm" else metrics[f"{prefix}_generator_loss"]
+        masked = max(totals.pop("masked_tokens", tokens), 1.0)  # the generator's (ELECTRA)
+        metrics = {f"{prefix}_{name}": value / (masked if name == "generator_loss" else tokens)
+                   for name, value in totals.items()}
+        if self.objective == "mlm":
+            mlm_loss = metrics[f"{prefix}_loss"]
+        else:
+            mlm_loss = metrics[f"{prefix}_generator_loss"]
+            metrics[f"{prefix}_loss"] = mlm_loss + self.model.config.discriminator_weight * \
+                metrics[f"{prefix}_discriminator_loss"]
         metrics[f"{prefix}_perplexity"] = math.exp(min(mlm_loss, 50.0))
         metrics[f"{prefix}_tokens"] = tokens
         return metrics
