@@ -71,6 +71,39 @@ def test_mean_and_standard_error_of_the_mean():
     assert mean_sem([5.0]) == {"mean": 5.0, "std": None, "sem": None, "n": 1, "values": [5.0]}
 
 
+def test_glue_column_is_each_seeds_mean_over_task_columns_then_mean_and_sem_over_seeds(tmp_path):
+    """aggregate on synthetic finished runs: three columns (MRPC's the mean of accuracy and F1), seeds 0-2 in every
+    task and a seed 3 in one, which the GLUE score leaves out (it has no CoLA or MRPC)."""
+    from convattn.training.glue.results import aggregate
+
+    dev = {"cola": {0: {"mcc": 20.0}, 1: {"mcc": 26.0}, 2: {"mcc": 11.0}, 3: {"mcc": 30.0}},
+           "sst2": {0: {"accuracy": 80.0}, 1: {"accuracy": 84.0}, 2: {"accuracy": 79.0}},
+           "mrpc": {0: {"accuracy": 70.0, "f1": 80.0}, 1: {"accuracy": 68.0, "f1": 81.0},
+                    2: {"accuracy": 72.0, "f1": 79.0}}}
+    columns = {"cola": "CoLA", "sst2": "SST", "mrpc": "MRPC"}
+    for task, seeds in dev.items():
+        for seed, metrics in seeds.items():
+            folder = tmp_path / "runs" / task / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "run.json").write_text(json.dumps({
+                "task": task, "seed": seed, "model": "m", "init": "pretrained", "settings": {}, "encoder_params": 10,
+                "metrics": {"dev": metrics}, "scores": {columns[task]: column_score(metrics)},
+                "test_predictions": [], "warnings": []}))
+    results = aggregate(tmp_path)
+
+    assert results["tasks"]["mrpc"]["metrics"]["dev"]["f1"]["mean"] == pytest.approx(80.0)
+    assert results["tasks"]["cola"]["best_seed"] == 3 and results["tasks"]["mrpc"]["best_seed"] == 2
+    per_seed = {seed: (dev["cola"][seed]["mcc"] + dev["sst2"][seed]["accuracy"]
+                       + (dev["mrpc"][seed]["accuracy"] + dev["mrpc"][seed]["f1"]) / 2) / 3 for seed in (0, 1, 2)}
+    glue = results["glue"]
+    assert glue["columns"] == ["CoLA", "MRPC", "SST"] and not glue["complete"]
+    assert glue["per_seed"] == pytest.approx(per_seed)
+    expected = mean_sem(list(per_seed.values()))
+    assert (glue["mean"], glue["sem"], glue["n"]) == (pytest.approx(expected["mean"]), pytest.approx(expected["sem"]),
+                                                      3)
+    assert results["columns"]["CoLA"]["n"] == 4  # the column itself keeps every seed it has
+
+
 def test_submission_format():
     rte = submission_text(get_task("rte"), np.array([1, 0]), [0, 1])
     assert rte == "index\tprediction\n0\tnot_entailment\n1\tentailment\n"
@@ -174,6 +207,31 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     assert sst_test[0] == "index\tprediction" and len(sst_test) == test_rows["SST-2"]  # 1822 on GLUE
     assert sst_test[1].startswith("0\t") and {line.split("\t")[1] for line in sst_test[1:]} <= {"0", "1"}
     assert len((out / "submission" / "CoLA.tsv").read_text().splitlines()) == test_rows["CoLA"]  # 1064 on GLUE
+    # the scores and the submission are the shipped model's own predictions (its argmax), recomputed here apart
+    # from the job; examples the model nearly ties on are left out (batching moves their logits in the last bits)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    shipped = out / "models" / "sst2"
+    classifier = AutoModelForSequenceClassification.from_pretrained(shipped).eval()
+    tokenizer = AutoTokenizer.from_pretrained(shipped)
+
+    def predicted(sentences: list[str]) -> tuple[list[int], list[bool]]:
+        with torch.no_grad():
+            logits = classifier(**tokenizer(sentences, padding=True, return_tensors="pt")).logits
+        return logits.argmax(-1).tolist(), ((logits[:, 1] - logits[:, 0]).abs() > 1e-4).tolist()
+
+    test_sentences = [line.split("\t")[1] for line in (data_dir / "SST-2" / "test.tsv").read_text().splitlines()[1:]]
+    mine, clear = predicted(test_sentences)
+    submitted = [int(line.split("\t")[1]) for line in sst_test[1:]]
+    assert sum(clear) > len(clear) // 2
+    assert [p for p, c in zip(mine, clear, strict=True) if c] == [p for p, c in zip(submitted, clear, strict=True) if c]
+    dev_rows = [line.split("\t") for line in (data_dir / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
+    mine, clear = predicted([sentence for sentence, _ in dev_rows])
+    accuracy = 100 * np.mean([p == int(label) for p, (_, label) in zip(mine, dev_rows, strict=True)])
+    best = str(results["tasks"]["sst2"]["best_seed"])
+    assert results["tasks"]["sst2"]["runs"][best]["dev"]["accuracy"] == pytest.approx(
+        accuracy, abs=100 * clear.count(False) / len(dev_rows) + 1e-9)
+
     log = json.loads((out / "runs" / "sst2" / "seed1" / "log.json").read_text())
     assert any("loss" in entry for entry in log)
 
