@@ -392,3 +392,18 @@ def test_bad_inputs_are_refused_before_anything_is_written(corpus, tmp_path, cap
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("convattn compare: error:") and said in err[-1], err
         assert not out.exists()
+
+
+def test_a_runs_tokens_per_second_is_the_mean_over_seeds_of_each_seeds_median_evaluation():
+    """The report's throughput column: a seed's rate is the median over its evaluations (one slow or fast interval,
+    such as the first, moves it little), the run's the mean of its seeds'; rows without a rate (step 0) are skipped."""
+    from convattn.training.compare.grids import RunSpec
+    from convattn.training.compare.results import RunResult
+
+    rates = {0: [None, 900.0, 1000.0, 4000.0], 1: [None, 1200.0, 1100.0, 1300.0, 100.0]}
+    rows = {seed: [{"step": 10 * k, "perplexity": 100.0, "tokens_per_second": rate} for k, rate in enumerate(values)]
+            for seed, values in rates.items()}
+    result = RunResult(RunSpec("absolute", "chang2021-small/absolute"), rows, [0, 1], None, {})
+    assert result.tokens_per_second == pytest.approx((1000.0 + (1100.0 + 1200.0) / 2) / 2)
+    assert RunResult(RunSpec("absolute", "chang2021-small/absolute"), {0: [{"step": 0, "tokens_per_second": None}]},
+                     [0], None, {}).tokens_per_second is None
