@@ -11,6 +11,8 @@ Each error is ||x - ref|| / ||ref|| of the output, and of the gradients of a ran
 to q, k, v and each table parameter; it passes at most TOLERANCE for the dtype (bf16 operands land between 1e-3 and
 1e-2; NaN never passes). The plain case records SDPA's own errors beside. A deterministic design's backward, run
 twice on the same inputs, must give the same bits (a race in the dQ accumulators' read-add-write shows here first).
+Every buffer the kernel's launches allocate starts as NaN (`poisoned_allocations`), so an element no program writes
+fails: on a GPU the caching allocator hands each tiling the memory the one before filled with right values.
 """
 
 from __future__ import annotations
@@ -64,6 +66,27 @@ def problem(case: str, batch: int, heads: int, n: int, head_dim: int, device: st
     keep = torch.ones(batch, n, dtype=torch.bool)
     keep[0, n - n // 8:] = False
     return (q, k, v), rel.to(device), keep.to(device)
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Meanwhile every floating-point tensor that torch.empty, torch.empty_like or Tensor.new_empty makes is NaN
+    (the kernel's launches allocate its outputs and accumulators with these), so that one the kernel should write
+    and does not cannot pass for a right one."""
+    import torch
+
+    def poisoned(allocate):
+        def make(*args, **kwargs):
+            made = allocate(*args, **kwargs)
+            return made.fill_(math.nan) if made.is_floating_point() else made
+        return make
+
+    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+    torch.empty, torch.empty_like, torch.Tensor.new_empty = poisoned(empty), poisoned(empty_like), poisoned(new_empty)
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like, torch.Tensor.new_empty = empty, empty_like, new_empty
 
 
 def kernel_call(qkv, rel, keep, dtype, weights):
@@ -134,7 +157,7 @@ def check(case: str, shape: tuple[int, int, int], head_dim: int, dtype_name: str
             break
         start = time.time()
         with (pinned_tiling(index) if index is not None else contextlib.nullcontext(),
-              design() if design is not None else contextlib.nullcontext()):
+              design() if design is not None else contextlib.nullcontext(), poisoned_allocations()):
             first = kernel_call(qkv, rel, keep, dtype, weights)
             second = kernel_call(qkv, rel, keep, dtype, weights) if deterministic else None
         errors = {name: relative_error(got, want) for name, got, want in zip(labels, first, wanted, strict=True)}

@@ -339,6 +339,53 @@ def test_the_gate_fails_a_kernel_whose_numbers_are_off_or_differ_between_two_bac
     assert late["verdict"] == "not finished" and late["tilings"] == {}
 
 
+def test_the_gate_fails_a_kernel_that_leaves_an_element_unwritten(gpu_session, monkeypatch):
+    """Its buffers start as NaN in the gate (on a GPU a later tiling's would hold the right values an earlier one
+    wrote): a kernel writing every output row but one fails, and a floating buffer the launch code allocates starts
+    as NaN while an integer one is left as it is."""
+    import gpu_gate
+    import torch
+
+    def kernel(qkv, rel, keep, dtype, weights):
+        results = gpu_gate.expected(qkv, rel, keep, weights)
+        out = torch.empty_like(results[0])
+        out[:, :, :-1] = results[0][:, :, :-1]  # the last query row never written
+        return [out, *results[1:]]
+
+    monkeypatch.setattr(gpu_gate, "kernel_call", kernel)
+    allocators = (torch.empty, torch.empty_like, torch.Tensor.new_empty)
+    holey = gpu_gate.check("plain", (1, 2, 24), 8, "float32", "cpu", tilings=2)
+    assert holey["verdict"] == "fail" and holey["failed"].startswith("tiling 0: out inf > 0.0001")
+    with gpu_gate.poisoned_allocations():
+        floats = [torch.empty(3), torch.empty_like(torch.ones(2)), torch.ones(1).new_empty(4, dtype=torch.bfloat16)]
+        assert all(x.isnan().all() for x in floats)
+        assert torch.empty(3, dtype=torch.int64).dtype == torch.int64
+    assert (torch.empty, torch.empty_like, torch.Tensor.new_empty) == allocators  # put back
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("design", ["split", "atomic"])
+def test_the_gate_passes_the_kernel_at_each_tiling_a_gpu_tries(gpu_session, monkeypatch, design):
+    """The tilings the GPU's autotuners try (half precision, 64 channels), not the interpreter's one, pinned in turn
+    as the call's gate pins them, with every buffer poisoned: both cases, odd lengths, in float32 under the
+    interpreter (about 10 s)."""
+    import gpu_gate
+    import torch
+
+    from convattn.attention.relative.triton import launch
+
+    with monkeypatch.context() as patch:
+        patch.setattr(launch, "interpreting", lambda: False)
+        gpu_tilings = {kernel: launch.configs(kernel, 64, torch.bfloat16) for kernel in ("forward", "backward")}
+    assert len(gpu_tilings["backward"]) > 1 and gpu_tilings["forward"] != launch.configs("forward", 64, torch.float32)
+    monkeypatch.setattr(launch, "configs", lambda kernel, head_dim, dtype: gpu_tilings[kernel])
+    chosen = gpu_session.DESIGNS[design]
+    count = max(len(tilings) for tilings in gpu_tilings.values())
+    for case, shape in (("plain", (1, 2, 200)), ("composite+key", (2, 1, 131))):
+        row = gpu_gate.check(case, shape, 64, "float32", "cpu", chosen.select, chosen.deterministic, count)
+        assert row["verdict"] == "pass" and len(row["tilings"]) == count, (case, row)
+
+
 def test_a_gate_that_did_not_pass_marks_the_kernel_and_training_rows_unverified(gpu_session, tmp_path, monkeypatch):
     plan = gpu_session.REHEARSAL
     gate = gpu_session.gate_rows(plan)
