@@ -272,6 +272,26 @@ def test_sst2_and_cola_end_to_end_then_resume(tiny_checkpoint, tmp_path, capsys,
     assert "other settings" in capsys.readouterr().err
 
 
+def test_dev_scores_pair_each_prediction_with_its_own_label(tiny_checkpoint, tmp_path, monkeypatch):
+    """Predictions that are right for every dev example score 100 (CoLA's MCC, SST-2's accuracy): the job pairs
+    each prediction with its own example's label. A tiny model cannot show it: it gives every example one class."""
+    from transformers.trainer_utils import PredictionOutput
+
+    from convattn.training.finetune.optim import LayerDecayTrainer
+
+    def right(self, dataset, *args, **kwargs):  # logits favouring each example's own label (test sets: class 0)
+        labels = np.asarray(dataset["label"]) if "label" in dataset.column_names else np.zeros(len(dataset), int)
+        return PredictionOutput(predictions=np.eye(2)[labels] * 3.0 - 1.0, label_ids=None, metrics={})
+
+    monkeypatch.setattr(LayerDecayTrainer, "predict", right)
+    out = tmp_path / "out"
+    assert main(["glue", "--model", str(tiny_checkpoint), "--task", "sst2,cola", "--data-dir", str(FIXTURE_GLUE_DATA),
+                 "--seeds", "1", "--max-steps", "2", "--batch-size", "8", "--output-dir", str(out)]) == 0
+    tasks = json.loads((out / "glue_results.json").read_text())["tasks"]
+    assert tasks["sst2"]["runs"]["0"]["dev"] == {"accuracy": 100.0} and tasks["cola"]["runs"]["0"]["dev"] == {
+        "mcc": 100.0}
+
+
 def write_fake_pair_task(root: Path, folder: str, header: list[str], label_column: str, labels: list[str],
                          dev_files: tuple[str, ...], test_files: tuple[str, ...]) -> None:
     """A few rows in the GLUE TSV layout of a pair task (MNLI, RTE, STS-B are not in ../shared)."""
