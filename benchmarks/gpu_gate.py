@@ -21,6 +21,7 @@ import contextlib
 import copy
 import math
 import time
+from unittest import mock
 
 TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}
 CASES = ("plain", "composite+key")
@@ -81,12 +82,10 @@ def poisoned_allocations():
             return made.fill_(math.nan) if made.is_floating_point() else made
         return make
 
-    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
-    torch.empty, torch.empty_like, torch.Tensor.new_empty = poisoned(empty), poisoned(empty_like), poisoned(new_empty)
-    try:
+    with (mock.patch.object(torch, "empty", poisoned(torch.empty)),
+          mock.patch.object(torch, "empty_like", poisoned(torch.empty_like)),
+          mock.patch.object(torch.Tensor, "new_empty", poisoned(torch.Tensor.new_empty))):
         yield
-    finally:
-        torch.empty, torch.empty_like, torch.Tensor.new_empty = empty, empty_like, new_empty
 
 
 def kernel_call(qkv, rel, keep, dtype, weights):

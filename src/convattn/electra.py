@@ -181,6 +181,10 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
             samples = torch.where(selection.chosen, gumbel_sample(generator_logits), original)
         return loss, samples
 
+    def combined_loss(self, generator_loss, discriminator_loss):
+        """ELECTRA's objective from its two parts: generator_loss + discriminator_weight x discriminator_loss."""
+        return generator_loss + self.config.discriminator_weight * discriminator_loss
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 special_tokens_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 **sequence_offsets) -> ElectraPreTrainingOutput:
@@ -207,7 +211,7 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
                                                        token_type_ids=token_type_ids, **layout).last_hidden_state)
         discriminator_loss, accuracy = replaced_token_loss(logits, replaced, keep)
         return ElectraPreTrainingOutput(
-            loss=generator_loss + self.config.discriminator_weight * discriminator_loss,
+            loss=self.combined_loss(generator_loss, discriminator_loss),
             generator_loss=generator_loss, discriminator_loss=discriminator_loss,
             discriminator_accuracy=accuracy.detach(), discriminator_logits=logits,
             corrupted_ids=corrupted_ids, replaced=replaced, masked=masked,

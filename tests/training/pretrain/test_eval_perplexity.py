@@ -38,20 +38,6 @@ def scored(ids: list[int]) -> list[int]:
     return [t for t in range(1, len(ids) - 1) if t % 3 == 1]
 
 
-def fixed_masking(features: list[dict]) -> dict:
-    """Right-padded batch with fixed masks ([MASK] where scored, labels there, -100 elsewhere)."""
-    n = max(len(f["input_ids"]) for f in features)
-    ids = torch.full((len(features), n), PAD)
-    labels = torch.full((len(features), n), -100)
-    for row, feature in enumerate(features):
-        ids[row, :len(feature["input_ids"])] = torch.tensor(feature["input_ids"])
-        for t in scored(feature["input_ids"]):
-            labels[row, t] = ids[row, t]
-            ids[row, t] = MASK
-    return {"input_ids": ids, "attention_mask": (torch.arange(n) < torch.tensor(
-        [len(f["input_ids"]) for f in features])[:, None]).long(), "labels": labels}
-
-
 def padding(features: list[dict]) -> dict:
     """What ELECTRA's collator gives: padded ids, attention and special-tokens masks (no labels)."""
     n = max(len(f["input_ids"]) for f in features)
@@ -60,6 +46,18 @@ def padding(features: list[dict]) -> dict:
         ids[row, :len(feature["input_ids"])] = torch.tensor(feature["input_ids"])
     return {"input_ids": ids, "attention_mask": (ids != PAD).long(),
             "special_tokens_mask": ((ids == CLS) | (ids == SEP)).long()}
+
+
+def fixed_masking(features: list[dict]) -> dict:
+    """The padded batch with fixed masks ([MASK] where scored, labels there, -100 elsewhere)."""
+    padded = padding(features)
+    ids = padded["input_ids"]
+    labels = torch.full_like(ids, -100)
+    for row, feature in enumerate(features):
+        for t in scored(feature["input_ids"]):
+            labels[row, t] = ids[row, t]
+            ids[row, t] = MASK
+    return {"input_ids": ids, "attention_mask": padded["attention_mask"], "labels": labels}
 
 
 def trainer_for(model, objective: str, collator, tmp_path) -> PretrainTrainer:

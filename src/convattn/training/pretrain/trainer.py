@@ -123,15 +123,14 @@ class PretrainTrainer(ScheduledTrainer, FiniteTraining, Trainer):
 
     def _eval_metrics(self, totals: dict[str, float], prefix: str) -> dict[str, float]:
         tokens = max(totals.pop("tokens"), 1.0)
-        masked = max(totals.pop("masked_tokens", tokens), 1.0)  # the generator's (ELECTRA)
+        masked = max(totals.pop("masked_tokens", tokens), 1.0)  # ELECTRA's generator loss is a mean over these
         metrics = {f"{prefix}_{name}": value / (masked if name == "generator_loss" else tokens)
                    for name, value in totals.items()}
         if self.objective == "mlm":
             mlm_loss = metrics[f"{prefix}_loss"]
         else:
             mlm_loss = metrics[f"{prefix}_generator_loss"]
-            metrics[f"{prefix}_loss"] = mlm_loss + self.model.config.discriminator_weight * \
-                metrics[f"{prefix}_discriminator_loss"]
+            metrics[f"{prefix}_loss"] = self.model.combined_loss(mlm_loss, metrics[f"{prefix}_discriminator_loss"])
         metrics[f"{prefix}_perplexity"] = math.exp(min(mlm_loss, 50.0))
         metrics[f"{prefix}_tokens"] = tokens
         return metrics
