@@ -368,7 +368,7 @@ def test_the_gate_fails_a_kernel_that_leaves_an_element_unwritten(gpu_session, m
 def test_the_gate_passes_the_kernel_at_each_tiling_a_gpu_tries(gpu_session, monkeypatch, design):
     """The tilings the GPU's autotuners try (half precision, 64 channels), not the interpreter's one, pinned in turn
     as the call's gate pins them, with every buffer poisoned: both cases, odd lengths, in float32 under the
-    interpreter (about 10 s)."""
+    interpreter (6-16 s a design)."""
     import gpu_gate
     import torch
 
@@ -381,7 +381,7 @@ def test_the_gate_passes_the_kernel_at_each_tiling_a_gpu_tries(gpu_session, monk
     monkeypatch.setattr(launch, "configs", lambda kernel, head_dim, dtype: gpu_tilings[kernel])
     chosen = gpu_session.DESIGNS[design]
     count = max(len(tilings) for tilings in gpu_tilings.values())
-    for case, shape in (("plain", (1, 2, 200)), ("composite+key", (2, 1, 131))):
+    for case, shape in (("plain", (1, 2, 131)), ("composite+key", (2, 1, 131))):  # odd, past a 128-row tile
         row = gpu_gate.check(case, shape, 64, "float32", "cpu", chosen.select, chosen.deterministic, count)
         assert row["verdict"] == "pass" and len(row["tilings"]) == count, (case, row)
 
