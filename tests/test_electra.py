@@ -89,6 +89,18 @@ def test_masking_selects_fifteen_percent_of_maskable_tokens_never_pads_or_specia
     assert abs(mask_tokens / masked_count - 0.85) < 0.04  # ~1,000 masked tokens: 85% [MASK], 15% kept
 
 
+def test_the_generator_input_puts_mask_at_85_percent_of_the_masked_positions():
+    # 16,384 masked positions: the share's standard deviation is 0.0028, so 0.012 is 4 of them, and BERT's 80 %
+    # (the rule ELECTRA changed: 0.05 away) cannot pass
+    model = tiny_model()
+    ids = torch.randint(5, 40, (64, 256))
+    torch.manual_seed(3)
+    generator_ids = model.generator_input(ids, torch.ones_like(ids, dtype=torch.bool))
+    replaced = generator_ids == MASK
+    assert torch.equal(generator_ids[~replaced], ids[~replaced])
+    assert abs(replaced.float().mean().item() - 0.85) < 0.012
+
+
 def test_replacements_only_at_masked_positions_and_labels_are_token_differs():
     model = tiny_model(vocab_size=8).eval()  # a tiny vocabulary makes the generator often sample the original
     ids, keep, special = padded_batch([30, 22, 9, 4], 30, vocab=8)

@@ -154,6 +154,18 @@ def test_layerwise_decay_on_convattn_names():
     assert wds["convattn.encoder.layer.1.output.LayerNorm.weight"] == 0.0
 
 
+def test_layerwise_decay_gives_a_projection_every_layer_shares_the_first_layers_rate():
+    # Linformer's layer-wise sharing: one projection under encoder.shared, used from layer 0 on, so it learns at
+    # layer 0's rate (not the head's, which a name outside any layer would get)
+    config = ConvAttnConfig.from_preset("malard/linformer-n128-k32", hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, vocab_size=50,
+                                        linformer_sharing="layerwise")
+    lrs, _ = lr_by_parameter(ConvAttnForSequenceClassification(config), 0.5)
+    shared = [name for name in lrs if ".encoder.shared." in name]
+    assert shared and all(lrs[name] == lrs["convattn.encoder.layer.0.attention.self.query.weight"] == 0.5 ** 3
+                          for name in shared)
+
+
 def test_layerwise_decay_on_bert_names():
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
                         intermediate_size=32)
