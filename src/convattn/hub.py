@@ -11,7 +11,7 @@ import yaml
 
 from convattn.errors import UsageError
 from convattn.files import read_json, write_text_atomic
-from convattn.runs.environment import changes, describe, recorded_environments
+from convattn.runs.environment import changes, code_change, describe, recorded_environments
 from convattn.runs.finetune import PUBLISHED_RECORD
 from convattn.runs.pretrain import CHECKPOINTS, OPTIONS_FILE, TENSORBOARD, read_metrics
 
@@ -153,13 +153,13 @@ def model_card(run_dir: str | os.PathLike, repo_id: str | None = None) -> str:
 
 def environment_lines(run: Path) -> list[str]:
     """The card's lines on what the run trained on: its first start's environment, then each resume's that
-    changed a setting (runs from before environment.jsonl: none)."""
+    changed a setting or the code (runs from before environment.jsonl: none)."""
     entries = recorded_environments(run)
     if not entries:
         return []
     lines = [f"- trained on: {describe(entries[0])}"]
     for before, entry in itertools.pairwise(entries):
-        if changes(before, entry):
+        if changes(before, entry) or code_change(before, entry):
             lines.append(f"- from step {entry.get('step', 0):,} (resumed): {describe(entry)}")
     return lines
 

@@ -11,11 +11,16 @@ import torch
 from convattn.hub import environment_lines
 from convattn.runs.environment import (
     ENVIRONMENT_FILE,
+    SOURCE,
     changes,
+    code_change,
     describe,
     environment,
+    files_digest,
+    mixed_code_warning,
     record_environment,
     recorded_environments,
+    source_digest,
 )
 from convattn.training.pretrain.job import note_environment
 
@@ -51,9 +56,46 @@ def test_lines_are_appended_and_a_damaged_line_is_skipped(tmp_path):
     assert all(e["started"].endswith("+00:00") for e in entries)
 
 
-def fake_start(threads: int, variables: dict) -> dict:
+def test_the_code_digest_follows_the_code_files_paths_and_bytes_and_nothing_else(tmp_path):
+    package = tmp_path / "package"
+    (package / "configs").mkdir(parents=True)
+    (package / "__pycache__").mkdir()
+    (package / "model.py").write_text("SCALE = 1.0\n")
+    (package / "configs" / "recipe.yaml").write_text("lr: 3e-4\n")
+    digest = files_digest(package)
+    assert len(digest) == 12 and files_digest(package) == digest
+    (package / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"compiled")
+    (package / "notes.txt").write_text("not code")
+    assert files_digest(package) == digest
+    for change in (lambda: (package / "model.py").write_text("SCALE = 2.0\n"),
+                   lambda: (package / "configs" / "recipe.yaml").write_text("lr: 1e-4\n"),
+                   lambda: (package / "configs" / "recipe.yaml").rename(package / "configs" / "other.yaml")):
+        change()
+        assert files_digest(package) != digest
+        digest = files_digest(package)
+    assert environment(torch.device("cpu"), processes=1, precision="fp32")[SOURCE] == source_digest()
+
+
+def test_a_code_change_is_named_where_both_records_have_the_digest():
+    assert code_change({SOURCE: "aaa"}, {SOURCE: "bbb"}) == "convattn code aaa -> bbb"
+    assert code_change({SOURCE: "aaa"}, {SOURCE: "aaa"}) is None
+    assert code_change({}, {SOURCE: "bbb"}) is None  # a record from before the digest: unknown, not a change
+    assert changes({SOURCE: "aaa"}, {SOURCE: "bbb"}) == []  # a setting that moves times is another thing
+    assert describe(fake_start(2, {}, code="aaa")).endswith("convattn 0.1.0 (code aaa), load average 0.5 at the start")
+
+
+def test_results_of_runs_from_different_code_are_warned_about():
+    assert mixed_code_warning([("sst2 seed 0", {SOURCE: "aaa"}), ("cola seed 0", {SOURCE: "aaa"})]) is None
+    warning = mixed_code_warning([("sst2 seed 0", {SOURCE: "aaa"}), ("sst2 seed 1", {SOURCE: "bbb"}),
+                                  ("cola seed 0", {}), ("cola seed 1", {SOURCE: "aaa"})])
+    assert ("(code aaa: sst2 seed 0, cola seed 1; code bbb: sst2 seed 1; code not recorded: cola seed 0)"
+            in warning)
+
+
+def fake_start(threads: int, variables: dict, code: str | None = None) -> dict:
     return dict(device="cpu", device_name="Test CPU", cpu_cores=2, threads=threads, processes=1, precision="fp32",
-                thread_variables=variables, load_average=0.5, torch="2.13.0", transformers="5.0", convattn="0.1.0")
+                thread_variables=variables, load_average=0.5, torch="2.13.0", transformers="5.0", convattn="0.1.0",
+                **({SOURCE: code} if code else {}))
 
 
 @pytest.mark.parametrize("moved", [False, True])
@@ -74,6 +116,23 @@ def test_a_resume_says_what_moved_and_the_card_lists_it(moved, tmp_path, monkeyp
     assert lines[0] == f"- trained on: {describe(first)}"
     assert "Test CPU, 2 threads of 2 cores" in lines[0] and "OMP_WAIT_POLICY=PASSIVE" in lines[0]
     assert lines[1:] == ([f"- from step 250 (resumed): {describe(now)}"] if moved else [])
+
+
+@pytest.mark.parametrize("recoded", [False, True])
+def test_a_resume_with_other_code_says_so_and_the_card_lists_it(recoded, tmp_path, monkeypatch, capsys):
+    from convattn.training.pretrain import job
+
+    first = fake_start(2, {}, code="aaa")
+    record_environment(tmp_path, 0, first)
+    now = fake_start(2, {}, code="bbb" if recoded else "aaa")
+    monkeypatch.setattr(job, "environment", lambda *args: now)
+    args = SimpleNamespace(device=torch.device("cpu"), bf16=False, fp16=False)
+    note_environment(tmp_path, args, SimpleNamespace(resume_from=tmp_path / "checkpoints" / "checkpoint-250"))
+    said = capsys.readouterr()
+    assert ("resuming with other code than the start at step 0: convattn code aaa -> bbb" in said.out + said.err
+            ) == recoded
+    assert "other settings" not in said.out + said.err
+    assert environment_lines(tmp_path)[1:] == ([f"- from step 250 (resumed): {describe(now)}"] if recoded else [])
 
 
 def test_a_run_from_before_the_record_has_no_environment_lines(tmp_path):

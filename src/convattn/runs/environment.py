@@ -5,11 +5,17 @@ threads torch uses, how OpenMP's idle threads wait (RESULTS 5: 1.2-1.4x between 
 2 cores), the library versions, and how busy the machine was. A run resumed in another session may have trained
 its later steps under other settings, so every start appends one line (the step it starts from, when, and all of
 the above), and a resume says in one line what changed since the line before. The model card lists them.
+
+The code is recorded too, by content: convattn's version string does not move when a computation changes, so each
+line carries a digest of the package's own files (`source_digest`), and a resume, a comparison and a fine-tuning
+job's results say where the code that made their numbers differed.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -24,6 +30,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP
 # what a resume compares with the line before: what moves a time or a throughput (not the date, step or load)
 SETTINGS = ("device", "device_name", "threads", "processes", "precision", "thread_variables", "torch",
             "transformers", "convattn")
+SOURCE = "convattn_source"  # the key of the code's digest in a record (environment lines, fine-tuning runs)
+SOURCE_SUFFIXES = (".py", ".yaml", ".json")  # the code, the presets and the recipes: what decides a number
+PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def cpu_name() -> str:
@@ -57,7 +66,34 @@ def environment(device, processes: int, precision: str) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "convattn": _installed_version("convattn"),
+        SOURCE: source_digest(),
     }
+
+
+@functools.cache
+def source_digest() -> str:
+    """The digest of convattn's code when this process first asks (`files_digest` of the package's folder): two
+    records with the same digest were made by the same code, whatever its version string says (an editable
+    install's edits included)."""
+    return files_digest(PACKAGE)
+
+
+def files_digest(folder: Path) -> str:
+    """12 hex digits of a SHA-256 over the paths and bytes of the code, preset and recipe files under `folder`."""
+    digest = hashlib.sha256()
+    files = sorted(path for path in folder.rglob("*")
+                   if path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts and path.is_file())
+    for path in files:
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def code_change(before: dict, now: dict) -> str | None:
+    """'convattn code 1a2b... -> 3c4d...' where two records' code differs; None where it does not or where either
+    predates the record."""
+    old, new = before.get(SOURCE), now.get(SOURCE)
+    return f"convattn code {old} -> {new}" if old and new and old != new else None
 
 
 def _installed_version(package: str) -> str:
@@ -65,6 +101,19 @@ def _installed_version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return "not installed"
+
+
+def mixed_code_warning(runs: list[tuple[str, dict]]) -> str | None:
+    """The warning for results that put together runs (`runs`: a label and its record) made by different convattn
+    code, else None; a record from before the digest counts as code of its own."""
+    groups: dict[str, list[str]] = {}
+    for label, record in runs:
+        groups.setdefault(record.get(SOURCE) or "not recorded", []).append(label)
+    if len(groups) < 2:
+        return None
+    listed = "; ".join(f"code {code}: {', '.join(labels)}" for code, labels in groups.items())
+    return (f"these results put together runs of different convattn code ({listed}); they compare only where the "
+            "change computed nothing they report: fine-tune again with --overwrite for results of one code")
 
 
 def record_environment(folder: Path, step: int, record: dict) -> None:
@@ -126,7 +175,7 @@ def describe(entry: dict, load: bool = True) -> str:
     processes = entry.get("processes")
     parts = [place, f"{processes} process{'' if processes == 1 else 'es'}", str(entry.get("precision")),
              f"torch {entry.get('torch')}", f"transformers {entry.get('transformers')}",
-             f"convattn {entry.get('convattn')}"]
+             f"convattn {entry.get('convattn')}" + (f" (code {entry[SOURCE]})" if entry.get(SOURCE) else "")]
     variables = entry.get("thread_variables") or {}
     if variables:
         parts.append(" ".join(f"{name}={value}" for name, value in variables.items()))

@@ -153,6 +153,24 @@ def test_the_report_names_starts_whose_settings_moved(compared, monkeypatch, tmp
             in report), report
 
 
+def test_the_report_names_starts_that_ran_other_code(compared, monkeypatch, tmp_path):
+    """A seed resumed by other convattn code (its digest moved) is named: its numbers may come from other code."""
+    copy = tmp_path / "out"
+    shutil.copytree(compared, copy)
+    environment = copy / "runs" / "chang2021-small--absolute" / "seed0" / "environment.jsonl"
+    first = json.loads(environment.read_text().splitlines()[0])
+    environment.write_text(environment.read_text() + json.dumps(dict(first, step=2, convattn_source="0123456789ab"))
+                           + "\n")
+    monkeypatch.setattr(compare, "pretrain", lambda options: pytest.fail("trained"))
+    assert main(["compare", "--presets", ",".join(PRESETS), "--output-dir", str(copy), "--report-only"]) == 0
+    report = (copy / "report.md").read_text()
+    assert ("- **code**: convattn's code differed between starts (its digest in environment.jsonl): "
+            "chang2021-small/absolute seed 0 from step 2 ran other code than chang2021-small/absolute seed 0's "
+            "first start") in report, report
+    assert "(every run, seed and resume)" in report  # no setting moved
+    assert "**code**" not in (compared / "report.md").read_text()
+
+
 def test_report_only_of_a_subset_leaves_the_full_report_alone(compared, monkeypatch, capsys):
     monkeypatch.setattr(compare, "pretrain", lambda options: pytest.fail("trained"))
     full = {name: (compared / name).read_bytes() for name in ("report.md", "report.html", "summary.csv")}

@@ -17,10 +17,10 @@ def test_one_class_for_every_dev_example_is_warned_about():
     assert one_class_warning(get_task("stsb"), "dev", np.array([2.5, 2.5])) is None  # regression: no classes
 
 
-def write_run(output_dir, task: str, seed: int, warnings: list[str]) -> None:
+def write_run(output_dir, task: str, seed: int, warnings: list[str], code: str = "aaa") -> None:
     run = {"task": task, "seed": seed, "model": "m", "init": "pretrained", "settings": None, "encoder_params": 10,
            "metrics": {"dev": {"accuracy": 50.0}}, "scores": {"SST": 50.0}, "test_predictions": [],
-           "warnings": warnings}
+           "warnings": warnings, "convattn_source": code}
     folder = output_dir / "runs" / task / f"seed{seed}"
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps(run))
@@ -33,6 +33,14 @@ def test_the_results_list_each_runs_warnings(tmp_path):
     assert results["warnings"] == ["sst2 seed 0: dev: predicts 'positive' for every one of the 872 dev examples"]
     table = (tmp_path / "glue_results.md").read_text()
     assert "## Warnings\n\n- sst2 seed 0: dev: predicts 'positive'" in table
+
+
+def test_the_results_say_when_seeds_were_fine_tuned_by_different_code(tmp_path):
+    write_run(tmp_path, "sst2", 0, [], code="aaa")
+    write_run(tmp_path, "sst2", 1, [], code="bbb")
+    results = aggregate(tmp_path)
+    assert len(results["warnings"]) == 1 and "(code aaa: sst2 seed 0; code bbb: sst2 seed 1)" in results["warnings"][0]
+    assert "- these results put together runs of different convattn code" in (tmp_path / "glue_results.md").read_text()
 
 
 def test_a_constant_sts_prediction_scores_0_and_is_warned_never_nan():

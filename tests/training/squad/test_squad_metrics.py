@@ -91,3 +91,22 @@ def test_the_shared_sample_against_the_official_script():
     # evaluate-v1.1.py on the sample with the same renamed ids
     assert scores["exact_match"] == pytest.approx(1.7676767676767677, rel=1e-12)
     assert scores["f1"] == pytest.approx(11.386241726521831, rel=1e-12)
+
+
+def test_the_results_say_when_seeds_were_fine_tuned_by_different_code(tmp_path):
+    import json
+
+    from convattn.training.squad.results import aggregate
+
+    for seed, code in ((0, "aaa"), (1, "bbb"), (2, "aaa")):
+        folder = tmp_path / "runs" / "squad1.1" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({
+            "version": "1.1", "seed": seed, "model": "m", "settings": None, "encoder_params": 10,
+            "scores": {"exact_match": 50.0 + seed, "f1": 60.0 + seed}, "convattn_source": code}))
+    results = aggregate(tmp_path, "1.1")
+    assert results["scores"]["f1"]["mean"] == pytest.approx(61.0)
+    assert len(results["warnings"]) == 1 and "(code aaa: seed 0, seed 2; code bbb: seed 1)" in results["warnings"][0]
+    assert "## Warnings\n\n- these results put together runs" in (tmp_path / "squad_results.md").read_text()
+    (tmp_path / "runs" / "squad1.1" / "seed1" / "run.json").unlink()
+    assert aggregate(tmp_path, "1.1")["warnings"] == []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convattn.files import read_json, write_json_atomic, write_text_atomic
-from convattn.runs.environment import changes, describe, recorded_environments
+from convattn.runs.environment import changes, code_change, describe, recorded_environments
 from convattn.runs.pretrain import DATA_FILE, LEGACY_CLOCK, OPTIONS_FILE
 from convattn.training.compare.cells import (
     TEXT_COLUMNS,
@@ -165,8 +165,8 @@ class Report:
 
     def machine(self) -> list[tuple[str, str]]:
         """What the runs trained on, from their environment.jsonl: one setting for all, or the first run's and
-        every start (a run, a seed, a resume) whose settings moved from it; nothing for runs older than the
-        record."""
+        every start (a run, a seed, a resume) whose settings moved from it, and every start whose code did;
+        nothing for runs older than the record."""
         starts = [(result.spec.name, seed, entry) for result in self.results for seed in sorted(result.metrics)
                   for entry in recorded_environments(self.options.run_path(result.spec, seed))]
         if not starts:
@@ -174,10 +174,15 @@ class Report:
         first = starts[0][2]
         moved = [f"{name} seed {seed} from step {entry.get('step', 0):,}: {', '.join(what)}"
                  for name, seed, entry in starts if (what := changes(first, entry))]
+        recoded = [f"{name} seed {seed} from step {entry.get('step', 0):,}" for name, seed, entry in starts
+                   if code_change(first, entry)]
+        code = [("code", f"convattn's code differed between starts (its digest in environment.jsonl): "
+                         f"{'; '.join(recoded)} ran other code than {starts[0][0]} seed {starts[0][1]}'s first start; "
+                         "their numbers compare only where the change computed nothing they report")] if recoded else []
         if not moved:
-            return [("machine", f"{describe(first, load=False)} (every run, seed and resume)")]
+            return [("machine", f"{describe(first, load=False)} (every run, seed and resume)"), *code]
         return [("machine", f"{describe(first, load=False)}; other settings in {'; '.join(moved)}: tokens/s and "
-                            "times compare only between starts of one setting")]
+                            "times compare only between starts of one setting"), *code]
 
     def eval_overlap(self) -> str:
         """' (eval text is training text ...)' where a run scored on training text, as --allow-eval-overlap let it

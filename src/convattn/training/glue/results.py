@@ -10,6 +10,7 @@ import numpy as np
 
 from convattn.data.glue import GLUE_COLUMNS
 from convattn.files import write_json_atomic, write_text_atomic
+from convattn.runs.environment import mixed_code_warning
 from convattn.runs.finetune import GLUE_RESULTS
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.settings import UNRECORDED
@@ -71,6 +72,9 @@ def aggregate(output_dir: Path) -> dict:
         "warnings": [f"{name} seed {seed}: {warning}" for name, task_runs in runs.items()
                      for seed, run in sorted(task_runs.items()) for warning in run.get("warnings", [])],
     }
+    if mixed := mixed_code_warning([(f"{name} seed {seed}", run) for name, task_runs in runs.items()
+                                    for seed, run in sorted(task_runs.items())]):
+        results["warnings"].append(mixed)
     write_json_atomic(output_dir / GLUE_RESULTS, results)
     write_text_atomic(output_dir / "glue_results.md", results_markdown(results))
     return results

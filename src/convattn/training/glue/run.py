@@ -26,6 +26,7 @@ from transformers import (
 from convattn.checkpoint import load_checked
 from convattn.data.glue import GlueTask
 from convattn.files import write_json_atomic, write_text_atomic
+from convattn.runs.environment import SOURCE, source_digest
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
@@ -105,6 +106,7 @@ def fine_tune(task: GlueTask, seed: int, settings: GlueSettings, data: TaskData,
                   "examples": len(data.train)},
         "test_predictions": files,
         "seconds": round(time.time() - start, 1),
+        SOURCE: source_digest(),
     }
     write_json_atomic(path / RUN_FILE, run)
     return run
@@ -121,6 +123,6 @@ def predict_ax(task: GlueTask, seed: int, data: TaskData, output_dir: Path, toke
                                     processing_class=tokenizer))
     files = predict_test_sets(trainer, task, data, path, task)
     run = {"task": task.name, "seed": seed, "model": str(mnli_model_dir(output_dir, seed)), "init": "mnli",
-           "settings": None, "metrics": {}, "scores": {}, "test_predictions": files}
+           "settings": None, "metrics": {}, "scores": {}, "test_predictions": files, SOURCE: source_digest()}
     write_json_atomic(path / RUN_FILE, run)
     return run

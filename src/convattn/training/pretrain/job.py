@@ -20,7 +20,14 @@ from convattn.files import write_json_atomic
 from convattn.hub import write_model_card
 from convattn.openmp import compute_clock_warning, threads_sleep
 from convattn.runs.checkpoints import check_checkpoint_fits, is_whole
-from convattn.runs.environment import ENVIRONMENT_FILE, changes, environment, record_environment, recorded_environments
+from convattn.runs.environment import (
+    ENVIRONMENT_FILE,
+    changes,
+    code_change,
+    environment,
+    record_environment,
+    recorded_environments,
+)
 from convattn.runs.folder import check_output_folder, run_folder_lock
 from convattn.runs.pretrain import (
     DATA_FILE,
@@ -248,13 +255,17 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
 
 def note_environment(out: Path, args, plan: OutputPlan) -> None:
     """Append the environment this start trains in to the run's environment.jsonl, and say on a resume what moved
-    since the last start: its times are not comparable across that line."""
+    since the last start: its times are not comparable across that line, nor its numbers where the code moved."""
     entry = environment(args.device, world_size(), run_precision({"bf16": args.bf16, "fp16": args.fp16}))
     earlier = recorded_environments(out) if plan.resume_from is not None else []
     if earlier and (moved := changes(earlier[-1], entry)):
         say("pretrain", f"resuming with other settings than the start at step {earlier[-1].get('step', 0):,}: "
                         f"{'; '.join(moved)} ({ENVIRONMENT_FILE} keeps each start's; times and tokens/s before "
                         "and after differ by them too)")
+    if earlier and (code := code_change(earlier[-1], entry)):
+        say("pretrain", f"resuming with other code than the start at step {earlier[-1].get('step', 0):,}: {code} "
+                        f"(convattn's files changed; {ENVIRONMENT_FILE} keeps each start's: the steps from here, "
+                        "and the numbers after them, are computed by the new code)")
     record_environment(out, checkpoint_step(plan.resume_from) if plan.resume_from else 0, entry)
 
 

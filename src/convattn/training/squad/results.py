@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from convattn.files import write_json_atomic, write_text_atomic
+from convattn.runs.environment import mixed_code_warning
 from convattn.runs.finetune import SQUAD_RESULTS
 from convattn.training.seed_statistics import format_mean_sem, mean_sem
 
@@ -44,6 +45,7 @@ def aggregate(output_dir: Path, version: str) -> dict:
         "runs": {str(s): runs[s]["scores"] for s in seeds},
         "best_seed": max(seeds, key=lambda s: (runs[s]["scores"].get("best_f1", runs[s]["scores"]["f1"]), -s))
         if seeds else None,
+        "warnings": [w for w in [mixed_code_warning([(f"seed {s}", runs[s]) for s in seeds])] if w],
     }
     write_json_atomic(output_dir / SQUAD_RESULTS, results)
     write_text_atomic(output_dir / "squad_results.md", results_markdown(results))
@@ -95,4 +97,6 @@ def results_markdown(results: dict) -> str:
     if settings:
         lines += ["", "## Settings", "", "| " + " | ".join(settings) + " |", "|" + "---:|" * len(settings),
                   "| " + " | ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in settings.values()) + " |"]
+    if results.get("warnings"):
+        lines += ["", "## Warnings", "", *(f"- {warning}" for warning in results["warnings"])]
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding,
 from convattn.checkpoint import load_checked
 from convattn.data.squad import official_answers
 from convattn.files import write_json_atomic
+from convattn.runs.environment import SOURCE, source_digest
 from convattn.runs.folder import seed_dir
 from convattn.training.finetune.models import save_fine_tuned
 from convattn.training.finetune.optim import LayerDecayTrainer
@@ -127,6 +128,7 @@ def fine_tune(version: str, seed: int, settings: SquadSettings, data: SquadData,
                   "questions": data.train_questions, "windows": len(data.train)},
         "dev": {"questions": len(data.dev), "windows": len(data.dev_windows)},
         "seconds": round(time.time() - start, 1),
+        SOURCE: source_digest(),
     }
     write_json_atomic(path / RUN_FILE, run)
     return run
