@@ -477,7 +477,7 @@ def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
     for row, result in results.items():
         preset = row.split("--", 1)[-1]
         cells = [*(score(result["columns"].get(column)) for column in columns), score(result["glue"]), "–",
-                 *pretraining_cells(models[row] if models and row in models else None)]
+                 *pretraining_cells((models or {}).get(row))]
         lines.append(f"| {row} | ours | {' | '.join(cells)} |")
         if preset in PAPER_DEV:
             paper = PAPER_DEV[preset]
