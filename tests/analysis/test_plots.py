@@ -79,6 +79,50 @@ def test_kernel_values_come_from_the_model(checkpoint):
     assert dynamic.shape == (2, 4, 17) and torch.isfinite(dynamic).all()
 
 
+def test_dynamic_kernels_are_the_models_query_term_averaged_over_the_real_tokens():
+    """Against the attention's own dynamic term (RelativePositionBias.row_table less the fixed kernels) in float64,
+    each text alone: the batch's padding and the scale 1/sqrt(d) the attention applies must both come out right."""
+    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).convattn.eval()
+    randomize_(model)
+    lengths, n = [9, 4, 6], 9
+    ids = torch.randint(5, 101, (3, n), generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(n)[None] < torch.tensor(lengths)[:, None]).long()
+    found = dynamic_kernels(model, ids.masked_fill(mask == 0, 0), mask)
+
+    reference = model.double()
+    sums = torch.zeros(found.shape, dtype=torch.float64)
+    queries = {}
+    for index, layer in enumerate(reference.encoder.layer):
+        layer.attention.self.query.register_forward_hook(
+            lambda module, args, out, index=index: queries.__setitem__(index, out))
+    for row, length in enumerate(lengths):
+        with torch.no_grad():
+            reference(input_ids=ids[row:row + 1, :length])
+        for index, layer in enumerate(reference.encoder.layer):
+            relative = layer.attention.self.relative
+            q = queries[index].unflatten(-1, (relative.fixed.shape[0], -1)).transpose(1, 2)  # (1, heads, n, d)
+            with torch.no_grad():
+                term = relative.row_table(q) - relative.fixed[None, :, None, :]
+            sums[index] += term[0].sum(dim=1)
+    torch.testing.assert_close(found.double(), sums / sum(lengths), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_maps_average_every_head_of_each_layer():
+    from convattn.analysis.attention_maps import attention_maps
+
+    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).convattn.eval()
+    randomize_(model)
+    ids = torch.randint(5, 101, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        per_head = model(input_ids=ids, output_attentions=True).attentions  # each (1, heads, n, n)
+    maps = attention_maps(model, ids)
+    assert sorted(maps) == [0, 1]
+    for layer, heads in enumerate(per_head):
+        assert not torch.allclose(heads[0, 0], heads[0, 1])  # the heads differ, so the mean is not any one
+        torch.testing.assert_close(maps[layer], heads[0].mean(dim=0))
+        torch.testing.assert_close(maps[layer].sum(-1), torch.ones(7))
+
+
 def test_channels_sorted_from_previous_to_next_token_preference():
     kernels = torch.zeros(3, 5)
     kernels[0, 3] = 1.0  # next token (tap r + 1)

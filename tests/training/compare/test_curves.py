@@ -42,6 +42,12 @@ def final_mean(result: RunResult) -> float:
     return statistics.fmean(result.metrics[seed][-1]["perplexity"] for seed in result.finished)
 
 
+def test_the_band_is_the_mean_and_range_of_three_seeds_not_their_median():
+    seeds = [[(0, 100.0), (10, 10.0)], [(0, 100.0), (10, 20.0)], [(0, 100.0), (10, 60.0)]]
+    band = align_seeds(seeds)
+    assert band.mean[-1] == pytest.approx(30.0) and (band.low[-1], band.high[-1]) == pytest.approx((10.0, 60.0))
+
+
 def test_aligned_mean_ends_at_the_mean_of_coinciding_final_evaluations():
     a = [(0, 100.0), (10, 50.0), (20, 20.0)]
     b = [(0, 120.0), (7, 70.0), (14, 40.0), (20, 30.0)]

@@ -124,3 +124,32 @@ def test_electra_generator_perplexity_weighs_each_batch_by_its_masked_tokens(tmp
     assert metrics["eval_loss"] == pytest.approx(
         generator_loss + config.discriminator_weight * mean(discriminator, real), rel=1e-6)
     assert metrics["eval_tokens"] == sum(real)
+
+
+def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
+    """The length evaluation (`convattn compare --eval-lengths`): [MASK] replaces a share of each block's tokens,
+    never [CLS] or [SEP], and the perplexity is exp(the masked tokens' summed loss / their count), here recomputed
+    in float64 one block at a time from the inputs the model was given (batches of 3, the last partial)."""
+    from types import SimpleNamespace
+
+    from convattn.training.length_eval import perplexity_at
+
+    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).eval()
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.cat([torch.full((40, 1), CLS), torch.randint(4, 101, (40, 9), generator=generator),
+                        torch.full((40, 1), SEP)], dim=1)
+    given = []
+    model.convattn.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs["input_ids"]),
+                                             with_kwargs=True)
+    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, seed=5, batch_size=3)
+    inputs = torch.cat(given)
+    masked = inputs == MASK
+    assert not masked[:, [0, -1]].any() and torch.equal(inputs[~masked], blocks[~masked])
+    assert count == int(masked.sum()) and 0.08 < count / blocks[:, 1:-1].numel() < 0.22  # 15 % of 360 tokens
+    reference = copy.deepcopy(model).double()
+    total = 0.0
+    with torch.no_grad():
+        for row in range(len(blocks)):
+            logits = reference(input_ids=inputs[row:row + 1]).logits[0]
+            total += F.cross_entropy(logits[masked[row]], blocks[row][masked[row]], reduction="sum").item()
+    assert perplexity == pytest.approx(math.exp(total / count), rel=1e-5)
