@@ -45,8 +45,10 @@ def aggregate(output_dir: Path, version: str) -> dict:
         "runs": {str(s): runs[s]["scores"] for s in seeds},
         "best_seed": max(seeds, key=lambda s: (runs[s]["scores"].get("best_f1", runs[s]["scores"]["f1"]), -s))
         if seeds else None,
-        "warnings": [w for w in [mixed_code_warning([(f"seed {s}", runs[s]) for s in seeds])] if w],
+        "warnings": [],
     }
+    if mixed := mixed_code_warning([(f"seed {s}", runs[s]) for s in seeds]):
+        results["warnings"].append(mixed)
     write_json_atomic(output_dir / SQUAD_RESULTS, results)
     write_text_atomic(output_dir / "squad_results.md", results_markdown(results))
     return results
