@@ -224,6 +224,19 @@ def test_depthwise_convolutions_keep_pytorch_default_init():
     assert abs(dense.weight.std().item() - 0.02) < 0.002 and not dense.bias.any()
 
 
+def test_relative_tables_start_as_in_the_papers_code():
+    """SPEC 2: beta starts at zero; W and U at nn.Linear's default there, uniform in +-1/sqrt(2r + 1) (the std of a
+    uniform is its bound / sqrt(3); 1,088 entries each estimate it within about 1.4 %)."""
+    config = ConvAttnConfig.from_preset("chang2021-small/composite+key", num_hidden_layers=1)
+    relative = ConvAttnModel(config).encoder.layer[0].attention.self.relative
+    bound = 1 / (2 * config.relative_reach + 1) ** 0.5
+    assert relative.fixed.shape == (4, 17) and not relative.fixed.any()
+    for kernel in (relative.query_kernel, relative.key_kernel):
+        assert kernel.shape == (64, 17)
+        assert bound * 0.9 < kernel.abs().max() <= bound
+        assert abs(kernel.std().item() / (bound / 3**0.5) - 1) < 0.1
+
+
 @pytest.mark.parametrize("preset", ["chang2021-small/composite+conv-qkv", "chang2021-small/composite+depthwise",
                                     "convbert/small", "malard/conv-linformer-n512-k128"])
 def test_every_module_with_its_own_init_scheme_is_initialised(preset, monkeypatch):

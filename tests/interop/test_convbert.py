@@ -153,3 +153,22 @@ def test_what_cannot_convert_is_named():
         to_transformers(composite)
     with pytest.raises(ValueError, match="head_ratio=1"):
         to_transformers(ConvAttnModel(ConvAttnConfig(num_hidden_layers=1)))
+
+
+@pytest.mark.parametrize("cls_name", ["ConvBertForSequenceClassification", "ConvBertForMaskedLM"])
+def test_training_mode_drops_where_transformers_drops(cls_name):
+    """In training, with hidden dropout, the converted model equals transformers' on the same generator state: the
+    dropouts sit where its do (embeddings, both add & norms, the classification head before and after its dense
+    layer), draw the same shapes in the same order and nowhere else. Attention dropout is 0: SDPA's masks are not
+    nn.Dropout's."""
+    hf = hf_model(cls_name, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.0).train()
+    ours = from_transformers(hf, convbert_padding="reference").train()
+    ids, types = batch()
+    outputs = []
+    for model in (hf, ours):
+        torch.manual_seed(7)
+        outputs.append(first_output(model(input_ids=ids, token_type_ids=types)))
+    torch.manual_seed(8)
+    other_draw = first_output(ours(input_ids=ids, token_type_ids=types))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    assert (other_draw - outputs[0]).abs().max() > 1e-3  # the dropout is on
