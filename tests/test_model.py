@@ -224,6 +224,25 @@ def test_depthwise_convolutions_keep_pytorch_default_init():
     assert abs(dense.weight.std().item() - 0.02) < 0.002 and not dense.bias.any()
 
 
+def test_fresh_weights_follow_berts_init():
+    """BERT's init (SPEC 1), parameter by parameter: linear and embedding weights N(0, 0.02), the padding token's
+    embedding row zero, every bias zero (the MLM head's own included), LayerNorm at one and zero."""
+    torch.manual_seed(0)
+    model = ConvAttnForMaskedLM(ConvAttnConfig.from_preset("chang2021-small/absolute", num_hidden_layers=1))
+    pad = model.config.pad_token_id
+    for name, weight in model.named_parameters():
+        if "LayerNorm" in name:
+            assert torch.equal(weight, torch.ones_like(weight) if name.endswith("weight") else torch.zeros_like(weight))
+        elif name.endswith("bias"):
+            assert not weight.any(), name
+        else:
+            if name.endswith("word_embeddings.weight"):
+                assert not weight[pad].any()
+                weight = torch.cat([weight[:pad], weight[pad + 1:]])
+            # six standard errors of the estimates (the token type table has 256 entries, a dense layer 65,536)
+            error = 0.02 / weight.numel() ** 0.5
+            assert abs(weight.std().item() - 0.02) < 6 * error / 2**0.5 and abs(weight.mean().item()) < 6 * error, name
+
 def test_relative_tables_start_as_in_the_papers_code():
     """SPEC 2: beta starts at zero; W and U at nn.Linear's default there, uniform in +-1/sqrt(2r + 1) (the std of a
     uniform is its bound / sqrt(3); 1,088 entries each estimate it within about 1.4 %)."""
