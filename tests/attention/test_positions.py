@@ -136,6 +136,17 @@ def test_alibi_slopes_are_press_et_al(heads, expected):
     assert alibi_slopes(heads) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("out_of_window", ["clip", "zero"])
+def test_alibi_alone_takes_the_narrowest_band(out_of_window):
+    """ALiBi without relative terms rides the decomposition's tables at reach 1 in clip mode (3 columns) whatever the
+    config's reach and window say: the same scores as a wider band (the module docstring's identity), at the least
+    cost: 3 columns where the reach of 8 would give 17."""
+    from convattn.attention.relative.bias import RelativePositionBias
+
+    bias = RelativePositionBias([], num_heads=4, head_dim=16, reach=8, out_of_window=out_of_window, alibi=True)
+    q = torch.randn(2, 4, 11, 16)
+    pieces = bias.pieces(q, q)
+    assert (bias.reach, bias.clip) == (1, True) and pieces["band"].shape == (2, 4, 11, 3)
 @pytest.mark.parametrize(("kind", "fields"), [("rotary", dict(rope_theta=500.0)), ("alibi", {})])
 def test_save_and_load_keep_the_outputs(kind, fields, tmp_path):
     """The folder passes convattn's checks and loads to the same logits, rope_theta included (remote code without
