@@ -147,6 +147,8 @@ def test_alibi_alone_takes_the_narrowest_band(out_of_window):
     q = torch.randn(2, 4, 11, 16)
     pieces = bias.pieces(q, q)
     assert (bias.reach, bias.clip) == (1, True) and pieces["band"].shape == (2, 4, 11, 3)
+
+
 @pytest.mark.parametrize(("kind", "fields"), [("rotary", dict(rope_theta=500.0)), ("alibi", {})])
 def test_save_and_load_keep_the_outputs(kind, fields, tmp_path):
     """The folder passes convattn's checks and loads to the same logits, rope_theta included (remote code without
