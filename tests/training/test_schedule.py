@@ -122,3 +122,38 @@ def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
     assert lr_factor(0.55, 0.1) == pytest.approx(0.5)
     assert lr_factor(1.0, 0.1) == 0.0
     assert lr_factor(1.2, 0.1) == 0.0  # past the deadline (the last step's overshoot)
+
+
+def pretraining_trainer(tmp_path) -> PretrainTrainer:
+    options = resolve_options(output_dir=tmp_path, preset="chang2021-small/composite", training={"max_steps": 12},
+                              precision="fp32")
+    return PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")),
+                           args=pretraining_arguments(options, resuming=False), eval_dataset=EVAL, objective="mlm",
+                           throughput=None, warmup=options.recipe.warmup)
+
+
+def fine_tuning_trainer(tmp_path) -> LayerDecayTrainer:
+    settings = FineTuneSettings(learning_rate=1e-4, batch_size=8, epochs=1.0, max_steps=7, weight_decay=0.01,
+                                adam_epsilon=1e-6, max_length=128, precision="fp32", layer_decay=0.8,
+                                warmup_ratio=0.1)
+    model = ConvAttnForSequenceClassification(tiny_config("chang2021-small/composite", num_labels=2))
+    return LayerDecayTrainer(model=model, args=fine_tuning_arguments(tmp_path, settings, 0, "glue"),
+                             layer_decay=settings.layer_decay)
+
+
+@pytest.mark.parametrize("job", [pretraining_trainer, fine_tuning_trainer], ids=["pretrain", "fine-tune"])
+def test_every_job_builds_adamw_with_the_papers_settings(job, tmp_path):
+    """SPEC 3: AdamW with eps 1e-6, betas (0.9, 0.999) and weight decay 0.01 on every weight, none on biases and
+    LayerNorm, in the optimizer each job's Trainer builds (transformers' defaults are eps 1e-8 and no decay)."""
+    trainer = job(tmp_path)
+    trainer.create_optimizer()
+    names = {id(p): name for name, p in trainer.model.named_parameters()}
+    seen = set()
+    for group in trainer.optimizer.param_groups:
+        assert (group["eps"], tuple(group["betas"])) == (1e-6, (0.9, 0.999))
+        for p in group["params"]:
+            name = names[id(p)]
+            seen.add(name)
+            decayed = not name.endswith("bias") and "LayerNorm" not in name
+            assert group["weight_decay"] == (0.01 if decayed else 0.0), name
+    assert seen == {name for name, p in trainer.model.named_parameters() if p.requires_grad}
