@@ -172,3 +172,25 @@ def test_training_mode_drops_where_transformers_drops(cls_name):
     other_draw = first_output(ours(input_ids=ids, token_type_ids=types))
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
     assert (other_draw - outputs[0]).abs().max() > 1e-3  # the dropout is on
+
+
+@pytest.mark.parametrize("cls_name", [name for name in OURS if name != "ConvBertModel"])
+def test_every_heads_loss_is_transformers_loss(cls_name):
+    """Each task head's loss equals transformers' on the same labels: unscored tokens (-100) left out of the
+    masked-LM and token losses; the span loss the mean of the start's and the end's, a position past the window
+    ignored."""
+    hf = hf_model(cls_name, hidden_size=64, embedding_size=32, num_attention_heads=4, intermediate_size=128)
+    ours = from_transformers(hf)
+    ids, types = batch(n=12)
+    generator = torch.Generator().manual_seed(2)
+    if cls_name == "ConvBertForQuestionAnswering":
+        labels = dict(start_positions=torch.tensor([1, 5, 3]), end_positions=torch.tensor([2, 40, 7]))
+    elif cls_name == "ConvBertForSequenceClassification":
+        labels = dict(labels=torch.tensor([0, 2, 1]))
+    else:
+        tokens = torch.randint(0, hf.config.vocab_size if "Masked" in cls_name else 3, ids.shape, generator=generator)
+        labels = dict(labels=tokens.masked_fill(torch.rand(ids.shape, generator=generator) < 0.5, -100))
+    with torch.no_grad():
+        expected = hf(input_ids=ids, token_type_ids=types, **labels).loss
+        got = ours(input_ids=ids, token_type_ids=types, **labels).loss
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
