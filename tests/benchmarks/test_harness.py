@@ -80,9 +80,23 @@ def test_interleaved_timing_gives_each_arm_its_repetitions_in_turn(harness):
     order = []
     times = harness.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, reps=3, warmup=1)
     assert order == ["a", "b"] * 4 and {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3}
-    spread = harness.Spread.of([3.0, 1.0, 2.0])
-    assert (spread.median, spread.least, spread.most, spread.count) == (2.0, 1.0, 3.0, 3)
-    assert spread.ms() == "2000 [1000, 3000]"
+    spread = harness.Spread.of([3.0, 1.0, 2.0, 30.0, 2.5])  # the median: one slow repetition does not move it
+    assert (spread.median, spread.least, spread.most, spread.count) == (2.5, 1.0, 30.0, 5)
+    assert spread.ms() == "2500 [1000, 30000]"
+
+
+def test_the_reported_times_are_the_median_repetition_and_the_fastest_round(harness, monkeypatch):
+    """On a fake clock each call advances: time_interleaved reports each arm's median repetition (after the warm-up),
+    least_per_call the mean call of its fastest round (the machine's other work only adds)."""
+    now = [0.0]
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: now[0])
+
+    def taking(*seconds):
+        durations = iter(seconds)
+        return lambda: now.__setitem__(0, now[0] + next(durations))
+
+    assert harness.time_interleaved({"a": taking(100.0, 1.0, 2.0, 30.0)}, reps=3, warmup=1) == {"a": 2.0}
+    assert harness.least_per_call(taking(9.0, 5.0, 5.0, 1.0, 3.0, 4.0, 4.0), calls=2, rounds=3, warmup=1) == 2.0
 
 
 def test_the_bert_baseline_has_the_convattn_models_shape_with_sdpa(harness):

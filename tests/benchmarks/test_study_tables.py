@@ -86,6 +86,33 @@ def test_the_equal_cost_table_pairs_each_seed_at_each_runs_own_step(paired, tmp_
             "agreeing": 2} in row["figures"]
 
 
+def test_the_cost_column_divides_by_the_named_baseline_not_the_cheapest_run(paired, tmp_path, benchmark_rows):
+    curves = {"f/a": {0: {0: 1000.0, 100: 400.0, 200: 200.0}}, "f/b": {0: {0: 1000.0, 100: 600.0, 200: 300.0}}}
+    write_metrics(tmp_path / "metrics.csv", curves)
+    (tmp_path / "costs.json").write_text(json.dumps(
+        {"baseline": "a", "costs": {"a": {"seconds_per_step": 0.2}, "b": {"seconds_per_step": 0.1}}}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["paired_comparison.py", str(tmp_path), "--pairs", "a:b", "--costs",
+                                    str(tmp_path / "costs.json"), "--out", str(tmp_path / "out")])
+        paired.main()
+    text = (tmp_path / "out" / "paired.md").read_text()
+    assert "| a | 1.00x | 100 |" in text and "| b | 0.50x | 200 |" in text
+
+
+@pytest.mark.parametrize(("diffs", "onset"), [
+    # every seed below zero from step 100 on (step 0, the initialisation, never counts)
+    ({0: {0: 1.0, 1: 1.0}, 100: {0: -1.0, 1: -2.0}, 200: {0: -1.0, 1: -1.0}}, 100),
+    # a later evaluation where one seed crosses starts the count again
+    ({100: {0: -1.0, 1: -2.0}, 200: {0: -1.0, 1: 2.0}, 300: {0: -1.0, 1: -1.0}, 400: {0: -3.0, 1: -1.0}}, 300),
+    # an evaluation that lacks a seed does not show every seed agreeing
+    ({100: {0: -1.0, 1: -2.0}, 200: {0: -1.0}, 300: {0: -1.0, 1: -1.0}}, 300),
+    # the last evaluation disagrees: no onset
+    ({100: {0: -1.0, 1: -2.0}, 200: {0: -1.0, 1: 0.0}}, None),
+])
+def test_the_onset_is_where_every_later_evaluation_has_every_seed_on_one_side(paired, diffs, onset):
+    assert paired.ordering_onset(diffs, sign=-1.0, seeds=2) == onset
+
+
 def test_a_cost_file_of_other_runs_is_refused_in_one_line(paired, tmp_path, capsys):
     write_metrics(tmp_path / "metrics.csv", {"f/a": {0: {0: 9.0, 10: 5.0}}, "f/b": {0: {0: 9.0, 10: 6.0}}})
     (tmp_path / "costs.json").write_text(json.dumps({"baseline": "x", "costs": {"x": {"seconds_per_step": 1.0}}}))
@@ -114,6 +141,22 @@ def test_every_run_trains_one_step_and_the_baseline_is_timed_first(step_cost, tm
     rows = [line for line in output.read_text().splitlines() if line.startswith("| convbert |")]
     assert len(rows) == 1 and rows[0].endswith("M | 1,000 [1,000, 1,000] | 1.00 |")
     assert (benchmark_rows / "step_cost.jsonl").exists()
+
+
+def test_each_cost_is_a_median_and_each_ratio_divides_medians(step_cost, tmp_path, monkeypatch, benchmark_rows):
+    ticks = itertools.count()
+    # the clock reads i**2 at its i-th call: every timed call lasts longer than the one before
+    monkeypatch.setattr(step_cost.harness.time, "perf_counter", lambda: float(next(ticks)) ** 2)
+    output = tmp_path / "cost.md"
+    monkeypatch.setattr(sys, "argv", ["step_cost.py", "--runs", "alibi", "--baseline", "rotary", "--layers", "1",
+                                      "--hidden", "32", "--heads", "2", "--intermediate", "64", "--vocab-size", "50",
+                                      "--batch-size", "2", "--seq-len", "24", "--reps", "3", "--output", str(output)])
+    assert step_cost.main() == 0
+    costs = json.loads(output.with_suffix(".json").read_text())["costs"]
+    for cost in costs.values():
+        assert cost["least"] < cost["seconds_per_step"] < cost["most"]
+        assert cost["ratio"] == pytest.approx(cost["seconds_per_step"] / costs["rotary"]["seconds_per_step"])
+    assert costs["alibi"]["ratio"] > 1  # timed after the baseline within each repetition
 
 
 def test_a_step_trains_the_model_on_each_batch_in_turn(step_cost):
