@@ -156,3 +156,23 @@ def test_a_test_index_given_twice_names_both_lines(tmp_path):
     write_tsv(tmp_path / "SST-2" / "test.tsv", [["index", "sentence"], ["x", "good ."]])
     with pytest.raises(ValueError, match=r"test\.tsv:2: index 'x' is not a whole number"):
         load_split(get_task("sst2"), "test", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["mrpc", "mnli"])
+def test_hub_splits_take_the_columns_the_tsv_files_do(name, monkeypatch):
+    """A hub split becomes what the TSV layout gives: its first sentence text_a, its second text_b, its index and
+    label kept, and a test split's labels (all -1 on the hub) dropped."""
+    from datasets import Dataset
+
+    first, second = get_task(name).hub_text_columns
+
+    def hub(dataset, config, split):
+        assert (dataset, config) == ("nyu-mll/glue", name)
+        return Dataset.from_dict({second: ["An animal moves."], "label": [1], first: ["A dog runs."], "idx": [5]})
+
+    monkeypatch.setattr(glue, "load_hub_dataset", hub)
+    dev_split = "dev" if name == "mrpc" else "dev_matched"
+    assert load_split(get_task(name), dev_split, None)[0] == {"text_a": "A dog runs.", "text_b": "An animal moves.",
+                                                              "idx": 5, "label": 1}
+    test = load_split(get_task(name), dev_split.replace("dev", "test"), None)
+    assert test.column_names == ["text_a", "text_b", "idx"]
