@@ -157,3 +157,17 @@ def test_every_job_builds_adamw_with_the_papers_settings(job, tmp_path):
             decayed = not name.endswith("bias") and "LayerNorm" not in name
             assert group["weight_decay"] == (0.01 if decayed else 0.0), name
     assert seen == {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_each_job_hands_the_trainer_its_batch_and_seed(tmp_path):
+    """A pretraining step takes the recipe's batch (per device x accumulation steps x processes) with the recipe's
+    seed; each fine-tuning seed trains with its own seed."""
+    options = resolve_options(output_dir=tmp_path, preset="chang2021-small/composite", precision="fp32",
+                              training={"max_steps": 12, "batch_size": 8, "gradient_accumulation": 2, "seed": 5})
+    args = pretraining_arguments(options, resuming=False)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed) == (4, 2, 5)
+    trainer = fine_tuning_trainer(tmp_path)
+    assert (trainer.args.per_device_train_batch_size, trainer.args.seed) == (8, 0)
+    settings = FineTuneSettings(learning_rate=1e-4, batch_size=8, epochs=1.0, weight_decay=0.01, adam_epsilon=1e-6,
+                                max_length=128, layer_decay=1.0, warmup_ratio=0.1)
+    assert fine_tuning_arguments(tmp_path, settings, 3, "glue").seed == 3
