@@ -324,3 +324,23 @@ def test_a_finished_seed_of_another_precision_is_named_by_its_option_not_a_dump_
     assert message == (f"{tmp_path} was made with other settings (--precision bf16 there, fp32 now); give "
                        "--precision bf16 to add to its seeds, or another --output-dir (--overwrite replaces that run)")
     check_finished_settings(tmp_path, dataclasses.replace(settings, precision="bf16", compile="default"))
+
+
+@pytest.mark.parametrize(("hidden", "base"), [(768, True), (704, False)])
+def test_a_model_768_wide_or_more_takes_the_recipes_base_size_settings(hidden, base, tmp_path):
+    """BERT-base's width and up is base size: Chang et al.'s GLUE recipe fine-tunes it at 1e-4, a narrower model at
+    3e-4."""
+    from convattn import ConvAttnConfig, ConvAttnForMaskedLM
+    from convattn.training.finetune.pretrained import load_pretrained
+    from convattn.training.glue import load_glue_recipe, resolve_settings
+
+    tokenizer = tiny_wordpiece_tokenizer(SENTENCES)
+    config = ConvAttnConfig.from_preset("chang2021-small/absolute", hidden_size=hidden, num_hidden_layers=1,
+                                        num_attention_heads=2, intermediate_size=64, embedding_size=32,
+                                        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    ConvAttnForMaskedLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    pretrained = load_pretrained(str(tmp_path), "glue", "fine-tuned")
+    assert pretrained.base_size is base
+    settings = resolve_settings(load_glue_recipe("chang2021"), "sst2", pretrained.base_size, {}, {}, from_mnli=False)
+    assert settings.learning_rate == (1e-4 if base else 3e-4)
