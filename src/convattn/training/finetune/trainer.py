@@ -76,7 +76,7 @@ def fine_tuning_arguments(path: Path, settings: FineTuneSettings, seed: int, com
         num_train_epochs=settings.epochs,
         max_steps=settings.max_steps or -1,
         warmup_steps=settings.warmup_ratio,  # a float below 1 is a fraction of the total steps
-        lr_scheduler_type="linear",
+        # no lr_scheduler_type: the schedule is ScheduledTrainer's (training/schedule.py), which does not read it
         weight_decay=settings.weight_decay,
         adam_epsilon=settings.adam_epsilon,
         seed=seed,

@@ -153,7 +153,7 @@ def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingA
         adam_beta1=recipe.adam_beta1,
         adam_beta2=recipe.adam_beta2,
         optim="adamw_torch_fused",  # one kernel for all parameters: 2.5 ms a step against 15.5 (5.3M, CPU)
-        lr_scheduler_type="linear",
+        # no lr_scheduler_type: the schedule is ScheduledTrainer's (training/schedule.py), which does not read it
         # the steps `check_options` checked and the schedule line says (the Trainer's own rounding of a fraction is
         # up: a 1-step run would warm up over its only step, at learning rate 0); a budget's clock warms up itself
         warmup_steps=0 if recipe.time_budget else warmup_steps(recipe),
