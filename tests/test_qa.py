@@ -10,7 +10,11 @@ from helpers.tiny import randomize_, tiny_config, tiny_wordpiece_tokenizer
 
 from convattn import ConvAttnConfig
 from convattn.model import ConvAttnForQuestionAnswering
-from convattn.qa import ANSWERABLE_WEIGHT, MASK_PENALTY, JointSpanHead, default_answer_mask, span_candidates
+from convattn.qa import JointSpanHead, default_answer_mask, span_candidates
+
+# ELECTRA's qa_tasks.py: answer-mask logits -1000, the answerable loss weighed 0.5 (literals here, not the module's
+# constants, so that a changed constant fails)
+MASK_PENALTY, ANSWERABLE_WEIGHT = 1000.0, 0.5
 
 
 def gelu(x: float) -> float:
@@ -100,6 +104,19 @@ def test_prediction_beam_matches_the_loops(head_and_inputs):
         expected_end = [v - MASK_PENALTY * (j < s) for j, v in enumerate(end[s])]
         torch.testing.assert_close(out.end_logits[b], torch.tensor(expected_end, dtype=torch.float64))
         assert out.end_logits[b].argmax() >= out.start_logits[b].argmax()
+
+
+def test_candidates_pair_each_start_with_its_own_ends():
+    """The joint head's beam: start i's log-probability plus the log-probability of end j given start i."""
+    from types import SimpleNamespace
+
+    outputs = SimpleNamespace(start_top_index=torch.tensor([[3, 5]]), start_top_log_probs=torch.tensor([[-0.1, -2.0]]),
+                              end_top_index=torch.tensor([[[4, 6], [7, 5]]]),
+                              end_top_log_probs=torch.tensor([[[-0.5, -1.5], [-0.2, -3.0]]]))
+    got = span_candidates(outputs, 0)
+    expected = [(-0.6, 3, 4), (-1.6, 3, 6), (-2.2, 5, 7), (-5.0, 5, 5)]
+    assert [(s, e) for _, s, e in got] == [(s, e) for _, s, e in expected]
+    assert [lp for lp, _, _ in got] == pytest.approx([lp for lp, _, _ in expected])
 
 
 def test_the_model_takes_either_head():
