@@ -81,6 +81,18 @@ def test_the_layout_is_transformers_flattening_with_token_types_kept(tokenizer):
     assert "special_tokens_mask" not in ours
 
 
+def test_an_empty_example_is_left_out_with_its_label(tokenizer):
+    """As transformers' collator leaves it out: it has no token to classify, and kept it would add a label (and an
+    empty sequence) that no sequence of the row answers."""
+    examples = [dict(e, label=i % 2) for i, e in enumerate(pair_examples(tokenizer)[:3])]
+    empty = {"input_ids": [], "token_type_ids": [], "label": 1}
+    collate = FlatteningCollator(return_flash_attn_kwargs=True)
+    with_empty, without = collate([examples[0], empty, *examples[1:]]), collate(examples)
+    assert with_empty.keys() == without.keys()
+    for key, value in without.items():
+        assert torch.equal(torch.as_tensor(with_empty[key]), torch.as_tensor(value)), key
+
+
 def test_masking_follows_mlm_statistics_and_never_touches_special_tokens(tokenizer):
     examples = pair_examples(tokenizer) * 20
     masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
