@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from convattn import ConvAttnConfig, ConvAttnForSequenceClassification, ConvAttnModel
-from convattn.electra import ConvAttnForPreTraining, generator_config, select_masked
+from convattn.electra import ConvAttnForPreTraining, generator_config, gumbel_sample, select_masked
 
 MASK, CLS, SEP, PAD = 3, 1, 2, 0
 TINY = dict(vocab_size=40, embedding_size=16, hidden_size=32, num_attention_heads=4, intermediate_size=64,
@@ -125,6 +125,23 @@ def test_pads_are_never_masked_without_an_explicit_special_tokens_mask():
         out = model(ids, attention_mask=keep)
     assert not out.masked[~keep.bool()].any()
     assert torch.equal(out.corrupted_ids[~keep.bool()], ids[~keep.bool()])
+
+
+def test_pad_ids_are_never_masked_without_an_attention_mask():
+    model = tiny_model().eval()
+    ids, keep, _ = padded_batch([30, 5, 5, 5], 30)  # 75 of 120 positions are pads
+    with torch.no_grad():
+        out = model(ids)  # no attention mask: the pad ids alone say where the padding is
+    assert out.masked.any() and not out.masked[~keep.bool()].any()
+
+
+def test_the_generator_samples_from_its_softmax():
+    """gumbel_sample draws token t with probability softmax(logits)[t] (the argmax of the logits plus Gumbel noise):
+    over 40,000 draws from one distribution each frequency lies within four standard deviations."""
+    torch.manual_seed(0)
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    frequencies = torch.bincount(gumbel_sample(probs.log().expand(40_000, 3)), minlength=3) / 40_000
+    assert ((frequencies - probs).abs() < 4 * (probs * (1 - probs) / 40_000).sqrt()).all()
 
 
 @pytest.mark.parametrize("preset", ["convbert/small", "chang2021-small/composite"])  # with / without positions
