@@ -45,38 +45,51 @@ def stepped(scheduler, steps: int, before_step=lambda step: None) -> list[list[f
     return rates
 
 
-def pretraining_rates(tmp_path, preset: str, training: dict, recipe: str | None = None) -> list[list[float]]:
+def pretraining_trainer(tmp_path, preset: str, training: dict, recipe: str | None = None) -> PretrainTrainer:
+    """The pretraining job's Trainer of a tiny composite model for `preset`'s recipe with `training` on top, with the
+    job's clock where that recipe has a time budget."""
     options = resolve_options(output_dir=tmp_path, preset=preset, recipe=recipe, training=training, precision="fp32")
-    args = pretraining_arguments(options, resuming=False)
-    trainer = PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")), args=args,
-                              eval_dataset=EVAL, objective="mlm", throughput=None, warmup=options.recipe.warmup)
-    trainer.create_optimizer_and_scheduler(args.max_steps)
-    return stepped(trainer.lr_scheduler, args.max_steps + 1)
+    budget = options.recipe.time_budget
+    clock = TrainingClock(budget, options.recipe.budget_clock) if budget is not None else None
+    return PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")),
+                           args=pretraining_arguments(options, resuming=False), eval_dataset=EVAL, objective="mlm",
+                           throughput=None, clock=clock, warmup=options.recipe.warmup)
+
+
+def pretraining_rates(tmp_path, preset: str, training: dict, recipe: str | None = None) -> list[list[float]]:
+    trainer = pretraining_trainer(tmp_path, preset, training, recipe)
+    trainer.create_optimizer_and_scheduler(trainer.args.max_steps)
+    return stepped(trainer.lr_scheduler, trainer.args.max_steps + 1)
 
 
 def budget_rates(tmp_path, preset: str, training: dict) -> dict:
-    options = resolve_options(output_dir=tmp_path, preset=preset, training=training, precision="fp32")
-    recipe = options.recipe
-    clock = TrainingClock(recipe.time_budget, recipe.budget_clock)
-    trainer = PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")),
-                              args=pretraining_arguments(options, resuming=False), eval_dataset=EVAL,
-                              objective="mlm", throughput=None, clock=clock, warmup=recipe.warmup)
+    trainer = pretraining_trainer(tmp_path, preset, training)
+    clock = trainer.clock
     trainer.create_optimizer_and_scheduler(1)
     clock.spent = 0.0
 
     def spend(step: int) -> None:
-        clock.spent = BUDGET_FRACTIONS[step] * recipe.time_budget
+        clock.spent = BUDGET_FRACTIONS[step] * clock.budget
 
-    return {"warmup": recipe.warmup, "rates": stepped(trainer.lr_scheduler, len(BUDGET_FRACTIONS), spend)}
+    return {"warmup": trainer.warmup, "rates": stepped(trainer.lr_scheduler, len(BUDGET_FRACTIONS), spend)}
+
+
+def fine_tuning_settings(steps: int, **fields) -> FineTuneSettings:
+    return FineTuneSettings(**({"learning_rate": 1e-4, "batch_size": 8, "epochs": 1.0, "max_steps": steps,
+                                "weight_decay": 0.01, "adam_epsilon": 1e-6, "max_length": 128,
+                                "precision": "fp32"} | fields))
+
+
+def fine_tuning_trainer(tmp_path, steps: int, **fields) -> LayerDecayTrainer:
+    """The fine-tuning jobs' Trainer of a tiny composite classifier, seed 0."""
+    settings = fine_tuning_settings(steps, **fields)
+    model = ConvAttnForSequenceClassification(tiny_config("chang2021-small/composite", num_labels=2))
+    return LayerDecayTrainer(model=model, args=fine_tuning_arguments(tmp_path, settings, 0, "glue"),
+                             layer_decay=settings.layer_decay)
 
 
 def fine_tuning_rates(tmp_path, steps: int, **fields) -> list[list[float]]:
-    settings = FineTuneSettings(**({"learning_rate": 1e-4, "batch_size": 8, "epochs": 1.0, "max_steps": steps,
-                                    "weight_decay": 0.01, "adam_epsilon": 1e-6, "max_length": 128,
-                                    "precision": "fp32"} | fields))
-    model = ConvAttnForSequenceClassification(tiny_config("chang2021-small/composite", num_labels=2))
-    trainer = LayerDecayTrainer(model=model, args=fine_tuning_arguments(tmp_path, settings, 0, "glue"),
-                                layer_decay=settings.layer_decay)
+    trainer = fine_tuning_trainer(tmp_path, steps, **fields)
     trainer.create_optimizer_and_scheduler(steps)
     return stepped(trainer.lr_scheduler, steps + 1)
 
@@ -124,24 +137,10 @@ def test_the_schedule_warms_up_then_reaches_zero_at_the_deadline():
     assert lr_factor(1.2, 0.1) == 0.0  # past the deadline (the last step's overshoot)
 
 
-def pretraining_trainer(tmp_path) -> PretrainTrainer:
-    options = resolve_options(output_dir=tmp_path, preset="chang2021-small/composite", training={"max_steps": 12},
-                              precision="fp32")
-    return PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")),
-                           args=pretraining_arguments(options, resuming=False), eval_dataset=EVAL, objective="mlm",
-                           throughput=None, warmup=options.recipe.warmup)
-
-
-def fine_tuning_trainer(tmp_path) -> LayerDecayTrainer:
-    settings = FineTuneSettings(learning_rate=1e-4, batch_size=8, epochs=1.0, max_steps=7, weight_decay=0.01,
-                                adam_epsilon=1e-6, max_length=128, precision="fp32", layer_decay=0.8,
-                                warmup_ratio=0.1)
-    model = ConvAttnForSequenceClassification(tiny_config("chang2021-small/composite", num_labels=2))
-    return LayerDecayTrainer(model=model, args=fine_tuning_arguments(tmp_path, settings, 0, "glue"),
-                             layer_decay=settings.layer_decay)
-
-
-@pytest.mark.parametrize("job", [pretraining_trainer, fine_tuning_trainer], ids=["pretrain", "fine-tune"])
+@pytest.mark.parametrize("job", [
+    lambda tmp_path: pretraining_trainer(tmp_path, "chang2021-small/composite", {"max_steps": 12}),
+    lambda tmp_path: fine_tuning_trainer(tmp_path, 7, warmup_ratio=0.1, layer_decay=0.8),
+], ids=["pretrain", "fine-tune"])
 def test_every_job_builds_adamw_with_the_papers_settings(job, tmp_path):
     """SPEC 3: AdamW with eps 1e-6, betas (0.9, 0.999) and weight decay 0.01 on every weight, none on biases and
     LayerNorm, in the optimizer each job's Trainer builds (transformers' defaults are eps 1e-8 and no decay)."""
@@ -162,12 +161,10 @@ def test_every_job_builds_adamw_with_the_papers_settings(job, tmp_path):
 def test_each_job_hands_the_trainer_its_batch_and_seed(tmp_path):
     """A pretraining step takes the recipe's batch (per device x accumulation steps x processes) with the recipe's
     seed; each fine-tuning seed trains with its own seed."""
-    options = resolve_options(output_dir=tmp_path, preset="chang2021-small/composite", precision="fp32",
-                              training={"max_steps": 12, "batch_size": 8, "gradient_accumulation": 2, "seed": 5})
-    args = pretraining_arguments(options, resuming=False)
+    args = pretraining_trainer(tmp_path, "chang2021-small/composite",
+                               {"max_steps": 12, "batch_size": 8, "gradient_accumulation": 2, "seed": 5}).args
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed) == (4, 2, 5)
-    trainer = fine_tuning_trainer(tmp_path)
-    assert (trainer.args.per_device_train_batch_size, trainer.args.seed) == (8, 0)
-    settings = FineTuneSettings(learning_rate=1e-4, batch_size=8, epochs=1.0, weight_decay=0.01, adam_epsilon=1e-6,
-                                max_length=128, layer_decay=1.0, warmup_ratio=0.1)
-    assert fine_tuning_arguments(tmp_path, settings, 3, "glue").seed == 3
+    settings = fine_tuning_settings(7, warmup_ratio=0.1, layer_decay=1.0)
+    for seed in (0, 3):
+        args = fine_tuning_arguments(tmp_path, settings, seed, "glue")
+        assert (args.per_device_train_batch_size, args.seed) == (8, seed)
