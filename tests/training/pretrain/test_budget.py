@@ -14,7 +14,7 @@ from convattn.cli import main
 from convattn.errors import UsageError
 from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
-from convattn.training.pretrain.budget import parse_duration, time_spent
+from convattn.training.pretrain.budget import format_duration, parse_duration, time_spent
 from convattn.training.pretrain.options import check_numbers
 from convattn.training.pretrain.resolve import resolve_options
 from convattn.training.recipes import Recipe, resolve_recipe
@@ -65,9 +65,16 @@ def logged_learning_rates(out: Path) -> list[float]:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
-                                               ("45", 45), ("0.5h", 1800), ("1d", 86400)])
+                                               ("45", 45), ("0.5h", 1800), ("1d", 86400), ("40min", 2400),
+                                               ("1h 30min", 5400)])
 def test_durations_read_as_seconds(text, seconds):
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(45, "45 s"), (90, "90 s"), (119, "119 s"), (120, "2 min"),
+                                               (2400, "40 min"), (3600, "1 h"), (5400, "1 h 30 min")])
+def test_durations_are_said_in_seconds_below_two_minutes(seconds, text):
+    assert format_duration(seconds) == text
 
 
 @pytest.mark.parametrize("text", ["", "abc", "30x", "0", "-5m", "inf", "nan", "30m garbage"])

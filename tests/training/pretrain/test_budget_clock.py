@@ -15,7 +15,14 @@ from convattn.runs.pretrain import recorded_options
 from convattn.training.compare.grids import RunSpec
 from convattn.training.compare.report import slowed, step_spread
 from convattn.training.compare.results import RunResult
-from convattn.training.pretrain.budget import SLOWED_SHARE, StepMeter, TrainingClock, compute_seconds, time_spent
+from convattn.training.pretrain.budget import (
+    SLOWED_SHARE,
+    StepMeter,
+    TrainingClock,
+    compute_seconds,
+    time_spent,
+    waiting_seconds,
+)
 
 ARGS = SimpleNamespace(device=torch.device("cpu"))
 
@@ -73,11 +80,41 @@ def test_the_interval_spread_and_the_steps_slowed_by_other_processes(clocks, mon
     assert meter.take_interval() == {}  # the next interval starts empty
 
 
+def test_the_spread_is_each_percentile_of_the_intervals_steps(clocks, monkeypatch):
+    meter = StepMeter()
+    meter.on_train_begin(ARGS, None, None)
+    for seconds in [7, 3, 20, 1, 15, 9, 12, 2, 18, 5, 11, 4, 16, 8, 19, 6, 13, 10, 17, 14]:
+        monkeypatch.setattr(StepMeter, "wall", staticmethod(lambda: 100.0))
+        meter.on_step_begin(ARGS, None, None)
+        monkeypatch.setattr(StepMeter, "wall", staticmethod(lambda s=seconds: 100.0 + s))
+        meter.on_step_end(ARGS, None, None)
+    # of 20 sorted steps: the 3rd (p10), the 11th (median) and the 19th (p90), not the slowest
+    assert meter.take_interval()["step_seconds"] == {"p10": 3.0, "median": 11.0, "p90": 19.0}
+
+
+def test_waiting_is_the_second_schedstat_field_summed_over_threads(tmp_path):
+    for task, line in (("101", "900000000 2500000000 40\n"), ("102", "7000000000 500000000 12\n")):
+        (tmp_path / task).mkdir()
+        (tmp_path / task / "schedstat").write_text(line)  # ns on a CPU, ns waiting for one, timeslices
+    (tmp_path / "103").mkdir()  # a thread that ended between the listing and the read
+    assert waiting_seconds(str(tmp_path)) == pytest.approx(3.0)
+    assert waiting_seconds(str(tmp_path / "absent")) is None
+
+
 def test_a_system_that_does_not_say_leaves_the_slowed_share_unknown(clocks, monkeypatch):
     monkeypatch.setattr(StepMeter, "waiting", staticmethod(lambda: None))
     meter = StepMeter()
     run_steps(meter, 3)
     assert meter.take_interval()["slowed_steps"] is None and meter.steps_seen == 0
+
+
+def test_a_share_of_only_some_steps_is_not_given_for_the_interval(clocks, monkeypatch):
+    readings = iter([0.0, 0.0, None, None, 0.0, 1.0])  # a step's begin and end: known, unknown, known (slowed)
+    monkeypatch.setattr(StepMeter, "waiting", staticmethod(lambda: next(readings)))
+    meter = StepMeter()
+    run_steps(meter, 3)
+    assert (meter.steps_slowed, meter.steps_seen) == (1, 2)
+    assert meter.take_interval()["slowed_steps"] is None  # 1 of 2 known steps would stand for all 3
 
 
 def test_compute_is_cpu_seconds_per_thread(monkeypatch):
