@@ -412,6 +412,53 @@ def test_bad_inputs_are_refused_before_anything_is_written(corpus, tmp_path, cap
         assert not out.exists()
 
 
+def test_a_runs_final_figures_are_its_finished_seeds_an_unfinished_one_says_its_own_step():
+    """The perplexity, tokens seen and steps reached of a row are over the seeds that finished; a seed stopped part
+    way (its last evaluation at an earlier step, a higher perplexity) is shown in the per-seed table, not averaged."""
+    from convattn.training.compare.grids import RunSpec
+    from convattn.training.compare.results import RunResult
+
+    rows = {0: [{"step": 100, "perplexity": 400.0, "tokens_seen": 9_000}],
+            1: [{"step": 40, "perplexity": 900.0, "tokens_seen": 3_000}],
+            2: [{"step": 100, "perplexity": 420.0, "tokens_seen": 9_400}]}
+    result = RunResult(RunSpec("absolute", "chang2021-small/absolute"), rows, [0, 2], None, {})
+    assert result.final_perplexity["values"] == [400.0, 420.0] and result.final_perplexity["mean"] == 410.0
+    assert (result.tokens_seen, result.steps_reached, result.final_step) == (9_200, 100, 100)
+    assert result.curve_seeds == [0, 2]
+
+
+def test_fine_tuning_columns_read_each_results_file_in_the_papers_order(tmp_path):
+    """GLUE columns in the papers' order (not the alphabet's), then SQuAD; a v2.0 file's EM and F1 are the
+    official evaluator's best_exact / best_f1 (at the dev-chosen no-answer threshold), a v1.1 file's exact_match /
+    f1; summary.csv gives each row's perplexity SEM beside its std."""
+    from convattn.training.compare.grids import RunSpec
+    from convattn.training.compare.results import RunResult, downstream_columns, read_downstream, write_summary_csv
+
+    def seed_folder(name, glue, squad):
+        (tmp_path / name / "glue").mkdir(parents=True)
+        (tmp_path / name / "glue" / "glue_results.json").write_text(json.dumps(
+            {"columns": {column: {"mean": score} for column, score in glue.items()}}))
+        (tmp_path / name / "squad").mkdir()
+        (tmp_path / name / "squad" / "squad_results.json").write_text(json.dumps(squad))
+        return read_downstream(tmp_path / name)
+
+    scores = {"exact_match": {"mean": 50.0}, "f1": {"mean": 60.0}, "best_exact": {"mean": 55.0},
+              "best_f1": {"mean": 64.0}}
+    v2 = seed_folder("a", {"SST": 80.0, "CoLA": 20.0, "MRPC": 70.0}, {"version": "2.0", "scores": scores})
+    assert (v2["SQuAD v2.0 EM"], v2["SQuAD v2.0 F1"]) == (55.0, 64.0)
+    v1 = seed_folder("b", {"STS": 30.0, "RTE": 55.0}, {"version": "1.1", "scores": scores})
+    assert (v1["SQuAD v1.1 EM"], v1["SQuAD v1.1 F1"]) == (50.0, 60.0)
+
+    rows = {seed: [{"step": 10, "perplexity": perplexity, "tokens_seen": 900}]
+            for seed, perplexity in enumerate((400.0, 430.0, 460.0))}
+    results = [RunResult(RunSpec("absolute", "chang2021-small/absolute"), rows, [0, 1, 2], None, {0: v2, 1: v1})]
+    assert downstream_columns(results) == ["GLUE CoLA", "GLUE MRPC", "GLUE RTE", "GLUE SST", "GLUE STS",
+                                           "SQuAD v1.1 EM", "SQuAD v1.1 F1", "SQuAD v2.0 EM", "SQuAD v2.0 F1"]
+    write_summary_csv(results, tmp_path / "summary.csv")
+    row = read_csv(tmp_path / "summary.csv")[0]
+    assert (float(row["perplexity_std"]), float(row["perplexity_sem"])) == (30.0, round(30.0 / 3 ** 0.5, 3))
+
+
 def test_a_runs_tokens_per_second_is_the_mean_over_seeds_of_each_seeds_median_evaluation():
     """The report's throughput column: a seed's rate is the median over its evaluations (one slow or fast interval,
     such as the first, moves it little), the run's the mean of its seeds'; rows without a rate (step 0) are skipped."""
