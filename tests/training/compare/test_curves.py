@@ -67,6 +67,12 @@ def test_aligned_grid_is_the_range_all_seeds_cover():
     assert align_seeds([[(0, 9.0), (1, 8.0)], [(2, 7.0), (3, 6.0)]]) is None
 
 
+def test_of_two_points_at_one_x_the_later_evaluation_counts():
+    # the time figure clamps each evaluation to the deadline: the one that crossed it and any after share that x
+    band = align_seeds([[(1.0, 500.0), (10.0, 300.0), (10.0, 280.0)], [(1.0, 520.0), (10.0, 290.0)]])
+    assert band.x == [1.0, 10.0] and (band.mean[-1], band.low[-1]) == pytest.approx((285.0, 280.0))
+
+
 def test_time_budget_figure_ends_at_the_reported_mean_with_a_min_max_band():
     result = timed_result()
     fig = perplexity_cost_figure([result], "test", BUDGET)
