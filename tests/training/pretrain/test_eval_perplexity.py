@@ -88,6 +88,25 @@ def test_masked_lm_perplexity_is_the_token_mean_over_the_whole_eval_set(tmp_path
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+def test_evaluation_masks_with_the_eval_collator_and_gives_training_its_collator_back(tmp_path):
+    """A run evaluates with its own collator (the job's masks one example at a time, so the perplexity does not
+    move with the batch or the processes), not the training one, which it gets back afterwards."""
+    config = tiny_config("chang2021-small/absolute", mask_token_id=MASK, pad_token_id=PAD)
+    torch.manual_seed(0)
+    model = ConvAttnForMaskedLM(config)
+
+    def training_collator(features):
+        raise AssertionError("evaluation used the training collator")
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=BATCH, report_to=[], use_cpu=True)
+    trainer = PretrainTrainer(model=model, args=args, eval_dataset=examples(config.vocab_size), objective="mlm",
+                              throughput=None, data_collator=training_collator, eval_collator=fixed_masking)
+    metrics = trainer.evaluate()
+    assert trainer.data_collator is training_collator
+    alone = trainer_for(model, "mlm", fixed_masking, tmp_path).evaluate()
+    assert metrics["eval_loss"] == alone["eval_loss"] and metrics["eval_tokens"] == alone["eval_tokens"]
+
+
 def test_electra_generator_perplexity_weighs_each_batch_by_its_masked_tokens(tmp_path):
     config = ConvAttnConfig.from_preset("convbert/small", vocab_size=40, embedding_size=16, hidden_size=32,
                                         num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,

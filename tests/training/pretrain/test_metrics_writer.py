@@ -1,4 +1,5 @@
-"""metrics.jsonl rows: elapsed_seconds goes on after a resume; a time-budget run records its training clock."""
+"""metrics.jsonl rows: the interval's train loss, one row a step, elapsed_seconds goes on after a resume; a time-budget
+run records its training clock."""
 
 import json
 from types import SimpleNamespace
@@ -14,6 +15,23 @@ def evaluate(writer: MetricsWriter, step: int) -> dict:
     writer.on_log(None, state, None, logs={"loss": 2.0, "tokens_per_second": 50.0, "learning_rate": 1e-4})
     writer.on_log(None, state, None, logs={"eval_loss": 1.5, "eval_perplexity": 4.48})
     return writer.rows[-1]
+
+
+def test_a_rows_train_loss_is_the_mean_of_its_intervals_logged_losses_and_a_step_has_one_row(tmp_path):
+    writer = MetricsWriter(tmp_path)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=10, num_input_tokens_seen=1000)
+    for loss, rate in ((2.0, 40.0), (4.0, 60.0)):
+        writer.on_log(None, state, None, logs={"loss": loss, "tokens_per_second": rate, "learning_rate": 1e-4})
+    writer.on_log(None, state, None, logs={"eval_loss": 1.5, "eval_perplexity": 4.48})
+    assert (writer.rows[-1]["train_loss"], writer.rows[-1]["tokens_per_second"]) == (3.0, 60.0)
+    state.global_step = 20
+    writer.on_log(None, state, None, logs={"loss": 1.0, "tokens_per_second": 70.0, "learning_rate": 1e-4})
+    writer.on_log(None, state, None, logs={"eval_loss": 1.4, "eval_perplexity": 4.06})
+    assert writer.rows[-1]["train_loss"] == 1.0  # the losses logged since the last evaluation only
+    # an evaluation logged again at a step replaces that step's row
+    writer.on_log(None, state, None, logs={"eval_loss": 1.3, "eval_perplexity": 3.67})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["perplexity"], row["train_loss"]) for row in rows] == [(10, 4.48, 3.0), (20, 3.67, None)]
 
 
 @pytest.mark.timing
