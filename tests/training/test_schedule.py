@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.tiny import tiny_config
 
 from convattn.model import ConvAttnForMaskedLM, ConvAttnForSequenceClassification
@@ -16,6 +17,7 @@ from convattn.training.finetune.optim import LayerDecayTrainer
 from convattn.training.finetune.settings import FineTuneSettings
 from convattn.training.finetune.trainer import fine_tuning_arguments
 from convattn.training.pretrain.budget import TrainingClock
+from convattn.training.pretrain.callbacks import ThroughputMeter
 from convattn.training.pretrain.resolve import resolve_options
 from convattn.training.pretrain.trainer import PretrainTrainer, pretraining_arguments
 from convattn.training.schedule import lr_factor
@@ -168,3 +170,22 @@ def test_each_job_hands_the_trainer_its_batch_and_seed(tmp_path):
     for seed in (0, 3):
         args = fine_tuning_arguments(tmp_path, settings, seed, "glue")
         assert (args.per_device_train_batch_size, args.seed) == (8, seed)
+
+
+def test_pretraining_counts_the_real_tokens_it_trains_on_not_the_padding(tmp_path):
+    """tokens_seen (metrics.jsonl, the report's 'Tokens seen' and the cost figures' x axis) counts each batch's real
+    tokens: a batch of short and long pairs is mostly padding."""
+    trainer = pretraining_trainer(tmp_path, "chang2021-small/composite", {"max_steps": 2, "batch_size": 4})
+    lengths = [30, 5, 3, 7, 2, 31, 4, 6]
+    trainer.train_dataset = [{"input_ids": list(range(5, 5 + length))} for length in lengths]
+
+    def padded(features):
+        n = max(len(f["input_ids"]) for f in features)
+        ids = torch.tensor([f["input_ids"] + [0] * (n - len(f["input_ids"])) for f in features])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": ids.masked_fill(ids == 0, -100)}
+
+    trainer.data_collator, trainer.throughput = padded, ThroughputMeter()
+    trainer.args.eval_strategy = trainer.args.save_strategy = "no"
+    trainer.args.eval_on_start = False
+    trainer.train()
+    assert trainer.state.num_input_tokens_seen == sum(lengths)  # 88 real tokens; 4 x 30 + 4 x 31 with padding
