@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,48 @@ def test_a_call_left_without_time_to_train_refuses(real_scale, tmp_path):
     with pytest.raises(SystemExit, match="s of training each is left"):
         real_scale.budget_for_call(argparse.Namespace(budget=None, limit=540), tmp_path, {"prepare": 400}, 2)
     assert not (tmp_path / real_scale.PLAN_FILE).exists()
+
+
+def test_the_call_counts_its_time_from_gpu_sh_and_stops_training_inside_its_limit(real_scale, tmp_path, monkeypatch):
+    """On a clock the test moves: gpu.sh began 30 s before the script (its wheel install, stamped in CALL_STARTED),
+    unpacking took 15 s and tokenizing 60 s. Each model gets what the rest of the 540 s leaves, and the comparison
+    is interrupted early enough for its interrupt's grace and the models' return to end inside the limit."""
+    now = [1030.0]
+    clock = types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0])
+    monkeypatch.setattr(real_scale, "time", clock)
+    monkeypatch.setenv("CALL_STARTED", "1000")
+
+    def unpack(kit, work):
+        work.mkdir(parents=True)
+        now[0] += 15
+
+    def prepare(command):
+        now[0] += 60
+
+    interrupted_after = []
+
+    def run_until(command, stop_after, log):
+        interrupted_after.append(stop_after)
+        now[0] += stop_after
+        return 0
+
+    monkeypatch.setattr(real_scale, "unpack", unpack)
+    monkeypatch.setattr(real_scale, "prepare", prepare)
+    monkeypatch.setattr(real_scale, "run_until", run_until)
+    monkeypatch.setattr(real_scale, "bring_back", lambda compare_dir, out: [])
+    monkeypatch.setattr(real_scale, "machine", lambda: {})
+    monkeypatch.setattr(real_scale.harness, "Run", lambda *a, **k: types.SimpleNamespace(save=lambda **fields: None))
+    (tmp_path / "kit" / "tokenizer").mkdir(parents=True)
+    args = argparse.Namespace(presets=real_scale.PRESETS, dry_run=False, smoke=True, kit=tmp_path / "kit",
+                              work=tmp_path / "work", out=tmp_path / "out", limit=540.0, budget=None, stop_after=None,
+                              eval_samples=32, compile=False)
+    assert real_scale.run(args) == 0
+    status = json.loads((args.out / "real_scale.json").read_text())
+    assert status["phases"] == {"before this script": 30.0, "unpack": 15.0, "prepare": 60.0}
+    grace, back, overhead = real_scale.INTERRUPT_GRACE, real_scale.BRING_BACK, real_scale.MODEL_OVERHEAD
+    assert status["budget"] == f"{int((540 - 105 - back - grace - 2 * overhead) / 2)}s"
+    assert interrupted_after == [540 - 105 - back - grace]  # the models' training and overhead, nothing more
+    assert "--time-budget" in status["command"]
 
 
 def glue_result(scores: dict[str, tuple[float, float]]) -> dict:
