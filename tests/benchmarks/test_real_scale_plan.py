@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import signal
+import subprocess
 import types
 from pathlib import Path
 
@@ -103,6 +105,42 @@ def test_the_call_counts_its_time_from_gpu_sh_and_stops_training_inside_its_limi
     assert status["budget"] == f"{int((540 - 105 - back - grace - 2 * overhead) / 2)}s"
     assert interrupted_after == [540 - 105 - back - grace]  # the models' training and overhead, nothing more
     assert "--time-budget" in status["command"]
+
+
+class FakeComparison:
+    """A comparison process that runs past its stop, then ends within `ends_after` seconds of an interrupt (None:
+    never, until killed); it records the signals and waits it was given."""
+
+    def __init__(self, ends_after):
+        self.ends_after, self.events = ends_after, []
+
+    def wait(self, timeout=None):
+        self.events.append(("wait", timeout))
+        interrupted = any(event[0] == "signal" for event in self.events)
+        if ("kill",) in self.events:
+            return -9
+        if interrupted and self.ends_after is not None and timeout >= self.ends_after:
+            return 130
+        raise subprocess.TimeoutExpired("compare", timeout)
+
+    def send_signal(self, number):
+        self.events.append(("signal", number))
+
+    def kill(self):
+        self.events.append(("kill",))
+
+
+@pytest.mark.parametrize(("ends_after", "code", "killed"), [(5.0, 130, False), (None, -9, True)])
+def test_the_comparison_is_interrupted_as_ctrl_c_does_and_killed_only_past_the_grace(real_scale, monkeypatch,
+                                                                                     ends_after, code, killed):
+    """Ctrl-C's signal lets the comparison end its step and keep its checkpoint; it has the grace to do so (the
+    plan counts it) and is killed only after."""
+    process = FakeComparison(ends_after)
+    monkeypatch.setattr(real_scale.subprocess, "Popen", lambda *args, **kwargs: process)
+    assert real_scale.run_until(["compare"], 300.0, None) == code
+    grace = real_scale.INTERRUPT_GRACE
+    expected = [("wait", 300.0), ("signal", signal.SIGINT), ("wait", grace)]
+    assert process.events == expected + ([("kill",), ("wait", None)] if killed else [])
 
 
 def glue_result(scores: dict[str, tuple[float, float]]) -> dict:
