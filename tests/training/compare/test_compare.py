@@ -6,6 +6,7 @@ import csv
 import json
 import shutil
 import statistics
+import types
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,29 @@ def test_unfinished_run_resumes_from_its_checkpoint(compared, corpus, monkeypatc
     assert main(compare_args(corpus, compared)) == 0
     assert calls == [(run, True)]
     assert (run / "model.safetensors").is_file()
+
+
+def test_ctrl_c_in_a_run_ends_the_comparison_there(compared, corpus, monkeypatch, tmp_path):
+    """An interrupted run (Ctrl-C, SIGTERM: its checkpoint kept) stops the comparison; the runs after it are not
+    started, and the command exits 130 as an interrupted command does."""
+    unfinished = [compared / "runs" / slug / "seed1" for slug in ("chang2021-small--absolute",
+                                                                  "chang2021-small--composite")]
+    calls = []
+
+    def interrupted(options, label):
+        calls.append(options.output_dir)
+        return types.SimpleNamespace(interrupted=True)
+
+    monkeypatch.setattr(compare, "pretrain", interrupted)
+    for index, run in enumerate(unfinished):  # set aside, so both runs read as unfinished; back after the test
+        (run / "model.safetensors").replace(tmp_path / f"{index}.safetensors")
+    try:
+        assert main(compare_args(corpus, compared)) == 130
+    finally:
+        for index, run in enumerate(unfinished):
+            (tmp_path / f"{index}.safetensors").replace(run / "model.safetensors")
+        assert main(compare_args(corpus, compared, "--report-only")) == 0  # the report of finished runs again
+    assert calls == [unfinished[0]]
 
 
 def test_changed_budget_is_refused(compared, corpus, capsys):

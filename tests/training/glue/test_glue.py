@@ -71,6 +71,35 @@ def test_mean_and_standard_error_of_the_mean():
     assert mean_sem([5.0]) == {"mean": 5.0, "std": None, "sem": None, "n": 1, "values": [5.0]}
 
 
+def test_the_best_seed_is_the_highest_mean_score_the_lowest_seed_of_a_tie_and_never_a_nan():
+    """The seed whose test predictions go into submission/ and whose model is published: the highest mean of its
+    columns; of equal scores the lowest seed (the same choice on every machine); a seed scored NaN never."""
+    from convattn.training.glue.results import best_seed
+
+    def runs(scores):
+        return {seed: {"scores": {"MRPC": score}} for seed, score in scores.items()}
+
+    assert best_seed(runs({0: 70.0, 1: 72.5, 2: 71.0})) == 1
+    assert best_seed(runs({2: 72.5, 0: 70.0, 1: 72.5})) == 1
+    assert best_seed(runs({0: math.nan, 1: 60.0})) == 1
+
+
+def test_every_dev_split_of_a_task_is_aggregated(tmp_path):
+    """MNLI's matched and mismatched dev sets are two columns of one task: each split's metrics over seeds."""
+    from convattn.training.glue.results import aggregate
+
+    for seed, (matched, mismatched) in enumerate(((80.0, 81.0), (82.0, 79.0))):
+        folder = tmp_path / "runs" / "mnli" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({
+            "task": "mnli", "seed": seed, "model": "m", "init": "pretrained", "settings": {}, "encoder_params": 10,
+            "metrics": {"dev_matched": {"accuracy": matched}, "dev_mismatched": {"accuracy": mismatched}},
+            "scores": {"MNLI-m": matched, "MNLI-mm": mismatched}, "test_predictions": [], "warnings": []}))
+    metrics = aggregate(tmp_path)["tasks"]["mnli"]["metrics"]
+    assert {split: stat["accuracy"]["mean"] for split, stat in metrics.items()} == {"dev_matched": 81.0,
+                                                                                     "dev_mismatched": 80.0}
+
+
 def test_glue_column_is_each_seeds_mean_over_task_columns_then_mean_and_sem_over_seeds(tmp_path):
     """aggregate on synthetic finished runs: three columns (MRPC's the mean of accuracy and F1), seeds 0-2 in every
     task and a seed 3 in one, which the GLUE score leaves out (it has no CoLA or MRPC)."""
