@@ -133,12 +133,54 @@ def test_glue_column_is_each_seeds_mean_over_task_columns_then_mean_and_sem_over
     assert results["columns"]["CoLA"]["n"] == 4  # the column itself keeps every seed it has
 
 
+def test_a_training_subset_is_the_same_random_examples_every_time():
+    """--max-train-samples (SST-2 on 20,000 of its 67,349 examples, as every model of a study fine-tunes): a fixed
+    shuffle's first examples, the same for every model and run, not the file's first lines."""
+    from convattn.training.glue.data import read_task_splits
+
+    task = get_task("sst2")
+    whole = load_split(task, "train", FIXTURE_GLUE_DATA)["text_a"]
+    subsets = [read_task_splits(task, FIXTURE_GLUE_DATA, 20).train["text_a"] for _ in range(2)]
+    assert subsets[0] == subsets[1] and len(subsets[0]) == 20 and set(subsets[0]) <= set(whole)
+    assert subsets[0] != whole[:20]
+    assert read_task_splits(task, FIXTURE_GLUE_DATA, len(whole)).train["text_a"] == whole  # all: the file's order
+
+
+def test_a_long_pair_is_cut_from_the_longer_side_first():
+    """BERT's and ELECTRA's _truncate_seq_pair (transformers' longest_first): a pair over max_length loses tokens
+    from whichever side is longer, so a short hypothesis is kept whole and two long sides end about equal."""
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from convattn.training.glue.data import encode
+
+    words = [f"{side}{i}" for side in "ab" for i in range(40)]
+    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]")
+    pairs = Dataset.from_dict({"text_a": [" ".join(f"a{i}" for i in range(40))] * 2,
+                               "text_b": [" ".join(f"b{i}" for i in range(n)) for n in (5, 30)], "label": [0, 1]})
+    encoded = encode(pairs, tokenizer, max_length=32, token_types=True)
+    kept = [[sum(token.startswith(letter) for token in tokenizer.convert_ids_to_tokens(ids)) for letter in "ab"]
+            for ids in encoded["input_ids"]]
+    assert kept[0] == [24, 5]  # 29 places after [CLS] and two [SEP]s
+    assert sum(kept[1]) == 29 and abs(kept[1][0] - kept[1][1]) <= 1
+
+
 def test_submission_format():
     rte = submission_text(get_task("rte"), np.array([1, 0]), [0, 1])
     assert rte == "index\tprediction\n0\tnot_entailment\n1\tentailment\n"
     assert submission_text(get_task("stsb"), np.array([-0.2, 5.7, 2.34567]), [0, 1, 2]).splitlines()[1:] == [
         "0\t0.000", "1\t5.000", "2\t2.346"]
     assert submission_text(get_task("cola"), np.array([1]), [9]) == "index\tprediction\n9\t1\n"
+    # each index beside its own example's prediction, in the order given
+    assert submission_text(get_task("rte"), np.array([0, 1, 1]), [2, 0, 1]).splitlines()[1:] == [
+        "2\tentailment", "0\tnot_entailment", "1\tnot_entailment"]
 
 
 # ---------------------------------------------------------------- recipes and optimizer groups
