@@ -84,17 +84,23 @@ def test_the_best_seed_is_the_highest_mean_score_the_lowest_seed_of_a_tie_and_ne
     assert best_seed(runs({0: math.nan, 1: 60.0})) == 1
 
 
+def write_finished_run(output_dir, task: str, seed: int, metrics: dict, scores: dict) -> None:
+    """The run.json a finished fine-tuning run leaves in runs/<task>/seed<k>/, as `aggregate` reads it."""
+    folder = output_dir / "runs" / task / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({
+        "task": task, "seed": seed, "model": "m", "init": "pretrained", "settings": {}, "encoder_params": 10,
+        "metrics": metrics, "scores": scores, "test_predictions": [], "warnings": []}))
+
+
 def test_every_dev_split_of_a_task_is_aggregated(tmp_path):
     """MNLI's matched and mismatched dev sets are two columns of one task: each split's metrics over seeds."""
     from convattn.training.glue.results import aggregate
 
     for seed, (matched, mismatched) in enumerate(((80.0, 81.0), (82.0, 79.0))):
-        folder = tmp_path / "runs" / "mnli" / f"seed{seed}"
-        folder.mkdir(parents=True)
-        (folder / "run.json").write_text(json.dumps({
-            "task": "mnli", "seed": seed, "model": "m", "init": "pretrained", "settings": {}, "encoder_params": 10,
-            "metrics": {"dev_matched": {"accuracy": matched}, "dev_mismatched": {"accuracy": mismatched}},
-            "scores": {"MNLI-m": matched, "MNLI-mm": mismatched}, "test_predictions": [], "warnings": []}))
+        write_finished_run(tmp_path, "mnli", seed, {"dev_matched": {"accuracy": matched},
+                                                    "dev_mismatched": {"accuracy": mismatched}},
+                           {"MNLI-m": matched, "MNLI-mm": mismatched})
     metrics = aggregate(tmp_path)["tasks"]["mnli"]["metrics"]
     assert {split: stat["accuracy"]["mean"] for split, stat in metrics.items()} == {"dev_matched": 81.0,
                                                                                      "dev_mismatched": 80.0}
@@ -112,12 +118,7 @@ def test_glue_column_is_each_seeds_mean_over_task_columns_then_mean_and_sem_over
     columns = {"cola": "CoLA", "sst2": "SST", "mrpc": "MRPC"}
     for task, seeds in dev.items():
         for seed, metrics in seeds.items():
-            folder = tmp_path / "runs" / task / f"seed{seed}"
-            folder.mkdir(parents=True)
-            (folder / "run.json").write_text(json.dumps({
-                "task": task, "seed": seed, "model": "m", "init": "pretrained", "settings": {}, "encoder_params": 10,
-                "metrics": {"dev": metrics}, "scores": {columns[task]: column_score(metrics)},
-                "test_predictions": [], "warnings": []}))
+            write_finished_run(tmp_path, task, seed, {"dev": metrics}, {columns[task]: column_score(metrics)})
     results = aggregate(tmp_path)
 
     assert results["tasks"]["mrpc"]["metrics"]["dev"]["f1"]["mean"] == pytest.approx(80.0)

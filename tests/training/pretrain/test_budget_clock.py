@@ -81,13 +81,11 @@ def test_the_interval_spread_and_the_steps_slowed_by_other_processes(clocks, mon
 
 
 def test_the_spread_is_each_percentile_of_the_intervals_steps(clocks, monkeypatch):
+    steps = [7, 3, 20, 1, 15, 9, 12, 2, 18, 5, 11, 4, 16, 8, 19, 6, 13, 10, 17, 14]
+    readings = iter([reading for seconds in steps for reading in (100.0, 100.0 + seconds)])  # a step's begin, end
+    monkeypatch.setattr(StepMeter, "wall", staticmethod(lambda: next(readings)))
     meter = StepMeter()
-    meter.on_train_begin(ARGS, None, None)
-    for seconds in [7, 3, 20, 1, 15, 9, 12, 2, 18, 5, 11, 4, 16, 8, 19, 6, 13, 10, 17, 14]:
-        monkeypatch.setattr(StepMeter, "wall", staticmethod(lambda: 100.0))
-        meter.on_step_begin(ARGS, None, None)
-        monkeypatch.setattr(StepMeter, "wall", staticmethod(lambda s=seconds: 100.0 + s))
-        meter.on_step_end(ARGS, None, None)
+    run_steps(meter, len(steps))
     # of 20 sorted steps: the 3rd (p10), the 11th (median) and the 19th (p90), not the slowest
     assert meter.take_interval()["step_seconds"] == {"p10": 3.0, "median": 11.0, "p90": 19.0}
 

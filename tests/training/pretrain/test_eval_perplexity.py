@@ -60,10 +60,10 @@ def fixed_masking(features: list[dict]) -> dict:
     return {"input_ids": ids, "attention_mask": padded["attention_mask"], "labels": labels}
 
 
-def trainer_for(model, objective: str, collator, tmp_path) -> PretrainTrainer:
+def trainer_for(model, objective: str, collator, tmp_path, eval_collator=None) -> PretrainTrainer:
     args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=BATCH, report_to=[], use_cpu=True)
     return PretrainTrainer(model=model, args=args, eval_dataset=examples(model.config.vocab_size),
-                           objective=objective, throughput=None, data_collator=collator)
+                           objective=objective, throughput=None, data_collator=collator, eval_collator=eval_collator)
 
 
 def test_masked_lm_perplexity_is_the_token_mean_over_the_whole_eval_set(tmp_path):
@@ -98,9 +98,7 @@ def test_evaluation_masks_with_the_eval_collator_and_gives_training_its_collator
     def training_collator(features):
         raise AssertionError("evaluation used the training collator")
 
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=BATCH, report_to=[], use_cpu=True)
-    trainer = PretrainTrainer(model=model, args=args, eval_dataset=examples(config.vocab_size), objective="mlm",
-                              throughput=None, data_collator=training_collator, eval_collator=fixed_masking)
+    trainer = trainer_for(model, "mlm", training_collator, tmp_path, eval_collator=fixed_masking)
     metrics = trainer.evaluate()
     assert trainer.data_collator is training_collator
     alone = trainer_for(model, "mlm", fixed_masking, tmp_path).evaluate()
