@@ -30,7 +30,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -79,12 +78,23 @@ def machine_line(where: str = "cpu", packages: tuple[str, ...] = ("torch",), thr
     packages' versions; torch's threads (`threads` True: as set now; a number: that); then `extra`."""
     import torch
 
-    place = {"cpu": lambda: f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    place = {"cpu": lambda: f"{cpu_name()}, {os.cpu_count()} cores",
              "cuda": torch.cuda.get_device_name}.get(where, lambda: where)()
     parts = [place, *(version(package) for package in packages)]
     if threads:
         parts.append(f"{torch.get_num_threads() if threads is True else threads} threads")
+    if where == "cpu":
+        from convattn.denormals import denormals_flushed
+
+        parts.append(f"denormals {'flushed' if denormals_flushed() else 'kept'}")
     return ", ".join([*parts, *extra])
+
+
+def cpu_name() -> str:
+    """The CPU's model name: a cost ratio depends on it (x86's cost of denormal floats: convattn.denormals)."""
+    from convattn.runs.environment import cpu_name as name
+
+    return name()
 
 
 def results_dir() -> Path:
@@ -192,7 +202,7 @@ def arguments(doc: str, *, shapes: str | None = None, reps: int | None = None, t
     """A benchmark's parser: its docstring as its help, and the flags the benchmarks share, each where its default is
     given: --shapes (n x batch, comma-separated), --reps, --threads (torch's CPU threads), --output (a file name
     under benchmarks/results/), and with `arm` the hidden --arm of `fresh_processes`' children."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if shapes is not None:
         parser.add_argument("--shapes", default=shapes, help="n x batch, comma-separated")
     if reps is not None:
@@ -205,6 +215,25 @@ def arguments(doc: str, *, shapes: str | None = None, reps: int | None = None, t
     if arm:
         parser.add_argument("--arm", help=argparse.SUPPRESS)
     return parser
+
+
+class Parser(argparse.ArgumentParser):
+    """A benchmark's parser: its --keep-denormals, and once the arguments are read, denormal floats flushed as the
+    command line flushes them (before the first parallel region starts OpenMP's threads: convattn.denormals), so
+    that the benchmark times what a convattn command computes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--keep-denormals", action="store_true",
+                          help="keep denormal floats, as a library caller who does not flush them (RESULTS 8.8)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        if not parsed.keep_denormals:
+            from convattn.denormals import flush_denormals
+
+            flush_denormals()
+        return parsed, rest
 
 
 def results_path(text: str) -> Path:

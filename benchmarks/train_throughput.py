@@ -21,7 +21,6 @@ benchmarks/results/train_throughput.md (train_throughput_cuda.md with --device c
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -163,7 +162,7 @@ def report(rows: list[dict], args) -> str:
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile'd training (inductor)")
     parser.add_argument("--precisions", default=None, help="comma-separated; default fp32,bf16 where supported")

@@ -134,11 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     choose_waiting(sys.argv[1:] if argv is None else argv)  # first: parsing --time-budget already imports torch
     parser = build_parser()
     args = parser.parse_args(argv)
+    denormals_before = None
     try:
         if args.loads_models:
             import convattn
             from convattn import console
+            from convattn.denormals import flush_denormals
 
+            # before the first parallel region starts OpenMP's threads, which take the flag from this one
+            denormals_before = flush_denormals()
             convattn.register_auto_classes()  # the command line starts without it (see convattn/__init__.py)
             console.configure(verbose=getattr(args, "verbose", False))
         return args.func(args) or 0
@@ -165,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             from convattn import console
 
             console.release()
+        if denormals_before is not None:
+            from convattn.denormals import set_denormals
+
+            set_denormals(denormals_before)
 
 
 def say_error(command: str, message: str) -> None:

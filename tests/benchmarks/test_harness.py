@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -70,10 +71,31 @@ def test_replacing_a_report_that_results_quotes_says_so_in_one_line(harness, tmp
 def test_the_machine_line_names_the_cpu_the_packages_and_the_threads(harness):
     import torch
 
+    from convattn.denormals import set_denormals
+    from convattn.runs.environment import cpu_name
+
     line = harness.machine_line(packages=("torch", "no_such_package"))
-    assert line.endswith(f"torch {torch.__version__}, no no_such_package, {torch.get_num_threads()} threads")
+    assert line == (f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, no no_such_package, "
+                    f"{torch.get_num_threads()} threads, denormals kept")
+    try:
+        set_denormals(True)
+        assert harness.machine_line(threads=False).endswith(", denormals flushed")
+    finally:
+        set_denormals(False)
     assert harness.machine_line("a GPU", threads=False, extra=("bfloat16",)) == (
         f"a GPU, torch {torch.__version__}, bfloat16")
+
+
+def test_a_benchmark_flushes_denormals_as_the_command_line_does_unless_told_to_keep_them(harness):
+    from convattn.denormals import denormals_flushed, set_denormals
+
+    try:
+        assert harness.arguments("doc", reps=3).parse_args(["--keep-denormals"]).reps == 3
+        assert not denormals_flushed()
+        harness.arguments("doc").parse_args([])
+        assert denormals_flushed()
+    finally:
+        set_denormals(False)
 
 
 def test_interleaved_timing_gives_each_arm_its_repetitions_in_turn(harness):

@@ -24,7 +24,7 @@ from convattn.runs.pretrain import (
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "convattn"
 RUNS = SOURCE / "runs"
 LAYOUT_NAMES = ("pretrain_options.json", "metrics.jsonl", "trainer_state.json", "checkpoints")
-GROUND_FLOOR = ("convattn.files", "convattn.console", "convattn.errors")
+GROUND_FLOOR = ("convattn.files", "convattn.console", "convattn.errors", "convattn.denormals")
 
 
 def docstrings(tree: ast.AST) -> set[int]:

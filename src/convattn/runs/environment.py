@@ -28,7 +28,7 @@ ENVIRONMENT_FILE = "environment.jsonl"
 # the variables that set how many threads run and how idle ones wait (libgomp, Intel's and LLVM's OpenMP, MKL)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
 # what a resume compares with the line before: what moves a time or a throughput (not the date, step or load)
-SETTINGS = ("device", "device_name", "threads", "processes", "precision", "thread_variables", "torch",
+SETTINGS = ("device", "device_name", "threads", "processes", "precision", "thread_variables", "denormals", "torch",
             "transformers", "convattn")
 SOURCE = "convattn_source"  # the key of the code's digest in a record (environment lines, fine-tuning runs)
 SOURCE_SUFFIXES = (".py", ".yaml", ".json")  # the code, the presets and the recipes: what decides a number
@@ -51,6 +51,8 @@ def environment(device, processes: int, precision: str) -> dict:
     import torch
     import transformers
 
+    from convattn.denormals import denormals_flushed
+
     cuda = device.type == "cuda"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {
@@ -61,6 +63,7 @@ def environment(device, processes: int, precision: str) -> dict:
         "processes": processes,
         "precision": precision,
         "thread_variables": {name: os.environ[name] for name in THREAD_VARIABLES if name in os.environ},
+        "denormals": "flushed" if denormals_flushed() else "kept",  # x86's cost of them (convattn.denormals)
         "load_average": round(load, 2) if load is not None else None,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -154,6 +157,8 @@ def changes(before: dict, now: dict) -> list[str]:
         old, new = before.get(key), now.get(key)
         if old == new:
             continue
+        if key not in before:  # a record from before convattn recorded it
+            old = "not recorded"
         if key == "thread_variables":
             old, new = old or {}, new or {}
             for name in sorted(set(old) | set(new)):
@@ -176,6 +181,8 @@ def describe(entry: dict, load: bool = True) -> str:
     parts = [place, f"{processes} process{'' if processes == 1 else 'es'}", str(entry.get("precision")),
              f"torch {entry.get('torch')}", f"transformers {entry.get('transformers')}",
              f"convattn {entry.get('convattn')}" + (f" (code {entry[SOURCE]})" if entry.get(SOURCE) else "")]
+    if entry.get("denormals"):
+        parts.append(f"denormals {entry['denormals']}")
     variables = entry.get("thread_variables") or {}
     if variables:
         parts.append(" ".join(f"{name}={value}" for name, value in variables.items()))
