@@ -7,7 +7,7 @@ import pytest
 from convattn.cli import main
 from convattn.errors import UsageError
 from convattn.files import write_json_atomic, write_text_atomic
-from convattn.runs.folder import changed_options, check_removable
+from convattn.runs.folder import LOCK_FILE, changed_options, check_removable, is_code_or_temp, run_folder_lock
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
@@ -15,6 +15,18 @@ def test_atomic_write_leaves_no_temporary_file(tmp_path):
     write_json_atomic(tmp_path / "a" / "c.json", {"k": 1})
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b.txt", "c.json"]
     assert (tmp_path / "a" / "c.json").read_text() == '{\n  "k": 1\n}\n'
+
+
+def test_an_atomic_write_that_fails_leaves_neither_its_file_nor_a_temporary_one(tmp_path):
+    from convattn.files import atomic_path
+
+    (tmp_path / "kept.json").write_text("the earlier content")
+    for name in ("kept.json", "new.json"):
+        with pytest.raises(RuntimeError), atomic_path(tmp_path / name) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("the disk filled up")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    assert (tmp_path / "kept.json").read_text() == "the earlier content"
 
 
 def test_changed_options_leave_out_the_allowed_ones():
@@ -35,6 +47,39 @@ def test_only_a_convattn_run_may_be_replaced(tmp_path, monkeypatch):
     for path in (mine, Path("."), tmp_path.parent, Path.home(), Path("/")):
         with pytest.raises(UsageError, match="`overwrite`"):
             check_removable(path, "pretrain_options.json")
+
+
+def test_the_working_directory_its_parents_and_home_are_never_removed_even_holding_a_run_record(tmp_path,
+                                                                                               monkeypatch):
+    run = tmp_path / "run"
+    (run / "inside").mkdir(parents=True)
+    (run / "pretrain_options.json").write_text("{}")
+    monkeypatch.chdir(run / "inside")
+    with pytest.raises(UsageError, match="will not remove"):
+        check_removable(run, "pretrain_options.json")  # a parent of the working directory
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(run))
+    with pytest.raises(UsageError, match="will not remove"):
+        check_removable(run, "pretrain_options.json")  # the home directory
+
+
+def test_the_lock_removes_only_the_empty_folders_it_made(tmp_path):
+    mine = tmp_path / "mine"  # the user's, empty
+    mine.mkdir()
+    with run_folder_lock(mine / "run" / "seed0", enabled=True):
+        assert (mine / "run" / "seed0" / LOCK_FILE).is_file()
+    assert mine.is_dir() and list(mine.iterdir()) == []  # the two it made went, nothing was written into them
+    with run_folder_lock(mine, enabled=True):
+        pass
+    assert mine.is_dir() and list(mine.iterdir()) == []  # there before the run: stays
+
+
+@pytest.mark.parametrize(("name", "ours"), [
+    ("convattn_model.py", True), (".metrics.jsonl.k3j4ab.tmp", True), (".perplexity.png.k3j4ab.png", True),
+    ("analysis.py", False), ("model.py", False), (".notes.tmp", False), (".draft.png", False), ("notes.tmp", False),
+])
+def test_only_the_saved_modeling_code_and_atomic_writes_temporary_files_are_convattns(name, ours):
+    assert is_code_or_temp(name) == ours
 
 
 @pytest.mark.parametrize("output_dir", ["mydocs", "."])

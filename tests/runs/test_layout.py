@@ -4,6 +4,7 @@ stands on the ground floor, and a pretraining run's state has one definition."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from convattn.runs.pretrain import (
     OPTIONS_FILE,
     TRAINER_STATE,
     UNSTARTED,
+    recorded_options,
     run_state,
 )
 
@@ -106,3 +108,18 @@ def test_a_pretraining_run_is_in_one_state(tmp_path, files, state):
             (out / name).write_text("x")
     assert run_state(out) == state
     assert run_state(tmp_path / "missing") == EMPTY
+
+
+@pytest.mark.parametrize(("saved", "read"), [
+    # before the options said null: a time-budget run that no step count ends held the step maximum
+    ({"time_budget": 60.0, "max_steps": 1_000_000_000}, {"max_steps": None, "budget_clock": "wall"}),
+    # before the budget had a choice of clock it counted the wall's time; a run without a budget says compute
+    ({"time_budget": 60.0, "max_steps": 500}, {"max_steps": 500, "budget_clock": "wall"}),
+    ({"time_budget": None, "max_steps": 1_000_000_000}, {"max_steps": 1_000_000_000, "budget_clock": "compute"}),
+    ({"time_budget": 60.0, "max_steps": None, "budget_clock": "compute"}, {"max_steps": None,
+                                                                          "budget_clock": "compute"}),
+])
+def test_options_recorded_by_earlier_versions_read_as_this_version_writes_them(tmp_path, saved, read):
+    file = tmp_path / OPTIONS_FILE
+    file.write_text(json.dumps(saved))
+    assert recorded_options(file) == {**saved, **read}

@@ -23,9 +23,10 @@ from convattn.console import RunLog
 from convattn.errors import UsageError
 from convattn.export import check_onnx_path
 from convattn.files import write_text_atomic
-from convattn.runs.finetune import layout
+from convattn.runs.finetune import foreign_files, layout
 from convattn.runs.folder import LOCK_FILE, check_own_folder, run_folder_lock
 from convattn.runs.pretrain import PRETRAIN
+from convattn.runs.pretrain import foreign_files as pretrain_foreign_files
 from convattn.runs.replace import recover_replaced_run
 
 GLUE_DATA = Path(__file__).resolve().parents[1] / "fixtures" / "glue_data"
@@ -102,6 +103,15 @@ def test_a_link_where_a_job_writes_is_refused_before_anything_is_touched(tmp_pat
     message = str(refused.value)
     assert f": {place} is a symbolic link where convattn writes its own files" in message and "\n" not in message
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(("job", "place"), [("pretrain", "checkpoints"), ("pretrain", "tensorboard"),
+                                           ("glue", "runs/sst2"), ("squad", "models")])
+def test_a_link_is_named_as_a_link_and_never_entered(tmp_path, elsewhere, job, place):
+    run = finished_run(tmp_path / "run", job)
+    link_in_place(run, place, elsewhere)  # beside the run's own files there, a file of the user's
+    foreign = pretrain_foreign_files(run) if job == "pretrain" else foreign_files(run, job)
+    assert foreign == [f"{place} (a link)"]
 
 
 @pytest.mark.parametrize("extra", [[], ["--overwrite"]], ids=["rerun", "overwrite"])

@@ -296,3 +296,27 @@ def test_a_folder_the_job_removes_holding_the_users_file_is_refused_first(finish
     where.unlink()
     assert main(argv(job, checkpoint_of(run, job), run)) == 0  # the job's own files only: started again
     assert (seed / "run.json").is_file()
+
+
+def test_the_published_model_follows_the_best_seed_when_it_changes(tmp_path):
+    """A rerun that adds seeds (or finishes an interrupted one) can change the best dev seed: models/<task>/ is
+    then that seed's model and record, not the earlier best's."""
+    from convattn.training.finetune.models import publish_best
+
+    seeds = {}
+    for seed in (0, 1):
+        model = tmp_path / "runs" / "sst2" / f"seed{seed}" / "model"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps({"seed": seed}))
+        (model / "model.safetensors").write_text(f"weights of seed {seed}")
+        seeds[seed] = model.parent
+
+    def published(best: int) -> tuple[dict, str]:
+        run = {"scores": {"accuracy": 80.0 + best}, "model": "my-model"}
+        target = publish_best(tmp_path, "sst2", seeds, best, run, save_models="all")
+        return json.loads((target / "fine_tuned.json").read_text()), (target / "model.safetensors").read_text()
+
+    assert published(0) == ({"task": "sst2", "seed": 0, "scores": {"accuracy": 80.0}, "model": "my-model",
+                             "source": str(seeds[0] / "model")}, "weights of seed 0")
+    record, weights = published(1)
+    assert (record["seed"], record["scores"], weights) == (1, {"accuracy": 81.0}, "weights of seed 1")

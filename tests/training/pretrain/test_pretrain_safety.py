@@ -58,6 +58,7 @@ IMPOSSIBLE_VALUES = [
     (["--max-grad-norm", "-1"], "--max-grad-norm -1"),
     (["--warmup", "-3"], "--warmup -3"),
     (["--mlm-probability", "nan"], "--mlm-probability nan"),
+    (["--mlm-probability", "1"], "--mlm-probability 1"),  # an open bound: every token masked
     (["--eval-samples", "0"], "--eval-samples 0"),
     (["--eval-samples", "-1"], "--eval-samples -1"),
     (["--seed", "-1"], "--seed -1"),
@@ -110,7 +111,7 @@ def test_overwrite_refuses_a_folder_holding_the_users_files(corpus, finished_run
     # a README the user wrote is not the model card
     (run / "my_analysis.md").unlink()
     shutil.rmtree(run / "notebooks")
-    (run / "README.md").write_text("# my own notes about this run\n")
+    (run / "README.md").write_text("# my own notes about this convattn run\n")  # no card's metadata naming convattn
     assert main(tiny_args(corpus, run, "--overwrite")) == 2
     one_error_line(capsys, "README.md")
 
@@ -148,6 +149,19 @@ def test_overwrite_refuses_the_users_files_inside_the_runs_own_folders(corpus, f
     before = snapshot(run)
     assert main(tiny_args(corpus, run, "--overwrite")) == 2
     one_error_line(capsys, "checkpoints/MY_NOTES.txt", "tensorboard/other-exp/", "did not write")
+    assert snapshot(run) == before
+    # a file among the event files, a folder among the checkpoints, a file named like the Trainer's in a checkpoint
+    shutil.rmtree(run / "tensorboard" / "other-exp")
+    (run / "checkpoints" / "MY_NOTES.txt").unlink()
+    (run / "tensorboard" / "which-run-was-which.txt").write_text("notes")
+    (run / "checkpoints" / "kept-by-hand").mkdir()
+    (run / "checkpoints" / "kept-by-hand" / "model.safetensors").write_bytes(b"the best one")
+    last = sorted((run / "checkpoints").glob("checkpoint-*"))[-1]
+    (last / "rng_state_before_my_change.pth").write_bytes(b"mine")
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--overwrite")) == 2
+    one_error_line(capsys, "checkpoints/kept-by-hand/", f"checkpoints/{last.name}/rng_state_before_my_change.pth",
+                   "tensorboard/which-run-was-which.txt")
     assert snapshot(run) == before
 
 
