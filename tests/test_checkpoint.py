@@ -163,6 +163,25 @@ def test_extra_encoder_layers_in_the_file_are_refused(folder):
         load_checked(AutoModel, str(folder))
 
 
+def test_a_missing_encoder_weight_is_refused_whatever_head_is_loaded(folder):
+    """Only a task head may be new: an encoder weight the file lacks would start random without a word, in a bare
+    encoder (which has no head) as under any head."""
+    weights = load_file(folder / "model.safetensors")
+    del weights["convattn.encoder.layer.1.output.dense.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    for auto_class in (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification):
+        with pytest.raises(UsageError, match=r"encoder\.layer\.1\.output\.dense\.weight"):
+            load_checked(auto_class, str(folder))
+
+
+def test_non_finite_weights_are_refused_on_loading(folder):
+    weights = load_file(folder / "model.safetensors")
+    weights["convattn.encoder.layer.0.output.dense.bias"][0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UsageError, match=r"non-finite \(NaN or infinite\) weights: convattn.encoder.layer.0"):
+        load_checked(AutoModelForMaskedLM, str(folder))
+
+
 def test_a_missing_head_is_refused_when_the_saved_head_is_wanted(folder):
     with pytest.raises(UsageError, match="missing from the file"):
         load_checked(AutoModelForSequenceClassification, str(folder), allow_new_head=False, num_labels=2)

@@ -215,6 +215,14 @@ def test_a_few_shared_eval_lines_are_counted_not_refused(tmp_path):
                             "as headings); the eval perplexity includes them"]
 
 
+def test_shared_eval_lines_are_counted_each_time_they_occur(tmp_path):
+    """An eval text of one training line repeated is mostly training text, however few distinct lines it shares."""
+    train = write(tmp_path / "train.txt", "".join(f"train line {i}\n" for i in range(20)))
+    valid = write(tmp_path / "valid.txt", "train line 3\n" * 6 + "".join(f"eval line {i}\n" for i in range(4)))
+    with pytest.raises(UsageError, match="6 of the 10 eval lines"):
+        load_corpus(None, None, [str(train)], [str(valid)], tmp_path / "cache")
+
+
 def test_training_files_are_read_once_by_path_and_content(tmp_path):
     a = write(tmp_path / "corpus" / "a.txt", "first file\n")
     write(tmp_path / "corpus" / "b.txt", "second file\n")
@@ -228,3 +236,16 @@ def test_training_files_are_read_once_by_path_and_content(tmp_path):
     assert note.startswith("--train-file: 6 duplicate file(s) read once, not twice: ")
     assert f"{tmp_path / 'corpus' / 'c.txt'} (the same file as {a})" in note and "\n" not in note
     assert not load_corpus(None, None, [str(a), str(tmp_path / "corpus" / "b.txt")], [], tmp_path / "cache").notes
+
+
+def test_the_texts_fingerprint_follows_its_lines_and_which_split_holds_them():
+    from convattn.training.pretrain.data import text_fingerprint
+
+    def rows(*lines):
+        return datasets.Dataset.from_dict({"text": list(lines)})
+
+    fingerprint = text_fingerprint(rows("a b", "c d"), rows("e f"))
+    assert fingerprint == text_fingerprint(rows("a b", "c d"), rows("e f"))  # wherever it was read from
+    assert len({fingerprint, text_fingerprint(rows("a b"), rows("c d", "e f")),  # a line moved to the other split
+                text_fingerprint(rows("a b", "c d"), rows("e g")), text_fingerprint(rows("c d", "a b"), rows("e f")),
+                text_fingerprint(rows("a b c d"), rows("e f"))}) == 5

@@ -104,3 +104,12 @@ def test_a_pair_of_huge_lines_is_formatted_in_bounded_memory(tokenizer):
     head = " ".join(WORDS[i % len(WORDS)] for i in range(100))
     expected = tokenizer(head, head, truncation="longest_first", max_length=32)["input_ids"]
     assert out[0]["input_ids"] == expected
+
+
+def test_a_long_line_with_few_spaces_is_cut_where_it_keeps_every_token_truncation_keeps(tokenizer):
+    """Each text of a pair is cut to 16 characters a token before tokenizing, at its last space in the second half
+    of that limit: a line whose only space comes early (a long unbroken string after one word) keeps its string."""
+    unbroken = "alpha " + "".join(WORDS) * 20  # one space, then 1,100 characters without one (the limit: 512)
+    out = format_dataset(lines(unbroken, unbroken), tokenizer, "pairs", 32)
+    expected = tokenizer(unbroken, unbroken, truncation="longest_first", max_length=32)["input_ids"]
+    assert out[0]["input_ids"] == expected

@@ -307,6 +307,18 @@ def test_a_model_record_without_finished_runs_is_replaced(checkpoint, tmp_path, 
     assert "holds 1 finished run(s) of another model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["glue", "squad"])
+def test_a_model_saved_again_in_its_folder_is_another_model(checkpoint, tmp_path, capsys, command):
+    """Finished runs are kept apart by the model's fingerprint, not its folder's name: a folder another model was
+    saved into (a pretraining run resumed and finished there) is another model."""
+    model, out = copy_of(checkpoint, tmp_path), tmp_path / "out"
+    assert run(command, model, out) == 0
+    config_with(model, hidden_dropout_prob=0.05)  # the same folder, another fingerprint
+    capsys.readouterr()
+    assert run(command, model, out) == 2
+    assert "holds 1 finished run(s) of another model" in capsys.readouterr().err
+
+
 def test_a_finished_seed_of_another_precision_is_named_by_its_option_not_a_dump_of_the_settings(tmp_path):
     import dataclasses
 
@@ -344,3 +356,33 @@ def test_a_model_768_wide_or_more_takes_the_recipes_base_size_settings(hidden, b
     assert pretrained.base_size is base
     settings = resolve_settings(load_glue_recipe("chang2021"), "sst2", pretrained.base_size, {}, {}, from_mnli=False)
     assert settings.learning_rate == (1e-4 if base else 3e-4)
+
+
+def test_the_longest_input_is_what_the_models_positions_allow():
+    """RoBERTa-style models number positions from pad_token_id + 1: of 514 embeddings, 512 are usable."""
+    from transformers import RobertaConfig
+
+    from convattn import ConvAttnConfig
+    from convattn.training.finetune.pretrained import input_limit
+
+    assert input_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert input_limit(BertConfig(max_position_embeddings=512, pad_token_id=0)) == 512
+    assert input_limit(ConvAttnConfig.from_preset("chang2021-small/composite")) is None  # relative positions only
+    assert input_limit(ConvAttnConfig.from_preset("chang2021-small/absolute", max_position_embeddings=128)) == 128
+
+
+@pytest.mark.parametrize(("types", "given"), [(1, False), (2, True)])
+def test_token_types_are_given_to_a_model_with_more_than_one(types, given, tmp_path):
+    """A model of one token type (RoBERTa's kind) gets no token type ids: a pair's second text would index past
+    its one embedding."""
+    from convattn import ConvAttnConfig, ConvAttnForMaskedLM
+    from convattn.training.finetune.pretrained import load_pretrained
+
+    tokenizer = tiny_wordpiece_tokenizer(SENTENCES)
+    config = ConvAttnConfig.from_preset("chang2021-small/absolute", hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, intermediate_size=64, embedding_size=32,
+                                        type_vocab_size=types, vocab_size=len(tokenizer),
+                                        pad_token_id=tokenizer.pad_token_id)
+    ConvAttnForMaskedLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert load_pretrained(str(tmp_path), "glue", "fine-tuned").token_types is given

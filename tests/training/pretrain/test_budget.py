@@ -135,8 +135,10 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys,
                   "warmup": 0.2},
         data={"train_files": [str(corpus / "train.txt")], "eval_files": [str(corpus / "valid.txt")]},
     )
-    assert pretrain(options, callbacks=[InterruptAfterSaves(3)]).interrupted
-    assert time_spent(last_checkpoint(out))["compute"] == 1.25  # the third evaluation's checkpoint, at step 10
+    assert pretrain(options, callbacks=[InterruptAfterSaves(6)]).interrupted
+    # the sixth evaluation's checkpoint, at step 20: the budget's 4 s are past on the wall's clock, which this budget
+    # does not read, and not on its own
+    assert time_spent(last_checkpoint(out)) == {"compute": 2.5, "wall": 5.0}
     capsys.readouterr()
     # another clock would end the budget elsewhere: a schedule change, refused unless asked for
     resume = ["pretrain", "--output-dir", str(out), "--resume"]
@@ -151,7 +153,7 @@ def test_a_resumed_budget_run_continues_the_same_clock(corpus, tmp_path, capsys,
     for clock in ("elapsed_seconds", "training_seconds"):  # both go on after the resume
         assert [row[clock] for row in rows] == sorted(row[clock] for row in rows)
     assert main(["pretrain", "--output-dir", str(out), "--resume"]) == 0  # finished: nothing to do
-    assert "already finished" in capsys.readouterr().out
+    assert "pretraining already finished: 32 steps" in capsys.readouterr().out  # its last checkpoint's
 
 
 @pytest.mark.slow

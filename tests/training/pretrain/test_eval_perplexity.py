@@ -88,6 +88,18 @@ def test_masked_lm_perplexity_is_the_token_mean_over_the_whole_eval_set(tmp_path
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+def test_evaluation_leaves_the_training_random_state_as_it_found_it(tmp_path):
+    """An evaluation draws with its own seed (the same masks and dropout-free model every time) and gives training
+    its random state back: without that, every evaluation would set training's draws back to the same point."""
+    config = tiny_config("chang2021-small/composite", mask_token_id=MASK, pad_token_id=PAD)
+    model = ConvAttnForMaskedLM(config).train()
+    trainer = trainer_for(model, "mlm", fixed_masking, tmp_path)
+    torch.manual_seed(7)
+    before = torch.random.get_rng_state()
+    trainer.evaluate()
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_evaluation_masks_with_the_eval_collator_and_gives_training_its_collator_back(tmp_path):
     """A run evaluates with its own collator (the job's masks one example at a time, so the perplexity does not
     move with the batch or the processes), not the training one, which it gets back afterwards."""
@@ -170,3 +182,18 @@ def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
             logits = reference(input_ids=inputs[row:row + 1]).logits[0]
             total += F.cross_entropy(logits[masked[row]], blocks[row][masked[row]], reduction="sum").item()
     assert perplexity == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+def test_non_finite_weights_stop_an_evaluation_and_are_never_saved(tmp_path):
+    from convattn.training.guards import NonFiniteTraining
+
+    config = tiny_config("chang2021-small/composite", mask_token_id=MASK, pad_token_id=PAD)
+    model = ConvAttnForMaskedLM(config).train()
+    trainer = trainer_for(model, "mlm", fixed_masking, tmp_path / "run")
+    with torch.no_grad():
+        model.mlm_head.bias[0] = float("inf")
+    with pytest.raises(NonFiniteTraining, match="the eval loss is nan"):
+        trainer.evaluate()
+    with pytest.raises(NonFiniteTraining, match=r"the weights are no longer finite \(mlm_head.bias\)"):
+        trainer.save_model(str(tmp_path / "saved"))
+    assert not (tmp_path / "saved").exists()

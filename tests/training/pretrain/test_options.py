@@ -76,3 +76,26 @@ def test_the_fields_the_memory_check_names_are_config_fields():
 
     names = {f.name for f in dataclasses.fields(ConvAttnConfig)}
     assert set(LAYER_FIELDS) <= names and set(parameters_at_least(ConvAttnConfig())) <= names
+
+
+def test_the_models_starting_weights_follow_the_runs_seed():
+    """Seeds of a comparison differ in their starting weights too, not only in their data order and masks."""
+    from convattn.training.pretrain.options import model_config
+    from convattn.training.pretrain.trainer import build_model
+    from convattn.training.recipes import resolve_recipe
+
+    class Vocabulary:  # what the model takes from a tokenizer
+        pad_token_id, mask_token_id = 0, 4
+
+        def __len__(self):
+            return 100
+
+    def starting_weights(seed: int) -> dict:
+        recipe, _ = resolve_recipe("chang2021-small/absolute", None, {"num_hidden_layers": 1, "hidden_size": 32,
+                                                                      "num_attention_heads": 4,
+                                                                      "intermediate_size": 64}, {"seed": seed})
+        return build_model(recipe, model_config(recipe), Vocabulary()).state_dict()
+
+    first, again, other = starting_weights(0), starting_weights(0), starting_weights(1)
+    name = "convattn.encoder.layer.0.attention.self.query.weight"
+    assert first[name].equal(again[name]) and not first[name].equal(other[name])

@@ -121,6 +121,10 @@ DAMAGE = [
     ("metrics: a string for a number", edit_metrics_row(step="4"),
      "metrics.jsonl:2: 'step' is a string (\"4\"), not an integer"),
     ("metrics: null for a number", edit_metrics_row(eval_loss=None), "metrics.jsonl:2: 'eval_loss' is null"),
+    ("metrics: a NaN", edit_metrics_row(perplexity=float("nan")),
+     "metrics.jsonl:2: 'perplexity' is a number (NaN), not a finite number"),
+    ("metrics: a boolean for an integer", edit_metrics_row(step=True),
+     "metrics.jsonl:2: 'step' is a boolean (true), not an integer"),
 ]
 
 
@@ -133,6 +137,16 @@ def test_resume_refuses_a_run_that_is_not_the_one_started_and_writes_nothing(sto
     before = snapshot(run)
     assert main(["pretrain", "--output-dir", str(run), "--resume"]) == 2
     one_error_line(capsys.readouterr().err, "pretrain", said)
+    assert snapshot(run) == before
+
+
+def test_a_new_run_into_a_run_in_progress_is_refused_and_writes_nothing(stopped_run, corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run)) == 2  # neither --resume nor --overwrite
+    one_error_line(capsys.readouterr().err, "pretrain", "it holds a pretraining run (in progress)", "--resume",
+                   "--overwrite")
     assert snapshot(run) == before
 
 
