@@ -53,6 +53,18 @@ def keep_torch_threads():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def keep_denormals():
+    """A test that flushes denormal floats (the command line does, and a benchmark's parser) gives the state back, so
+    no test computes under another's (convattn.denormals)."""
+    from convattn.denormals import denormals_flushed, set_denormals
+
+    flushed = denormals_flushed()
+    yield
+    if denormals_flushed() != flushed:
+        set_denormals(flushed)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread: tiny matrices gain nothing from threads, and on 2 shared cores OpenMP spin-waits

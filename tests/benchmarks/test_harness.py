@@ -74,14 +74,12 @@ def test_the_machine_line_names_the_cpu_the_packages_and_the_threads(harness):
     from convattn.denormals import set_denormals
     from convattn.runs.environment import cpu_name
 
+    set_denormals(False)  # (the conftest's keep_denormals gives the process's state back)
     line = harness.machine_line(packages=("torch", "no_such_package"))
     assert line == (f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, no no_such_package, "
                     f"{torch.get_num_threads()} threads, denormals kept")
-    try:
-        set_denormals(True)
-        assert harness.machine_line(threads=False).endswith(", denormals flushed")
-    finally:
-        set_denormals(False)
+    set_denormals(True)
+    assert harness.machine_line(threads=False).endswith(", denormals flushed")
     assert harness.machine_line("a GPU", threads=False, extra=("bfloat16",)) == (
         f"a GPU, torch {torch.__version__}, bfloat16")
 
@@ -89,13 +87,11 @@ def test_the_machine_line_names_the_cpu_the_packages_and_the_threads(harness):
 def test_a_benchmark_flushes_denormals_as_the_command_line_does_unless_told_to_keep_them(harness):
     from convattn.denormals import denormals_flushed, set_denormals
 
-    try:
-        assert harness.arguments("doc", reps=3).parse_args(["--keep-denormals"]).reps == 3
-        assert not denormals_flushed()
-        harness.arguments("doc").parse_args([])
-        assert denormals_flushed()
-    finally:
-        set_denormals(False)
+    set_denormals(False)  # (the conftest's keep_denormals gives the process's state back)
+    assert harness.arguments("doc", reps=3).parse_args(["--keep-denormals"]).reps == 3
+    assert not denormals_flushed()
+    harness.arguments("doc").parse_args([])
+    assert denormals_flushed()
 
 
 def test_interleaved_timing_gives_each_arm_its_repetitions_in_turn(harness):

@@ -73,9 +73,11 @@ def test_metrics_rows_have_exact_perplexity(finished_run):
 @pytest.mark.slow
 def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run, tmp_path):
     from convattn.cli import build_parser
+    from convattn.denormals import flush_denormals
 
     out = tmp_path / "interrupted"
     options = options_from_args(build_parser().parse_args(tiny_args(corpus, out)))
+    flush_denormals()  # as the command line starts a run, so that its resume below moves no setting
     summary = pretrain(options, callbacks=[InterruptAt(5)])  # after checkpoint-4, before checkpoint-6
     assert summary.interrupted and not (out / "model.safetensors").exists()
     assert [p.name for p in complete_checkpoints(out / "checkpoints")] == ["checkpoint-2", "checkpoint-4"]
