@@ -94,3 +94,28 @@ def test_the_run_records_whether_denormals_were_flushed_and_a_resume_says_when_t
     older = {key: value for key, value in kept.items() if key != "denormals"}  # a record from before the field
     assert changes(older, flushed) == ["denormals not recorded -> flushed"]
     assert "denormals flushed" in describe(flushed)
+
+
+def test_alibi_on_a_cpu_thread_that_keeps_denormals_says_once_how_to_flush_them(cpu_flushes, monkeypatch):
+    import warnings
+
+    from convattn import ConvAttnConfig, ConvAttnModel
+    from convattn.attention.relative import dispatch
+
+    monkeypatch.setattr(dispatch, "_denormals_said", False)
+    config = ConvAttnConfig.from_preset("chang2021-small/alibi", num_hidden_layers=1, hidden_size=32,
+                                        num_attention_heads=4, intermediate_size=64, vocab_size=100)
+    model = ConvAttnModel(config).eval()
+    short, long = torch.randint(5, 100, (1, 300)), torch.randint(5, 100, (1, 400))  # slope 1/4: -75, then -100
+    set_denormals(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(short)  # the bias stays above the denormal range
+    with pytest.warns(RuntimeWarning, match=r"over 400 tokens make denormal floats.*torch.set_flush_denormal\(True\)"):
+        model(long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(long)  # once a process
+        monkeypatch.setattr(dispatch, "_denormals_said", False)
+        set_denormals(True)
+        model(long)  # flushed: nothing to say

@@ -12,7 +12,8 @@ changes only values below those bounds, which become zero (as TensorFlow and one
 x86's flags (flush-to-zero and denormals-are-zero, MXCSR) are per thread, and a thread starts with its creator's:
 the command line sets them in its main thread before the first parallel region starts OpenMP's threads
 (`flush_denormals`), so every thread of the run has them, and sets them back when it returns (an in-process caller
-keeps its own). A library caller sets them the same way, first thing in its script: `torch.set_flush_denormal(True)`.
+keeps its own). A library caller sets them the same way, first thing in its script: `torch.set_flush_denormal(True)`;
+ALiBi on a CPU thread that keeps them says so once (`attention.relative.dispatch`).
 """
 
 from __future__ import annotations
