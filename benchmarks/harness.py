@@ -78,6 +78,8 @@ def machine_line(where: str = "cpu", packages: tuple[str, ...] = ("torch",), thr
     packages' versions; torch's threads (`threads` True: as set now; a number: that); then `extra`."""
     import torch
 
+    from convattn.runs.environment import cpu_name  # a cost ratio depends on the CPU (convattn.denormals)
+
     place = {"cpu": lambda: f"{cpu_name()}, {os.cpu_count()} cores",
              "cuda": torch.cuda.get_device_name}.get(where, lambda: where)()
     parts = [place, *(version(package) for package in packages)]
@@ -88,13 +90,6 @@ def machine_line(where: str = "cpu", packages: tuple[str, ...] = ("torch",), thr
 
         parts.append(f"denormals {'flushed' if denormals_flushed() else 'kept'}")
     return ", ".join([*parts, *extra])
-
-
-def cpu_name() -> str:
-    """The CPU's model name: a cost ratio depends on it (x86's cost of denormal floats: convattn.denormals)."""
-    from convattn.runs.environment import cpu_name as name
-
-    return name()
 
 
 def results_dir() -> Path:

@@ -44,6 +44,8 @@ def test_changes_name_each_setting_that_moves_a_time_and_nothing_else():
     assert changes(before, after) == ["threads 2 -> 4", "GOMP_SPINCOUNT unset -> 1000",
                                       "OMP_WAIT_POLICY PASSIVE -> unset"]
     assert changes(before, dict(before, load_average=5.0)) == []  # the load is recorded, not a setting
+    older = {key: value for key, value in before.items() if key != "thread_variables"}  # a record without them
+    assert changes(older, dict(older, thread_variables={"GOMP_SPINCOUNT": "1000"})) == ["GOMP_SPINCOUNT unset -> 1000"]
 
 
 def test_lines_are_appended_and_a_damaged_line_is_skipped(tmp_path):

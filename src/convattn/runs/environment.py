@@ -157,15 +157,13 @@ def changes(before: dict, now: dict) -> list[str]:
         old, new = before.get(key), now.get(key)
         if old == new:
             continue
-        if key not in before:  # a record from before convattn recorded it
-            old = "not recorded"
         if key == "thread_variables":
             old, new = old or {}, new or {}
             for name in sorted(set(old) | set(new)):
                 if old.get(name) != new.get(name):
                     said.append(f"{name} {old.get(name, 'unset')} -> {new.get(name, 'unset')}")
-        else:
-            said.append(f"{key.replace('_', ' ')} {old} -> {new}")
+        else:  # a setting a record from before convattn recorded it lacks: "not recorded"
+            said.append(f"{key.replace('_', ' ')} {old if key in before else 'not recorded'} -> {new}")
     return said
 
 
