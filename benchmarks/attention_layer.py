@@ -13,6 +13,8 @@ row padded. Results go to benchmarks/results/attention_layer.md.
     python benchmarks/attention_layer.py --compile --reps 7  # every arm under torch.compile (inductor), time only
     python benchmarks/attention_layer.py --arms none,rotary,alibi,composite,composite+rotary  # today's positions
     python benchmarks/attention_layer.py --arms none,rotary,rotary-halves  # what rotary's pair order saves
+    python benchmarks/attention_layer.py --arms none,alibi,alibi-decomposed  # ALiBi's Toeplitz view, and before
+    python benchmarks/attention_layer.py --shapes 128x64,256x32 --arms none,alibi-dense,alibi-toeplitz  # from where
 """
 
 from __future__ import annotations
@@ -32,12 +34,16 @@ from convattn.attention.relative import dispatch
 ARMS = ["none", "composite", "composite+key", "composite+depthwise", "conv-qkv"]
 
 
-# arms that are a preset's layer computed another way: the rotate-half formula in place of the pair order
-VARIANTS = {"rotary-halves": ("rotary", "PAIR_ORDER", False)}
+# arms that are a preset's layer computed another way, each with the context that switches it: the rotate-half
+# formula in place of the pair order; ALiBi through the decomposition (its CPU path before toeplitz.py)
+VARIANTS = {"rotary-halves": ("rotary", lambda: mock.patch.object(rotary, "PAIR_ORDER", False)),
+            "alibi-decomposed": ("alibi", lambda: dispatch.forced_path("decomposed")),
+            "alibi-toeplitz": ("alibi", lambda: dispatch.forced_path("toeplitz")),
+            "alibi-dense": ("alibi", lambda: dispatch.forced_path("dense"))}
 
 
 def build(arm: str, n: int, batch: int, dropout: float = 0.0, compiled: bool = False):
-    preset, switch, value = VARIANTS.get(arm, (arm, None, None))
+    preset, switched = VARIANTS.get(arm, (arm, contextlib.nullcontext))
     config = ConvAttnConfig.from_preset(f"chang2021-small/{preset}", attention_probs_dropout_prob=dropout,
                                         max_position_embeddings=max(n, 128))
     torch.manual_seed(0)
@@ -45,7 +51,6 @@ def build(arm: str, n: int, batch: int, dropout: float = 0.0, compiled: bool = F
     hidden = torch.randn(batch, n, config.hidden_size, requires_grad=True)
     mask = TokenMask(harness.padded_keep(batch, n))
     attend = torch.compile(layer) if compiled else layer
-    switched = (lambda: mock.patch.object(rotary, switch, value)) if switch else contextlib.nullcontext
 
     def step():
         with switched():
@@ -90,7 +95,8 @@ def main() -> int:
         "Memory: a fresh process per arm; peak RSS, and its growth during the step (peak minus RSS "
         "after building layer and inputs), ratio of growth to `none`. Relative terms take the decomposed path "
         f"from n = {dispatch.CPU_DECOMPOSED_MIN_LENGTH} on (blockwise with dropout from "
-        f"{dispatch.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below."
+        f"{dispatch.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below; ALiBi alone without dropout the Toeplitz "
+        "view at every length."
         + (" Every layer under torch.compile (inductor), memory not measured." if args.compile else ""))
     lines = [
         *harness.heading("One attention layer, forward+backward, vs the same layer with plain SDPA", about), "",

@@ -4,8 +4,8 @@ A float32 below 2^-126 (about 1.2e-38; a float64 below 2^-1022) is denormal, and
 take a microcode assist many times the cost of a normal operation. Attention makes them wherever a score sits 87 to
 104 below its row's maximum (exp of it is denormal, then the products and matrix products that read it are slow):
 ALiBi does so by design, its bias -m_h |i - j| reaching -128 at 512 tokens' distance for the steepest of 4 heads
-(m_h = 1/4). On an Intel Xeon (2 threads) one ALiBi layer, forward and backward, took 4.2x plain SDPA's time at
-n = 2,048 x 4 with denormals kept and 1.3x flushed (RESULTS 8.8; measure again with `python
+(m_h = 1/4). On an Intel Xeon (2 threads) one ALiBi layer, forward and backward, took 4.7x plain SDPA's time at
+n = 2,048 x 4 with denormals kept and 1.05x flushed (RESULTS 8.8, 8.9; measure again with `python
 benchmarks/attention_layer.py --arms none,alibi --keep-denormals` against the same without the flag). Flushing
 changes only values below those bounds, which become zero (as TensorFlow and oneDNN do by default).
 

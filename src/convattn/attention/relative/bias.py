@@ -94,6 +94,11 @@ class RelativePositionBias(nn.Module):
         self.init_weights()
 
     @property
+    def alibi_alone(self) -> bool:
+        """Whether ALiBi is the only term (no fixed or dynamic relative terms beside it)."""
+        return self.alibi is not None and self.fixed is None and not self.reads_projections
+
+    @property
     def reads_projections(self) -> bool:
         """Whether a term reads the queries or keys (dynamic_query, dynamic_key), not only the offsets."""
         return self.query_kernel is not None or self.key_kernel is not None

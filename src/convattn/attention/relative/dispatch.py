@@ -23,11 +23,15 @@ from convattn.attention.relative.blockwise import blockwise_relative_attention
 from convattn.attention.relative.decomposition import decomposed_relative_attention
 from convattn.attention.relative.flex import flex_relative_attention
 from convattn.attention.relative.kernels import fused_kernel
+from convattn.attention.relative.toeplitz import toeplitz_alibi_attention
 from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
 # Below this length the dense bias (SDPA's math kernel) is as fast on CPU as the decomposition and small; at 256
 # the decomposition took 1.53x plain SDPA's time against the dense bias's 1.67x (composite, one layer, forward and
 # backward). Measure again: python benchmarks/attention_layer.py --shapes 128x16,256x16 --decomposed-from N
+# ALiBi alone takes the Toeplitz view from here on, where the dense bias would hold n x n: below, the dense bias is
+# as fast or faster (the view's copies of k and v weigh more where each query has few keys). Measure again: python
+# benchmarks/attention_layer.py --shapes 128x64,256x32 --arms none,alibi-dense,alibi-toeplitz
 CPU_DECOMPOSED_MIN_LENGTH = 256
 # From this length on the blockwise path serves attention dropout on CPU, whose fused kernel has no dropout: it
 # computes the forward twice, worth it where the dense bias's memory grows as n^2 (at 2,048 half the dense bias's
@@ -35,7 +39,7 @@ CPU_DECOMPOSED_MIN_LENGTH = 256
 CPU_BLOCKWISE_MIN_LENGTH = 2048
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-RELATIVE_PATHS = ("triton", "decomposed", "blockwise", "flex", "dense")
+RELATIVE_PATHS = ("triton", "toeplitz", "decomposed", "blockwise", "flex", "dense")
 # The path `forced_path` set, per thread. Not a contextvars.ContextVar: torch.compile (2.13) cannot trace its
 # get (a graph break, refused under fullgraph=True), while it reads a threading.local's attribute and guards on
 # its value, so a compiled graph follows the forced path as eager code does. A plain threading.local read with a
@@ -137,9 +141,12 @@ def _triton_serves(attn_implementation: str, device: torch.device, dtype: torch.
         device.type == "cuda" and dtype in TRITON_DTYPES and triton_installed())
 
 
-def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool) -> str:
+def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_weights: bool,
+                  alibi_alone: bool = False) -> str:
     """"triton" (triton_attention.py: one fused kernel, forward and backward, dropout included, an operator that
     torch.compile keeps whole; the kernel's attn_implementation, and the CUDA default),
+    "toeplitz" (ALiBi without relative terms, `alibi_alone`, on CPU from 256 tokens on, no dropout: toeplitz.py,
+    the CPU flash kernel with the bias as a strided view),
     "decomposed" (decomposition.py, exact, O(n (2r + 1)) beside the fused kernels; one custom operator under
     torch.compile), "blockwise" (CPU with dropout, blockwise.py, eager only: its checkpoints split a compiled
     graph), "flex" (attn_implementation="flex_attention", no dropout, heads of 16 channels or more) or "dense"
@@ -161,7 +168,9 @@ def relative_path(q: Tensor, attn_implementation: str, dropout_p: float, need_we
     if q.device.type != "cpu":
         return "decomposed"
     if dropout_p == 0.0:
-        return "decomposed" if n >= CPU_DECOMPOSED_MIN_LENGTH else "dense"
+        if n < CPU_DECOMPOSED_MIN_LENGTH:
+            return "dense"
+        return "toeplitz" if alibi_alone else "decomposed"
     return "blockwise" if n >= CPU_BLOCKWISE_MIN_LENGTH and not torch.compiler.is_compiling() else "dense"
 
 
@@ -180,7 +189,9 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
                       need_weights=need_weights)
     if relative.alibi is not None and q.device.type == "cpu":
         _say_denormals(max(relative.alibi), q.shape[-2])
-    path = relative_path(q, attn_implementation, dropout_p, need_weights)
+    path = relative_path(q, attn_implementation, dropout_p, need_weights, relative.alibi_alone)
+    if path == "toeplitz":
+        return _toeplitz(q, k, v, relative, mask, dropout_p), None
     keep = mask.keep if mask.has_padding else None
     table_q, table_k = tables_from or (q, k)
     if path == "decomposed":
@@ -204,6 +215,18 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositi
                   attn_implementation=attn_implementation, need_weights=need_weights)
 
 
+def _toeplitz(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias, mask: TokenMask,
+              dropout_p: float) -> Tensor:
+    if not relative.alibi_alone or dropout_p:
+        raise ValueError("the toeplitz path computes ALiBi alone without dropout; this layer has "
+                         + ("dropout on its probabilities" if dropout_p else "relative terms beside ALiBi"))
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # the bias reaches m_h n, whole units that half precision would lose: these operands attend in float32
+        out = toeplitz_alibi_attention(q.float(), k.float(), v.float(), relative.slopes(q), mask)
+        return out.to(q.dtype)
+    return toeplitz_alibi_attention(q, k, v, relative.slopes(q), mask)
+
+
 # exp() of a float32 below -87.3 is denormal (under 2^-126): ALiBi's bias alone reaches it where its steepest slope
 # times the longest distance does (convattn.denormals)
 DENORMAL_EXPONENT = 87.3
@@ -222,8 +245,8 @@ def _say_denormals(slope: float, n: int) -> None:
         return
     _denormals_said = True
     warnings.warn(f"ALiBi's far scores over {n} tokens make denormal floats, which x86 CPUs compute many times more "
-                  "slowly (one ALiBi layer at 2,048 tokens: 4.2x plain SDPA's time on an Intel Xeon, 1.3x with them "
-                  "flushed; RESULTS 8.8): call torch.set_flush_denormal(True) first thing in the script, before torch "
+                  "slowly (one ALiBi layer at 2,048 tokens: 4.7x plain SDPA's time on an Intel Xeon, 1.05x with them "
+                  "flushed; RESULTS 8.9): call torch.set_flush_denormal(True) first thing in the script, before torch "
                   "starts its threads, as the convattn command line does", RuntimeWarning, stacklevel=2)
 
 
