@@ -28,6 +28,8 @@ FAMILIES = {
     "convbert-key-kernels": ("chang2021-small/convbert", 24),
     "rotary": ("chang2021-small/composite+rotary", 24),
     "alibi": ("chang2021-small/alibi", 24),
+    # ALiBi alone without dropout: the Toeplitz view from this length on, every row's pads on the extra channel
+    "alibi-long": ("chang2021-small/alibi", CPU_DECOMPOSED_MIN_LENGTH),
     "linformer": ("malard/linformer-n128-k32", 24),
     "conv-linformer": ("malard/conv-linformer-n128-k32", 24),
     ELECTRA: ("convbert/small", 24),
@@ -131,6 +133,35 @@ def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
     loss, grads = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
     assert {"convattn.relative_attention.default", "convattn.relative_attention_backward.default"} <= targets
     assert shapes and not [shape for shape in shapes if sum(size >= n for size in shape) >= 2]
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_compiled_alibi_keeps_its_bias_a_view_of_its_diagonals():
+    """ALiBi alone without dropout, past the dense bias's lengths: the compiled forward and backward call the CPU flash
+    kernel with the bias as a strided view, no storage of n x n numbers, and compute what eager mode does."""
+    torch.set_flush_denormal(True)  # as the command line runs (conftest gives the state back)
+    n = 600
+    model = tiny_model("alibi", num_hidden_layers=1, max_position_embeddings=n)
+    inputs = model_inputs("alibi", padded_batch(n))
+    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
+    targets, largest = set(), []
+
+    def record(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            targets.add(str(node.target))
+            values = node.meta.get("val")
+            for value in values if isinstance(values, list | tuple) else [values]:
+                if isinstance(value, torch.Tensor):
+                    largest.append(value.untyped_storage().nbytes() // value.element_size())
+        return make_boxed_func(graph_module.forward)
+
+    backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    loss, grads = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
+    assert {"aten._scaled_dot_product_flash_attention_for_cpu.default",
+            "aten._scaled_dot_product_flash_attention_for_cpu_backward.default", "aten.as_strided.default"} <= targets
+    assert largest and max(largest) < n * n
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
