@@ -65,6 +65,13 @@ def test_version_2_0_matches_the_official_script_with_no_answer_probabilities():
     assert scores == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_no_answer_probability_at_the_threshold_keeps_the_prediction():
+    """The official v2.0 script abstains where the probability exceeds na_prob_thresh, not where it equals it."""
+    scores = squad_scores({"a": ["Paris"], "b": []}, {"a": "Paris", "b": ""}, "2.0",
+                          no_answer_probs={"a": 0.5, "b": 0.5}, na_prob_thresh=0.5)
+    assert scores["exact"] == scores["f1"] == 100.0
+
+
 def test_the_two_scripts_differ_on_empty_answers():
     assert normalize_answer("The  (Eiffel) tower!") == "eiffel tower"
     assert normalize_answer("an") == "" and exact_match("The", "a") == 1.0

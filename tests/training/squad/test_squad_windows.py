@@ -12,8 +12,8 @@ from helpers.tiny import tiny_wordpiece_tokenizer
 
 from convattn.data.squad import load_squad_file, official_answers
 from convattn.errors import UsageError
-from convattn.training.squad.features import encode_split, max_context_flags, truncated_question
-from convattn.training.squad.postprocess import best_answers
+from convattn.training.squad.features import encode_split, max_context_flags, token_span, truncated_question
+from convattn.training.squad.postprocess import best_answers, candidate_spans
 from convattn.training.squad.settings import SquadSettings
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "squad"
@@ -115,6 +115,7 @@ def test_question_is_cut_to_max_query_length(tokenizer):
     assert tokenizer(cut, add_special_tokens=False)["input_ids"] == \
         tokenizer(question, add_special_tokens=False)["input_ids"][:4]
     assert truncated_question(question, tokenizer, 64) == question
+    assert truncated_question("  " + question, tokenizer, 64) == question  # leading whitespace dropped
 
 
 def test_max_context_flags_prefer_the_first_window_on_ties():
@@ -126,6 +127,73 @@ def test_max_context_flags_prefer_the_first_window_on_ties():
     assert flags[0][1:] == [reference_is_max_context(spans, 0, p) for p in range(4)]
     assert flags[1][1:] == [reference_is_max_context(spans, 1, p) for p in range(2, 6)]
     assert flags[0][0] is False
+
+
+def test_max_context_flags_follow_berts_rule_on_windows_of_any_length():
+    """BERT's score min(left, right) + 0.01 x window length: of two windows giving a token the same context on its
+    shorter side, the longer window wins, even when it comes second."""
+    def window(first: int, length: int) -> list:
+        return [None, *((2 * p, 2 * p + 1) for p in range(first, first + length))]
+
+    spans = [(0, 5), (0, 7), (3, 6)]
+    flags = max_context_flags([window(*span) for span in spans])
+    for index, (first, length) in enumerate(spans):
+        assert flags[index][1:] == [reference_is_max_context(spans, index, p) for p in range(first, first + length)]
+    assert flags[1][3] and not flags[0][3]  # token 2: context 2 on its shorter side in both, the 7-token window's
+
+
+def test_an_answer_right_after_a_token_starts_at_its_own_token():
+    """A token that ends where the answer begins ("$" before "100") is not the answer's first token."""
+    offsets = [None, (0, 5), (6, 7), (7, 10), (11, 16), None]  # "costs $100 today"
+    assert token_span(offsets, 7, 10) == (3, 3)
+    assert token_span(offsets, 6, 10) == (2, 3)
+
+
+def test_ends_past_the_window_take_no_place_among_the_n_best():
+    """Logits of the padded positions past a window's tokens are not candidates, nor do they push real ones out."""
+    offsets, flags = [None, (0, 3), (4, 7), (8, 11)], [False, True, True, True]
+    start_logits = np.array([0.0, 1.0, 0.5, 0.2, 9.0, 9.0])
+    end_logits = np.array([0.0, 0.1, 2.0, 0.3, 9.0, 9.0])  # positions 4 and 5: padding, highest of all
+    assert candidate_spans(start_logits, end_logits, offsets, flags, 1, 30) == [(1.0, 2.0, 0, 7)]
+
+
+def hand_made(contexts: dict[str, str], windows: list[tuple[str, list, list[bool]]]) -> tuple[Dataset, Dataset]:
+    questions = Dataset.from_dict({"id": list(contexts), "context": list(contexts.values())})
+    rows = Dataset.from_dict({"example_id": [w[0] for w in windows], "context_offsets": [w[1] for w in windows],
+                              "max_context": [w[2] for w in windows]})
+    return questions, rows
+
+
+def test_answer_texts_are_stripped_unique_and_their_probabilities_finite():
+    """Metaspace tokenizers count the space before a word in its offsets: the answer text is stripped. Two windows
+    finding the same text list it once; logits in the thousands still give probabilities summing to 1."""
+    context = "the cat sat on the mat"
+    offsets = [None, (0, 3), (3, 7), (7, 11), (11, 14)]  # "the", " cat", " sat", " on"
+    questions, windows = hand_made({"q": context}, [("q", offsets, [False, True, True, True, True]),
+                                                    ("q", offsets, [False, True, True, True, True])])
+    logits = np.array([0.0, 1.0, 3000.0, 2.0, 1.5])
+    outputs = {"start_logits": [logits, logits], "end_logits": [logits, logits]}
+    answers = best_answers(questions, windows, outputs, 3, 30, "1.1")
+    assert answers.predictions["q"] == "cat"
+    texts = [entry["text"] for entry in answers.nbest["q"]]
+    assert texts[0] == "cat" and len(texts) == len(set(texts)) == 3
+    probabilities = [entry["probability"] for entry in answers.nbest["q"]]
+    assert np.isfinite(probabilities).all() and sum(probabilities) == pytest.approx(1.0)
+
+
+def test_version_2_null_odds_at_the_threshold_keep_the_span_and_stay_finite_without_one():
+    """BERT predicts no answer when the odds exceed the threshold, not when they equal it; a question with no valid
+    span gets large finite odds (JSON has no infinity)."""
+    offsets = [None, (0, 3), (4, 7)]
+    questions, windows = hand_made({"q": "one two", "none": "one two"},
+                                   [("q", offsets, [False, True, True]), ("none", offsets, [False, False, False])])
+    start_logits = [np.array([1.0, 0.5, 0.0]), np.array([1.0, 0.5, 0.0])]
+    end_logits = [np.array([1.0, 1.5, 0.0]), np.array([1.0, 1.5, 0.0])]  # span "one": 2.0, null 2.0
+    answers = best_answers(questions, windows, {"start_logits": start_logits, "end_logits": end_logits}, 20, 30,
+                           "2.0", null_threshold=0.0)
+    assert answers.null_odds["q"] == 0.0 and answers.predictions["q"] == "one"
+    assert answers.predictions["none"] == "" and np.isfinite(answers.null_odds["none"])
+    json.dumps(answers.null_odds, allow_nan=False)
 
 
 def reference_best_span(windows: Dataset, start_logits, end_logits, n_best: int, max_answer_length: int):
