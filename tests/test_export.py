@@ -4,6 +4,9 @@ question answering included (its start and end logits, the joint head's answerab
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +15,17 @@ from helpers.tiny import randomize_, tiny_config
 
 from convattn import ConvAttnForMaskedLM, ConvAttnForQuestionAnswering, ConvAttnForSequenceClassification
 from convattn.cli import main
-from convattn.export import export_program, input_names, output_names
+from convattn.errors import UsageError
+from convattn.export import (
+    dynamic_shapes,
+    export_onnx,
+    export_program,
+    fixed_length,
+    input_names,
+    load_saved,
+    output_names,
+    supported_opsets,
+)
 
 CASES = [("chang2021-small/composite+conv-qkv", ConvAttnForMaskedLM),
          ("chang2021-small/composite+key", ConvAttnForSequenceClassification),
@@ -148,3 +161,86 @@ def test_onnx_export_command_writes_a_squad_model(tmp_path):
             expected = model(input_ids=ids, attention_mask=keep, token_type_ids=segments(ids))
         for value, name in zip(got, ("start_logits", "end_logits", "answerable_logits"), strict=True):
             torch.testing.assert_close(torch.from_numpy(value), getattr(expected, name), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- what the graph takes, and from which folder
+
+
+def test_a_classifier_with_one_token_type_takes_no_token_types():
+    model = tiny("chang2021-small/composite+key", ConvAttnForSequenceClassification, type_vocab_size=1)
+    assert input_names(model) == ["input_ids", "attention_mask"]
+
+
+def test_any_layer_with_a_sequence_projection_fixes_the_length():
+    """One Linformer layer among plain ones slices and pads to its length as all-Linformer models do."""
+    assert fixed_length(SimpleNamespace(max_position_embeddings=128, layer_projections=["none", "linear"])) == 128
+    assert fixed_length(SimpleNamespace(max_position_embeddings=128, layer_projections=["none", "none"])) is None
+
+
+def test_the_sequence_axis_stops_at_what_absolute_positions_reach():
+    """Absolute position embeddings reach max_position_embeddings: the exported length may not pass it; relative
+    positions have no such bound."""
+    assert dynamic_shapes(tiny("chang2021-small/absolute"))[0][1].max == 128
+    assert dynamic_shapes(tiny("chang2021-small/composite"))[0][1].max == 1 << 20
+
+
+def test_a_batch_of_one_runs_through_the_exported_program():
+    model = tiny("chang2021-small/composite+key")
+    ids, keep = (x[1:2] for x in padded_batch(9))  # a padded row
+    with torch.no_grad():
+        torch.testing.assert_close(export_program(model).module()(ids, keep),
+                                   model(input_ids=ids, attention_mask=keep).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_opsets_are_the_converters_up_to_what_onnx_knows():
+    onnx = pytest.importorskip("onnx")
+    converter = pytest.importorskip("onnxscript.version_converter._version_converter")
+    top = min(converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
+    assert supported_opsets() == range(converter.SUPPORTED_MIN_ONNX_OPSET, top + 1)
+
+
+def test_onnx_export_of_a_model_built_for_sdpa_says_to_load_it_eager(tmp_path):
+    pytest.importorskip("onnxscript")
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        export_onnx(tiny("chang2021-small/composite"), tmp_path / "model.onnx")
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_opset_the_converter_could_not_reach_is_one_usage_error(tmp_path, monkeypatch):
+    """The exporter kept an older opset than asked: a UsageError naming the one it wrote, and no file."""
+    pytest.importorskip("onnxscript")
+    stub = SimpleNamespace(model=SimpleNamespace(opset_imports={"": 18}), save=lambda path: Path(path).write_text(""))
+    monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: stub)
+    model = tiny("chang2021-small/composite", attn_implementation="eager")
+    with pytest.raises(UsageError, match="stays at opset 18"):
+        export_onnx(model, tmp_path / "model.onnx", opset=19)
+    assert not list(tmp_path.iterdir())
+
+
+def test_load_saved_gives_the_saved_head_in_eval_mode_and_refuses_what_is_none(tmp_path):
+    """The architecture config.json names (a headless encoder where it names none), in eval mode; a name that is no
+    convattn model class is refused in one line."""
+    from convattn import ConvAttnModel
+
+    tiny("chang2021-small/composite", ConvAttnModel).save_pretrained(tmp_path / "encoder")
+    config = json.loads((tmp_path / "encoder" / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "encoder" / "config.json").write_text(json.dumps(config))
+    loaded = load_saved(tmp_path / "encoder")
+    assert type(loaded) is ConvAttnModel and not loaded.training
+    config["architectures"] = ["electra"]  # a module of convattn's, no model class
+    (tmp_path / "encoder" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not a convattn model"):
+        load_saved(tmp_path / "encoder")
+
+
+def test_load_saved_refuses_a_head_the_weights_do_not_hold(tmp_path):
+    """A config naming a classifier over an encoder's weights: a random head exported as the model's is refused."""
+    from convattn import ConvAttnModel
+
+    tiny("chang2021-small/composite", ConvAttnModel).save_pretrained(tmp_path / "encoder")
+    config = json.loads((tmp_path / "encoder" / "config.json").read_text())
+    config["architectures"] = ["ConvAttnForSequenceClassification"]
+    (tmp_path / "encoder" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="weights do not match the config"):
+        load_saved(tmp_path / "encoder")
