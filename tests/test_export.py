@@ -3,6 +3,7 @@ question answering included (its start and end logits, the joint head's answerab
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 from pathlib import Path
@@ -214,6 +215,21 @@ def test_an_opset_the_converter_could_not_reach_is_one_usage_error(tmp_path, mon
     model = tiny("chang2021-small/composite", attn_implementation="eager")
     with pytest.raises(UsageError, match="stays at opset 18"):
         export_onnx(model, tmp_path / "model.onnx", opset=19)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_write_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("onnxscript")
+
+    def disk_full(path):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    stub = SimpleNamespace(model=SimpleNamespace(opset_imports={"": 18}), save=disk_full)
+    monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: stub)
+    model = tiny("chang2021-small/composite", attn_implementation="eager")
+    with pytest.raises(UsageError, match=r"could not write .*model\.onnx: No space left on device"):
+        export_onnx(model, tmp_path / "model.onnx")
     assert not list(tmp_path.iterdir())
 
 
