@@ -111,14 +111,14 @@ def test_compiled_loss_and_gradients_match_eager(family):
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
-    """Past one block of queries the compiled forward and backward hold the decomposition's operators and no
-    tensor with two axes of the sequence's length, and compute what eager mode does."""
-    n = 600
-    model = tiny_model("composite+key", num_hidden_layers=1, max_position_embeddings=n)
-    inputs = model_inputs("composite+key", padded_batch(n))
-    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
-    targets, shapes = set(), []
+def compiled_with_a_record(family: str, n: int):
+    """One layer of `family` on a padded batch of n tokens, eager and compiled whole-graph through AOTAutograd:
+    the operators of the compiled forward and backward, the (shape, storage elements) of every tensor they hold,
+    and the eager and compiled (loss, gradients)."""
+    model = tiny_model(family, num_hidden_layers=1, max_position_embeddings=n)
+    inputs = model_inputs(family, padded_batch(n))
+    eager = loss_and_gradients(model, model, inputs)
+    targets, tensors = set(), []
 
     def record(graph_module, example_inputs):
         for node in graph_module.graph.nodes:
@@ -126,16 +126,29 @@ def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
             values = node.meta.get("val")
             for value in values if isinstance(values, list | tuple) else [values]:
                 if isinstance(value, torch.Tensor):
-                    shapes.append(tuple(value.shape))
+                    tensors.append((tuple(value.shape), value.untyped_storage().nbytes() // value.element_size()))
         return make_boxed_func(graph_module.forward)
 
     backend = aot_autograd(fw_compiler=record, bw_compiler=record)
-    loss, grads = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
-    assert {"convattn.relative_attention.default", "convattn.relative_attention_backward.default"} <= targets
-    assert shapes and not [shape for shape in shapes if sum(size >= n for size in shape) >= 2]
+    compiled = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
+    return targets, tensors, eager, compiled
+
+
+def assert_same_loss_and_gradients(compiled, eager):
+    (loss, grads), (eager_loss, eager_grads) = compiled, eager
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_compiled_relative_terms_take_the_decomposition_and_no_n_by_n_tensor():
+    """Past one block of queries the compiled forward and backward hold the decomposition's operators and no
+    tensor with two axes of the sequence's length, and compute what eager mode does."""
+    n = 600
+    targets, tensors, eager, compiled = compiled_with_a_record("composite+key", n)
+    assert {"convattn.relative_attention.default", "convattn.relative_attention_backward.default"} <= targets
+    assert tensors and not [shape for shape, _ in tensors if sum(size >= n for size in shape) >= 2]
+    assert_same_loss_and_gradients(compiled, eager)
 
 
 def test_compiled_alibi_keeps_its_bias_a_view_of_its_diagonals():
@@ -143,28 +156,11 @@ def test_compiled_alibi_keeps_its_bias_a_view_of_its_diagonals():
     kernel with the bias as a strided view, no storage of n x n numbers, and compute what eager mode does."""
     torch.set_flush_denormal(True)  # as the command line runs (conftest gives the state back)
     n = 600
-    model = tiny_model("alibi", num_hidden_layers=1, max_position_embeddings=n)
-    inputs = model_inputs("alibi", padded_batch(n))
-    eager_loss, eager_grads = loss_and_gradients(model, model, inputs)
-    targets, largest = set(), []
-
-    def record(graph_module, example_inputs):
-        for node in graph_module.graph.nodes:
-            targets.add(str(node.target))
-            values = node.meta.get("val")
-            for value in values if isinstance(values, list | tuple) else [values]:
-                if isinstance(value, torch.Tensor):
-                    largest.append(value.untyped_storage().nbytes() // value.element_size())
-        return make_boxed_func(graph_module.forward)
-
-    backend = aot_autograd(fw_compiler=record, bw_compiler=record)
-    loss, grads = loss_and_gradients(model, torch.compile(model, backend=backend, fullgraph=True), inputs)
+    targets, tensors, eager, compiled = compiled_with_a_record("alibi", n)
     assert {"aten._scaled_dot_product_flash_attention_for_cpu.default",
             "aten._scaled_dot_product_flash_attention_for_cpu_backward.default", "aten.as_strided.default"} <= targets
-    assert largest and max(largest) < n * n
-    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert tensors and max(elements for _, elements in tensors) < n * n
+    assert_same_loss_and_gradients(compiled, eager)
 
 
 def test_the_triton_kernel_is_one_operator_in_a_compiled_step():
