@@ -199,3 +199,23 @@ def test_half_precision_attends_in_float32():
     assert half.dtype == torch.bfloat16
     real = keep[..., None].expand_as(single)
     assert (half.float() - single)[real].norm() / single[real].norm() < 2e-2
+
+
+@pytest.mark.parametrize("terms", [["fixed"], ["dynamic_query"], TERMS["composite"]])
+def test_alibi_beside_relative_terms_keeps_them_past_the_dense_lengths(terms, monkeypatch):
+    """With terms beside ALiBi the dispatcher does not take the view (which carries ALiBi alone): at 256 tokens the
+    layer equals the dense bias's, terms included, through the decomposition."""
+    layer = make_layer(terms, hidden_size=64, position_embedding_type="alibi").eval()
+    n = dispatch.CPU_DECOMPOSED_MIN_LENGTH
+    x, keep = batch((n, n // 3), n, torch.float32, width=64)
+    with torch.no_grad(), dispatch.forced_path("dense"):
+        dense = layer(x, TokenMask(keep))[0]
+    taken = []
+    original = dispatch.relative_path
+    monkeypatch.setattr(dispatch, "relative_path", lambda *args: taken.append(original(*args)) or taken[-1])
+    torch.set_flush_denormal(True)  # as the command line runs (conftest gives the state back)
+    with torch.no_grad():
+        ours = layer(x, TokenMask(keep))[0]
+    assert taken == ["decomposed"]
+    real = keep[..., None].expand_as(ours)
+    torch.testing.assert_close(ours[real], dense[real], rtol=1e-5, atol=1e-5)
