@@ -96,7 +96,7 @@ def main() -> int:
         "after building layer and inputs), ratio of growth to `none`. Relative terms take the decomposed path "
         f"from n = {dispatch.CPU_DECOMPOSED_MIN_LENGTH} on (blockwise with dropout from "
         f"{dispatch.CPU_BLOCKWISE_MIN_LENGTH}), the dense bias below; ALiBi alone without dropout the Toeplitz "
-        "view at every length."
+        f"view from n = {dispatch.CPU_DECOMPOSED_MIN_LENGTH} on."
         + (" Every layer under torch.compile (inductor), memory not measured." if args.compile else ""))
     lines = [
         *harness.heading("One attention layer, forward+backward, vs the same layer with plain SDPA", about), "",

@@ -235,7 +235,7 @@ _denormals_said = False
 
 def _say_denormals(slope: float, n: int) -> None:
     """Warn once a process where ALiBi's bias over `n` tokens reaches the denormal range on a CPU thread that keeps
-    denormal floats: on x86 they made an ALiBi layer 3-4x slower (RESULTS 8.8). The command line flushes them."""
+    denormal floats: on x86 they made an ALiBi layer 2-5x slower (RESULTS 8.8, 8.9). The command line flushes them."""
     global _denormals_said
     if is_tracing() or _denormals_said or slope * (n - 1) < DENORMAL_EXPONENT:  # a traced graph reads no global
         return

@@ -75,15 +75,15 @@ def toeplitz_alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, ma
     k_reversed, v_reversed = k.flip(-2), v.flip(-2)
     if mask is None or not mask.has_padding:
         return F.scaled_dot_product_attention(q, k_reversed, v_reversed, attn_mask=reversed_key_mask(diagonals, n, n))
-    keep_reversed = mask.keep.flip(-1)
     if is_tracing():  # a traced graph cannot branch on the data: every row carries its pads on the extra channel
-        return _attend_with_pad_channel(q, k_reversed, v_reversed, keep_reversed, reversed_key_mask(diagonals, n, n))
+        return _attend_with_pad_channel(q, k_reversed, v_reversed, mask.keep.flip(-1),
+                                        reversed_key_mask(diagonals, n, n))
     outputs = []
     for first, end, length in _runs(_prefix_lengths(mask.keep)):
         rows = slice(first, end)
         if length is None:
-            outputs.append(_attend_with_pad_channel(q[rows], k_reversed[rows], v_reversed[rows], keep_reversed[rows],
-                                                    reversed_key_mask(diagonals, n, n)))
+            outputs.append(_attend_with_pad_channel(q[rows], k_reversed[rows], v_reversed[rows],
+                                                    mask.keep[rows].flip(-1), reversed_key_mask(diagonals, n, n)))
         else:
             # the first `length` keys are the reversed ones' last `length`; a row of pads alone attends to them all
             keys = slice(n - length, n) if length else slice(None)
