@@ -156,6 +156,31 @@ def test_the_card_lists_config_fields_with_their_values(tmp_path):
     assert listed == [f"- `{name}`: {json.dumps(config.to_dict()[name])}" for name in CARD_SIZES + CARD_MECHANISM]
 
 
+def test_the_cards_metadata_holds_what_the_run_knows_and_nothing_empty(tmp_path):
+    """An ELECTRA run stopped at step 8 of 100, trained on a Hub dataset: no fill-mask pipeline tag (its head is
+    not a masked LM), the dataset listed, the last evaluation's step and perplexity, the repository it goes to."""
+    import yaml
+
+    from convattn.hub import model_card
+    from convattn.runs.pretrain import METRICS_FILE, OPTIONS_FILE
+
+    config = tiny_config("convbert/small")
+    config.architectures = ["ConvAttnForPreTraining"]
+    config.save_pretrained(tmp_path)
+    (tmp_path / OPTIONS_FILE).write_text(json.dumps({"dataset": "Salesforce/wikitext", "max_steps": 100}))
+    rows = [{"step": step, "perplexity": 900.0 - step, "tokens_seen": 512 * step} for step in (0, 4, 8)]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    card = model_card(tmp_path, "someone/electra-tiny")
+    metadata = yaml.safe_load(card.split("---")[1])
+    assert "pipeline_tag" not in metadata and None not in metadata.values()
+    assert metadata["datasets"] == ["Salesforce/wikitext"]
+    assert metadata["model-index"][0]["name"] == "someone/electra-tiny"
+    assert metadata["model-index"][0]["results"][0]["metrics"][0]["value"] == 892.0
+    assert "- steps: 8\n" in card and "- tokens seen: 4,096\n" in card and "`ConvAttnForPreTraining`" in card
+    (tmp_path / OPTIONS_FILE).write_text(json.dumps({"dataset": None, "train_files": ["a.txt"]}))
+    assert "datasets" not in yaml.safe_load(model_card(tmp_path).split("---")[1])
+
+
 RESAVE_PRETRAINING = textwrap.dedent('''
     import sys, torch
     from transformers import (AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification, Trainer,
@@ -182,8 +207,8 @@ def test_an_electra_model_resaved_however_it_was_loaded_keeps_the_whole_bundle(t
     config = tiny_config("convbert/small")
     config.mask_token_id = 4
     ConvAttnForPreTraining(config).save_pretrained(tmp_path / "electra")
-    bundle = {path.name for path in (tmp_path / "electra").glob("convattn_*.py")}
+    bundle = {path.name for path in (tmp_path / "electra").glob("*.py")}
     result = run_without_convattn(tmp_path, RESAVE_PRETRAINING, str(tmp_path / "electra"), str(tmp_path / "resaved"))
     assert result.returncode == 0, result.stderr[-2000:]
     for name in ("base", "classifier", "electra"):
-        assert {path.name for path in (tmp_path / "resaved" / name).glob("convattn_*.py")} == bundle, name
+        assert {path.name for path in (tmp_path / "resaved" / name).glob("*.py")} == bundle, name  # and no other
