@@ -54,6 +54,19 @@ def keep_torch_threads():
 
 
 @pytest.fixture(autouse=True)
+def no_progress_bars():
+    """Progress bars off in every test, as a command leaves them (`console.configure`): otherwise a test's stderr
+    held transformers' "Writing model shards" bar only where no command had run before it in its process (a foreign
+    BERT saved inside test_plot_checks, first in its worker, failed its one-line check)."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def keep_denormals():
     """A test that flushes denormal floats (the command line does, and a benchmark's parser) gives the state back, so
     no test computes under another's (convattn.denormals)."""
