@@ -79,6 +79,28 @@ def test_kernel_values_come_from_the_model(checkpoint):
     assert dynamic.shape == (2, 4, 17) and torch.isfinite(dynamic).all()
 
 
+@pytest.mark.parametrize(("preset", "has_fixed", "has_dynamic"), [
+    ("chang2021-small/fixed", True, False), ("chang2021-small/dynamic", False, True),
+    ("chang2021-small/alibi", False, False)])
+def test_a_model_with_one_kind_of_kernel_gives_that_kind_and_none_of_the_other(preset, has_fixed, has_dynamic):
+    model = ConvAttnForMaskedLM(tiny_config(preset)).convattn.eval()
+    ids = torch.randint(5, 101, (1, 9), generator=torch.Generator().manual_seed(0))
+    assert (fixed_kernels(model) is not None) == has_fixed
+    assert (dynamic_kernels(model, ids, torch.ones_like(ids)) is not None) == has_dynamic
+
+
+def test_kernel_figures_label_offsets_from_minus_to_plus_the_reach(tmp_path, monkeypatch):
+    import convattn.analysis.kernels as module
+
+    figures = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or path)
+    module.plot_layer_head_kernels(torch.randn(2, 4, 17), "fixed", tmp_path / "fixed.png")
+    module.plot_depthwise_kernels(torch.randn(32, 7), "depthwise", tmp_path / "depthwise.png")
+    labels = [[label.get_text() for label in fig.axes[axis].get_xticklabels()] for fig, axis in
+              ((figures[0], 1), (figures[1], 0))]
+    assert labels == [["-8", "-4", "0", "4", "8"], ["-3", "-2", "-1", "0", "1", "2", "3"]]
+
+
 def test_dynamic_kernels_are_the_models_query_term_averaged_over_the_real_tokens():
     """Against the attention's own dynamic term (RelativePositionBias.row_table less the fixed kernels) in float64,
     each text alone: the batch's padding and the scale 1/sqrt(d) the attention applies must both come out right."""
@@ -121,6 +143,23 @@ def test_attention_maps_average_every_head_of_each_layer():
         assert not torch.allclose(heads[0, 0], heads[0, 1])  # the heads differ, so the mean is not any one
         torch.testing.assert_close(maps[layer], heads[0].mean(dim=0))
         torch.testing.assert_close(maps[layer].sum(-1), torch.ones(7))
+
+
+def test_every_layers_map_gets_its_own_panel_on_its_own_colour_scale(tmp_path, monkeypatch):
+    """Six layers (not a multiple of the four columns): six visible panels, titled in order, each scaled to its own
+    maximum, the spare panels hidden; tokens label the axes up to 40 of them."""
+    import convattn.analysis.attention_maps as module
+
+    figures = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or path)
+    maps = {layer: torch.rand(40, 40) * (layer + 1) for layer in range(6)}
+    module.plot_attention_maps(maps, [f"t{i}" for i in range(40)], "six layers", tmp_path / "maps.png")
+    shown = [ax for ax in figures[0].axes if ax.get_visible() and ax.images]
+    assert [ax.get_title() for ax in shown] == [f"layer {layer}" for layer in range(6)]
+    assert not any(ax.get_visible() for ax in figures[0].axes if not ax.images and not ax.get_label() == "<colorbar>")
+    for ax, matrix in zip(shown, maps.values(), strict=True):
+        assert ax.images[0].get_clim() == (0, pytest.approx(float(matrix.max())))
+        assert [label.get_text() for label in ax.get_xticklabels()] == [f"t{i}" for i in range(40)]
 
 
 def test_channels_sorted_from_previous_to_next_token_preference():
