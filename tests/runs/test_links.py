@@ -22,7 +22,7 @@ from convattn.cli import main
 from convattn.console import RunLog
 from convattn.errors import UsageError
 from convattn.export import check_onnx_path
-from convattn.files import write_text_atomic
+from convattn.files import append_text, write_text_atomic
 from convattn.runs.finetune import foreign_files, layout
 from convattn.runs.folder import LOCK_FILE, check_own_folder, run_folder_lock
 from convattn.runs.pretrain import PRETRAIN
@@ -206,6 +206,8 @@ def test_the_log_is_never_appended_through_a_link_or_to_a_special_file(tmp_path,
     for name, refusal in (("log.txt", "is a symbolic link"), ("pipe.txt", "is a named pipe")):
         with pytest.raises(UsageError, match=refusal):
             RunLog().attach(run / name)
+        with pytest.raises(UsageError, match=refusal):  # the helper itself, for any caller
+            append_text(run / name, "a line\n")
     with pytest.raises(UsageError, match=re.escape("log.txt is a symbolic link")):  # compare's check of its folder
         check_own_folder(run, ("compare.json",))
     assert tree(tmp_path) == before
@@ -228,14 +230,18 @@ def test_an_atomic_write_replaces_a_link_and_never_a_special_file(tmp_path, else
     (run / "linked.json").symlink_to(elsewhere / "notes.txt")
     os.link(elsewhere / "notes.txt", run / "hard.json")
     os.mkfifo(run / "pipe.json")
+    os.mkfifo(elsewhere / "fifo")
+    (run / "to-fifo.json").symlink_to(elsewhere / "fifo")  # the link is replaced; what it names is not looked at
     write_text_atomic(run / "linked.json", "{}")
+    write_text_atomic(run / "to-fifo.json", "{}")
     write_text_atomic(run / "hard.json", "{}")
     with pytest.raises(UsageError, match=re.escape("pipe.json is a named pipe, not a file")):
         write_text_atomic(run / "pipe.json", "{}")
     assert not (run / "linked.json").is_symlink() and (run / "linked.json").read_text() == "{}"
     assert (run / "hard.json").read_text() == "{}" and (elsewhere / "notes.txt").read_text() == MINE
+    assert (run / "to-fifo.json").read_text() == "{}" and stat.S_ISFIFO((elsewhere / "fifo").lstat().st_mode)
     assert stat.S_ISFIFO((run / "pipe.json").lstat().st_mode) and sorted(p.name for p in run.iterdir()) == \
-        ["hard.json", "linked.json", "pipe.json"]
+        ["hard.json", "linked.json", "pipe.json", "to-fifo.json"]
 
 
 @root_only

@@ -126,8 +126,13 @@ def test_the_next_run_removes_what_a_killed_publish_left_and_nothing_else(tmp_pa
     leftover = published_staging(out, task)
     kept = write_files(out / "models", {".mine.abcd1234.tmp/config.json": "{}",  # not a task of the job
                                         f".{task}.abcd1234.tmp/notes.txt": "mine",  # holds a user's file
-                                        f".{task}.zyxw9876.tmp": "a file, not a staging folder"})
-    assert foreign_files(out, job) == ["models/.mine.abcd1234.tmp/", f"models/.{task}.abcd1234.tmp/notes.txt"]
+                                        f".{task}.zyxw9876.tmp": "a file, not a staging folder",
+                                        # names tempfile never gives (capitals; a suffix after .tmp)
+                                        f".{task}.Backup01.tmp/config.json": "{}",
+                                        f".{task}.abcd1234.tmp.old/config.json": "{}"})
+    assert sorted(foreign_files(out, job)) == sorted([
+        "models/.mine.abcd1234.tmp/", f"models/.{task}.abcd1234.tmp/notes.txt", f"models/.{task}.Backup01.tmp/",
+        f"models/.{task}.abcd1234.tmp.old/"])
     before = {name: value for name, value in tree(tmp_path).items() if leftover.name not in name}
     with run_folder_lock(out):
         recover_replaced_run(out, layout(job))
