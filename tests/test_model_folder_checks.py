@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def larger_tokenizer(folder: Path) -> None:
     tokenizer = tiny_wordpiece_tokenizer(SENTENCES)
     tokenizer.add_tokens([f"extra{i}" for i in range(vocab_size + 1 - len(tokenizer))])
     tokenizer.save_pretrained(folder)
+
+
+def trainer_state_only(folder: Path) -> None:
+    """A checkpoint folder whose model.safetensors is gone: the Trainer's arguments and optimizer state remain."""
+    (folder / "model.safetensors").unlink()
+    for name in ("training_args.bin", "optimizer.pt"):
+        (folder / name).write_bytes(b"not loaded")
+
+
+def shard_index(folder: Path, weight_map, *, folder_shard: bool = False) -> None:
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    if folder_shard:
+        (folder / "model-2.safetensors").mkdir()
 
 
 # (case, damage, the line's words naming the field, the commands that read what was damaged)
@@ -79,6 +93,23 @@ CASES = [
     ("an integer weight", integer_weight, "model.safetensors: the weight convattn.encoder.layer.0.output.dense.weight "
      "is int32, not a floating-point type, which loading would cast without a word; save the model from its "
      "floating-point weights", ALL),
+    # the folder check every command shares, through one command (mutation round 31)
+    ("an empty model_type", lambda f: config_with(f, model_type=""), 'has no "model_type"', ("plot",)),
+    ("NaN inside a list", lambda f: config_with(f, relative_terms=["fixed", math.nan]),
+     "relative_terms[1] must be a finite number", ("plot",)),
+    ("true for a size", lambda f: config_with(f, hidden_size=True), "hidden_size must be an integer; found true",
+     ("plot",)),
+    ("true for a token id", lambda f: config_with(f, pad_token_id=True), "pad_token_id must be an integer or null; "
+     "found true", ("plot",)),
+    ("a bogus torch_dtype (the old name)", lambda f: config_with(f, torch_dtype="float77"),
+     'torch_dtype "float77" is not a torch dtype', ("plot",)),
+    ("a checkpoint holding only the trainer's state", trainer_state_only,
+     "is a training checkpoint without its model.safetensors", ("plot",)),
+    ("a shard the index lists that is a folder",
+     lambda f: shard_index(f, {"w": "model-2.safetensors"}, folder_shard=True),
+     "lacks the weight shards model-2.safetensors listed in model.safetensors.index.json", ("plot",)),
+    ("an index whose weight_map is a list", lambda f: shard_index(f, ["model.safetensors"]),
+     'is not a safetensors index (JSON with a "weight_map")', ("plot",)),
 ]
 
 
