@@ -184,13 +184,19 @@ def test_hidden_states_come_back_padded_and_token_types_and_positions_follow_the
 
 
 def test_batches_whose_pads_matter_stay_padded(route):
-    """Left padding, ConvBERT's reference padding (pads reach its convolution), attention maps asked for,
-    evaluation and inference, and the span QA head (its loss reads every position) keep today's padded
-    computation, pad rows included."""
+    """A row of pads alone, left padding, ConvBERT's reference padding (pads reach its convolution), attention maps
+    asked for, evaluation and inference, and the span QA head's encoder (its loss reads every position) keep today's
+    padded computation, pad rows included."""
     route("padding-free")
     batch = padded(sequences())
     left = {k: v.flip(1) for k, v in batch.items()}
+    empty_row = {k: v.clone() for k, v in batch.items()}
+    empty_row["attention_mask"][-1] = 0
+    qa = tiny_model("chang2021-small/composite", cls=ConvAttnForQuestionAnswering)
+    assert not qa.convattn.runs_padding_free
     cases = [
+        (tiny_model("chang2021-small/composite").train(), empty_row, {}),  # a row of pads alone
+        (qa.convattn.train(), batch, {}),
         (tiny_model("chang2021-small/composite").train(), left, {}),
         (tiny_model("convbert/small", convbert_padding="reference").train(), batch, {}),
         (tiny_model("chang2021-small/composite").train(), batch, {"output_attentions": True}),
@@ -200,8 +206,16 @@ def test_batches_whose_pads_matter_stay_padded(route):
         with torch.no_grad():
             out = model(**inputs, **options).last_hidden_state
         assert out[inputs["attention_mask"] == 0].abs().sum() > 0
-    qa = tiny_model("chang2021-small/composite", cls=ConvAttnForQuestionAnswering)
-    assert not qa.convattn.runs_padding_free
+
+
+def test_the_real_fraction_threshold_is_strict():
+    """Padding-free below 90 % real tokens (UNPAD_BELOW_REAL_FRACTION): exactly 90 % stays padded."""
+    model = tiny_model("chang2021-small/composite").train()
+    keep = torch.ones(4, 10, dtype=torch.long)
+    keep[3, 6:] = 0  # 36 of 40
+    assert not routing.worth_unpadding(model, keep)
+    keep[3, 5] = 0  # 35 of 40
+    assert routing.worth_unpadding(model, keep)
 
 
 def test_batches_with_little_padding_stay_padded():
