@@ -10,10 +10,8 @@ import convattn.analysis.kernel_size as module
 
 
 @pytest.fixture
-def figures(monkeypatch):
-    drawn = []
-    monkeypatch.setattr(module, "save_figure", lambda fig, path: drawn.append(fig) or path)
-    return drawn
+def figures(drawn):
+    return drawn(module)
 
 
 def test_sizes_without_a_finished_seed_are_left_out_and_one_seed_has_no_error_bar(figures, tmp_path):

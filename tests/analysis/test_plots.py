@@ -89,11 +89,10 @@ def test_a_model_with_one_kind_of_kernel_gives_that_kind_and_none_of_the_other(p
     assert (dynamic_kernels(model, ids, torch.ones_like(ids)) is not None) == has_dynamic
 
 
-def test_kernel_figures_label_offsets_from_minus_to_plus_the_reach(tmp_path, monkeypatch):
+def test_kernel_figures_label_offsets_from_minus_to_plus_the_reach(tmp_path, drawn):
     import convattn.analysis.kernels as module
 
-    figures = []
-    monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or path)
+    figures = drawn(module)
     module.plot_layer_head_kernels(torch.randn(2, 4, 17), "fixed", tmp_path / "fixed.png")
     module.plot_depthwise_kernels(torch.randn(32, 7), "depthwise", tmp_path / "depthwise.png")
     labels = [[label.get_text() for label in fig.axes[axis].get_xticklabels()] for fig, axis in
@@ -145,13 +144,12 @@ def test_attention_maps_average_every_head_of_each_layer():
         torch.testing.assert_close(maps[layer].sum(-1), torch.ones(7))
 
 
-def test_every_layers_map_gets_its_own_panel_on_its_own_colour_scale(tmp_path, monkeypatch):
+def test_every_layers_map_gets_its_own_panel_on_its_own_colour_scale(tmp_path, drawn):
     """Six layers (not a multiple of the four columns): six visible panels, titled in order, each scaled to its own
     maximum, the spare panels hidden; tokens label the axes up to 40 of them."""
     import convattn.analysis.attention_maps as module
 
-    figures = []
-    monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or path)
+    figures = drawn(module)
     maps = {layer: torch.rand(40, 40) * (layer + 1) for layer in range(6)}
     module.plot_attention_maps(maps, [f"t{i}" for i in range(40)], "six layers", tmp_path / "maps.png")
     panels = [ax for ax in figures[0].axes if ax.get_label() != "<colorbar>"]
