@@ -138,6 +138,8 @@ def corpus(work: Path, rehearse: bool, kit: Path = KIT) -> Corpus:
                     continue
                 text = tar.extractfile(member).read()[:CORPUS_BYTES - total]
                 text = text[:text.rfind(b"\n") + 1]
+                if not text:  # what was left of the budget ends inside the file's first line: no file at all
+                    break  # (`convattn pretrain` refuses an empty one: the 2026-11-30 call's training stage)
                 (staged / Path(member.name).name).write_bytes(text)
                 total += len(text)
         if total == 0:

@@ -216,6 +216,27 @@ def test_the_training_steps_corpus_is_the_kits_wikipedia_text_and_its_tokenizer(
         pretrain_step.corpus(work, rehearse=False, kit=tmp_path / "none")
 
 
+def test_the_training_corpus_ends_at_a_whole_line_and_holds_no_empty_file(gpu_session, tmp_path, monkeypatch):
+    """Where the corpus's byte budget runs out inside a file's first line, that file is left out rather than
+    written empty (`convattn pretrain` refuses an empty file: the training stage of the 2026-11-30 call failed so)."""
+    import pretrain_step
+
+    kit = tmp_path / "kit"
+    (kit / "tokenizer").mkdir(parents=True)
+    files = (("corpus/enwiki-2015-sample/a.txt", "one line\ntwo\n"), ("corpus/enwiki-2015-sample/b.txt",
+                                                                       "a first line longer than what is left\n"),
+             ("corpus/enwiki-2015-sample/c.txt", "c\n"))
+    with tarfile.open(kit / "corpus.tar.xz", "w:xz") as tar:
+        for name, text in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    monkeypatch.setattr(pretrain_step, "CORPUS_BYTES", len("one line\ntwo\n") + 10)
+    (tmp_path / "work").mkdir()
+    data = pretrain_step.corpus(tmp_path / "work", rehearse=False, kit=kit)
+    assert {path.name: path.read_text() for path in data.train.iterdir()} == {"a.txt": "one line\ntwo\n"}
+
+
 def test_each_training_mode_reaches_convattn_pretrain_and_berts_trainer_as_its_compile_mode(gpu_session, tmp_path):
     import pretrain_step
 
