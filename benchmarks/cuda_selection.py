@@ -8,6 +8,9 @@ kernel's tests a GPU runs, the ones the call's bars rely on first.
     --selection-file   with --cuda-selection: write the selection's node ids there, one a line, in order, as soon
                        as it is collected (named even where the run is stopped)
     --bars-first       only order the tests given, BARS_FIRST first (the rehearsal's run of the GPU's selection)
+    --outcomes-file    append each test's outcome there as it ends, a JSON line: its node id, passed / failed /
+                       skipped, and a failure's message (its error's last lines), so that a run stopped at its
+                       deadline still says which tests failed and why
 
 On a CPU, `pytest --collect-only -q -p cuda_selection --as-cuda --cuda-selection FILES` names the GPU's selection
 (gpu_session.py's rehearsal resolves it so); on the GPU the same options without --as-cuda run it in that order.
@@ -16,6 +19,7 @@ A test that skips itself inside its body cannot be read from its marks: the kern
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -47,10 +51,13 @@ def pytest_addoption(parser):
                     help="collect as on a GPU (torch.cuda.is_available() is True): for --collect-only on a CPU")
     group.addoption("--selection-file", help="with --cuda-selection: write the selection's node ids here")
     group.addoption("--bars-first", action="store_true", help="order the tests, the bars' first; deselect none")
+    group.addoption("--outcomes-file", help="append each test's outcome here as a JSON line, as it ends")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    if config.getoption("outcomes_file") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(Outcomes(config.getoption("outcomes_file")), "cuda_selection_outcomes")
     if config.getoption("as_cuda"):
         if not config.getoption("collectonly"):
             raise pytest.UsageError("--as-cuda only collects: nothing can run as on a GPU without one")
@@ -93,3 +100,33 @@ def pytest_collection_modifyitems(session, config, items):
         staged = Path(f"{listing}.{os.getpid()}.tmp")
         staged.write_text("".join(f"{item.nodeid}\n" for item in kept))
         staged.replace(listing)
+
+
+MESSAGE_CHARS = 600  # of a failure's message: the exception's type, its message and what follows it, the first
+
+
+def failure_message(report) -> str:
+    """Why a report failed: the exception pytest's crash line names (type and message), else the error's "E" lines."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and crash.message:
+        return crash.message[:MESSAGE_CHARS]
+    said = [line[1:].strip() for line in str(report.longrepr).splitlines() if line.startswith("E ")]
+    return "\n".join(said or str(report.longrepr).splitlines()[-1:])[:MESSAGE_CHARS]
+
+
+class Outcomes:
+    """With --outcomes-file, one JSON line per test as it ends: its call, or its set-up where that failed or skipped
+    it, and a teardown only where it failed. Registered in the controller only where pytest-xdist runs workers (the
+    workers' reports reach it)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" and report.outcome == "passed":
+            return
+        line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome}
+        if report.failed:
+            line["message"] = failure_message(report)
+        with open(self.path, "a") as sink:  # a line at a time: a run killed at its deadline keeps what ended before
+            sink.write(json.dumps(line) + "\n")

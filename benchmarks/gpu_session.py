@@ -7,7 +7,7 @@ a row. The call's plan (each stage's budget and rows, in order) is printed befor
            Triton's cache, the first rows' first (kernel_tilings.py); stopped when the kernels stage ends. Every
            stage runs with TRITON_CACHE_AUTOTUNING=1: the autotuner's picks go to the same cache, and a later stage
            (or one started again) launches them without timing the tilings again
-  gate     (20 s) the kernel against SDPA and float64 at one small shape, output and every gradient, each tiling,
+  gate     (45 s) the kernel against SDPA and float64 at one small shape, output and every gradient, each tiling,
            each dQ design (gpu_gate.py): a failure, or a gate that did not finish, marks every kernel and training
            row "unverified" (they are still measured)
   kernels  the device's time per forward + backward of attention alone: the sum of the device's kernels, copies and
@@ -23,7 +23,8 @@ a row. The call's plan (each stage's budget and rows, in order) is printed befor
            the kit (.gpu-kit, carried: `datasets`' wheels, the recipe's tokenizer, the text); without it the rows
            say so
   tests    the packages the call relies on, imported, their versions (the kit's wheels among them); then the
-           kernel's tests a GPU runs (cuda_selection.py reads them from their marks), the bars' first, pytest -x
+           kernel's tests a GPU runs (cuda_selection.py reads them from their marks), the bars' first, every one
+           (no -x), each failure with its message
   host     the host's time per call (no profiler) and per launch, every arm at 32 x 4 x 512
   flex     with the time left: FlexAttention without a score_mod (PyTorch's own Triton kernels, compiled) at
            8 x 4 x 2,048 beside SDPA flash and the plain kernel: the Triton floor on that GPU
@@ -56,7 +57,6 @@ import importlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -85,13 +85,16 @@ TEST_GLOBS = ("tests/attention/relative/test_triton*.py", "tests/attention/relat
 # Seconds per stage, in the call's order; a stage may use what the ones before it left. 490 s in all: the device
 # call's command may run 600 s, and the session's 15 minutes of device time hold the machine's start (a minute or
 # more) and the files' return too. Triton's and Inductor's compilation fall inside the stages (the warm-up's beside
-# the gate and the kernels stage); the kit's wheels' install counts against the gate's 20 s (gpu_session.sh stamps
-# the call's start before it).
-GPU_BUDGETS = {"gate": 20, "kernels": 150, "train": 220, "tests": 70, "host": 20, "flex": 10}
+# the gate and the kernels stage). The gate's 45 s hold the kit's wheels' install (gpu_session.sh stamps the call's
+# start before it: 7 s on the 2026-11-30 call, whose 20 s gate was stopped at 13 s compiling its first tiling), the
+# imports, and the compilation of its 16 (case, design, tiling) units, which the warm-up's 10 processes share with
+# it; the kernels stage took 69 s of its 150 there once the warm-up had compiled its tilings.
+GPU_BUDGETS = {"gate": 45, "kernels": 125, "train": 220, "tests": 70, "host": 20, "flex": 10}
 # the rehearsal's: room for a loaded CPU (2 cores shared), so that no stage is cut short by the machine's load
 REHEARSAL_BUDGETS = {"gate": 240, "kernels": 400, "train": 600, "tests": 400, "host": 300, "flex": 240}
-SLACK = 10  # a stage's own deadline comes this much before its process is stopped
-STAGE_SLACK = {"gate": 2}  # the gate checks tiling by tiling (a second or two each once compiled)
+# a stage's own deadline comes this much before its process is stopped: the gate starts no tiling after it, whose
+# compilation may take 9 s (the 2026-11-30 call's longest warm-up unit: 9.5 s)
+SLACK = 10
 RESTART = 75  # a stage's exit status after an arm broke the CUDA context
 RESTARTS = 3  # at most this many times a stage starts again after its process died (a crash in an arm)
 SPEC = ("tests", "gate", "batch", "heads", "n", "mode", "arm", "design")  # the fields that name a row
@@ -591,16 +594,30 @@ def package_versions(row: dict, plan: Plan, deadline: float) -> dict:
     return {"versions": versions, "kit_wheels": wheels or "none (no .gpu-kit/wheels here)", "import_failed": broken}
 
 
-def selection_command(plan: Plan, files: list[str], listing: Path) -> list[str]:
-    """pytest collecting the tests a GPU runs (cuda_selection.py) into `listing`: on a GPU the run itself; on a CPU
-    a collection as a GPU would make it."""
+def selection_command(plan: Plan, files: list[str], listing: Path, outcomes: Path) -> list[str]:
+    """pytest collecting the tests a GPU runs (cuda_selection.py) into `listing`: on a GPU the run itself, every
+    test of it (no -x: one failure must not hide the others'), each outcome into `outcomes` as it ends; on a CPU a
+    collection as a GPU would make it."""
     options = ["-p", "cuda_selection", "--cuda-selection", "--selection-file", str(listing)]
     if plan.rehearsal:
         return [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *options,
                 "--as-cuda", *files]
     # several processes compile Triton's kernels side by side where pytest-xdist is installed (the GPU image)
     workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []
-    return [sys.executable, "-m", "pytest", "-x", "-v", "-p", "no:cacheprovider", "-rfE", *workers, *options, *files]
+    return [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", *workers, *options,
+            "--outcomes-file", str(outcomes), *files]
+
+
+def read_outcomes(outcomes: Path, selection: list[str]) -> dict:
+    """What the outcomes file says: how many tests passed and skipped, each failure with its message, and the tests
+    of the selection that did not end (stopped at the deadline)."""
+    lines = [json.loads(line) for line in outcomes.read_text().splitlines()] if outcomes.exists() else []
+    ended = {line["test"] for line in lines}
+    return {"passed": sum(line["outcome"] == "passed" for line in lines),
+            "skipped": sum(line["outcome"] == "skipped" for line in lines),
+            "failures": [{"test": line["test"], "when": line["when"], "message": line.get("message", "")}
+                         for line in lines if line["outcome"] == "failed"],
+            "not_run": [name for name in selection if name not in ended]}
 
 
 def pytest_run(command: list[str], deadline: float) -> tuple[int, str]:
@@ -619,16 +636,19 @@ def pytest_run(command: list[str], deadline: float) -> tuple[int, str]:
 
 
 def run_tests(row: dict, plan: Plan, deadline: float) -> dict:
-    """The kernel's tests a GPU runs, the bars' first, pytest -x, stopped at the deadline. On a GPU one run that
-    names its selection as it collects; in the rehearsal the GPU's selection is resolved from the tests' marks, then
-    its first plan.tests_limit tests run here under the interpreter (those a GPU alone runs skip)."""
+    """The kernel's tests a GPU runs, the bars' first, every one (each outcome recorded as it ends), stopped at the
+    deadline. On a GPU one run that names its selection as it collects; in the rehearsal the GPU's selection is
+    resolved from the tests' marks, then its first plan.tests_limit tests run here under the interpreter (those a GPU
+    alone runs skip)."""
     files = test_files()
     if not files:
         return {"error": f"not measured: no test files match {', '.join(TEST_GLOBS)}"}
     listing = Path(plan.work or tempfile.gettempdir()) / "tests.selection"
+    outcomes = listing.with_name("tests.outcomes")
     listing.unlink(missing_ok=True)
+    outcomes.unlink(missing_ok=True)
     start = time.time()
-    status, output = pytest_run(selection_command(plan, files, listing), deadline)
+    status, output = pytest_run(selection_command(plan, files, listing, outcomes), deadline)
     selection = listing.read_text().split() if listing.exists() else []
     result = {"files": files, "selection": selection}
     print(f"gpu_session: tests: the GPU's selection, {len(selection)} tests, the bars' first: "
@@ -636,16 +656,18 @@ def run_tests(row: dict, plan: Plan, deadline: float) -> dict:
     if plan.rehearsal and selection and status == 0:
         ran = selection[:plan.tests_limit] if plan.tests_limit else selection
         result["rehearsed"] = ran
-        status, output = pytest_run([sys.executable, "-m", "pytest", "-x", "-v", "-p", "no:cacheprovider", "-rfE",
-                                     "-p", "cuda_selection", "--bars-first", *ran], deadline)
+        status, output = pytest_run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE",
+                                     "-p", "cuda_selection", "--bars-first", "--outcomes-file", str(outcomes), *ran],
+                                    deadline)
     seconds = round(time.time() - start, 1)
     result["seconds"] = seconds
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
-    if failed:
-        result["first_failure"] = failed[0]
+    result.update(read_outcomes(outcomes, result.get("rehearsed", selection)))
+    for failure in result["failures"]:
+        print(f"gpu_session: tests: FAILED {failure['test']}: {' '.join(failure['message'].split())[:200]}",
+              flush=True)
     if status == -signal.SIGKILL:
-        counts = Counter(re.findall(r" (PASSED|FAILED|ERROR|SKIPPED)", output))
-        so_far = ", ".join(f"{count} {word.lower()}" for word, count in counts.items()) or "nothing"
+        counts = {"passed": result["passed"], "failed": len(result["failures"]), "skipped": result["skipped"]}
+        so_far = ", ".join(f"{count} {word}" for word, count in counts.items() if count) or "nothing"
         return {**result, "error": f"not measured: stopped at the stage's time limit after {seconds:.0f} s, "
                                    f"{so_far} by then"}
     lines = [line for line in output.splitlines() if line.strip()]
@@ -854,14 +876,13 @@ def session(plan: Plan, out: Path, rehearse: bool) -> int:
         with log.open("w") as sink:
             for stage, budget in plan.budgets.items():
                 end += budget
-                slack = STAGE_SLACK.get(stage, SLACK)
                 status, restarts = RESTART, 0
-                if time.time() >= end - slack:
+                if time.time() >= end - SLACK:
                     print(f"gpu_session: stage {stage}: not started, its time is gone", flush=True)
-                while again(status, restarts) and time.time() < end - slack:
+                while again(status, restarts) and time.time() < end - SLACK:
                     restarts += status != RESTART
                     started = time.time()
-                    command = [sys.executable, __file__, "--stage", stage, "--deadline", f"{end - slack:.0f}",
+                    command = [sys.executable, __file__, "--stage", stage, "--deadline", f"{end - SLACK:.0f}",
                                "--out", str(out), "--work", str(work)] + ["--rehearse"] * rehearse
                     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           start_new_session=True) as proc:
@@ -1130,14 +1151,18 @@ def tests_lines(rows: list[dict]) -> list[str]:
                 lines.append(f"- packages: {row['error']}")
             continue
         said = f"{row['result']} (exit {row['rc']})" if "rc" in row else row["error"]
-        if row.get("first_failure"):
-            said += f"; first failure: {row['first_failure']}"
         selection = row.get("selection") or []
         ran = row.get("rehearsed")
         where = f", the first {len(ran)} run here" if ran is not None else ""
         lines.append(f"- the kernel's tests a GPU runs ({len(selection)} of {', '.join(row.get('files', []))}, the "
                      f"bars' first{where}): {said}")
-        lines += [f"  - `{name}`" for name in selection]
+        for failure in row.get("failures", []):
+            where = "" if failure["when"] == "call" else f" (its {failure['when']})"
+            lines.append(f"  - failed: `{failure['test']}`{where}: {' '.join(failure['message'].split())[:300]}")
+        if row.get("not_run"):
+            lines.append(f"  - not run ({len(row['not_run'])}): "
+                         + ", ".join(f"`{name.split('::', 1)[-1]}`" for name in row["not_run"]))
+        lines.append(f"  - the selection (tests.json names each): {len(selection)} tests")
     return lines
 
 

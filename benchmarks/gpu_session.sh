@@ -2,7 +2,7 @@
 # A GPU session's one call (issues 37, 47 and 62): the stages of benchmarks/gpu_session.py, ordered by what decides
 # the GPU speed issue's bars, 490 s of stage budgets on one H100 or H200 (Triton's and Inductor's compilation
 # included), each stage writing its file into $OUT as it goes (8 files). Its plan is printed first; background
-# processes compile the kernel's tilings ahead while the first stages run. The gate (20 s): the kernel against SDPA
+# processes compile the kernel's tilings ahead while the first stages run. The gate (45 s): the kernel against SDPA
 # and float64, every gradient, each tiling; attention's device time, n = 2,048 and 8,192 first, plain first; the
 # training step (`convattn pretrain`), batch 128 first, CUDA graphs first; the packages and the kernel's CUDA tests,
 # the bars' first; the host's time per launch; FlexAttention with the time left; then the summary, each bar's

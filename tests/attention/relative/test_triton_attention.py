@@ -273,10 +273,10 @@ def test_alibi_alone_reaches_the_kernel_as_slopes_without_a_table(packed, monkey
     """A layer with ALiBi alone calls the kernel with no table, reach 0 and the heads' slopes; nothing on its path
     builds ALiBi's tables or bias, and no tensor of n x n or n x (2r + 1) entries is allocated, forward or backward.
     Control: the decomposition, which carries ALiBi in tables, allocates some that the check finds."""
-    layer = make_layer([], hidden_size=64, position_embedding_type="alibi")
+    layer = make_layer([], hidden_size=64, position_embedding_type="alibi").to(DEVICE)
     width = 2 * layer.relative.reach + 1  # the tables' width where ALiBi rides on them
     layer.config._attn_implementation = "convattn_triton"
-    x, keep = batch((19, 12), 19, torch.float32, width=64)
+    x, keep = (t.to(DEVICE) for t in batch((19, 12), 19, torch.float32, width=64))
     lengths = {19, 12, 31}  # the padded length, a sequence's, the packed stream's
 
     def run():
@@ -500,6 +500,15 @@ def test_the_dq_design_follows_the_variable_and_deterministic_algorithms(monkeyp
         torch.use_deterministic_algorithms(deterministic)
 
 
+def test_auto_takes_atomic_adds_only_past_half_the_l2_cache_and_without_the_row_tables_edges():
+    """The GPU call timed both designs: atomic adds gained 0-4 % at 2 x 12 x 8,192 without a row table and lost
+    13-15 % with one, whose clipped edge columns every key block adds into."""
+    l2 = 60 * 2**20
+    assert launch.auto_dq_design(l2 // 2, l2, row_edges=False) == "split"
+    assert launch.auto_dq_design(l2 // 2 + 1, l2, row_edges=False) == "atomic"
+    assert launch.auto_dq_design(250 * 2**20, l2, row_edges=True) == "split"
+
+
 @pytest.mark.slow
 def test_two_backward_passes_give_the_same_bits():
     """Deterministic by default, without atomics: the backward operator run twice on the same inputs and seed gives
@@ -583,6 +592,29 @@ def test_models_load_with_the_kernel_and_switch_to_and_from_it(tmp_path):
     torch.testing.assert_close(switched[real], outputs["convattn_triton"][0][real].detach(), rtol=1e-4, atol=1e-5)
     loaded.set_attn_implementation("sdpa")
     assert loaded.config._attn_implementation == "sdpa"
+
+
+def test_a_compiled_call_converts_the_bool_mask_where_eager_bitcasts_it():
+    """Under torch.compile the key mask reaches the operator through a conversion to bytes, never a bitcast:
+    Inductor (torch 2.11) cannot lower a bool bitcast, and the 2026-11-30 GPU call's CUDA-graph tests failed on it.
+    The compiled call computes what eager does."""
+    graphs = []
+
+    def capture(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    q, k, v = (x.float() for x in operands(2, 2, 11, 16))
+    keep = (torch.arange(11)[None, :] < torch.tensor([11, 6])[:, None]).to(DEVICE)
+
+    def attend(q, k, v, keep):
+        return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, keep=keep)
+
+    compiled = torch.compile(attend, backend=capture, fullgraph=True)(q, k, v, keep)
+    assert torch.equal(compiled, attend(q, k, v, keep))
+    casts = [(node.target, node.args[1:]) for graph in graphs for node in graph.graph.nodes
+             if node.op == "call_method" and node.target in ("view", "to") and torch.uint8 in node.args[1:]]
+    assert casts == [("to", (torch.uint8,))]
 
 
 def test_attention_interface_serves_plain_attention():

@@ -58,10 +58,19 @@ TUNING_KEY = ("REACH", "CLIP", "HAS_ROW", "HAS_KEY", "HAS_ALIBI", "HAS_KEEP", "V
 # The backward's two ways of summing dQ (kernels.py): "split", float32 accumulators of each split's own, summed in a
 # fixed order (bit-identical passes), or "atomic", one accumulator a program per key block adds into atomically.
 # CONVATTN_TRITON_DQ chooses; by default (auto), torch.use_deterministic_algorithms(True) keeps "split", and
-# otherwise "atomic" serves on a GPU where the split accumulators would not fit in half its L2 cache (where their
-# traffic outweighs the atomics': an estimate; python benchmarks/gpu_session.py times both designs to settle it).
+# otherwise auto_dq_design chooses on a GPU, from the two designs' times in the GPU call (bash
+# benchmarks/gpu_session.sh times both).
 DQ_DESIGNS = ("auto", "split", "atomic")
 DQ_ENVIRONMENT = "CONVATTN_TRITON_DQ"
+
+
+def auto_dq_design(accumulator_bytes: int, l2_bytes: int, row_edges: bool) -> str:
+    """The dQ design "auto" takes on a GPU: split while its accumulators fit in half the L2 cache; past that atomic
+    adds, unless the row table's clipped edge columns are accumulated too, which every key block of a row adds
+    into: on the 2026-11-30 H200 call at 2 x 12 x 8,192 atomic adds were 0-4 % faster without them and 13-15 %
+    slower with them (the row table 7.60 against 6.60 ms, composite+key 13.38 against 11.87:
+    benchmarks/results/gpu_session/2026-11-30/kernels.json)."""
+    return "split" if row_edges or accumulator_bytes <= l2_bytes // 2 else "atomic"
 
 
 @cache
@@ -198,8 +207,8 @@ class Problem:
             return asked
         if q.device.type != "cuda":
             return "split"
-        fits = splits * q.numel() * 4 <= torch.cuda.get_device_properties(q.device).L2_cache_size // 2
-        return "split" if fits else "atomic"
+        return auto_dq_design(splits * q.numel() * 4, torch.cuda.get_device_properties(q.device).L2_cache_size,
+                              self.constants["HAS_ROW"] and self.constants["CLIP"])
 
     def accumulators(self, q: Tensor, splits: int) -> tuple[Tensor, Tensor]:
         """(dQ's, the row table's edge columns') float32 accumulators, `splits` of them (one for the atomic design):

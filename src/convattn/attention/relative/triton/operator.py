@@ -145,7 +145,10 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     row_table, key_table = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (row_table, key_table))
     if keep is not None:
-        keep = keep.to(torch.uint8) if keep.dtype != torch.bool else keep.view(torch.uint8)
+        # a bitcast is free in eager; under torch.compile a conversion, as Inductor (torch 2.11) cannot lower a bool
+        # bitcast: the CUDA-graph tests failed on it in the 2026-11-30 GPU call
+        bitcast = keep.dtype == torch.bool and not torch.compiler.is_compiling()
+        keep = keep.view(torch.uint8) if bitcast else keep.to(torch.uint8)
     seed = torch.randint(0, 2**30, (), device=q.device) if dropout_p > 0 else None
     return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
                              dropout_p, q.shape[-1] ** -0.5 if scale is None else scale, alibi_slopes)[0]
