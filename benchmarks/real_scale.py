@@ -10,8 +10,11 @@ of at most 16 MiB each (64 MiB in all):
         training text (62 MB of Wikipedia and 50 MB of books, xz-compressed), WikiText-103 valid for evaluation,
         the GLUE tasks, a 30,004-piece unigram tokenizer trained here on the training text (the recipe's size),
         and the wheels of the Python packages the GPU machine lacks (benchmarks/gpu.sh installs them there).
-  run   on the GPU machine, through benchmarks/gpu.sh: unpacks the kit into .gpu-work/, pretrains both models with
-        one `convattn compare` (no GLUE) until --stop-after seconds have passed (then interrupts it as Ctrl-C
+  run   on the GPU machine, through benchmarks/gpu.sh: unpacks the kit into .gpu-work/ and tokenizes while
+        background processes compile the fused kernel for the training's and evaluation's batches (the `warm`
+        stage: compiled in a first step, that would count on the composite model's training clock and not on
+        the absolute model's), pretrains both models with one `convattn compare` (no GLUE) until --stop-after
+        seconds have passed (then interrupts it as Ctrl-C
         does; the same command continues it, the training clock included), and writes to --out the report, a
         status, the log and each finished model as <row>.tar.xz.partNN (the run folder without checkpoints, its
         weights in bfloat16, in parts of at most 15 MiB): 7 files. Its last line says "finished" or "run again".
@@ -32,6 +35,7 @@ are whole.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -170,7 +175,8 @@ def unpack(kit: Path, work: Path) -> None:
 CALL_LIMIT = 540
 # Estimates of what the call spends besides training, in seconds; each call's plan.json records the measured ones
 # that replace the first two. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU machine's 16 cores:
-ESTIMATES = {"unpack": 15, "prepare": 90}
+WARM_PHASE = "the kernel's warm-up, past tokenizing"  # its processes run beside unpacking and tokenizing
+ESTIMATES = {"unpack": 15, "prepare": 90, WARM_PHASE: 15}
 MODEL_OVERHEAD = 35  # a model's CUDA set-up, build, 11 evaluations of 2,048 examples and 10 checkpoints (~160 MB)
 BRING_BACK = 45  # both models in bfloat16 through xz (about 27 MB each), the report and the status
 INTERRUPT_GRACE = 20  # a comparison interrupted at the deadline stops within this (it only ends the step)
@@ -266,6 +272,142 @@ def machine() -> dict:
     return info
 
 
+# --- the fused kernel compiled before any model's training clock starts ----------------------------------------
+
+# The recipe's batches as the fused kernel meets them: (padded length, the rows' real lengths, repeated over the
+# batch). Triton compiles the kernel apart for a batch without padding (no key mask), one with padding, and one padded
+# to a length that is not a multiple of 16 (its longest example 120 tokens), each in training (dropout, the
+# backward) and in evaluation (neither): compiled inside a training step, these would count on the composite model's
+# training clock (a GPU's clock runs while the host compiles), and the absolute model (SDPA) compiles nothing.
+WARM_BATCHES = ((128, (128,)), (128, (128, 128, 128, 97)), (120, (120, 120, 120, 64)))
+WARM_PROCESSES = 12  # the GPU machine has 16 cores, which tokenizing shares meanwhile
+WARM_LIMIT = 150  # s from the call's start: past it the warm-up stops, and the training compiles what is left
+SMOKE_MODEL = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128}
+
+
+def warm_passes(presets: list[str], batches=WARM_BATCHES, batch_size: int = 128, smoke: bool = False,
+                attn_implementation: str | None = None) -> list[str]:
+    """One training step and one evaluation forward of each preset's model (the chang2021-small recipe's config,
+    SMOKE_MODEL's size with `smoke`, in the training's precision: bfloat16 autocast on a GPU) on each of `batches`:
+    the fused kernel's calls the comparison's training and evaluation make. The presets whose model takes the
+    kernel (`attn_implementation` chooses another than the default), warmed; the others take SDPA, which compiles
+    nothing."""
+    import torch
+
+    from convattn import ConvAttnForMaskedLM
+    from convattn.attn_implementations import TRITON_IMPLEMENTATION
+    from convattn.training.pretrain.options import model_config
+    from convattn.training.recipes import load_recipe
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = torch.autocast(device, torch.bfloat16, enabled=device == "cuda")
+    recipe, warmed = load_recipe("chang2021-small"), []
+    for preset in presets:
+        config = model_config(dataclasses.replace(recipe, preset=preset))
+        config.update(SMOKE_MODEL if smoke else {})
+        model = ConvAttnForMaskedLM(config).to(device)
+        if attn_implementation:
+            model.set_attn_implementation(attn_implementation)
+        if model.config._attn_implementation != TRITON_IMPLEMENTATION:
+            continue
+        generator = torch.Generator().manual_seed(0)
+        for n, lengths in batches:
+            real = torch.tensor([lengths[row % len(lengths)] for row in range(batch_size)])
+            mask = (torch.arange(n)[None, :] < real[:, None]).long().to(device)
+            ids = torch.randint(5, config.vocab_size, (batch_size, n), generator=generator).to(device)
+            model.train()
+            with precision:
+                loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            model.eval()
+            with torch.no_grad(), precision:
+                model(input_ids=ids, attention_mask=mask)
+        warmed.append(preset)
+    return warmed
+
+
+def warm(args) -> int:
+    """A warm-up process: its units (tiling, batch) compiled without launching anything (kernel_tilings), or with
+    --tune every batch launched once, so that each autotuner times its tilings (compiled by then) and leaves its
+    picks in Triton's cache for the training."""
+    from kernel_tilings import compile_only, pinned_tiling
+
+    presets, start = args.presets.split(","), time.time()
+    if args.tune:
+        warmed = warm_passes(presets, smoke=args.smoke)
+        say(f"warm-up: tuned {', '.join(warmed) or 'nothing (no model takes the kernel)'} in "
+            f"{time.time() - start:.0f} s")
+        return 0
+    for unit in args.units.split(","):
+        tiling, batch = (int(part) for part in unit.split(":"))
+        began = time.time()
+        with pinned_tiling(tiling), compile_only() as compiled:
+            warmed = warm_passes(presets, batches=[WARM_BATCHES[batch]], smoke=args.smoke)
+        say(f"warm-up: tiling {tiling}, batch {WARM_BATCHES[batch][0]} x {WARM_BATCHES[batch][1]}: "
+            f"{len(compiled)} kernels for {', '.join(warmed) or 'no model'} in {time.time() - began:.1f} s")
+    return 0
+
+
+class WarmUp:
+    """The warm-up beside unpacking and tokenizing: processes compiling every (tiling, batch) unit side by side, then
+    one tuning pass; their lines into `log`. `finish` waits for it until WARM_LIMIT from the call's start, stops
+    what is left, and says how long the call waited."""
+
+    def __init__(self, args, log: Path, started: float):
+        self.args, self.log, self.deadline = args, log, started + WARM_LIMIT
+        self.processes: list[subprocess.Popen] = []
+        self.lock, self.stopped = threading.Lock(), False  # no process starts once finish has stopped them
+        self.outcome = "not finished"
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _command(self, *options: str) -> list[str]:
+        return [sys.executable, __file__, "warm", "--presets", self.args.presets, *options,
+                *(["--smoke"] if self.args.smoke else [])]
+
+    def _run(self) -> None:
+        import torch
+        from kernel_tilings import tiling_count
+
+        if not torch.cuda.is_available():
+            self.outcome = "skipped: no GPU here, so no model takes the kernel"
+            return
+        head_dim = (SMOKE_MODEL["hidden_size"] // SMOKE_MODEL["num_attention_heads"]) if self.args.smoke else 64
+        units = [f"{tiling}:{batch}" for tiling in range(tiling_count(head_dim, torch.bfloat16))
+                 for batch in range(len(WARM_BATCHES))]
+        workers = min(len(units), WARM_PROCESSES)
+        with open(self.log, "a") as sink:
+            for options in ([("--units", ",".join(units[worker::workers])) for worker in range(workers)],
+                            [("--tune",)]):
+                with self.lock:
+                    if self.stopped:
+                        return
+                    self.processes = [subprocess.Popen(self._command(*option), stdout=sink,
+                                                       stderr=subprocess.STDOUT, start_new_session=True)
+                                      for option in options]
+                codes = [process.wait() for process in self.processes]
+                if any(codes):
+                    what = "tuning" if options == [("--tune",)] else "compiling"
+                    self.outcome = f"{what} failed (exit {max(codes, key=abs)}: {self.log.name})"
+                    return
+        self.outcome = "done"
+
+    def finish(self) -> tuple[float, str]:
+        """(seconds the call waited for it, what it did)."""
+        start = time.time()
+        self.thread.join(timeout=max(self.deadline - time.time(), 0))
+        if self.thread.is_alive():
+            with self.lock:
+                self.stopped = True
+                for process in self.processes:
+                    if process.poll() is None:
+                        os.killpg(process.pid, signal.SIGKILL)
+            self.thread.join()
+            self.outcome = f"stopped at {WARM_LIMIT} s from the call's start: the training compiles what is left"
+        return time.time() - start, self.outcome
+
+
 def run(args) -> int:
     presets = args.presets.split(",")
     if len(presets) > MAX_MODELS:
@@ -292,12 +434,16 @@ def run(args) -> int:
     estimate, lines = plan_lines(args.limit, ESTIMATES, models)
     say(f"the plan, before anything runs (unpacking and tokenizing estimated): {estimate:.0f} s of training each")
     print("\n".join(lines), flush=True)
-    spent = {}
+    work.mkdir(parents=True, exist_ok=True)
+    warmup = WarmUp(args, work / "compare.log", started)  # its lines come back in the call's log
+    spent, warmed = {}, {}
     for phase, work_of in (("unpack", lambda: unpack(args.kit, work)),
-                           ("prepare", lambda: prepare(compare_command(args, work, "1s")))):
+                           ("prepare", lambda: prepare(compare_command(args, work, "1s"))),
+                           (WARM_PHASE, lambda: warmed.update(outcome=warmup.finish()[1]))):
         phase_start = time.time()
         work_of()
         spent[phase] = time.time() - phase_start
+    say(f"the kernel's warm-up: {warmed['outcome']} ({spent[WARM_PHASE]:.0f} s past tokenizing)")
     spent = {"before this script": time.time() - started - sum(spent.values()), **spent}
     budget = budget_for_call(args, work, spent, models)
     command = compare_command(args, work, budget)
@@ -316,7 +462,7 @@ def run(args) -> int:
     status = {"finished": finished, "exit_code": code, "seconds": round(time.time() - started, 1),
               "training_call_seconds": round(time.monotonic() - start, 1), "budget": budget,
               "phases": {phase: round(seconds, 1) for phase, seconds in spent.items()},
-              "models": brought, "command": command[1:], "machine": machine()}
+              "warm_up": warmed["outcome"], "models": brought, "command": command[1:], "machine": machine()}
     write_json_atomic(out / "real_scale.json", status)
     where = "cuda" if status["machine"].get("gpu") else "cpu"
     harness.Run("real_scale", machine=harness.machine_line(where, threads=where == "cpu"), stage="run").save(
@@ -534,6 +680,11 @@ def main() -> int:
     running.add_argument("--eval-samples", type=int, default=2048)
     running.add_argument("--compile", action="store_true", help="torch.compile the models")
     running.add_argument("--smoke", action="store_true", help="a tiny model that runs on CPU (tests)")
+    warming = stages.add_parser("warm", help="(run starts these) compile the fused kernel for the training's batches")
+    warming.add_argument("--presets", default=PRESETS)
+    warming.add_argument("--units", default="0:0", help="tiling:batch pairs to compile, comma-separated")
+    warming.add_argument("--tune", action="store_true", help="launch every batch once: the autotuners' picks")
+    warming.add_argument("--smoke", action="store_true", help="the tiny model (tests)")
     finetuning = stages.add_parser("glue", help="here: GLUE dev of the models a `run` call brought back")
     finetuning.add_argument("--models", type=Path, required=True, help="the folder holding the run call's files")
     finetuning.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "real_scale",
@@ -551,7 +702,7 @@ def main() -> int:
     if args.stage == "unpack":
         unpack(args.kit, args.work)
         return 0
-    return {"pack": pack, "run": run, "glue": glue}[args.stage](args)
+    return {"pack": pack, "run": run, "warm": warm, "glue": glue}[args.stage](args)
 
 
 if __name__ == "__main__":

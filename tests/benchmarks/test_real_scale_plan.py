@@ -9,6 +9,7 @@ import importlib.util
 import json
 import signal
 import subprocess
+import time
 import types
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def test_the_call_counts_its_time_from_gpu_sh_and_stops_training_inside_its_limi
     monkeypatch.setenv("CALL_STARTED", "1000")
 
     def unpack(kit, work):
-        work.mkdir(parents=True)
+        work.mkdir(parents=True, exist_ok=True)
         now[0] += 15
 
     def prepare(command):
@@ -100,7 +101,9 @@ def test_the_call_counts_its_time_from_gpu_sh_and_stops_training_inside_its_limi
                               eval_samples=32, compile=False)
     assert real_scale.run(args) == 0
     status = json.loads((args.out / "real_scale.json").read_text())
-    assert status["phases"] == {"before this script": 30.0, "unpack": 15.0, "prepare": 60.0}
+    # no GPU here: the kernel's warm-up has nothing to compile, and the call does not wait for it
+    assert status["phases"] == {"before this script": 30.0, "unpack": 15.0, "prepare": 60.0, real_scale.WARM_PHASE: 0}
+    assert status["warm_up"] == "skipped: no GPU here, so no model takes the kernel"
     grace, back, overhead = real_scale.INTERRUPT_GRACE, real_scale.BRING_BACK, real_scale.MODEL_OVERHEAD
     assert status["budget"] == f"{int((540 - 105 - back - grace - 2 * overhead) / 2)}s"
     assert interrupted_after == [540 - 105 - back - grace]  # the models' training and overhead, nothing more
@@ -171,3 +174,64 @@ def test_the_glue_table_sets_each_model_beside_the_papers_row_of_its_preset(real
     assert rows["chang2021-small--composite", "Chang et al."].startswith(
         "| chang2021-small--composite | Chang et al. | 40.9 ± 0.7 | 86.2 ± 0.3 | 86.9 ± 0.1 | 71.3 | 75.2 |")
     assert rows["chang2021-small--rotary", "ours"].endswith("| – | – | – | – | – |")  # no metrics.jsonl given
+
+
+def test_the_warm_up_reaches_the_kernel_as_the_trainings_and_evaluations_batches_do(real_scale, monkeypatch):
+    """Each batch shape once in training (dropout, then the backward) and once in evaluation (neither): a batch
+    without padding (no key mask), with padding, and padded to a length that is not a multiple of 16, each a kernel
+    that Triton compiles apart. A model that does not take the kernel (the CPU's default) is left alone."""
+    from convattn import padding_free
+    from convattn.attention.relative.triton import operator
+
+    monkeypatch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})  # as on a GPU: padded batches stay padded
+    calls, backward = [], []
+    forward, gradients = operator.attention_forward, operator.attention_backward
+    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(
+        (args[0].shape[-2], args[5] is not None, args[11] > 0)) or forward(*args))
+    monkeypatch.setattr(operator, "attention_backward", lambda *args: backward.append(args[1].shape[-2]) or gradients(
+        *args))
+    batches = ((16, (16,)), (16, (16, 9)), (12, (12, 5)))
+    composite = ["chang2021-small/composite"]
+    assert real_scale.warm_passes(composite, batches, batch_size=2, smoke=True,
+                                  attn_implementation="convattn_triton") == composite
+    assert calls == [(16, False, True), (16, False, False), (16, True, True), (16, True, False), (12, True, True),
+                     (12, True, False)]
+    assert backward == [16, 16, 12]
+    assert real_scale.warm_passes(composite, batches, batch_size=2, smoke=True) == []  # SDPA on CPU: nothing
+
+
+@pytest.mark.parametrize("finishes", [True, False], ids=["finishes", "stopped"])
+def test_the_warm_up_compiles_its_units_side_by_side_then_tunes_and_is_stopped_at_its_limit(real_scale, tmp_path,
+                                                                                          monkeypatch, finishes):
+    """On a GPU: a process per share of the (tiling, batch) units, then one tuning pass once all have compiled; past
+    WARM_LIMIT from the call's start whatever still runs is stopped and the call goes on (the training compiles
+    the rest). Here the processes are stand-ins that print their units, or sleep past the limit."""
+    import sys
+
+    import kernel_tilings
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_tilings, "tiling_count", lambda head_dim, dtype: 2)
+    monkeypatch.setattr(real_scale, "WARM_PROCESSES", 4)
+    started = []
+
+    def command(self, *options):
+        started.append(options)
+        body = f"print({' '.join(options)!r}, flush=True)" if finishes else "import time; time.sleep(120)"
+        return [sys.executable, "-c", body]
+
+    monkeypatch.setattr(real_scale.WarmUp, "_command", command)
+    args = argparse.Namespace(presets=real_scale.PRESETS, smoke=False)
+    log = tmp_path / "compare.log"
+    warmup = real_scale.WarmUp(args, log, time.time() - real_scale.WARM_LIMIT + (60 if finishes else 1))
+    waited, outcome = warmup.finish()
+    if finishes:
+        assert outcome == "done"
+        assert started == [("--units", "0:0,1:1"), ("--units", "0:1,1:2"), ("--units", "0:2"), ("--units", "1:0"),
+                           ("--tune",)]
+        said = log.read_text()  # the processes' lines, in whatever order they wrote them
+        assert all(said.count(f"{' '.join(options)}") == 1 for options in started)
+    else:
+        assert outcome.startswith(f"stopped at {real_scale.WARM_LIMIT} s from the call's start")
+        assert len(started) == 4 and all(process.poll() is not None for process in warmup.processes)

@@ -421,6 +421,22 @@ def test_dropout_rate_is_rounded_to_bytes_and_bad_options_are_refused():
         triton_attention.triton_relative_attention(q, q, q, None, None, reach=1, clip=True, scale=0.0)
 
 
+def test_the_autotuners_picks_are_cached_on_disk_for_later_processes(monkeypatch):
+    """Every autotuner asks Triton to keep its picks in its cache on disk (where the compiled tilings go), so a later
+    process (the next run; a comparison's next row; the real-scale call's training after its warm-up) launches them
+    without timing every tiling again at its first step."""
+    asked = []
+    autotune = launch.triton.autotune
+    monkeypatch.setattr(launch.triton, "autotune", lambda **kwargs: asked.append(kwargs) or autotune(**kwargs))
+    launch.autotuned.cache_clear()
+    try:
+        for kernel in ("forward", "backward"):
+            launch.autotuned(kernel, 32, torch.float32)
+    finally:
+        launch.autotuned.cache_clear()
+    assert [kwargs["cache_results"] for kwargs in asked] == [True, True]
+
+
 @interpreter_only
 @pytest.mark.slow
 def test_dropout_mask_does_not_depend_on_the_tiling(monkeypatch):

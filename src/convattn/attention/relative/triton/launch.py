@@ -82,9 +82,11 @@ def autotuned(kernel: str, head_dim: int, dtype: torch.dtype) -> triton.runtime.
         raise ValueError(f"BLOCK_M must be a multiple of 16 and BLOCK_N of 32 (dropout_keep's query pairs and key "
                          f"chunks); got {tilings}")
     options = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tilings]
-    # the backward adds to its accumulators: the tilings' trial runs start them from zero
+    # the backward adds to its accumulators: the tilings' trial runs start them from zero. cache_results: the picks
+    # go to Triton's cache on disk beside the compiled tilings, so a later process (the next run, a comparison's
+    # next row) launches them without timing every tiling again (Triton keeps none under the interpreter)
     key = ["length_bucket", *TUNING_KEY, *(["ATOMIC"] if kernel == "backward" else [])]
-    tuned = triton.autotune(configs=options, key=key,
+    tuned = triton.autotune(configs=options, key=key, cache_results=True,
                             reset_to_zero=["DQ_ACC", "DA_ACC"] if kernel == "backward" else None)(KERNELS[kernel])
     AUTOTUNERS[kernel, head_dim, dtype] = tuned
     return tuned
