@@ -225,7 +225,7 @@ def test_the_warm_up_compiles_its_units_side_by_side_then_tunes_and_is_stopped_a
     args = argparse.Namespace(presets=real_scale.PRESETS, smoke=False)
     log = tmp_path / "compare.log"
     warmup = real_scale.WarmUp(args, log, time.time() - real_scale.WARM_LIMIT + (60 if finishes else 1))
-    waited, outcome = warmup.finish()
+    outcome = warmup.finish()[1]
     if finishes:
         assert outcome == "done"
         assert started == [("--units", "0:0,1:1"), ("--units", "0:1,1:2"), ("--units", "0:2"), ("--units", "1:0"),
