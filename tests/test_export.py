@@ -70,6 +70,17 @@ def test_exported_program_matches_eager_at_two_lengths_with_padding(preset, cls)
             torch.testing.assert_close(exported(ids, keep, *types), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_model_exported_with_position_ids_reads_its_batch_as_padded():
+    """torch.export cannot branch on the data: position_ids given to it are checked for their shape and dtype only
+    and the batch is read as padded, each row one sequence (flattened_sequences); the program matches eager."""
+    model = tiny("chang2021-small/absolute")
+    ids, keep = padded_batch(37)
+    inputs = {"input_ids": ids, "attention_mask": keep, "position_ids": torch.arange(37).expand(3, 37)}
+    exported = torch.export.export(model, (), inputs, strict=False).module()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(**inputs).logits, model(**inputs).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_a_classifier_takes_the_token_types_it_was_fine_tuned_with():
     # a sentence-pair task's logits depend on the segments; a graph without them scored every pair as one segment
     model = tiny("chang2021-small/composite+key", ConvAttnForSequenceClassification)

@@ -123,6 +123,35 @@ REFUSED = [
      "max_length_q describes the offsets cu_seq_lens_q"),
     ("max_length_k unlike max_length_q", "encoder", lambda row, config: dict(with_offsets(row), max_length_k=4),
      "max_length_k must equal max_length_q"),
+    ("one-dimensional position_ids shorter than the row", "encoder", replace(position_ids=torch.arange(11)),
+     r"position_ids must have the input's shape \(1, 12\); got \(11,\)"),
+    ("bool position_ids", "encoder", lambda row, config: dict(row, position_ids=row["position_ids"].bool()),
+     "position_ids must hold integers; got torch.bool"),
+    ("complex token_type_ids", "encoder", replace(token_type_ids=torch.zeros(1, 12, dtype=torch.complex64)),
+     "token_type_ids must hold integers; got torch.complex64"),
+    ("a max_length_q of two numbers", "encoder",
+     lambda row, config: dict(with_offsets(row), max_length_q=torch.tensor([5, 5])),
+     r"max_length_q must be one integer; got a torch.int64 tensor of shape \(2,\)"),
+    ("a bool max_length_q", "encoder", lambda row, config: dict(with_offsets(row), max_length_q=True, max_length_k=True),
+     "max_length_q must be one integer; got True"),
+    ("cu_seq_lens_k without cu_seq_lens_q", "encoder", replace(cu_seq_lens_k=torch.tensor([0, 5, 8, 12])),
+     "cu_seq_lens_k must equal cu_seq_lens_q"),
+    ("max_length_k without max_length_q", "encoder", lambda row, config: dict(with_offsets(row), max_length_q=None),
+     "max_length_k must equal max_length_q"),
+    ("offsets with padding", "encoder",
+     lambda row, config: dict({k: v for k, v in with_offsets(row).items() if k != "position_ids"},
+                              attention_mask=(torch.arange(12) < 10).long()[None]),
+     "a flattened batch has no padding: its attention_mask must be all ones or None"),
+    ("offsets of one sequence with padding", "encoder",
+     replace(position_ids=torch.arange(12)[None], cu_seq_lens_q=torch.tensor([0, 12]),
+             attention_mask=(torch.arange(12) < 10).long()[None]),
+     "a flattened batch has no padding: its attention_mask must be all ones or None"),
+    ("bool cu_seq_lens_q", "encoder", replace(cu_seq_lens_q=torch.ones(4, dtype=torch.bool)),
+     "cu_seq_lens_q must hold integer offsets"),
+    ("a broken position in the second row, one attention_mask row for both", "encoder",
+     lambda row, config: dict(input_ids=torch.cat([row["input_ids"]] * 2), attention_mask=torch.ones(1, 12),
+                              position_ids=torch.stack([torch.arange(12), torch.tensor([0, 1, 2, 2, *range(3, 11)])])),
+     "token 3 of row 1 has position 2 after 2"),
     ("token labels shorter than the row", "mlm", replace(labels=torch.zeros(1, 11, dtype=torch.long)),
      r"labels must hold one label per token, the input's shape \(1, 12\)"),
     ("token labels of a token classifier longer than the row", "tagger",
@@ -202,6 +231,9 @@ SAME_ROWS = [
      dict(flat_row([3, 4]), position_ids=positions(2, 3, 4, 0, 1, 2, 3)),
      dict(padded_rows(token_ids([3, 4]), pad_positions=1), position_ids=torch.tensor([[2, 3, 4, 1], [0, 1, 2, 3]]))),
     ("a row of zeros: one-token sequences", flat_row([1, 1, 1, 1]), padded_rows(token_ids([1, 1, 1, 1]))),
+    ("a pad inside the row, the positions going on past it",
+     alone(SEVEN, torch.tensor([0, 1, 2, 9, 3, 4, 5]), torch.tensor([1, 1, 1, 0, 1, 1, 1])),
+     beside(alone(SEVEN, torch.tensor([0, 1, 2, 9, 3, 4, 5]), torch.tensor([1, 1, 1, 0, 1, 1, 1])), ONE_ROW)),
 ]
 
 
@@ -223,9 +255,9 @@ def test_the_same_rows_give_the_same_outputs_in_a_batch_of_one_and_of_several(mo
 def test_positions_past_the_embeddings_are_refused_only_where_they_are_embedded(models, preset):
     model = models(preset)["encoder"]
     limit = model.config.max_position_embeddings
-    row = alone(SEVEN, torch.arange(7) + limit - 3)
+    row = alone(SEVEN, torch.arange(7) + limit - 6)  # the last position is the first past the embeddings
     if model.max_position is not None:
-        message = f"position_ids must be < max_position_embeddings={limit} .*got {limit + 3}"
+        message = f"position_ids must be < max_position_embeddings={limit} .*got {limit}"
         with pytest.raises(ValueError, match=message):
             hidden_of(model, row)
         return
