@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -108,6 +110,64 @@ def test_config_fields_map_both_ways():
         assert getattr(back, field) == getattr(hf.config, field), field
 
 
+def test_fields_off_their_defaults_convert_and_keep_the_outputs():
+    """Fields whose defaults agree in both libraries, set otherwise: three token types, an untied masked-LM decoder,
+    a problem type and an initializer range, both ways."""
+    fields = dict(type_vocab_size=3, tie_word_embeddings=False, initializer_range=0.05,
+                  problem_type="multi_label_classification")
+    hf = hf_model("ConvBertForMaskedLM", **fields)
+    ours = from_transformers(hf)
+    assert ours.mlm_head.decoder.weight is not ours.convattn.embeddings.word_embeddings.weight
+    ids, _ = batch(n=12)
+    types = torch.arange(12).remainder(3).expand(3, -1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids, token_type_ids=types).logits,
+                                   hf(input_ids=ids, token_type_ids=types).logits, rtol=1e-5, atol=1e-5)
+    for config in (ours.config, to_transformers(ours).config):
+        assert {field: getattr(config, field) for field in fields} == fields
+
+
+def test_a_convbert_model_with_rotary_positions_is_refused_naming_them():
+    """(conv_projections, value_depthwise_conv and a sequence projection, which the conversion refuses too, no
+    ConvBERT config takes: the config refuses them first.)"""
+    config = ConvAttnConfig.from_preset("chang2021-small/convbert", num_hidden_layers=1,
+                                        position_embedding_type="rotary")
+    with pytest.raises(ValueError, match="position_embedding_type='rotary' has no equivalent in transformers'"):
+        to_transformers(ConvAttnModel(config))
+
+
+def test_what_a_folder_holds_is_checked_before_converting(tmp_path):
+    """A folder of another model type, or of a ConvBERT head convattn has not, is named; a config without
+    architectures is read as transformers reads it, the bare ConvBertModel."""
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=50)).save_pretrained(tmp_path / "bert")
+    with pytest.raises(ValueError, match="holds a BertConfig, not a ConvBertConfig"):
+        from_transformers(tmp_path / "bert")
+    hf = hf_model("ConvBertModel", hidden_size=64, embedding_size=32, num_attention_heads=4, intermediate_size=128)
+    for folder, architectures in (("choice", ["ConvBertForMultipleChoice"]), ("none", None)):
+        hf.config.architectures = architectures
+        hf.save_pretrained(tmp_path / folder)
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        config["architectures"] = architectures
+        (tmp_path / folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="holds a ConvBertForMultipleChoice; supported: ConvBertModel"):
+        from_transformers(tmp_path / "choice")
+    assert type(from_transformers(tmp_path / "none")) is ConvAttnModel
+
+
+def test_a_weight_with_no_place_is_refused_and_the_converted_model_evaluates():
+    """Every weight lands (a tensor left over stops the conversion rather than being dropped), and both directions
+    give a model in eval mode whatever mode the source was in."""
+    hf = hf_model("ConvBertModel", hidden_size=64, embedding_size=32, num_attention_heads=4, intermediate_size=128)
+    assert not to_transformers(from_transformers(hf).train()).training
+    hf.register_buffer("stray", torch.zeros(2))
+    with pytest.raises(RuntimeError, match="stray"):
+        from_transformers(hf)
+    with pytest.raises(ValueError, match="cannot convert a BertModel; supported: ConvAttnModel"):
+        to_transformers(BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, vocab_size=50)))
+
+
 def test_padding_modes_on_padded_batches():
     """reference: transformers' output everywhere (its leak included); masked: each sequence as if alone."""
     hf = hf_model("ConvBertModel")
@@ -153,6 +213,8 @@ def test_what_cannot_convert_is_named():
         to_transformers(composite)
     with pytest.raises(ValueError, match="head_ratio=1"):
         to_transformers(ConvAttnModel(ConvAttnConfig(num_hidden_layers=1)))
+    with pytest.raises(ValueError, match="head_ratio=1: only ConvBERT models with conv heads"):
+        from_transformers(hf_model("ConvBertModel", head_ratio=1))
 
 
 @pytest.mark.parametrize("cls_name", ["ConvBertForSequenceClassification", "ConvBertForMaskedLM"])
