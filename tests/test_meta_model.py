@@ -75,6 +75,16 @@ def test_a_tensor_no_field_explains_is_named(folder, change, words):
     assert message.endswith("is config.json the one saved with these weights?")
 
 
+def test_a_layer_renamed_in_the_file_is_named_not_counted(folder):
+    """The file holds as many layers as the config asks for, one numbered 5 instead of 1: the tensors missing and
+    left over are named (it said "num_hidden_layers 2 does not match the weights, which hold 2 layers")."""
+    rewrite_weights(folder, lambda w: w.update({name.replace(".layer.1.", ".layer.5."): w.pop(name)
+                                                for name in [n for n in w if ".layer.1." in n]}))
+    message = refusal(folder)
+    assert message.startswith(f"{folder}: the weights do not match the config (") and "layer.5." in message, message
+    assert "layer.1." in message and "num_hidden_layers" not in message
+
+
 def test_the_tied_decoder_may_be_in_the_file_or_not(folder):
     embeddings = "convattn.embeddings.word_embeddings.weight"
     rewrite_weights(folder, lambda w: w.update({"mlm_head.decoder.weight": w[embeddings].clone()}))
@@ -140,3 +150,27 @@ def test_a_field_added_to_the_config_needs_no_edit_elsewhere(tmp_path, monkeypat
                                                                                    intermediate_size=48)
     finally:
         transformers.AutoConfig.register("convattn", ConvAttnConfig, exist_ok=True)
+
+
+def test_folders_that_from_pretrained_loads_pass(tmp_path):
+    """What from_pretrained loads, the check lets through: a bare encoder's folder (no head prefix in its names),
+    ELECTRA's (generator and discriminator sharing their embeddings), a transformers BERT whose file still holds the
+    position_ids buffer it no longer saves, and a convattn config whose architectures name another library's class
+    (the base model is built then, as AutoModel would)."""
+    from safetensors.torch import save_file as save
+    from transformers import BertConfig, BertForMaskedLM
+
+    from convattn import ConvAttnModel
+
+    ConvAttnModel(tiny_config("chang2021-small/composite")).save_pretrained(tmp_path / "bare")
+    ConvAttnForPreTraining(tiny_config("chang2021-small/composite", mask_token_id=4)).save_pretrained(
+        tmp_path / "electra")
+    BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                               vocab_size=50)).save_pretrained(tmp_path / "bert")
+    weights = load_file(tmp_path / "bert" / "model.safetensors")
+    save({**weights, "bert.embeddings.position_ids": torch.arange(512)[None]}, tmp_path / "bert" / "model.safetensors",
+         metadata={"format": "pt"})
+    for name in ("bare", "electra", "bert"):
+        check_model_folder(tmp_path / name)
+    config_with(tmp_path / "bare", architectures=["BertForMaskedLM"])
+    check_model_folder(tmp_path / "bare")

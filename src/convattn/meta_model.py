@@ -167,8 +167,9 @@ def compare(config, shapes: dict[str, list[int]]) -> Comparison:
     stack = layer_stack(model, built.num_hidden_layers) if isinstance(layers, int) else None
     if stack:
         numbers = {name.removeprefix(f"{stack}.").split(".", 1)[0] for name in held if name.startswith(f"{stack}.")}
-        # (not a set of range(layers): a tampered count of 10^9 would take that many strings to build)
-        if numbers and (len(numbers) != layers or not all(n.isdigit() and int(n) < layers for n in numbers)):
+        # another count of layers; the same count numbered otherwise (a layer renamed) is a tensor missing and one
+        # left over, which the differences name
+        if numbers and len(numbers) != layers:
             return Comparison(config, model, held, stack, len(numbers), Differences())
     return Comparison(config, model, held, stack, None, differences(model, held))
 
