@@ -359,8 +359,14 @@ class WarmUp:
         self.processes: list[subprocess.Popen] = []
         self.lock, self.stopped = threading.Lock(), False  # no process starts once finish has stopped them
         self.outcome = "not finished"
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._guarded, daemon=True)
         self.thread.start()
+
+    def _guarded(self) -> None:
+        try:
+            self._run()
+        except Exception as error:  # the warm-up is an optimisation: the call goes on, the training compiles
+            self.outcome = f"failed: {type(error).__name__}: {error}"[:300]
 
     def _command(self, *options: str) -> list[str]:
         return [sys.executable, __file__, "warm", "--presets", self.args.presets, *options,

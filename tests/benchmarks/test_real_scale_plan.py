@@ -235,3 +235,18 @@ def test_the_warm_up_compiles_its_units_side_by_side_then_tunes_and_is_stopped_a
     else:
         assert outcome.startswith(f"stopped at {real_scale.WARM_LIMIT} s from the call's start")
         assert len(started) == 4 and all(process.poll() is not None for process in warmup.processes)
+
+
+def test_a_warm_up_that_cannot_start_says_why_and_the_call_goes_on(real_scale, tmp_path, monkeypatch):
+    """The kernel's tilings unknown (its launch module renamed what kernel_tilings pins): the outcome says so."""
+    import kernel_tilings
+    import torch
+
+    def unknown(head_dim, dtype):
+        raise kernel_tilings.TilingsUnknown("the kernel's launch module has no configs")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_tilings, "tiling_count", unknown)
+    warmup = real_scale.WarmUp(argparse.Namespace(presets=real_scale.PRESETS, smoke=False), tmp_path / "log",
+                               time.time())
+    assert warmup.finish()[1] == "failed: TilingsUnknown: the kernel's launch module has no configs"
