@@ -9,7 +9,7 @@ kernel's tests a GPU runs, the ones the call's bars rely on first.
                        as it is collected (named even where the run is stopped)
     --bars-first       only order the tests given, BARS_FIRST first (the rehearsal's run of the GPU's selection)
     --outcomes-file    append each test's outcome there as it ends, a JSON line: its node id, passed / failed /
-                       skipped, and a failure's message (its error's last lines), so that a run stopped at its
+                       skipped, and a failure's message (its exception's type and message), so that a run stopped at its
                        deadline still says which tests failed and why
 
 On a CPU, `pytest --collect-only -q -p cuda_selection --as-cuda --cuda-selection FILES` names the GPU's selection
@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(session, config, items):
         staged.replace(listing)
 
 
-MESSAGE_CHARS = 600  # of a failure's message: the exception's type, its message and what follows it, the first
+MESSAGE_CHARS = 600  # a failure's message is kept to its first this many characters
 
 
 def failure_message(report) -> str:

@@ -174,7 +174,7 @@ def unpack(kit: Path, work: Path) -> None:
 # (benchmarks/gpu.sh's wheel install, which it stamps in CALL_STARTED) and the files' return.
 CALL_LIMIT = 540
 # Estimates of what the call spends besides training, in seconds; each call's plan.json records the measured ones
-# that replace the first two. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU machine's 16 cores:
+# that replace them. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU machine's 16 cores:
 WARM_PHASE = "the kernel's warm-up, past tokenizing"  # its processes run beside unpacking and tokenizing
 ESTIMATES = {"unpack": 15, "prepare": 90, WARM_PHASE: 15}
 MODEL_OVERHEAD = 35  # a model's CUDA set-up, build, 11 evaluations of 2,048 examples and 10 checkpoints (~160 MB)
@@ -285,6 +285,17 @@ WARM_LIMIT = 150  # s from the call's start: past it the warm-up stops, and the 
 SMOKE_MODEL = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128}
 
 
+def warm_config(preset: str, smoke: bool):
+    """The preset's model config as the comparison builds it: the chang2021-small recipe's, SMOKE_MODEL's size with
+    `smoke`."""
+    from convattn.training.pretrain.options import model_config
+    from convattn.training.recipes import load_recipe
+
+    config = model_config(dataclasses.replace(load_recipe("chang2021-small"), preset=preset))
+    config.update(SMOKE_MODEL if smoke else {})
+    return config
+
+
 def warm_passes(presets: list[str], batches=WARM_BATCHES, batch_size: int = 128, smoke: bool = False,
                 attn_implementation: str | None = None) -> list[str]:
     """One training step and one evaluation forward of each preset's model (the chang2021-small recipe's config,
@@ -296,15 +307,12 @@ def warm_passes(presets: list[str], batches=WARM_BATCHES, batch_size: int = 128,
 
     from convattn import ConvAttnForMaskedLM
     from convattn.attn_implementations import TRITON_IMPLEMENTATION
-    from convattn.training.pretrain.options import model_config
-    from convattn.training.recipes import load_recipe
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = torch.autocast(device, torch.bfloat16, enabled=device == "cuda")
-    recipe, warmed = load_recipe("chang2021-small"), []
+    warmed = []
     for preset in presets:
-        config = model_config(dataclasses.replace(recipe, preset=preset))
-        config.update(SMOKE_MODEL if smoke else {})
+        config = warm_config(preset, smoke)
         model = ConvAttnForMaskedLM(config).to(device)
         if attn_implementation:
             model.set_attn_implementation(attn_implementation)
@@ -352,7 +360,7 @@ def warm(args) -> int:
 class WarmUp:
     """The warm-up beside unpacking and tokenizing: processes compiling every (tiling, batch) unit side by side, then
     one tuning pass; their lines into `log`. `finish` waits for it until WARM_LIMIT from the call's start, stops
-    what is left, and says how long the call waited."""
+    what is left, and says what it did."""
 
     def __init__(self, args, log: Path, started: float):
         self.args, self.log, self.deadline = args, log, started + WARM_LIMIT
@@ -379,9 +387,10 @@ class WarmUp:
         if not torch.cuda.is_available():
             self.outcome = "skipped: no GPU here, so no model takes the kernel"
             return
-        head_dim = (SMOKE_MODEL["hidden_size"] // SMOKE_MODEL["num_attention_heads"]) if self.args.smoke else 64
-        units = [f"{tiling}:{batch}" for tiling in range(tiling_count(head_dim, torch.bfloat16))
-                 for batch in range(len(WARM_BATCHES))]
+        configs = [warm_config(preset, self.args.smoke) for preset in self.args.presets.split(",")]
+        tilings = max(tiling_count(config.hidden_size // config.num_attention_heads, torch.bfloat16)
+                      for config in configs)
+        units = [f"{tiling}:{batch}" for tiling in range(tilings) for batch in range(len(WARM_BATCHES))]
         workers = min(len(units), WARM_PROCESSES)
         with open(self.log, "a") as sink:
             for options in ([("--units", ",".join(units[worker::workers])) for worker in range(workers)],
@@ -399,9 +408,8 @@ class WarmUp:
                     return
         self.outcome = "done"
 
-    def finish(self) -> tuple[float, str]:
-        """(seconds the call waited for it, what it did)."""
-        start = time.time()
+    def finish(self) -> str:
+        """What it did."""
         self.thread.join(timeout=max(self.deadline - time.time(), 0))
         if self.thread.is_alive():
             with self.lock:
@@ -411,7 +419,7 @@ class WarmUp:
                         os.killpg(process.pid, signal.SIGKILL)
             self.thread.join()
             self.outcome = f"stopped at {WARM_LIMIT} s from the call's start: the training compiles what is left"
-        return time.time() - start, self.outcome
+        return self.outcome
 
 
 def run(args) -> int:
@@ -445,7 +453,7 @@ def run(args) -> int:
     spent, warmed = {}, {}
     for phase, work_of in (("unpack", lambda: unpack(args.kit, work)),
                            ("prepare", lambda: prepare(compare_command(args, work, "1s"))),
-                           (WARM_PHASE, lambda: warmed.update(outcome=warmup.finish()[1]))):
+                           (WARM_PHASE, lambda: warmed.update(outcome=warmup.finish()))):
         phase_start = time.time()
         work_of()
         spent[phase] = time.time() - phase_start

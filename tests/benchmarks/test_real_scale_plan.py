@@ -225,7 +225,7 @@ def test_the_warm_up_compiles_its_units_side_by_side_then_tunes_and_is_stopped_a
     args = argparse.Namespace(presets=real_scale.PRESETS, smoke=False)
     log = tmp_path / "compare.log"
     warmup = real_scale.WarmUp(args, log, time.time() - real_scale.WARM_LIMIT + (60 if finishes else 1))
-    outcome = warmup.finish()[1]
+    outcome = warmup.finish()
     if finishes:
         assert outcome == "done"
         assert started == [("--units", "0:0,1:1"), ("--units", "0:1,1:2"), ("--units", "0:2"), ("--units", "1:0"),
@@ -249,4 +249,4 @@ def test_a_warm_up_that_cannot_start_says_why_and_the_call_goes_on(real_scale, t
     monkeypatch.setattr(kernel_tilings, "tiling_count", unknown)
     warmup = real_scale.WarmUp(argparse.Namespace(presets=real_scale.PRESETS, smoke=False), tmp_path / "log",
                                time.time())
-    assert warmup.finish()[1] == "failed: TilingsUnknown: the kernel's launch module has no configs"
+    assert warmup.finish() == "failed: TilingsUnknown: the kernel's launch module has no configs"
