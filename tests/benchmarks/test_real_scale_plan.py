@@ -224,7 +224,9 @@ def test_the_warm_up_compiles_its_units_side_by_side_then_tunes_and_is_stopped_a
     monkeypatch.setattr(real_scale.WarmUp, "_command", command)
     args = argparse.Namespace(presets=real_scale.PRESETS, smoke=False)
     log = tmp_path / "compare.log"
-    warmup = real_scale.WarmUp(args, log, time.time() - real_scale.WARM_LIMIT + (60 if finishes else 1))
+    warmup = real_scale.WarmUp(args, log, time.time() - real_scale.WARM_LIMIT + (3600 if finishes else 1))
+    while not finishes and len(warmup.processes) < 4:  # its compiling processes started, however slowly: then stop
+        time.sleep(0.05)
     outcome = warmup.finish()
     if finishes:
         assert outcome == "done"
