@@ -4,8 +4,9 @@ float64 reference at one small shape, the output and every gradient, at each til
 "unverified" (they are still measured); so does a gate that did not finish.
 
   plain          no terms, no mask: against SDPA (its flash kernel on a GPU) and float64
-  composite+key  both tables (fixed + dynamic_query, dynamic_key), 1/8 of one row padded: against float64, the
-                 bias built densely by bias.py in float64
+  composite+key  both tables (fixed + dynamic_query, dynamic_key) as a layer sends them (dispatch.kernel_inputs:
+                 projected inside the kernel's launches, their share of dq and dk summed by its backward), 1/8 of
+                 one row padded: against float64, the bias built densely by bias.py in float64
 
 Each error is ||x - ref|| / ||ref|| of the output, and of the gradients of a random weighted sum of it with respect
 to q, k, v and each table parameter; it passes at most TOLERANCE for the dtype (bf16 operands land between 1e-3 and
@@ -93,6 +94,7 @@ def kernel_call(qkv, rel, keep, dtype, weights):
     parameters."""
     import torch
 
+    from convattn.attention.relative import dispatch
     from convattn.attention.relative.triton_attention import triton_relative_attention
 
     q, k, v = (x.detach().to(dtype).requires_grad_() for x in qkv)
@@ -100,8 +102,7 @@ def kernel_call(qkv, rel, keep, dtype, weights):
         out = triton_relative_attention(q, k, v, None, None, reach=0, clip=True)
         inputs = [q, k, v]
     else:
-        row_table, key_table = rel.tables(q, k)
-        out = triton_relative_attention(q, k, v, row_table, key_table, reach=rel.reach, clip=rel.clip, keep=keep)
+        out = triton_relative_attention(q, k, v, **dispatch.kernel_inputs(rel, q, k), keep=keep)
         inputs = [q, k, v, *rel.parameters()]
     grads = torch.autograd.grad((out.double() * weights).sum(), inputs)
     return [out.detach(), *grads]

@@ -138,6 +138,7 @@ class Arm:
     padding: bool
     terms: tuple[str, ...] = ()
     baseline: str = ""  # the SDPA arm it is measured against
+    given_tables: bool = False  # the tables built by torch outside the kernel, as before they were projected in it
 
 
 ARMS = {
@@ -150,12 +151,17 @@ ARMS = {
     "+row table": Arm("kernel", DROPOUT, True, ("fixed", "dynamic_query"), "sdpa+padding"),  # composite
     "+key table": Arm("kernel", DROPOUT, True, ("dynamic_key",), "sdpa+padding"),
     "composite+key": Arm("kernel", DROPOUT, True, ("fixed", "dynamic_query", "dynamic_key"), "sdpa+padding"),
+    # the same two with their tables built outside the kernel and given (the 2026-11-30 call's design), in one dQ
+    # design: what projecting them inside the kernel's launches gained, from one process
+    "+row table, given": Arm("kernel", DROPOUT, True, ("fixed", "dynamic_query"), "sdpa+padding", True),
+    "composite+key, given": Arm("kernel", DROPOUT, True, ("fixed", "dynamic_query", "dynamic_key"), "sdpa+padding",
+                                True),
     "flex": Arm("flex", 0.0, False, baseline="sdpa"),  # FlexAttention without a score_mod (the flex stage)
 }
 # the kernels stage's arms in its order, each group at every shape before the next: plain (its bar from n = 2,048),
 # then dropout, then the relative terms' bars, then the other arms
 ARM_GROUPS = (("sdpa", "plain"), ("sdpa+dropout", "+dropout"), ("sdpa+padding", "+row table", "composite+key"),
-              ("+padding", "+key table"))
+              ("+padding", "+key table"), ("+row table, given", "composite+key, given"))
 # (arm, limit, from which n: 0 every shape, else the plan's `long`): device time over its baseline's, at most
 KERNEL_BARS = (("plain", 1.15, "long"), ("+dropout", 1.3, 0), ("+row table", 1.35, 0), ("composite+key", 1.6, 0))
 BAR_NAMES = {"plain": "plain kernel vs SDPA flash", "+dropout": "kernel + dropout 0.1 vs SDPA flash + dropout",
@@ -234,10 +240,10 @@ def gate_rows(plan: Plan) -> list[dict]:
 
 
 def arm_rows(plan: Plan, shape: tuple[int, int, int], arm: str) -> list[dict]:
-    """The arm at the shape: an SDPA arm once, a kernel arm in each dQ design."""
+    """The arm at the shape: an SDPA arm once, a kernel arm in each dQ design (given tables in the first)."""
     if ARMS[arm].kind != "kernel":
         return [shape_row(shape, arm)]
-    return [shape_row(shape, arm, design) for design in plan.designs]
+    return [shape_row(shape, arm, design) for design in plan.designs[:1 if ARMS[arm].given_tables else None]]
 
 
 def kernel_rows(plan: Plan) -> list[dict]:
@@ -410,8 +416,10 @@ def attention_step(row: dict, plan: Plan):
     def step():
         with (dispatch.forced_path("triton") if arm.terms else contextlib.nullcontext(),
               select() if select is not None else contextlib.nullcontext()):
+            # tables_from: the tables built from q and k by torch and given to the kernel (dispatch.kernel_inputs)
             out, _ = dispatch.relative_attention(q, k, v, relative, token_mask, dropout_p=arm.dropout,
-                                                 attn_implementation=implementation)
+                                                 attn_implementation=implementation,
+                                                 tables_from=(q, k) if arm.given_tables else None)
         out.backward(grad)
     return kernel_only(step), [q, k, v, *(relative.parameters() if relative is not None else ())]
 

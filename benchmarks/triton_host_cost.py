@@ -10,7 +10,11 @@ cheaper than the CUDA caching allocator's, and a GPU pays triton's own binding a
     python benchmarks/triton_host_cost.py --output benchmarks/results/triton_host_cost.md   # the table, to a file
 
 Each arm: the least over rounds (the machine's other work only adds) of the mean time per call, 1 x 4 heads x 128 x
-64, bfloat16, r = 8; plain, and composite+key (both tables, key padding, dropout).
+64, bfloat16, r = 8; plain, and composite+key (both tables, key padding, dropout). Two more problems time a
+layer's whole call from its terms' parameters (the entry alone): "layer (tables by torch)" builds the composite+key
+tables with torch's operators and gives them (what layers did until the tables were projected in the kernel's
+launches), "layer (projected)" sends the parameters (what they do now), both with torch's own work on the tables'
+products and reductions included, which a GPU pays on its host per launch.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from convattn.attention.relative.triton import launch, operator
 
 HEADS, LENGTH, HEAD_DIM, REACH = 4, 128, harness.HEAD_DIM, harness.REACH
 # what each problem adds to plain attention: both tables, a key mask (every key real), dropout
-FEATURES = {"plain": (), "composite+key": ("row", "key", "keep", "dropout")}
+FEATURES = {"plain": (), "composite+key": ("row", "key", "keep", "dropout"),
+            "layer (tables by torch)": ("keep", "dropout"), "layer (projected)": ("keep", "dropout")}
 
 
 def stub_launches() -> None:
@@ -82,6 +87,8 @@ def arms(problem: str) -> dict:
     schema = torch.ops.convattn.triton_relative_attention.default._schema
 
     leaves = [x for x in (q, k, v, row, key) if x is not None]
+    if problem.startswith("layer"):
+        return {"entry forward + backward": layer_entry(problem, q, k, v, keep, p, grad)}
 
     def entry():
         release(leaves)
@@ -106,6 +113,23 @@ def arms(problem: str) -> dict:
             "run_forward + run_backward": bare(runners), "run_forward": bare(run_forward),
             "run_backward": bare(run_backward),
             "fill_defaults of the forward's schema": lambda: fill_defaults(schema, inputs, {})}
+
+
+def layer_entry(problem: str, q, k, v, keep, p, grad):
+    """A layer's call of the entry from composite+key's parameters (bf16, as the model's): the tables built by
+    torch and given, or the parameters sent (dispatch.kernel_inputs)."""
+    from convattn.attention.relative import RelativePositionBias, dispatch
+
+    rel = RelativePositionBias(["fixed", "dynamic_query", "dynamic_key"], HEADS, HEAD_DIM, REACH, "clip")
+    rel = rel.to(torch.bfloat16)
+    leaves = [q, k, v, *rel.parameters()]
+    tables_from = (q, k) if problem == "layer (tables by torch)" else None  # (q, k): built by torch, given
+
+    def entry():
+        release(leaves)
+        operator.triton_relative_attention(q, k, v, **dispatch.kernel_inputs(rel, q, k, tables_from), keep=keep,
+                                           dropout_p=p).backward(grad)
+    return entry
 
 
 def main() -> int:

@@ -14,7 +14,10 @@ real call, and read back from its machine code (cuobjdump):
 
 The call compiled is `small` width's: 4 heads of 64 channels, n = 512, q, k and v strided as the model passes them,
 r = 8, clip, so that Triton specializes alignment and strides as it would on the GPU (16-byte divisibility). The
-variants add one feature at a time: dropout, key padding, the row table (composite), the key table.
+variants add one feature at a time: dropout, key padding, the row table (composite), the key table; both tables
+projected inside the launches from q and k (as a layer sends them: the backward adds the key table's share of dK).
+The kernels that stream rows (backward_preprocess, query_gradient_kernel, tables_kernel) are compiled too, at their
+one tiling, and reported by registers and spills.
 
     python benchmarks/triton_resources.py                      # the autotuner's tilings, bf16, 64-channel heads
     python benchmarks/triton_resources.py --tilings 128x64x8x3 --variants plain,composite+key --output /tmp/r.md
@@ -42,7 +45,11 @@ from convattn.attention.relative.triton import launch
 
 KERNELS = launch.KERNELS
 VARIANTS = {"plain": {}, "dropout": {"dropout"}, "padding": {"padding"},
-            "composite": {"row", "padding", "dropout"}, "composite+key": {"row", "key", "padding", "dropout"}}
+            "composite": {"row", "padding", "dropout", "projected"},
+            "composite+key": {"row", "key", "padding", "dropout", "projected"}}
+# the kernels that stream ROWS rows a program, compiled at that tiling (4 warps, as launch.py launches them)
+ROWS_KERNELS = {"backward_preprocess": launch.kernels.backward_preprocess,
+                "query_gradient": launch.kernels.query_gradient_kernel, "tables": launch.kernels.tables_kernel}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEADS, LENGTH, REACH = 4, 512, 8
 # a row's columns after its tiling, in the table's order
@@ -60,31 +67,44 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
               for name in ("row", "key")]
     keep = torch.empty(batch, n, dtype=torch.uint8, device="meta") if "padding" in features else None
     seed = torch.empty((), dtype=torch.int64, device="meta") if "dropout" in features else None
+    # the terms' parameters (float32, as a model's): W of the row table, U of the key table, fixed beside W
+    projected = [torch.empty(head_dim, 2 * REACH + 1, device="meta") if "projected" in features and t is not None
+                 else None for t in tables]
     problem = launch.Problem(q, *tables, keep, None, seed, 0, REACH, True, 0.1 if "dropout" in features else 0,
-                             head_dim**-0.5)
+                             head_dim**-0.5, None, *projected, head_dim**-0.5)
     stats = torch.empty(problem.stats_shape, dtype=torch.float32, device="meta")
     grads = [launch.table_gradient(t, q, False) if t is not None else None for t in tables]
     out = torch.empty_like(q)
     accumulators = problem.accumulators(q, 2)
+    if kernel_name == "backward_preprocess":
+        return problem.preprocess_arguments(out, out, stats, *accumulators)
+    if kernel_name == "query_gradient":
+        return problem.query_arguments(*accumulators, out, grads[0])
+    if kernel_name == "tables":
+        fixed = torch.empty(heads, 2 * REACH + 1, device="meta") if projected[0] is not None else None
+        _, arguments, constants = launch.tables_arguments(q, k, fixed, *projected, *tables, head_dim**-0.5)
+        return arguments, constants
     arguments = {"forward": lambda: problem.forward_arguments(q, k, v, out, stats),
                  "backward": lambda: problem.backward_arguments(q, k, v, out, stats, stats, out, out, *grads,
                                                                 *accumulators, 2)}[kernel_name]()
-    # the backward's dQ design: the split accumulators', unless the features ask for atomic adds
-    design = {"ATOMIC": "atomic" in features} if kernel_name == "backward" else {}
-    return arguments, {**problem.keywords, **design}
+    # the backward's dQ design: the split accumulators', unless the features ask for atomic adds; the key table's
+    # share of dK where it is projected
+    design = dict(ATOMIC="atomic" in features, FOLD_KEY=projected[1] is not None, BLOCK_W=problem.block_w)
+    return arguments, {**problem.keywords, **(design if kernel_name == "backward" else {})}
 
 
-def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int, block_m: int,
-           block_n: int) -> ASTSource:
+def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int, block_m: int | None = None,
+           block_n: int | None = None) -> ASTSource:
     """The kernel as the JIT specializes it: each argument's type, and tt.divisibility 16 on every pointer and on
-    every integer divisible by 16 that the kernel does not exempt (triton's BaseBackend.get_int_specialization)."""
-    kernel = KERNELS[kernel_name]
+    every integer divisible by 16 that the kernel does not exempt (triton's BaseBackend.get_int_specialization).
+    The tiling is the autotuned kernels' (KERNELS); the rows kernels' is in their constexprs."""
+    kernel = KERNELS.get(kernel_name) or ROWS_KERNELS[kernel_name]
     arguments, keywords = call_arguments(kernel_name, features, dtype, head_dim)
     constants = {name: value for name, value in keywords.items() if name != "length_bucket"}
-    constants.update(BLOCK_M=block_m, BLOCK_N=block_n)
-    values = dict(zip([name for name in kernel.arg_names if name not in constants], [*arguments,
-                                                                                      keywords["length_bucket"]],
-                      strict=True))
+    runtime = [*arguments, *([keywords["length_bucket"]] if "length_bucket" in keywords else [])]
+    if kernel_name in KERNELS:
+        constants.update(BLOCK_M=block_m, BLOCK_N=block_n)
+    values = dict(zip([name for name in kernel.arg_names if name not in constants], runtime, strict=True))
     exempt = {kernel.arg_names[p.num] for p in kernel.params if p.do_not_specialize}
     signature, attrs = {}, {}
     for index, name in enumerate(kernel.arg_names):
@@ -153,6 +173,20 @@ def resources(job: tuple) -> dict:
             "wgmma": any(opcode(t) == "HGMMA" for t in off_band)}
 
 
+def rows_resources(job: tuple) -> dict:
+    """Registers and spilled bytes of a rows kernel (ROWS_KERNELS), compiled for sm_90 at 4 warps."""
+    kernel_name, variant, dtype_name, head_dim = job
+    compiled = triton.compile(source(kernel_name, VARIANTS[variant], DTYPES[dtype_name], head_dim),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=1))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(BIN / "cuobjdump"), "--dump-resource-usage", cubin.name], capture_output=True,
+                               text=True, check=True).stdout
+    registers, stack = re.search(r"REG:(\d+).*STACK:(\d+)", usage).groups()
+    return {"kernel": kernel_name, "variant": variant, "registers": int(registers), "spilled": int(stack)}
+
+
 def library_tilings(kernel_name: str, dtype_name: str, head_dim: int) -> list[tuple]:
     # read with TRITON_INTERPRET unset, so these are the GPU's candidates
     return launch.configs(kernel_name, head_dim, DTYPES[dtype_name])
@@ -188,6 +222,9 @@ def main() -> int:
              "issue off the band | issue in the band | smem off the band | spills off the band | spills in the band | "
              "wgmma |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    # the rows kernels where their code differs: the row table projected (the tables, dQ's share) or not
+    rows_jobs = [(kernel, variant, args.dtype, args.head_dim) for kernel in ROWS_KERNELS
+                 for variant in variants if kernel != "tables" or "projected" in VARIANTS[variant]]
     with (harness.Run("triton_resources", machine=harness.machine_line(packages=("torch", "triton")),
                       dtype=args.dtype, head_dim=args.head_dim) as run,
           ProcessPoolExecutor(max(1, args.workers)) as pool):
@@ -195,6 +232,11 @@ def main() -> int:
             m, n, w, s = run.add(**r)["tiling"]
             harness.emit(lines, r["kernel"], f"{m} x {n}", w, s, *(r[name] for name in RESOURCES),
                          "yes" if r["wgmma"] else "no")
+        lines += ["", f"The kernels that stream {launch.ROWS} rows a program, at 4 warps:", "",
+                  "| kernel | variant | registers | spilled bytes |", "|---|---|---|---|"]
+        for r in pool.map(rows_resources, rows_jobs):
+            run.add(**r)
+            harness.emit(lines, r["kernel"], r["variant"], r["registers"], r["spilled"])
     return harness.report(args.output, lines)
 
 

@@ -47,7 +47,7 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
     # lengths plain first, the training step's batch-128 graphs rows first, the tests a GPU runs, named
     plan = [line for line in said if line.startswith("gpu_session: plan: ")]
     assert [line.split()[2] for line in plan[1:]] == ["gate", "kernels", "train", "tests", "host", "flex"]
-    assert ("kernels (125 s, 60 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 8 x 4 x 2,048 plain dQ "
+    assert ("kernels (125 s, 68 rows): 8 x 4 x 2,048 sdpa; 8 x 4 x 2,048 plain dQ split; 8 x 4 x 2,048 plain dQ "
             "atomic; 2 x 12 x 8,192 sdpa;") in plan[2]
     assert "train (220 s, 18 rows): graphs batch 128 composite; graphs batch 128 absolute; eager batch 128" in plan[3]
     first = {stage: next(i for i, line in enumerate(said) if line.startswith(f"gpu_session: {stage}: "))
@@ -69,7 +69,7 @@ def test_the_rehearsal_runs_every_stage_in_the_calls_order_and_prints_the_summar
                                                              "key_kernel"}
     packages, tests = json.loads((tmp_path / "tests.json").read_text())["rows"]
     assert packages["versions"]["torch"] and not packages["import_failed"], packages
-    assert len(tests["selection"]) >= 10 and tests["selection"][0].endswith("[split-composite-clip]"), tests
+    assert len(tests["selection"]) >= 10 and tests["selection"][0].endswith("[split-projected-composite-clip]"), tests
     assert tests["rehearsed"] == tests["selection"][:2] and tests["rc"] == 0, tests
     assert tests["passed"] + tests["skipped"] == 2 and tests["failures"] == tests["not_run"] == [], tests
     kernel = (SRC / "triton_attention.py").exists() or (SRC / "triton").is_dir()
@@ -285,8 +285,16 @@ def test_the_kernels_stage_measures_the_long_lengths_first_plain_first_each_dq_d
     assert max(long.index(arm) for arm in ("plain", "+dropout")) < min(long.index(arm) for arm in terms)
     assert named[lengths.index(512):][:2] == [(512, "sdpa", None), (512, "plain", "split")]
     kernel_arms = [arm for arm, spec in gpu_session.ARMS.items() if spec.kind == "kernel"]
-    for design in plan.designs:  # every kernel arm at every shape in every design, the SDPA arms once
-        assert sum(d == design for _, _, d in named) == len(kernel_arms) * len(plan.shapes)
+    given = [arm for arm in kernel_arms if gpu_session.ARMS[arm].given_tables]
+    assert given == ["+row table, given", "composite+key, given"]
+    # every kernel arm at every shape in every design (the tables given in the first alone), the SDPA arms once
+    for design in plan.designs:
+        arms = len(kernel_arms) - (len(given) if design != plan.designs[0] else 0)
+        assert sum(d == design for _, _, d in named) == arms * len(plan.shapes)
+    # at each length, the given tables' rows after every other: a comparison, not a bar
+    for at_length in ([arm for n, arm, _ in named if n >= 2048], [arm for n, arm, _ in named if n < 2048]):
+        assert min(at_length.index(arm) for arm in given) > max(
+            i for i, arm in enumerate(at_length) if arm not in given)
     assert sum(d is None for _, _, d in named) == 3 * len(plan.shapes)
     assert len({gpu_session.key(row) for row in rows}) == len(rows)
 

@@ -1,5 +1,5 @@
-"""The fused kernels compile for Hopper (sm_90, Triton's own ptxas) on a machine without a GPU: what the interpreter
-accepts, the GPU compiler must too, and a GPU session is too short to find out there."""
+"""The fused kernels, every one of them, compile for Hopper (sm_90, Triton's own ptxas) on a machine without a GPU:
+what the interpreter accepts, the GPU compiler must too, and a GPU session is too short to find out there."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def test_every_kernel_compiles_for_sm90_and_is_read_back(tmp_path):
         assert 0 < int(registers) <= 255 and int(spilled) >= 0 and wgmma == "yes"
         assert 0 < int(smem) < int(off_band) <= int(band) * 1.1, kernel
         assert 0 <= int(spill_ops) < int(off_band) and 0 <= int(band_spill_ops) < int(band)
+    # the kernels that stream rows: the tables projected from q and k, and dQ with the row table's share, too
+    streaming = [line.strip("| ").split(" | ") for line in output.read_text().splitlines()
+                 if line.startswith(("| backward_preprocess ", "| query_gradient ", "| tables "))]
+    assert [(row[0], row[1]) for row in streaming] == [
+        ("backward_preprocess", "plain"), ("backward_preprocess", "composite+key"), ("query_gradient", "plain"),
+        ("query_gradient", "composite+key"), ("tables", "composite+key")]
+    for kernel, _, registers, spilled in streaming:
+        assert 0 < int(registers) <= 255 and int(spilled) == 0, kernel
 
 
 def test_unknown_variants_are_refused_by_name(tmp_path, monkeypatch, capsys):

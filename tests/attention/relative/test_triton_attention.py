@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
+from typing import ClassVar
 
 import pytest
 import torch
@@ -102,17 +103,29 @@ def operands(batch, heads, n, head_dim, seed=0):
             for _ in range(3)]
 
 
-def kernel_attention(q, k, v, rel, dtype=torch.float32, **kwargs):
-    """The kernel in `dtype`, its tables built by `rel` in that dtype (ALiBi as its slopes: no table, reach 0 alone),
-    the output back in float64."""
+def kernel_attention(q, k, v, rel, dtype=torch.float32, given_tables=False, **kwargs):
+    """The kernel in `dtype` with `rel`'s terms as a layer sends them (dispatch.kernel_inputs: W and U projected
+    inside the kernel's launches, fixed alone a broadcast table, ALiBi as its slopes), or with given_tables, both
+    tables built by `rel` in that dtype outside the kernel; the output back in float64."""
     q, k, v = (x.to(dtype) for x in (q, k, v))
     if rel is None:
         return triton_relative_attention(q, k, v, None, None, reach=0, clip=True, **kwargs).double()
+    if not given_tables:
+        return triton_relative_attention(q, k, v, **dispatch.kernel_inputs(rel, q, k), **kwargs).double()
     row_table, key_table = (None if t is None else t.to(dtype) for t in rel.tables(q, k))
     reach = rel.reach if row_table is not None or key_table is not None else 0
     out = triton_relative_attention(q, k, v, row_table, key_table, reach=reach, clip=rel.clip,
                                     alibi_slopes=rel.slopes(q), **kwargs)
     return out.double()
+
+
+@pytest.fixture(params=[False, pytest.param(True, marks=[pytest.mark.slow, interpreter_only])],
+                ids=["projected", "given"])
+def given_tables(request):
+    """The tables projected inside the kernel's launches from q, k and the terms' parameters (what a layer sends),
+    and, in the slow tier under the interpreter, built outside it and given (what rotary's unrotated terms send; on
+    a GPU the tests that call the operators with tables run them)."""
+    return request.param
 
 
 def relative_error(ours, expected):
@@ -122,14 +135,14 @@ def relative_error(ours, expected):
 
 
 def check_against_reference(terms, out_of_window, batch, heads, n, head_dim, reach, lengths=None, dtype=torch.float32,
-                            tolerance=1e-4, keep=None, alibi=False):
+                            tolerance=1e-4, keep=None, alibi=False, given_tables=False):
     """Output and the gradients of q, k, v and every table parameter, kernel against reference; the key mask right
-    padding to `lengths`, or `keep`; ALiBi's term with `alibi`."""
+    padding to `lengths`, or `keep`; ALiBi's term with `alibi`; the tables given (kernel_attention)."""
     rel = make_relative(terms, out_of_window, heads, head_dim, reach, alibi=alibi) if terms or alibi else None
     q, k, v = (x.requires_grad_() for x in operands(batch, heads, n, head_dim))
     if lengths is not None:
         keep = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE)
-    ours = kernel_attention(q, k, v, rel, dtype, keep=keep)
+    ours = kernel_attention(q, k, v, rel, dtype, given_tables, keep=keep)
     assert_matches(ours, reference_attention(q, k, v, rel, keep), q, k, v, rel, tolerance)
 
 
@@ -155,10 +168,10 @@ FAST = ("composite+key", "clip")
     pytest.param(terms, out_of_window, marks=[*(() if (terms, out_of_window) in ON_GPU_TOO else [interpreter_only]),
                                               *(() if (terms, out_of_window) == FAST else [pytest.mark.slow])])
     for terms in TERMS for out_of_window in ("clip", "zero")])
-def test_every_term_combination_matches_the_reference_with_padding(terms, out_of_window, dq_design):
+def test_every_term_combination_matches_the_reference_with_padding(terms, out_of_window, dq_design, given_tables):
     # odd n, no multiple of any block size, batch 2 with one row padded, 32-channel heads
     check_against_reference(TERMS[terms], out_of_window, batch=2, heads=2, n=37, head_dim=32, reach=3,
-                            lengths=[37, 29])
+                            lengths=[37, 29], given_tables=given_tables)
 
 
 @interpreter_only
@@ -188,18 +201,20 @@ def test_padding_anywhere_and_keys_past_the_last_real_one(terms, dq_design):
 @pytest.mark.parametrize("terms", ["fixed", "key", "composite+key"])
 @pytest.mark.parametrize("out_of_window", ["clip", "zero"])
 @pytest.mark.slow
-def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch, dq_design):
+def test_table_gradients_are_written_whole(terms, out_of_window, monkeypatch, dq_design, given_tables):
     """The kernels write every entry of a table's gradient, those without a partner key or query too (the ends of a
     sequence, pad keys, a row without real keys), so its buffer is not zero-filled first: here it starts as NaN.
-    A broadcast table ("fixed": one row for the batch) and per-sequence ones, padded and packed."""
+    A broadcast table ("fixed": one row for the batch) and per-sequence ones, padded and packed; projected tables
+    read their gradient's rows back whole for q's and k's share (a NaN left would reach them)."""
     allocate = launch.table_gradient
     monkeypatch.setattr(launch, "table_gradient", lambda *args: allocate(*args).fill_(float("nan")))
     n = 40
     position = torch.arange(n)
     keep = torch.stack([position >= 9, (position % 7 != 3) & (position < 33), torch.zeros(n, dtype=torch.bool)])
     check_against_reference(TERMS[terms], out_of_window, batch=3, heads=2, n=n, head_dim=32, reach=5,
-                            keep=keep.to(DEVICE))
-    check_against_reference(TERMS[terms], out_of_window, batch=2, heads=1, n=4, head_dim=32, reach=6, lengths=[4, 2])
+                            keep=keep.to(DEVICE), given_tables=given_tables)
+    check_against_reference(TERMS[terms], out_of_window, batch=2, heads=1, n=4, head_dim=32, reach=6, lengths=[4, 2],
+                            given_tables=given_tables)
 
 
 @interpreter_only
@@ -215,6 +230,97 @@ def test_large_table_values_leave_no_nan_from_rows_past_the_sequence(dq_design):
     keep = (torch.arange(75)[None, :] < torch.tensor([75, 60])[:, None]).to(DEVICE)
     assert rel.tables(q, k)[1].abs().max() > 100
     assert_matches(kernel_attention(q, k, v, rel, keep=keep), reference_attention(q, k, v, rel, keep), q, k, v, rel)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_projected_tables_equal_torchs_products_laid_out_as_their_operands(packed):
+    """relative_tables: fixed + q W / sqrt(d) and k U / sqrt(d) in one launch, against torch's products in float64,
+    each table's rows in its operand's memory order (the heads inner where q is a (b, n, h, d) view), so that the
+    parameters' gradients read both as matrices without a copy; an empty tensor for a table not asked for."""
+    rel = make_relative(TERMS["composite+key"], "clip", heads=3, head_dim=32, reach=5)
+    generator = torch.Generator().manual_seed(0)
+    if packed:
+        q, k = (torch.randn(41, 3, 32, generator=generator).to(DEVICE) for _ in range(2))
+        as_rows = lambda x: x.transpose(0, 1)[None]  # noqa: E731 (total, heads, d) -> (1, heads, total, d)
+    else:
+        q, k = (torch.randn(2, 41, 3, 32, generator=generator).to(DEVICE).transpose(1, 2) for _ in range(2))
+        as_rows = lambda x: x  # noqa: E731
+    row, key = operator.relative_tables(q, k, rel.fixed.float(), rel.query_kernel.float(), rel.key_kernel.float())
+    expected_row, expected_key = (t[0].transpose(0, 1) if packed else t
+                                  for t in rel.tables(as_rows(q).double(), as_rows(k).double()))
+    for ours, expected, operand in ((row, expected_row, q), (key, expected_key, k)):
+        assert ours.dtype == torch.float32 and ours.shape == expected.shape
+        assert relative_error(ours.double(), expected) < 1e-6
+        assert launch.memory_order(ours) == launch.memory_order(operand)
+    row, key = operator.relative_tables(q, k, None, None, rel.key_kernel.float())
+    assert row.numel() == 0 and relative_error(key.double(), expected_key) < 1e-6
+
+
+def test_a_layer_sends_the_kernel_its_terms_parameters_and_few_operators_besides():
+    """A layer's terms that read q or k reach the kernel as their parameters (dispatch.kernel_inputs), the tables
+    projected in one launch and their share of dq and dk summed inside the backward's kernels: torch's operators
+    around the kernels, forward and backward (fixed's gradient, W's and U's products and scales), are 3 for
+    composite and 5 for composite+key, against 9 and 15 with the tables built outside and given (the control; in
+    float32: half precision adds casts to both). Fixed terms alone, ALiBi alone and rotary's unrotated terms
+    (tables_from) keep their tables."""
+    q, k, v = (x.float().requires_grad_() for x in operands(2, 2, 19, 32))
+    mask = TokenMask((torch.arange(19)[None, :] < torch.tensor([19, 12])[:, None]).to(DEVICE))
+    assert mask.has_padding  # asked once, before counting
+    grad_out = torch.ones_like(q)
+    kernels = ["triton_relative_tables", "triton_relative_attention", "triton_relative_attention_backward"]
+    for terms, expected in (("composite", (3, 9)), ("composite+key", (5, 15))):
+        rel = make_relative(TERMS[terms], "clip", heads=2, head_dim=32, reach=3).float()
+
+        def operators(tables_from=None) -> list[str]:
+            with Operators() as counted:
+                out = dispatch._triton(q, k, v, rel, mask, 0.0, tables_from)  # noqa: B023 (called at once)
+                torch.autograd.grad(out, [q, k, v, *rel.parameters()], grad_out)  # noqa: B023
+            return counted.names
+
+        projected, given = operators(), operators((q, k))
+        assert sorted(name for name in projected if name in kernels) == sorted(kernels)
+        assert "triton_relative_tables" not in given
+        assert (len([name for name in projected if name not in kernels]),
+                len([name for name in given if name not in kernels])) == expected, terms
+    inputs = dispatch.kernel_inputs(rel, q, k)
+    assert inputs["query_kernel"] is rel.query_kernel and inputs["key_kernel"] is rel.key_kernel
+    assert inputs["fixed"] is rel.fixed and inputs["row_table"] is None and inputs["key_table"] is None
+    fixed_alone = dispatch.kernel_inputs(make_relative(["fixed"], "clip", 2, 32, reach=3), q, k)
+    assert fixed_alone["row_table"].shape == (1, 2, 19, 7) and "query_kernel" not in fixed_alone
+    alibi_alone = dispatch.kernel_inputs(make_relative([], "clip", 2, 32, reach=3, alibi=True), q, k)
+    assert alibi_alone["row_table"] is None and alibi_alone["reach"] == 0
+
+
+class Operators(TorchDispatchMode):
+    """The names of torch's operators called while it is active, views and detaches left out (they launch
+    nothing)."""
+    VIEWS: ClassVar[set[str]] = {"view", "t", "transpose", "expand", "permute", "unsqueeze", "squeeze", "_unsafe_view",
+                                 "detach", "alias", "select", "slice", "as_strided"}
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in self.VIEWS:
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_projected_terms_are_refused_in_one_line_where_they_cannot_be_taken():
+    q = torch.zeros(1, 2, 8, 16, device=DEVICE)
+    w, fixed = torch.zeros(16, 5, device=DEVICE), torch.zeros(2, 5, device=DEVICE)
+    with pytest.raises(ValueError, match="fixed is projected with query_kernel only"):
+        triton_relative_attention(q, q, q, None, None, reach=2, clip=True, fixed=fixed, key_kernel=w)
+    with pytest.raises(ValueError, match="row_table and the kernel that projects it are exclusive"):
+        triton_relative_attention(q, q, q, q[..., :5], None, reach=2, clip=True, query_kernel=w)
+    with pytest.raises(ValueError, match="key_table and the kernel that projects it are exclusive"):
+        triton_relative_attention(q, q, q, None, q[..., :5], reach=2, clip=True, key_kernel=w)
+    with pytest.raises(ValueError, match=r"query_kernel must be \(16, 7\) \(heads 2, head size 16, reach 3\); got "
+                                         r"\(16, 5\)"):
+        triton_relative_attention(q, q, q, None, None, reach=3, clip=True, query_kernel=w)
+    with pytest.raises(ValueError, match=r"fixed must be \(2, 5\)"):
+        triton_relative_attention(q, q, q, None, None, reach=2, clip=True, query_kernel=w, fixed=fixed[:1])
 
 
 @interpreter_only
@@ -321,9 +427,10 @@ def test_alibi_slopes_are_made_once_and_train_after_inference_mode(monkeypatch):
 
 
 @pytest.mark.parametrize("terms", slow_except(["composite+key", "alibi", "composite+key+alibi"], "alibi"))
-def test_packed_variable_lengths_equal_each_sequence_alone(terms, dq_design):
-    """Packed sequences (cu_seqlens) against each sequence alone: the tables per token, and ALiBi's positions the
-    offsets from each sequence's start (three heads; one sequence over several tiles)."""
+def test_packed_variable_lengths_equal_each_sequence_alone(terms, dq_design, given_tables):
+    """Packed sequences (cu_seqlens) against each sequence alone: the tables per token (projected inside the kernel's
+    launches, or given), and ALiBi's positions the offsets from each sequence's start (three heads; one sequence
+    over several tiles)."""
     lengths, heads, head_dim = [7, 1, 40, 16], 3, 32
     rel = make_relative(ALIBI_TERMS.get(terms, TERMS.get(terms)), "clip", heads, head_dim, reach=3,
                         alibi=terms in ALIBI_TERMS)
@@ -332,13 +439,17 @@ def test_packed_variable_lengths_equal_each_sequence_alone(terms, dq_design):
     q, k, v = (torch.cat([seq[t][0].transpose(0, 1) for seq in sequences]).requires_grad_() for t in range(3))
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     qd, kd, vd = (x.float() for x in (q, k, v))
-    # tables of the packed tokens: (1, heads, total, 2r + 1) -> (total, heads, 2r + 1)
-    row_table, key_table = (None if t is None else t[0].transpose(0, 1).float()
-                            for t in rel.tables(qd.transpose(0, 1)[None], kd.transpose(0, 1)[None]))
-    reach = rel.reach if row_table is not None or key_table is not None else 0
-    packed = triton_relative_attention(qd, kd, vd, row_table, key_table, reach=reach, clip=rel.clip,
-                                       cu_seqlens=cu_seqlens.to(DEVICE), max_seqlen=max(lengths),
-                                       alibi_slopes=rel.slopes(qd)).double()
+    if given_tables:
+        # tables of the packed tokens: (1, heads, total, 2r + 1) -> (total, heads, 2r + 1)
+        row_table, key_table = (None if t is None else t[0].transpose(0, 1).float()
+                                for t in rel.tables(qd.transpose(0, 1)[None], kd.transpose(0, 1)[None]))
+        reach = rel.reach if row_table is not None or key_table is not None else 0
+        terms = dict(row_table=row_table, key_table=key_table, reach=reach, clip=rel.clip,
+                     alibi_slopes=rel.slopes(qd))
+    else:
+        terms = dispatch.kernel_inputs(rel, qd, kd)
+    packed = triton_relative_attention(qd, kd, vd, **terms, cu_seqlens=cu_seqlens.to(DEVICE),
+                                       max_seqlen=max(lengths)).double()
     starts = cu_seqlens.tolist()
     expected = torch.cat([reference_attention(*(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), rel)[0]
                           .transpose(0, 1) for a, b in pairwise(starts)])
@@ -542,6 +653,15 @@ def test_two_backward_passes_give_the_same_bits():
     first, second = (operator.attention_backward(grad_out, q, k, v, out, lse, *args[3:]) for _ in range(2))
     for a, b in zip(first, second, strict=True):
         assert a.abs().sum() > 0 and torch.equal(a, b)
+    # projected tables: their shares of dq and dk are summed inside the kernels, in a fixed order too
+    kernels = [t.detach().float().contiguous() for t in (rel.query_kernel, rel.key_kernel)]
+    row, key = operator.relative_tables(q, k, rel.fixed.detach().float(), *kernels)
+    args = (*args[:3], row, key, *args[5:])
+    out, lse = operator.attention_forward(*args)
+    first, second = (operator.attention_backward(grad_out, q, k, v, out, lse, *args[3:], None, *kernels)
+                     for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        assert a.abs().sum() > 0 and torch.equal(a, b)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="half precision runs compiled on a GPU only")
@@ -681,6 +801,18 @@ def test_the_kernels_are_operators_that_torch_compile_can_trace():
         out, lse = operator.attention_forward(*args)
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
         torch.library.opcheck(operator.attention_backward, (grad_out, *args[:3], out, lse, *args[3:]))
+    # the tables projected by their own operator, the attention operators given the parameters they came from
+    q, k, v, *_ = operator_arguments()
+    rel = make_relative(TERMS["composite+key"], "clip", 2, 16, reach=2)
+    parameters = [t.detach().float().requires_grad_() for t in (rel.fixed, rel.query_kernel, rel.key_kernel)]
+    torch.library.opcheck(operator.relative_tables, (q.detach(), k.detach(), *(t.detach() for t in parameters)))
+    tables = operator.relative_tables(q.detach(), k.detach(), *(t.detach() for t in parameters))
+    args = (q, k, v, *tables, None, None, None, 0, 2, True, 0.0, 0.25, None, *parameters)
+    torch.library.opcheck(operator.attention_forward, args)
+    args = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args)
+    out, lse = operator.attention_forward(*args)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    torch.library.opcheck(operator.attention_backward, (grad_out, *args[:3], out, lse, *args[3:14], *args[15:]))
 
 
 @pytest.mark.slow

@@ -294,36 +294,49 @@ def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, re
     triton_relative_attention = _kernel(query.device)
     total = query.shape[1]
     q, k, v = (x.flatten(0, 1).unflatten(-1, (num_heads, -1)) for x in (query, key, value))  # (total, heads, d)
-    row_table = key_table = None
-    if relative is not None:
-        # the tables are per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
-        table_q, table_k = (split_heads(x, num_heads) for x in tables_from or (query, key))
-        row_table, key_table = relative.tables(table_q, table_k)
-        row_table, key_table = (None if t is None else t[0].expand(num_heads, total, -1).transpose(0, 1).contiguous()
-                                for t in (row_table, key_table))
-    out = triton_relative_attention(q, k, v, row_table, key_table, **_kernel_terms(relative, row_table, key_table, q),
+
+    def packed_tables(table_q: Tensor, table_k: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        # per token: computed on (1, heads, total, d) as for one row, then laid out (total, heads, w)
+        tables = relative.tables(*(x.transpose(0, 1)[None] for x in (table_q, table_k)))
+        return tuple(None if t is None else t[0].expand(num_heads, total, -1).transpose(0, 1).contiguous()
+                     for t in tables)
+
+    table_inputs = tuple(x.flatten(0, 1).unflatten(-1, (num_heads, -1)) for x in tables_from) if tables_from else None
+    out = triton_relative_attention(q, k, v, **kernel_inputs(relative, q, k, table_inputs, packed_tables),
                                     dropout_p=dropout_p, cu_seqlens=mask.cu_seqlens.to(torch.int32),
                                     max_seqlen=mask.max_seqlen)
     return out.flatten(-2)[None]
 
 
-def _kernel_terms(relative: RelativePositionBias | None, row_table: Tensor | None, key_table: Tensor | None,
-                  q: Tensor) -> dict:
-    """The kernel's reach, clip and ALiBi's slopes for `relative`'s tables (`tables`, which leave ALiBi out: the
-    kernel computes it from the positions, so ALiBi alone sends no table and takes reach 0)."""
+def kernel_inputs(relative: RelativePositionBias | None, q: Tensor, k: Tensor,
+                  tables_from: tuple[Tensor, Tensor] | None = None, tables=None) -> dict:
+    """The fused kernel's relative terms for `relative` (None: none): the tables, or the parameters the kernel
+    projects them with, its reach and clip, and ALiBi's slopes. A term that reads q or k (W, U) is projected inside
+    the kernel's launches, unless the terms read other projections than the scores (tables_from: the unrotated ones
+    under rotary positions); fixed terms ride with W, or alone as a table broadcast over the batch. ALiBi is no
+    table: the kernel computes it from the positions, so ALiBi alone takes reach 0. tables(q, k): the tables of
+    q and k in the kernel's layout (relative.tables for padded operands)."""
     if relative is None:
-        return dict(reach=0, clip=True)
-    tables = row_table is not None or key_table is not None
-    return dict(reach=relative.reach if tables else 0, clip=relative.clip, alibi_slopes=relative.slopes(q))
+        return dict(row_table=None, key_table=None, reach=0, clip=True)
+    tables = tables or relative.tables
+    terms = dict(clip=relative.clip, alibi_slopes=relative.slopes(q))
+    if tables_from is None and relative.reads_projections:
+        projected = relative.query_kernel is not None
+        row_table = None if projected or relative.fixed is None else tables(q, k)[0]
+        return dict(row_table=row_table, key_table=None, fixed=relative.fixed if projected else None,
+                    query_kernel=relative.query_kernel, key_kernel=relative.key_kernel,
+                    reach=relative.reach, **terms)
+    row_table, key_table = tables(*(tables_from or (q, k)))
+    reach = relative.reach if row_table is not None or key_table is not None else 0
+    return dict(row_table=row_table, key_table=key_table, reach=reach, **terms)
 
 
 def _triton(q: Tensor, k: Tensor, v: Tensor, relative: RelativePositionBias | None, mask: TokenMask | None,
             dropout_p: float, tables_from: tuple[Tensor, Tensor] | None = None) -> Tensor:
     triton_relative_attention = _kernel(q.device)
     keep = mask.keep if mask is not None and mask.has_padding else None
-    row_table, key_table = relative.tables(*(tables_from or (q, k))) if relative is not None else (None, None)
-    return triton_relative_attention(q, k, v, row_table, key_table, **_kernel_terms(relative, row_table, key_table, q),
-                                     keep=keep, dropout_p=dropout_p)
+    return triton_relative_attention(q, k, v, **kernel_inputs(relative, q, k, tables_from), keep=keep,
+                                     dropout_p=dropout_p)
 
 
 def triton_interface_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,

@@ -5,8 +5,12 @@ The score of query i and key j (Chang et al. 2021, Eqs. 4-6; bias.py) is
 
     s_ij = q_i . k_j * scale + A[i, c(j - i)] + B[j, c(i - j)],    c(t) = clamp(t, -r, r) + r,
 
-with A = fixed + q W / sqrt(d) (the row table) and B = k U / sqrt(d) (the key table), both (.., n, 2r + 1) and
-built outside the kernel. In "zero" mode the terms vanish where |j - i| > r. The kernel is FlashAttention-2
+with A = fixed + q W / sqrt(d) (the row table) and B = k U / sqrt(d) (the key table), both (.., n, 2r + 1). A layer
+sends the terms' parameters, not the tables: both are projected from q and k in one launch of their own
+(tables_kernel), and the backward kernels add each table's share of the gradient, dA W^T / sqrt(d) and
+dB U^T / sqrt(d), to dq and dk themselves, so that torch computes only the parameters' gradients (three reductions)
+around the kernels. Tables may also be given as they are (rotary's unrotated terms, fixed terms alone). In "zero"
+mode the terms vanish where |j - i| > r. The kernel is FlashAttention-2
 (Dao 2023) with the tables read inside it: a tile of (query, key) pairs wholly left of the band (j < i - r)
 adds only A[i, 0] + B[j, 2r], one wholly right (j > i + r) only A[i, 2r] + B[j, 0], and a tile that touches
 the band gathers its columns. The loops over key tiles run in those three regions (LEFT, BAND, RIGHT), so the

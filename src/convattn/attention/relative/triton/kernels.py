@@ -96,6 +96,62 @@ def score_tile(q, k, A, B, i, j, row_edge, key_edge, slope, n, sa_s, sb_s, scale
     return s
 
 
+@triton.jit
+def project_rows(X, FIXED, W, T, i, n, head, sx_s, st_s, table_scale, HAS_FIXED: tl.constexpr, WIDTH: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
+    """T[i, t] = FIXED[head, t] + X_i . W[:, t] * table_scale for the rows i (< n) and columns t < WIDTH, in one
+    product and one rounding to T's dtype: the row table (fixed and the query kernel, from the queries) or the key
+    table (the key kernel, from the keys). W (HEAD_DIM, WIDTH) and FIXED (heads, WIDTH) are contiguous; W is
+    rounded to X's dtype first, as the torch path's product does."""
+    c = tl.arange(0, BLOCK_W)
+    d = tl.arange(0, BLOCK_D)
+    columns = (c < WIDTH)[None, :]
+    x = tl.load(X + i[:, None] * sx_s + d[None, :], mask=(i < n)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    w = tl.load(W + d[:, None] * WIDTH + c[None, :], mask=(d < HEAD_DIM)[:, None] & columns, other=0.0)
+    table = tl.dot(x, w.to(x.dtype), input_precision=PRECISION) * table_scale
+    if HAS_FIXED:
+        table += tl.load(FIXED + head * WIDTH + c, mask=c < WIDTH, other=0.0).to(tl.float32)[None, :]
+    tl.store(T + i[:, None] * st_s + c[None, :], table.to(T.dtype.element_ty), mask=(i < n)[:, None] & columns)
+
+
+@triton.jit(do_not_specialize=["rows"])
+def tables_kernel(Q, K, FIXED, WQ, WK, A, B, table_scale, rows, heads, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sa_b,
+                  sa_h, sa_s, sb_b, sb_h, sb_s, BUILD_ROW: tl.constexpr, BUILD_KEY: tl.constexpr,
+                  HAS_FIXED: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_W: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    """The tables of BLOCK_M rows of one (batch, head), both in one launch: the row table from the queries
+    (BUILD_ROW), the key table from the keys (BUILD_KEY). A table is per token, so sequences need no offsets: a
+    packed stream is one batch of `rows` tokens."""
+    block = tl.program_id(0)
+    batch = tl.program_id(1) // heads
+    head = tl.program_id(1) % heads
+    i = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    if BUILD_ROW:
+        project_rows(Q + batch * sq_b + head * sq_h, FIXED, WQ, A + batch * sa_b + head * sa_h, i, rows, head, sq_s,
+                     sa_s, table_scale, HAS_FIXED=HAS_FIXED, WIDTH=WIDTH, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                     BLOCK_W=BLOCK_W, PRECISION=PRECISION)
+    if BUILD_KEY:
+        project_rows(K + batch * sk_b + head * sk_h, FIXED, WK, B + batch * sb_b + head * sb_h, i, rows, head, sk_s,
+                     sb_s, table_scale, HAS_FIXED=False, WIDTH=WIDTH, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                     BLOCK_W=BLOCK_W, PRECISION=PRECISION)
+
+
+@triton.jit
+def projected_gradient(grad, DT, W, owner, n, s_s, table_scale, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
+    """grad + dT W^T * table_scale for the rows `owner` of a projected table's gradient dT, whole in memory: the
+    share of q (the row table) or k (the key table) that the table's product sends back, added in float32 before
+    the gradient's one rounding. The rows' entries were written by this program's own threads, or by an earlier
+    launch: the barrier makes this program's writes visible to all its threads first."""
+    tl.debug_barrier()
+    c = tl.arange(0, BLOCK_W)
+    d = tl.arange(0, BLOCK_D)
+    dt = tl.load(DT + owner[:, None] * s_s + c[None, :], mask=(owner < n)[:, None] & (c < WIDTH)[None, :], other=0.0)
+    w_t = tl.load(W + d[None, :] * WIDTH + c[:, None], mask=(c < WIDTH)[:, None] & (d < HEAD_DIM)[None, :],
+                  other=0.0)
+    return grad + tl.dot(dt, w_t.to(dt.dtype), input_precision=PRECISION) * table_scale
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # dropout
 
@@ -335,7 +391,9 @@ def forward_kernel(Q, K, V, A, B, KEEP, CU, SEED, SLOPES, OUT, LSE, p_drop, scal
 # one per split, sums in whatever order the programs reach them). A table's gradient at [i, t] is the sum of dS_ij
 # over the keys j whose pair falls in column t: inside the band there is one (stored where the tile finds it),
 # beyond it in clip mode's edge columns every other one (summed: the key table's in registers, the row table's in
-# the accumulators).
+# the accumulators). A table projected from q or k (tables_kernel) sends its share back to them where its rows of
+# the gradient are whole: the key table's at the end of a key block (backward_kernel, FOLD_KEY), the row table's in
+# query_gradient_kernel (FOLD_ROW), each a product with the kernel W or U before dQ's and dK's one rounding.
 
 
 @triton.jit
@@ -489,14 +547,16 @@ def backward_region(dk, dv, db_low, db_high, k, v, j, j0, real, padded, key_edge
 
 
 @triton.jit
-def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
-                        seed, slope, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s,
-                        sdb_s, sacc_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, WK, n, key_end,
+                        holes, seed, slope, rng_stride, p_drop, scale, table_scale, stats_size, sq_s, sk_s, sv_s, sa_s,
+                        sb_s, sda_s, sdb_s, sacc_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
                         HAS_KEY: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KEEP: tl.constexpr, DROPOUT: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
+                        FOLD_KEY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr,
+                        ATOMIC: tl.constexpr):
     """dK, dV and the key table's gradient of the keys j0 .. j0 + BLOCK_N - 1, and their shares of dQ and of the row
-    table's gradient."""
+    table's gradient. FOLD_KEY (a key table projected from the keys, k U * table_scale): dK gets the table's share
+    too, from the keys' rows of its gradient once they are whole."""
     j = j0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     key_mask = (j < n)[:, None] & (d < HEAD_DIM)[None, :]
@@ -537,25 +597,30 @@ def key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB,
             DA_ACC, band_last, n, n, seed, rng_stride, p_drop, stats_size, sq_s, sa_s, sb_s, sda_s, sdb_s, sacc_s,
             scale, REGION=LEFT, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI,
             DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, PRECISION=PRECISION, ATOMIC=ATOMIC)
-        # pads' columns of P and dS were masked: their dK and dV are zero
-        tl.store(DK + j[:, None] * sk_s + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=key_mask)
-        tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
         if HAS_KEY:
             # a pad key's band entries are not stored (band_table_gradient's stored_pairs): all its row is zeroed
             zero_unpartnered(DB, j, n, n, ~real, sdb_s, REACH=REACH, CLIP=CLIP)
             if CLIP:
                 store_edges(DB, j, n, sdb_s, tl.where(real, db_low, 0.0), tl.where(real, db_high, 0.0), REACH=REACH)
+        # pads' columns of P and dS were masked: their dK and dV are zero
+        dk *= scale
+        if FOLD_KEY:
+            dk = projected_gradient(dk, DB, WK, j, n, sdb_s, table_scale, WIDTH=2 * REACH + 1, HEAD_DIM=HEAD_DIM,
+                                    BLOCK_D=BLOCK_D, BLOCK_W=BLOCK_W, PRECISION=PRECISION)
+        tl.store(DK + j[:, None] * sk_s + d[None, :], dk.to(DK.dtype.element_ty), mask=key_mask)
+        tl.store(DV + j[:, None] * sv_s + d[None, :], dv.to(DV.dtype.element_ty), mask=key_mask)
 
 
 @triton.jit(do_not_specialize=["seqlen", "rng_stride", "splits", "stats_size", "length_bucket"])
-def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, SLOPES, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, p_drop,
-                    scale, seqlen, rng_stride, heads, splits, stats_size, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b,
+def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, SLOPES, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, WK, p_drop,
+                    scale, table_scale, seqlen, rng_stride, heads, splits, stats_size, sq_b, sq_h, sq_s, sk_b, sk_h,
+                    sk_s, sv_b,
                     sv_h, sv_s, sa_b, sa_h, sa_s, sb_b, sb_h, sb_s, skeep_b, sl_b, sl_h, sda_b, sda_h, sda_s, sdb_b,
                     sdb_h, sdb_s, sacc_split, sacc_b, sacc_h, sacc_s, length_bucket, REACH: tl.constexpr,
                     CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEY: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                    HAS_KEEP: tl.constexpr,
-                    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
+                    HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr, FOLD_KEY: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_W: tl.constexpr, PRECISION: tl.constexpr, ATOMIC: tl.constexpr):
     """The key blocks split, split + splits, .. of one (sequence, head), one after another (key_block_gradients),
     their dQ shares into split's accumulators, or all into the one accumulator (ATOMIC: `splits` is then at least the
     key blocks, one a program). DO is laid out as Q, DK as K, DV as V."""
@@ -585,21 +650,25 @@ def backward_kernel(Q, K, V, A, B, KEEP, CU, SEED, SLOPES, DO, LSE, DELTA, DK, D
     seed = dropout_seed(SEED, tl.program_id(1), DROPOUT=DROPOUT)
     slope = alibi_slope(SLOPES, head, HAS_ALIBI=HAS_ALIBI)
     for j0 in range(split * BLOCK_N, n, splits * BLOCK_N):
-        key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, n, key_end, holes,
-                            seed, slope, rng_stride, p_drop, scale, stats_size, sq_s, sk_s, sv_s, sa_s, sb_s, sda_s,
-                            sdb_s, sacc_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW, HAS_KEY=HAS_KEY,
-                            HAS_ALIBI=HAS_ALIBI, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT, HEAD_DIM=HEAD_DIM,
-                            BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=PRECISION, ATOMIC=ATOMIC)
+        key_block_gradients(j0, Q, K, V, A, B, KEEP, DO, LSE, DELTA, DK, DV, DA, DB, DQ_ACC, DA_ACC, WK, n, key_end,
+                            holes, seed, slope, rng_stride, p_drop, scale, table_scale, stats_size, sq_s, sk_s, sv_s,
+                            sa_s, sb_s, sda_s, sdb_s, sacc_s, REACH=REACH, CLIP=CLIP, HAS_ROW=HAS_ROW,
+                            HAS_KEY=HAS_KEY, HAS_ALIBI=HAS_ALIBI, HAS_KEEP=HAS_KEEP, DROPOUT=DROPOUT,
+                            FOLD_KEY=FOLD_KEY, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                            BLOCK_W=BLOCK_W, PRECISION=PRECISION, ATOMIC=ATOMIC)
 
 
 @triton.jit(do_not_specialize=["seqlen", "splits", "stats_size"])
-def query_gradient_kernel(DQ_ACC, DA_ACC, KEEP, CU, DQ, DA, scale, seqlen, heads, splits, stats_size, sacc_split,
-                          sacc_b, sacc_h, sacc_s, sl_b, sl_h, skeep_b, sq_b, sq_h, sq_s, sda_b, sda_h, sda_s,
-                          REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr, HAS_KEEP: tl.constexpr,
-                          VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_M: tl.constexpr):
+def query_gradient_kernel(DQ_ACC, DA_ACC, KEEP, CU, DQ, DA, WQ, scale, table_scale, seqlen, heads, splits,
+                          stats_size, sacc_split, sacc_b, sacc_h, sacc_s, sl_b, sl_h, skeep_b, sq_b, sq_h, sq_s, sda_b,
+                          sda_h, sda_s, REACH: tl.constexpr, CLIP: tl.constexpr, HAS_ROW: tl.constexpr,
+                          HAS_KEEP: tl.constexpr, VARLEN: tl.constexpr, FOLD_ROW: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
     """dQ of one query block, its accumulators summed in split order, and the rest of its rows of the row table's
-    gradient: zeros where no key is a partner, and in clip mode the edge columns' sums. DQ is laid out as Q."""
+    gradient: zeros where no key is a partner, and in clip mode the edge columns' sums. FOLD_ROW (a row table
+    projected from the queries, q W * table_scale + fixed): dQ gets the table's share too, from those rows once they
+    are whole. DQ is laid out as Q."""
     block = tl.program_id(0)
     batch, head, first, n = program_sequence(CU, seqlen, heads, VARLEN=VARLEN)
     i0 = block * BLOCK_M
@@ -616,7 +685,7 @@ def query_gradient_kernel(DQ_ACC, DA_ACC, KEEP, CU, DQ, DA, scale, seqlen, heads
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for split in range(0, splits):
         dq += tl.load(DQ_ACC + split * sacc_split + i[:, None] * sacc_s + d[None, :], mask=row_mask, other=0.0)
-    tl.store(DQ + i[:, None] * sq_s + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_mask)
+    dq *= scale
     if HAS_ROW:
         key_end, _ = key_extent(KEEP, n, HAS_KEEP=HAS_KEEP)
         zero_unpartnered(DA, i, n, key_end, False, sda_s, REACH=REACH, CLIP=CLIP)
@@ -627,3 +696,7 @@ def query_gradient_kernel(DQ_ACC, DA_ACC, KEEP, CU, DQ, DA, scale, seqlen, heads
                 low += tl.load(DA_ACC + 2 * split * stats_size + i, mask=i < n, other=0.0)
                 high += tl.load(DA_ACC + (2 * split + 1) * stats_size + i, mask=i < n, other=0.0)
             store_edges(DA, i, n, sda_s, low, high, REACH=REACH)
+        if FOLD_ROW:
+            dq = projected_gradient(dq, DA, WQ, i, n, sda_s, table_scale, WIDTH=2 * REACH + 1, HEAD_DIM=HEAD_DIM,
+                                    BLOCK_D=BLOCK_D, BLOCK_W=BLOCK_W, PRECISION=PRECISION)
+    tl.store(DQ + i[:, None] * sq_s + d[None, :], dq.to(DQ.dtype.element_ty), mask=row_mask)

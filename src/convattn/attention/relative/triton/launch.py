@@ -85,7 +85,7 @@ def autotuned(kernel: str, head_dim: int, dtype: torch.dtype) -> triton.runtime.
     # the backward adds to its accumulators: the tilings' trial runs start them from zero. cache_results: the picks
     # go to Triton's cache on disk beside the compiled tilings, so a later process (the next run, a comparison's
     # next row) launches them without timing every tiling again (Triton keeps none under the interpreter)
-    key = ["length_bucket", *TUNING_KEY, *(["ATOMIC"] if kernel == "backward" else [])]
+    key = ["length_bucket", *TUNING_KEY, *(["ATOMIC", "FOLD_KEY"] if kernel == "backward" else [])]
     tuned = triton.autotune(configs=options, key=key, cache_results=True,
                             reset_to_zero=["DQ_ACC", "DA_ACC"] if kernel == "backward" else None)(KERNELS[kernel])
     AUTOTUNERS[kernel, head_dim, dtype] = tuned
@@ -119,13 +119,32 @@ def stats_shape(q: Tensor, varlen: bool) -> tuple[int, ...]:
 
 def table_gradient(table: Tensor | None, q: Tensor, varlen: bool) -> Tensor:
     """One row per (sequence, head, position), written whole by the kernels (zero_unpartnered): in the table's
-    dtype, or float32 where the table is broadcast over the batch (the operator sums it). An empty tensor for an
-    absent table (an operator returns no None)."""
+    dtype and layout, or float32 where the table is broadcast over the batch (the operator sums it). An empty tensor
+    for an absent table (an operator returns no None)."""
     if table is None:
         return q.new_empty(0, dtype=torch.float32)
     if varlen or table.shape[0] == q.shape[0]:
-        return torch.empty(table.shape, dtype=table.dtype, device=q.device)
+        return torch.empty_like(table)  # its strides where dense (launch.table_like's), else contiguous
     return q.new_empty((q.shape[0], *table.shape[1:]), dtype=torch.float32)
+
+
+def memory_order(x: Tensor) -> list[int]:
+    """x's leading axes (all but the last) from the outermost in memory to the innermost: a padded (b, h, n, d) view
+    of (b, n, h, d) projections gives [0, 2, 1]."""
+    return sorted(range(x.dim() - 1), key=lambda axis: x.stride(axis), reverse=True)
+
+
+def table_like(x: Tensor, width: int) -> Tensor:
+    """An empty table for x's rows, (*x.shape[:-1], width) in x's dtype, its rows laid out in x's order: the
+    projections' gradients (operator.py) then read x and the table's gradient as two matrices without a copy."""
+    order = memory_order(x)
+    table = x.new_empty([x.shape[axis] for axis in order] + [width])
+    return table.permute(*sorted(range(len(order)), key=order.__getitem__), len(order))
+
+
+def projection_block_width(width: int) -> int:
+    """The columns a table's product computes (BLOCK_W): a power of two, at least 16 (tl.dot's smallest)."""
+    return max(16, 1 << (width - 1).bit_length())
 
 
 class Problem:
@@ -133,7 +152,8 @@ class Problem:
 
     def __init__(self, q: Tensor, row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
                  cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
-                 dropout_p: float, scale: float, alibi_slopes: Tensor | None = None):
+                 dropout_p: float, scale: float, alibi_slopes: Tensor | None = None,
+                 query_kernel: Tensor | None = None, key_kernel: Tensor | None = None, table_scale: float = 1.0):
         self.varlen = cu_seqlens is not None
         self.stats_shape = stats_shape(q, self.varlen)
         self.stats_size = math.prod(self.stats_shape)
@@ -147,6 +167,9 @@ class Problem:
         self.row_table, self.key_table, self.keep, self.cu_seqlens = row_table, key_table, keep, cu_seqlens
         self.seed, self.scale, self.dropout_p = seed, scale, kernel_dropout_p(dropout_p)
         self.alibi_slopes = alibi_slopes
+        # the backward's folds: a table projected from q or k sends its share of their gradient inside the kernels
+        self.query_kernel, self.key_kernel, self.table_scale = query_kernel, key_kernel, table_scale
+        self.block_w = projection_block_width(2 * reach + 1)
         self.keep_stride = keep.stride(0) if keep is not None else 0
         self.constants = dict(REACH=reach, CLIP=clip, HAS_ROW=row_table is not None, HAS_KEY=key_table is not None,
                               HAS_ALIBI=alibi_slopes is not None, HAS_KEEP=keep is not None, VARLEN=self.varlen,
@@ -236,22 +259,27 @@ class Problem:
                            dq_acc: Tensor, da_acc: Tensor, splits: int) -> list:
         """backward_kernel's runtime arguments, before length_bucket and the constexprs (`keywords`); dO has q's
         strides; grad_row and grad_key None without their table."""
+        p_drop, scale, *sizes = self.scalars()
         return [q, k, v, *self.operands(q), grad_out, lse, delta, grad_k, grad_v,
                 q if grad_row is None else grad_row, q if grad_key is None else grad_key, dq_acc, da_acc,
-                *self.scalars(), splits, self.stats_size, *strides(q, self.varlen),
+                q if self.key_kernel is None else self.key_kernel, p_drop, scale, self.table_scale, *sizes, splits,
+                self.stats_size, *strides(q, self.varlen),
                 *strides(k, self.varlen), *strides(v, self.varlen), *self.table_strides(),
                 *strides(grad_row, self.varlen), *strides(grad_key, self.varlen), *self.accumulator_strides]
 
     def query_arguments(self, dq_acc: Tensor, da_acc: Tensor, grad_q: Tensor,
                         grad_row: Tensor | None) -> tuple[list, dict]:
         """query_gradient_kernel's runtime arguments and constexprs (grad_row None without a row table)."""
+        fold = grad_row is not None and self.query_kernel is not None
         return ([dq_acc, da_acc, grad_q if self.keep is None else self.keep, self._offsets(grad_q), grad_q,
-                 grad_q if grad_row is None else grad_row, self.scale, self.seqlen, self.heads, dq_acc.shape[0],
-                 self.stats_size, *self.accumulator_strides, *self.stats_strides, self.keep_stride,
-                 *strides(grad_q, self.varlen), *strides(grad_row, self.varlen)],
+                 grad_q if grad_row is None else grad_row, self.query_kernel if fold else grad_q, self.scale,
+                 self.table_scale, self.seqlen, self.heads, dq_acc.shape[0], self.stats_size,
+                 *self.accumulator_strides, *self.stats_strides, self.keep_stride, *strides(grad_q, self.varlen),
+                 *strides(grad_row, self.varlen)],
                 dict(REACH=self.constants["REACH"], CLIP=self.constants["CLIP"], HAS_ROW=grad_row is not None,
-                     HAS_KEEP=self.keep is not None, VARLEN=self.varlen, HEAD_DIM=self.head_dim,
-                     BLOCK_D=self.constants["BLOCK_D"], BLOCK_M=ROWS))
+                     HAS_KEEP=self.keep is not None, VARLEN=self.varlen, FOLD_ROW=fold, HEAD_DIM=self.head_dim,
+                     BLOCK_D=self.constants["BLOCK_D"], BLOCK_M=ROWS, BLOCK_W=self.block_w,
+                     PRECISION=self.constants["PRECISION"]))
 
     def _offsets(self, q: Tensor) -> Tensor:
         return q if self.cu_seqlens is None else self.cu_seqlens
@@ -281,6 +309,43 @@ def launch(kernel: str, problem: Problem, grid, arguments: list, **constants) ->
     torch.library.wrap_triton(tuned)[grid](*arguments, **problem.keywords, **constants)
 
 
+def run_tables(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor | None, key_kernel: Tensor | None,
+               table_scale: float) -> tuple[Tensor, Tensor]:
+    """(row table, key table) projected from q and k, each laid out as its operand (table_like), in one launch of
+    tables_kernel: fixed + q W * table_scale where query_kernel is W, k U * table_scale where key_kernel is U; an
+    empty tensor for a table not asked for. q, k padded (b, h, n, d) or packed (total, h, d); W, U (d, 2r + 1) and
+    fixed (h, 2r + 1) contiguous."""
+    width = (query_kernel if query_kernel is not None else key_kernel).shape[-1]
+    row, key = (table_like(x, width) if kernel is not None else x.new_empty(0)
+                for x, kernel in ((q, query_kernel), (k, key_kernel)))
+    grid, arguments, constants = tables_arguments(q, k, fixed, query_kernel, key_kernel, row, key, table_scale)
+    torch.library.wrap_triton(kernels.tables_kernel)[grid](*arguments, **constants, num_warps=4)
+    return row, key
+
+
+def tables_arguments(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor | None,
+                     key_kernel: Tensor | None, row: Tensor, key: Tensor, table_scale: float) -> tuple:
+    """tables_kernel's (grid, runtime arguments, constexprs) for run_tables: a program per ROWS rows of a (batch,
+    head), a packed stream being one batch."""
+    padded = q.dim() == 4
+    batch, heads, rows = (q.shape[:3] if padded else (1, q.shape[1], q.shape[0]))
+
+    def row_strides(x: Tensor | None) -> tuple[int, int, int]:
+        if x is None:
+            return 0, 0, 0
+        return strides(x, False) if padded else (0, x.stride(1), x.stride(0))
+
+    row, key = (table if kernel is not None else None for table, kernel in ((row, query_kernel), (key, key_kernel)))
+    arguments = [q, k, *(q if t is None else t for t in (fixed, query_kernel, key_kernel, row, key)), table_scale,
+                 rows, heads, *row_strides(q), *row_strides(k), *row_strides(row), *row_strides(key)]
+    head_dim, width = q.shape[-1], (query_kernel if query_kernel is not None else key_kernel).shape[-1]
+    constants = dict(BUILD_ROW=row is not None, BUILD_KEY=key is not None, HAS_FIXED=fixed is not None, WIDTH=width,
+                     HEAD_DIM=head_dim, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
+                     BLOCK_W=projection_block_width(width), BLOCK_M=ROWS,
+                     PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    return (-(-rows // ROWS), batch * heads), arguments, constants
+
+
 def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
                 keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int,
                 clip: bool, dropout_p: float, scale: float,
@@ -297,12 +362,15 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_t
 def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                  row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None, cu_seqlens: Tensor | None,
                  seed: Tensor | None, max_seqlen: int, reach: int, clip: bool, dropout_p: float, scale: float,
-                 alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 alibi_slopes: Tensor | None = None, query_kernel: Tensor | None = None,
+                 key_kernel: Tensor | None = None,
+                 table_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), the tables' per (sequence, head, position): backward_preprocess,
     backward_kernel into `splits` accumulators or atomically into one (`Problem.dq_design`), query_gradient_kernel
-    summing them."""
+    summing them. With query_kernel (key_kernel), the row (key) table was projected from q (k) by run_tables: dq
+    (dk) holds the table's share of the gradient too."""
     problem = Problem(q, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale,
-                      alibi_slopes)
+                      alibi_slopes, query_kernel, key_kernel, table_scale)
     # the kernels read dO and O with q's strides
     grad_out, out = (x if x.stride() == q.stride() else torch.empty_like(q).copy_(x) for x in (grad_out, out))
     delta = torch.empty(problem.stats_shape, dtype=torch.float32, device=q.device)
@@ -319,7 +387,7 @@ def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     launch("backward", problem, problem.grid("BLOCK_N") if atomic else (splits, problem.batch * problem.heads),
            problem.backward_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v, grad_row_or_none,
                                       grad_key if key_table is not None else None, dq_acc, da_acc, splits),
-           ATOMIC=atomic)
+           ATOMIC=atomic, FOLD_KEY=key_table is not None and key_kernel is not None, BLOCK_W=problem.block_w)
     arguments, constants = problem.query_arguments(dq_acc, da_acc, grad_q, grad_row_or_none)
     torch.library.wrap_triton(kernels.query_gradient_kernel)[problem.rows_grid()](*arguments, **constants,
                                                                                   num_warps=4)

@@ -18,10 +18,13 @@ from torch import Tensor
 
 from convattn.attention.relative.triton.launch import (
     interpreting,
+    memory_order,
     run_backward,
     run_forward,
+    run_tables,
     stats_shape,
     table_gradient,
+    table_like,
 )
 
 
@@ -32,19 +35,36 @@ def _operator(name: str):
     return torch.library.triton_op(name, mutates_args=())
 
 
+@_operator("convattn::triton_relative_tables")
+def relative_tables(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor | None,
+                    key_kernel: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(row table, key table) projected from q and k in one launch (launch.run_tables); no gradient of its own:
+    the attention operators send the tables' share back to q, k and the terms' parameters."""
+    return run_tables(q, k, fixed, query_kernel, key_kernel, table_scale(q))
+
+
+@relative_tables.register_fake
+def _(q, k, fixed, query_kernel, key_kernel):
+    width = (query_kernel if query_kernel is not None else key_kernel).shape[-1]
+    return tuple(table_like(x, width) if kernel is not None else x.new_empty(0)
+                 for x, kernel in ((q, query_kernel), (k, key_kernel)))
+
+
 @_operator("convattn::triton_relative_attention")
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
                       keep: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int,
-                      reach: int, clip: bool, dropout_p: float, scale: float,
-                      alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(out, log2-sum-exp of every query row)."""
+                      reach: int, clip: bool, dropout_p: float, scale: float, alibi_slopes: Tensor | None = None,
+                      fixed: Tensor | None = None, query_kernel: Tensor | None = None,
+                      key_kernel: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(out, log2-sum-exp of every query row). fixed, query_kernel, key_kernel: the parameters a table was projected
+    with (relative_tables), read by the backward alone."""
     return run_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p,
                        scale, alibi_slopes)
 
 
 @attention_forward.register_fake
 def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip, dropout_p, scale,
-      alibi_slopes=None):
+      alibi_slopes=None, fixed=None, query_kernel=None, key_kernel=None):
     return torch.empty_like(q), q.new_empty(stats_shape(q, cu_seqlens is not None), dtype=torch.float32)
 
 
@@ -52,24 +72,28 @@ def _(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, 
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
                        cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
-                       dropout_p: float, scale: float,
-                       alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, d row table, d key table), a table's per (sequence, head, position): launch.run_backward."""
+                       dropout_p: float, scale: float, alibi_slopes: Tensor | None = None,
+                       query_kernel: Tensor | None = None, key_kernel: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d row table, d key table), a table's per (sequence, head, position): launch.run_backward. With
+    query_kernel (key_kernel), dq (dk) holds the projected table's share."""
     return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen,
-                        reach, clip, dropout_p, scale, alibi_slopes)
+                        reach, clip, dropout_p, scale, alibi_slopes, query_kernel, key_kernel, table_scale(q))
 
 
 @attention_backward.register_fake
 def _(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach, clip,
-      dropout_p, scale, alibi_slopes=None):
+      dropout_p, scale, alibi_slopes=None, query_kernel=None, key_kernel=None):
     varlen = cu_seqlens is not None
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table_gradient(row_table, q, varlen),
             table_gradient(key_table, q, varlen))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options, alibi_slopes = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed, alibi_slopes)
+    (q, k, v, row_table, key_table, keep, cu_seqlens, seed, *ctx.options, alibi_slopes, fixed, query_kernel,
+     key_kernel) = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], row_table, key_table, keep, cu_seqlens, seed, alibi_slopes,
+                          fixed, query_kernel, key_kernel)
     ctx.table_shapes = _shapes(row_table, key_table)
     # the log-sum-exp's gradient is never read: autograd need not fill one with zeros (a launch on a GPU)
     ctx.set_materialize_grads(False)
@@ -77,12 +101,43 @@ def _setup_context(ctx, inputs, output):
 
 def _differentiate(ctx, grad_out, grad_lse):
     if grad_out is None:  # only the log-sum-exp was used
-        return (None,) * 14
-    q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, alibi_slopes = ctx.saved_tensors
-    grads = attention_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed,
-                               *ctx.options, alibi_slopes)
+        return (None,) * 17
+    (q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, alibi_slopes, fixed, query_kernel,
+     key_kernel) = ctx.saved_tensors
+    dq, dk, dv, grad_row, grad_key = attention_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep,
+                                                        cu_seqlens, seed, *ctx.options, alibi_slopes, query_kernel,
+                                                        key_kernel)
+    # a projected table's share of dq and dk is in them already; what is left is its parameters' gradients
+    grad_row, grad_fixed, grad_query_kernel = _projected(grad_row, q, fixed, query_kernel)
+    grad_key, _, grad_key_kernel = _projected(grad_key, k, None, key_kernel)
+    grad_row, grad_key = (None if grad is None else _as_table(grad, shape)
+                          for grad, shape in zip((grad_row, grad_key), ctx.table_shapes, strict=True))
     # ALiBi's slopes are constants: no gradient
-    return *_as_inputs(grads, ctx.table_shapes), None, None, None, None, None, None, None, None, None
+    return (dq, dk, dv, grad_row, grad_key, None, None, None, None, None, None, None, None, None, grad_fixed,
+            grad_query_kernel, grad_key_kernel)
+
+
+def table_scale(x: Tensor) -> float:
+    """What a projected table's product is scaled by: 1 / sqrt(d), d x's channels a head (bias.py's terms)."""
+    return x.shape[-1] ** -0.5
+
+
+def _projected(grad_table: Tensor, x: Tensor, fixed: Tensor | None,
+               kernel: Tensor | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(the table's own gradient, fixed's, the kernel's) for a table T = fixed + x W / sqrt(d): a projected
+    table (kernel given) sends all of its gradient to its parameters, summed over every (sequence, head, position)
+    of x; a table given as it is keeps it."""
+    if kernel is None:
+        return grad_table, None, None
+    grad_fixed = None
+    if fixed is not None:  # (heads, 2r + 1): the heads are axis 1, padded (b, h, n, .) and packed (total, h, .)
+        summed = [axis for axis in range(grad_table.dim() - 1) if axis != 1]
+        grad_fixed = grad_table.sum(summed, dtype=torch.float32).to(fixed.dtype)
+    # x and the gradient laid out alike (launch.table_like): two matrices of rows without a copy
+    order = memory_order(x)
+    rows, grad_rows = (t.permute(*order, -1).reshape(-1, t.shape[-1]) for t in (x, grad_table))
+    grad_kernel = (rows.mT @ grad_rows).to(kernel.dtype) * table_scale(x)
+    return None, grad_fixed, grad_kernel
 
 
 attention_forward.register_autograd(_differentiate, setup_context=_setup_context)
@@ -90,14 +145,6 @@ attention_forward.register_autograd(_differentiate, setup_context=_setup_context
 
 def _shapes(*tables: Tensor | None) -> list:
     return [None if t is None else (t.shape, t.dtype) for t in tables]
-
-
-def _as_inputs(grads: tuple[Tensor, ...], table_shapes: list) -> tuple:
-    """dq, dk, dv and each table's gradient in its own shape and dtype (summed over the batch a broadcast table was
-    shared by; None for an absent table)."""
-    *grad_qkv, grad_row, grad_key = grads
-    return *grad_qkv, *(_as_table(grad, shape) for grad, shape in zip((grad_row, grad_key), table_shapes,
-                                                                        strict=True))
 
 
 def _as_table(grad: Tensor, shape_and_dtype) -> Tensor | None:
@@ -112,7 +159,9 @@ def _as_table(grad: Tensor, shape_and_dtype) -> Tensor | None:
 def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor | None, key_table: Tensor | None,
                               *, reach: int, clip: bool, keep: Tensor | None = None, dropout_p: float = 0.0,
                               cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                              scale: float | None = None, alibi_slopes: Tensor | None = None) -> Tensor:
+                              scale: float | None = None, alibi_slopes: Tensor | None = None,
+                              fixed: Tensor | None = None, query_kernel: Tensor | None = None,
+                              key_kernel: Tensor | None = None) -> Tensor:
     """softmax(q k^T * scale + relative terms [+ ALiBi] [+ pad keys masked]) with dropout, times v, in one fused
     kernel.
 
@@ -123,6 +172,12 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
     added to every score, m_h the head's slope, i and j the positions within the sequence, computed inside the
     kernel (no table); held in float32. Gradients flow to q, k, v and both tables. Dropout drops at
     kernel_dropout_p(dropout_p), the nearest multiple of 1/256.
+
+    Instead of a table, the terms' parameters (bias.py): query_kernel W (d, 2r + 1) with fixed (heads, 2r + 1) or
+    None, for the row table fixed + q W / sqrt(d); key_kernel U (d, 2r + 1), for the key table k U / sqrt(d)
+    (bias.py's terms, d the channels of a head). Those tables are then projected inside the kernels' launches
+    (one for both), and the backward kernels send their share of the gradient back to q and k themselves: a
+    dozen of torch's launches fewer per call than building the tables outside. Gradients flow to the parameters.
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q.dtype must be float16, bfloat16 or float32 for the Triton kernel; got {q.dtype}")
@@ -139,6 +194,7 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
             raise ValueError(f"alibi_slopes must hold one slope per head, shape ({q.shape[1]},); got "
                              f"{tuple(alibi_slopes.shape)}")
         alibi_slopes = alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
+    projections = _check_projections(q, row_table, key_table, fixed, query_kernel, key_kernel, reach)
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32)
         max_seqlen = int(max_seqlen if max_seqlen is not None else (cu_seqlens[1:] - cu_seqlens[:-1]).max())
@@ -149,6 +205,33 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
         # bitcast: the CUDA-graph tests failed on it in the 2026-11-30 GPU call
         bitcast = keep.dtype == torch.bool and not torch.compiler.is_compiling()
         keep = keep.view(torch.uint8) if bitcast else keep.to(torch.uint8)
+    if projections:
+        fixed, query_kernel, key_kernel = (None if t is None else t.contiguous()
+                                           for t in (fixed, query_kernel, key_kernel))
+        # computed, not differentiated: the attention operators' backward differentiates them
+        built_row, built_key = relative_tables(q.detach(), k.detach(), *(None if t is None else t.detach()
+                                                                        for t in (fixed, query_kernel, key_kernel)))
+        row_table = built_row if query_kernel is not None else row_table
+        key_table = built_key if key_kernel is not None else key_table
     seed = torch.randint(0, 2**30, (), device=q.device) if dropout_p > 0 else None
     return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
-                             dropout_p, q.shape[-1] ** -0.5 if scale is None else scale, alibi_slopes)[0]
+                             dropout_p, q.shape[-1] ** -0.5 if scale is None else scale, alibi_slopes, fixed,
+                             query_kernel, key_kernel)[0]
+
+
+def _check_projections(q: Tensor, row_table: Tensor | None, key_table: Tensor | None, fixed: Tensor | None,
+                       query_kernel: Tensor | None, key_kernel: Tensor | None, reach: int) -> bool:
+    """Whether a table is projected inside the kernels; one line naming the argument that cannot be taken."""
+    if fixed is not None and query_kernel is None:
+        raise ValueError("fixed is projected with query_kernel only: without one, pass the fixed terms as row_table "
+                         "(fixed[None, :, None, :] expanded over the positions)")
+    for name, table, kernel in (("row_table", row_table, query_kernel), ("key_table", key_table, key_kernel)):
+        if table is not None and kernel is not None:
+            raise ValueError(f"{name} and the kernel that projects it are exclusive: pass one of them")
+    width, heads, head_dim = 2 * reach + 1, q.shape[1], q.shape[-1]
+    for name, tensor, shape in (("query_kernel", query_kernel, (head_dim, width)),
+                                ("key_kernel", key_kernel, (head_dim, width)), ("fixed", fixed, (heads, width))):
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must be {shape} (heads {heads}, head size {head_dim}, reach {reach}); got "
+                             f"{tuple(tensor.shape)}")
+    return query_kernel is not None or key_kernel is not None
