@@ -73,8 +73,8 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                        row_table: Tensor | None, key_table: Tensor | None, keep: Tensor | None,
                        cu_seqlens: Tensor | None, seed: Tensor | None, max_seqlen: int, reach: int, clip: bool,
                        dropout_p: float, scale: float, alibi_slopes: Tensor | None = None,
-                       query_kernel: Tensor | None = None, key_kernel: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                       query_kernel: Tensor | None = None,
+                       key_kernel: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), a table's per (sequence, head, position): launch.run_backward. With
     query_kernel (key_kernel), dq (dk) holds the projected table's share."""
     return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen,
