@@ -72,7 +72,8 @@ def test_durations_read_as_seconds(text, seconds):
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(45, "45 s"), (90, "90 s"), (119, "119 s"), (120, "2 min"),
-                                               (2400, "40 min"), (3600, "1 h"), (5400, "1 h 30 min")])
+                                               (2400, "40 min"), (3600, "1 h"), (5400, "1 h 30 min"),
+                                               (5399, "1 h 30 min"), (5369, "1 h 29 min")])  # to the nearest minute
 def test_durations_are_said_in_seconds_below_two_minutes(seconds, text):
     assert format_duration(seconds) == text
 

@@ -88,6 +88,10 @@ def test_the_spread_is_each_percentile_of_the_intervals_steps(clocks, monkeypatc
     run_steps(meter, len(steps))
     # of 20 sorted steps: the 3rd (p10), the 11th (median) and the 19th (p90), not the slowest
     assert meter.take_interval()["step_seconds"] == {"p10": 3.0, "median": 11.0, "p90": 19.0}
+    # of 3, the middle one is the median (the index is truncated, not rounded: round(1.5) would take the slowest)
+    readings = iter([reading for seconds in (1, 3, 2) for reading in (100.0, 100.0 + seconds)])
+    run_steps(meter, 3)
+    assert meter.take_interval()["step_seconds"] == {"p10": 1.0, "median": 2.0, "p90": 3.0}
 
 
 def test_waiting_is_the_second_schedstat_field_summed_over_threads(tmp_path):
@@ -97,6 +101,10 @@ def test_waiting_is_the_second_schedstat_field_summed_over_threads(tmp_path):
     (tmp_path / "103").mkdir()  # a thread that ended between the listing and the read
     assert waiting_seconds(str(tmp_path)) == pytest.approx(3.0)
     assert waiting_seconds(str(tmp_path / "absent")) is None
+    # threads listed but none of them readable: the system did not say (unknown), not zero seconds waited
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "104").mkdir()
+    assert waiting_seconds(str(tmp_path / "none")) is None
 
 
 def test_a_system_that_does_not_say_leaves_the_slowed_share_unknown(clocks, monkeypatch):
