@@ -157,7 +157,7 @@ def _csv_text(header: list[str], rows: list[list]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    writer.writerows(["" if value is None else value for value in row] for row in rows)
+    writer.writerows(rows)  # None as an empty field, as csv writes it
     return buffer.getvalue()
 
 
