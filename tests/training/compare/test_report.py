@@ -10,10 +10,12 @@ import pytest
 
 from convattn.files import write_json_atomic
 from convattn.runs.pretrain import DATA_FILE, OPTIONS_FILE
+from convattn.training.compare.cells import clear_winner, count, html_cell, markdown_table
 from convattn.training.compare.grids import Grid, RunSpec
 from convattn.training.compare.options import CompareOptions, run_options
 from convattn.training.compare.report import REPORT_RUNS, SLOWED_ROW, Report, report_dir, slowed
 from convattn.training.compare.results import RunResult
+from convattn.training.seed_statistics import mean_sem
 
 SPECS = [RunSpec("absolute", "chang2021-small/absolute"), RunSpec("composite", "chang2021-small/composite")]
 
@@ -111,3 +113,19 @@ def test_a_subsets_report_goes_aside_only_when_the_folders_report_covers_other_r
     options = CompareOptions(Grid("g", SPECS), tmp_path, data={}, seeds=1)
     write_json_atomic(tmp_path / REPORT_RUNS, [spec.slug for spec in SPECS][:covered] + ["another"] * (covered > 2))
     assert (report_dir(options) == tmp_path) == inside
+
+
+def test_a_winners_band_lies_wholly_below_the_others_and_touching_bands_name_none():
+    """mean ± std over seeds: 10 ± 1 against 13 ± 1 wins; against 12 ± 1 the bands touch at 11: no clear winner."""
+    assert clear_winner([mean_sem([9.0, 10.0, 11.0]), mean_sem([12.0, 13.0, 14.0])]) == 0
+    assert clear_winner([mean_sem([12.0, 13.0, 14.0]), mean_sem([9.0, 10.0, 11.0])]) == 1
+    touching = [mean_sem([9.0, 10.0, 11.0]), mean_sem([11.0, 12.0, 13.0])]
+    assert touching[0]["mean"] + touching[0]["std"] == touching[1]["mean"] - touching[1]["std"]
+    assert clear_winner(touching) is None
+
+
+def test_cells_count_millions_from_one_million_align_numbers_right_and_carry_bold_into_html():
+    assert (count(999_999), count(1_000_000), count(13_090_000), count(None)) == ("1000.0k", "1.00M", "13.09M", "–")
+    _, align, row = markdown_table(["Run", "Preset (+ run fields)", "Tokens/s"], [["a", "b", "1,000"]])
+    assert align == "|---|---|---:|" and row == "| a | b | 1,000 |"
+    assert html_cell("**30.00 ± 0.71**") == "<strong>30.00 ± 0.71</strong>" and html_cell("a<b") == "a&lt;b"
