@@ -89,8 +89,8 @@ def call_arguments(kernel_name: str, features: set[str], dtype: torch.dtype, hea
                                                                 *accumulators, 2)}[kernel_name]()
     # the backward's dQ design: the split accumulators', unless the features ask for atomic adds; the key table's
     # share of dK where it is projected
-    design = dict(ATOMIC="atomic" in features, FOLD_KEY=projected[1] is not None, BLOCK_W=problem.block_w)
-    return arguments, {**problem.keywords, **(design if kernel_name == "backward" else {})}
+    design = problem.backward_constants("atomic" in features) if kernel_name == "backward" else {}
+    return arguments, {**problem.keywords, **design}
 
 
 def source(kernel_name: str, features: set[str], dtype: torch.dtype, head_dim: int, block_m: int | None = None,

@@ -267,6 +267,12 @@ class Problem:
                 *strides(k, self.varlen), *strides(v, self.varlen), *self.table_strides(),
                 *strides(grad_row, self.varlen), *strides(grad_key, self.varlen), *self.accumulator_strides]
 
+    def backward_constants(self, atomic: bool) -> dict:
+        """backward_kernel's own constexprs beside `keywords`: the dQ design, and whether the key table was
+        projected from the keys (its share of dK added inside the kernel)."""
+        return dict(ATOMIC=atomic, FOLD_KEY=self.constants["HAS_KEY"] and self.key_kernel is not None,
+                    BLOCK_W=self.block_w)
+
     def query_arguments(self, dq_acc: Tensor, da_acc: Tensor, grad_q: Tensor,
                         grad_row: Tensor | None) -> tuple[list, dict]:
         """query_gradient_kernel's runtime arguments and constexprs (grad_row None without a row table)."""
@@ -315,12 +321,19 @@ def run_tables(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor 
     tables_kernel: fixed + q W * table_scale where query_kernel is W, k U * table_scale where key_kernel is U; an
     empty tensor for a table not asked for. q, k padded (b, h, n, d) or packed (total, h, d); W, U (d, 2r + 1) and
     fixed (h, 2r + 1) contiguous."""
-    width = (query_kernel if query_kernel is not None else key_kernel).shape[-1]
-    row, key = (table_like(x, width) if kernel is not None else x.new_empty(0)
-                for x, kernel in ((q, query_kernel), (k, key_kernel)))
+    row, key = projected_tables(q, k, query_kernel, key_kernel)
     grid, arguments, constants = tables_arguments(q, k, fixed, query_kernel, key_kernel, row, key, table_scale)
     torch.library.wrap_triton(kernels.tables_kernel)[grid](*arguments, **constants, num_warps=4)
     return row, key
+
+
+def projected_tables(q: Tensor, k: Tensor, query_kernel: Tensor | None,
+                     key_kernel: Tensor | None) -> tuple[Tensor, Tensor]:
+    """run_tables' outputs, unwritten: a table laid out as its operand (table_like) where its kernel is given, else
+    an empty tensor (an operator returns no None). The operator's fake implementation returns these too."""
+    width = (query_kernel if query_kernel is not None else key_kernel).shape[-1]
+    return tuple(table_like(x, width) if kernel is not None else x.new_empty(0)
+                 for x, kernel in ((q, query_kernel), (k, key_kernel)))
 
 
 def tables_arguments(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor | None,
@@ -387,7 +400,7 @@ def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     launch("backward", problem, problem.grid("BLOCK_N") if atomic else (splits, problem.batch * problem.heads),
            problem.backward_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v, grad_row_or_none,
                                       grad_key if key_table is not None else None, dq_acc, da_acc, splits),
-           ATOMIC=atomic, FOLD_KEY=key_table is not None and key_kernel is not None, BLOCK_W=problem.block_w)
+           **problem.backward_constants(atomic))
     arguments, constants = problem.query_arguments(dq_acc, da_acc, grad_q, grad_row_or_none)
     torch.library.wrap_triton(kernels.query_gradient_kernel)[problem.rows_grid()](*arguments, **constants,
                                                                                   num_warps=4)

@@ -19,12 +19,12 @@ from torch import Tensor
 from convattn.attention.relative.triton.launch import (
     interpreting,
     memory_order,
+    projected_tables,
     run_backward,
     run_forward,
     run_tables,
     stats_shape,
     table_gradient,
-    table_like,
 )
 
 
@@ -45,9 +45,7 @@ def relative_tables(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Te
 
 @relative_tables.register_fake
 def _(q, k, fixed, query_kernel, key_kernel):
-    width = (query_kernel if query_kernel is not None else key_kernel).shape[-1]
-    return tuple(table_like(x, width) if kernel is not None else x.new_empty(0)
-                 for x, kernel in ((q, query_kernel), (k, key_kernel)))
+    return projected_tables(q, k, query_kernel, key_kernel)
 
 
 @_operator("convattn::triton_relative_attention")
