@@ -274,7 +274,7 @@ def test_a_layer_sends_the_kernel_its_terms_parameters_and_few_operators_besides
         rel = make_relative(TERMS[terms], "clip", heads=2, head_dim=32, reach=3).float()
 
         def operators(tables_from=None) -> list[str]:
-            with Operators() as counted:
+            with Dispatched() as counted:
                 out = dispatch._triton(q, k, v, rel, mask, 0.0, tables_from)  # noqa: B023 (called at once)
                 torch.autograd.grad(out, [q, k, v, *rel.parameters()], grad_out)  # noqa: B023
             return counted.names
@@ -293,20 +293,22 @@ def test_a_layer_sends_the_kernel_its_terms_parameters_and_few_operators_besides
     assert alibi_alone["row_table"] is None and alibi_alone["reach"] == 0
 
 
-class Operators(TorchDispatchMode):
-    """The names of torch's operators called while it is active, views and detaches left out (they launch
-    nothing)."""
+class Dispatched(TorchDispatchMode):
+    """What torch's operators did while it is active, the backward's too: `names`, the operators called (views and
+    detaches left out: they launch nothing), and `shapes`, those of every tensor they returned."""
     VIEWS: ClassVar[set[str]] = {"view", "t", "transpose", "expand", "permute", "unsqueeze", "squeeze", "_unsafe_view",
                                  "detach", "alias", "select", "slice", "as_strided"}
 
     def __init__(self):
         super().__init__()
-        self.names = []
+        self.names, self.shapes = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket.__name__ not in self.VIEWS:
             self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
 
 
 def test_fixed_terms_alone_beside_a_projected_key_table_match_the_reference():
@@ -363,19 +365,6 @@ def test_alibi_matches_the_reference_with_padding_anywhere(terms):
                             keep=padding_anywhere(n), alibi=True)
 
 
-class Allocations(TorchDispatchMode):
-    """The shapes of every tensor that torch's operators return while it is active, the backward's too."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.shapes += [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return out
-
-
 def alibi_sized(shapes, lengths, width):
     """The shapes of `shapes` that an ALiBi bias or table would have: two axes of a sequence's length (n x n), or one
     and a last axis of `width` (n x (2r + 1))."""
@@ -395,7 +384,7 @@ def test_alibi_alone_reaches_the_kernel_as_slopes_without_a_table(packed, monkey
     lengths = {19, 12, 31}  # the padded length, a sequence's, the packed stream's
 
     def run():
-        with Allocations() as allocations:
+        with Dispatched() as allocations:
             if packed:
                 out = layer(x[keep][None], PackedSequences.from_lengths(keep.sum(1)))[0]
             else:
