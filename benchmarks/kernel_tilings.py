@@ -6,6 +6,7 @@
                        launch's own arguments (their specialisation included) into its cache and launches nothing;
                        under the interpreter a warmup does nothing at all
     tiling_count()     how many tilings the autotuners try for the call's dtype and head size (1 under the interpreter)
+    launches()         the kernel's launches made inside, counted (compile_only's included)
 
 The package's names these lean on (launch.configs, launch.autotuned, launch.AUTOTUNERS) are read when used: where its
 rework renames them, pinned_tiling raises TilingsUnknown and its callers say so in their rows.
@@ -87,5 +88,26 @@ def compile_only() -> Iterator[list]:
     torch.library.wrap_triton = lambda kernel: _Warm(kernel, compiled)
     try:
         yield compiled
+    finally:
+        torch.library.wrap_triton = original
+
+
+@contextlib.contextmanager
+def launches() -> Iterator[list]:
+    """Inside, yields a list holding each kernel the package launches (compile_only's warm-ups too): whether a model
+    took the kernel is read from what it ran, not from its attn_implementation's name, which on a GPU is SDPA's
+    for a model whose relative terms take the kernel by default."""
+    import torch
+
+    launched: list = []
+    original = torch.library.wrap_triton
+
+    def counted(kernel):
+        launched.append(kernel)
+        return original(kernel)
+
+    torch.library.wrap_triton = counted
+    try:
+        yield launched
     finally:
         torch.library.wrap_triton = original

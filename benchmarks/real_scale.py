@@ -300,13 +300,13 @@ def warm_passes(presets: list[str], batches=WARM_BATCHES, batch_size: int = 128,
                 attn_implementation: str | None = None) -> list[str]:
     """One training step and one evaluation forward of each preset's model (the chang2021-small recipe's config,
     SMOKE_MODEL's size with `smoke`, in the training's precision: bfloat16 autocast on a GPU) on each of `batches`:
-    the fused kernel's calls the comparison's training and evaluation make. The presets whose model takes the
-    kernel (`attn_implementation` chooses another than the default), warmed; the others take SDPA, which compiles
-    nothing."""
+    the fused kernel's calls the comparison's training and evaluation make (`attn_implementation` chooses another
+    than the default). Returns the presets whose passes launched the kernel (on a GPU, those with relative terms,
+    under SDPA's name); the others ran SDPA, which compiles nothing."""
     import torch
+    from kernel_tilings import launches
 
     from convattn import ConvAttnForMaskedLM
-    from convattn.attn_implementations import TRITON_IMPLEMENTATION
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = torch.autocast(device, torch.bfloat16, enabled=device == "cuda")
@@ -316,23 +316,30 @@ def warm_passes(presets: list[str], batches=WARM_BATCHES, batch_size: int = 128,
         model = ConvAttnForMaskedLM(config).to(device)
         if attn_implementation:
             model.set_attn_implementation(attn_implementation)
-        if model.config._attn_implementation != TRITON_IMPLEMENTATION:
-            continue
-        generator = torch.Generator().manual_seed(0)
-        for n, lengths in batches:
-            real = torch.tensor([lengths[row % len(lengths)] for row in range(batch_size)])
-            mask = (torch.arange(n)[None, :] < real[:, None]).long().to(device)
-            ids = torch.randint(5, config.vocab_size, (batch_size, n), generator=generator).to(device)
-            model.train()
-            with precision:
-                loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-            model.eval()
-            with torch.no_grad(), precision:
-                model(input_ids=ids, attention_mask=mask)
-        warmed.append(preset)
+        with launches() as launched:
+            passes(model, config, batches, batch_size, device, precision)
+        if launched:
+            warmed.append(preset)
     return warmed
+
+
+def passes(model, config, batches, batch_size: int, device: str, precision) -> None:
+    """One training step and one evaluation forward of `model` on each of `batches` (random tokens)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    for n, lengths in batches:
+        real = torch.tensor([lengths[row % len(lengths)] for row in range(batch_size)])
+        mask = (torch.arange(n)[None, :] < real[:, None]).long().to(device)
+        ids = torch.randint(5, config.vocab_size, (batch_size, n), generator=generator).to(device)
+        model.train()
+        with precision:
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        model.eval()
+        with torch.no_grad(), precision:
+            model(input_ids=ids, attention_mask=mask)
 
 
 def warm(args) -> int:

@@ -200,6 +200,24 @@ def test_the_warm_up_reaches_the_kernel_as_the_trainings_and_evaluations_batches
     assert real_scale.warm_passes(composite, batches, batch_size=2, smoke=True) == []  # SDPA on CPU: nothing
 
 
+def test_the_warm_up_reaches_the_kernel_that_a_gpu_takes_by_default_under_sdpas_name(real_scale, monkeypatch):
+    """On a GPU a model with relative terms takes the kernel by default while its attn_implementation stays "sdpa"
+    (the 2026-11-30 call's warm-up read the name, warmed nothing, and composite's first step compiled for 22 s of
+    its training clock): the warm-up counts the kernel's launches instead. The absolute model runs SDPA."""
+    from convattn import padding_free
+    from convattn.attention.relative import dispatch
+    from convattn.attention.relative.triton import operator
+
+    monkeypatch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})
+    monkeypatch.setattr(dispatch, "_triton_serves", lambda implementation, device, dtype: True)  # CUDA's default
+    calls = []
+    forward = operator.attention_forward
+    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(args[0].shape[-2]) or forward(*args))
+    presets = ["chang2021-small/absolute", "chang2021-small/composite"]
+    assert real_scale.warm_passes(presets, ((16, (16, 9)),), batch_size=2, smoke=True) == presets[1:]
+    assert calls == [16, 16]  # composite's training step and evaluation
+
+
 @pytest.mark.parametrize("finishes", [True, False], ids=["finishes", "stopped"])
 def test_the_warm_up_compiles_its_units_side_by_side_then_tunes_and_is_stopped_at_its_limit(real_scale, tmp_path,
                                                                                           monkeypatch, finishes):
