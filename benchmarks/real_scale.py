@@ -177,7 +177,12 @@ CALL_LIMIT = 540
 # that replace them. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU machine's 16 cores:
 WARM_PHASE = "the kernel's warm-up, past tokenizing"  # its processes run beside unpacking and tokenizing
 ESTIMATES = {"unpack": 15, "prepare": 90, WARM_PHASE: 15}
-MODEL_OVERHEAD = 35  # a model's CUDA set-up, build, 11 evaluations of 2,048 examples and 10 checkpoints (~160 MB)
+MODEL_OVERHEAD = 15  # a model's CUDA set-up, build and training-memory measurement (27 s for both on 2026-11-30)
+# The training's wall time per second of its budget: the budget's clock (the GPU's own, steps only) leaves out the
+# host's work between steps (the data's masking, the Trainer's callbacks), 11 evaluations of 2,048 examples and 10
+# checkpoints. On 2026-11-30's H200, absolute's 165 s took 277 s of progress bar (composite: 1.47; its steps are
+# longer); re-measure from a call's compare.log: the bar's elapsed time over its budget.
+WALL_PER_BUDGET = 1.7
 BRING_BACK = 45  # both models in bfloat16 through xz (about 27 MB each), the report and the status
 INTERRUPT_GRACE = 20  # a comparison interrupted at the deadline stops within this (it only ends the step)
 MIN_BUDGET = 60  # below this a model trains too little to compare: the call refuses rather than waste the slot
@@ -185,10 +190,10 @@ PLAN_FILE = "plan.json"  # in --work: the budget of the first call, which a cont
 
 
 def training_budget(limit: float, spent: float, models: int) -> float:
-    """Seconds of training for each of `models` models when `spent` of the call's `limit` has gone (unpacking and
-    tokenizing): what remains after every model's overhead, the models' return and the interrupt's grace, shared
-    equally."""
-    return (limit - spent - BRING_BACK - INTERRUPT_GRACE - models * MODEL_OVERHEAD) / models
+    """Seconds of training (on the budget's clock) for each of `models` models when `spent` of the call's `limit`
+    has gone (unpacking and tokenizing): what remains after every model's overhead, the models' return and the
+    interrupt's grace, shared equally, each second of budget taking WALL_PER_BUDGET of the call's."""
+    return (limit - spent - BRING_BACK - INTERRUPT_GRACE - models * MODEL_OVERHEAD) / models / WALL_PER_BUDGET
 
 
 def plan_lines(limit: float, spent: dict, models: int) -> tuple[float, list[str]]:
@@ -196,8 +201,8 @@ def plan_lines(limit: float, spent: dict, models: int) -> tuple[float, list[str]
     estimated)."""
     budget = training_budget(limit, sum(spent.values()), models)
     phases = [*((phase, seconds) for phase, seconds in spent.items()),
-              *((f"model {k + 1}: training (budget)", budget) for k in range(models)),
-              *((f"model {k + 1}: set-up, evaluations, checkpoints", MODEL_OVERHEAD) for k in range(models)),
+              *((f"model {k + 1}: training, {budget:.0f} s budget", budget * WALL_PER_BUDGET) for k in range(models)),
+              *((f"model {k + 1}: set-up", MODEL_OVERHEAD) for k in range(models)),
               ("interrupt's grace", INTERRUPT_GRACE), ("bringing the models back", BRING_BACK)]
     lines = [f"  {phase:<45} {seconds:6.0f} s" for phase, seconds in phases]
     lines.append(f"  {'total (the call allows ' + str(round(limit)) + ' s)':<45} "

@@ -30,8 +30,8 @@ def test_the_dry_run_plan_fits_the_call_with_equal_budgets(real_scale, capsys):
     args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=real_scale.PRESETS)
     assert real_scale.run(args) == 0
     printed = capsys.readouterr().out.splitlines()
-    budgets = {line.split()[-2] for line in printed if "training (budget)" in line}
-    assert len([line for line in printed if "training (budget)" in line]) == 2 and len(budgets) == 1
+    training = [line for line in printed if ": training, " in line]
+    assert len(training) == 2 and len({line.split(": training, ")[1] for line in training}) == 1
     total = next(line for line in printed if "total" in line)
     assert float(total.split()[-2]) <= 540 and real_scale.CALL_LIMIT <= 540
     assert "prepare" in "\n".join(printed) and "unpack" in "\n".join(printed)
@@ -48,15 +48,17 @@ def test_a_third_model_is_refused_before_anything_runs(real_scale):
 def test_the_budget_shrinks_with_the_measured_tokenizing_time_and_the_total_stays_inside(real_scale):
     quick, _ = real_scale.plan_lines(540, {"unpack": 10, "prepare": 30}, 2)
     slow, lines = real_scale.plan_lines(540, {"unpack": 10, "prepare": 150}, 2)
-    assert quick - slow == pytest.approx(60)  # 120 s more tokenizing: 60 s less for each model
+    # 120 s more tokenizing: 60 s less of the call for each model, less budget by the wall's share of it
+    assert quick - slow == pytest.approx(60 / real_scale.WALL_PER_BUDGET)
+    assert "model 1: training, 84 s budget" in lines[2] and float(lines[2].split()[-2]) == pytest.approx(84 * 1.7, abs=1)
     assert float(lines[-1].split()[-2]) == pytest.approx(540, abs=1)
 
 
 def test_a_continuing_call_keeps_the_first_calls_budget(real_scale, tmp_path, capsys):
     args = argparse.Namespace(budget=None, limit=540)
     first = real_scale.budget_for_call(args, tmp_path, {"unpack": 10, "prepare": 60}, 2)
-    assert first == "167s" and json.loads((tmp_path / real_scale.PLAN_FILE).read_text())["budget"] == "167s"
-    assert real_scale.budget_for_call(args, tmp_path, {"unpack": 1, "prepare": 1}, 2) == "167s"
+    assert first == "110s" and json.loads((tmp_path / real_scale.PLAN_FILE).read_text())["budget"] == "110s"
+    assert real_scale.budget_for_call(args, tmp_path, {"unpack": 1, "prepare": 1}, 2) == "110s"
     assert "continuing the first call's plan" in capsys.readouterr().out
 
 
@@ -105,7 +107,7 @@ def test_the_call_counts_its_time_from_gpu_sh_and_stops_training_inside_its_limi
     assert status["phases"] == {"before this script": 30.0, "unpack": 15.0, "prepare": 60.0, real_scale.WARM_PHASE: 0}
     assert status["warm_up"] == "skipped: no GPU here, so no model takes the kernel"
     grace, back, overhead = real_scale.INTERRUPT_GRACE, real_scale.BRING_BACK, real_scale.MODEL_OVERHEAD
-    assert status["budget"] == f"{int((540 - 105 - back - grace - 2 * overhead) / 2)}s"
+    assert status["budget"] == f"{int((540 - 105 - back - grace - 2 * overhead) / 2 / real_scale.WALL_PER_BUDGET)}s"
     assert interrupted_after == [540 - 105 - back - grace]  # the models' training and overhead, nothing more
     assert "--time-budget" in status["command"]
 
