@@ -53,6 +53,7 @@ import harness
 
 from convattn.files import atomic_path, write_json_atomic
 from convattn.runs.finetune import GLUE_RESULTS
+from convattn.training.pretrain.warm_up import warm_shapes
 from convattn.training.seed_statistics import format_mean_sem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,12 +280,10 @@ def machine() -> dict:
 
 # --- the fused kernel compiled before any model's training clock starts ----------------------------------------
 
-# The recipe's batches as the fused kernel meets them: (padded length, the rows' real lengths, repeated over the
-# batch). Triton compiles the kernel apart for a batch without padding (no key mask), one with padding, and one padded
-# to a length that is not a multiple of 16 (its longest example 120 tokens), each in training (dropout, the
-# backward) and in evaluation (neither): compiled inside a training step, these would count on the composite model's
-# training clock (a GPU's clock runs while the host compiles), and the absolute model (SDPA) compiles nothing.
-WARM_BATCHES = ((128, (128,)), (128, (128, 128, 128, 97)), (120, (120, 120, 120, 64)))
+# The recipe's batches as the fused kernel meets them, those `convattn pretrain` itself warms up on a GPU
+# (training/pretrain/warm_up.py): (padded length, the rows' real lengths, repeated over the batch). Compiled here, in
+# processes beside tokenizing, the training's own warm-up finds them in Triton's cache and takes seconds.
+WARM_BATCHES = tuple(warm_shapes(128))
 WARM_PROCESSES = 12  # the GPU machine has 16 cores, which tokenizing shares meanwhile
 WARM_LIMIT = 150  # s from the call's start: past it the warm-up stops, and the training compiles what is left
 SMOKE_MODEL = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128}

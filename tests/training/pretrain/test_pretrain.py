@@ -330,3 +330,71 @@ def test_evaluation_masks_each_example_the_same_in_any_batch():
         assert torch.equal(together["input_ids"][i, :length], alone["input_ids"][0])
         assert (together["labels"][i, length:] == -100).all()
     assert (together["labels"] != -100).any()
+
+
+@pytest.mark.slow
+def test_a_gpu_run_first_reaches_the_kernel_at_each_batch_shape_and_then_trains_the_same_steps(corpus, finished_run,
+                                                                                             tmp_path, monkeypatch,
+                                                                                             capsys):
+    """On a GPU a run first compiles the fused kernel at the batch shapes it compiles apart (warm_up.py), so that
+    compiling does not count on the training clock (22 s of composite's 165 on the 2026-11-30 H200 call). Here on
+    CPU, the warm-up forced and its passes sent through the kernel (Triton's interpreter) as a GPU's default sends
+    them, padded batches kept padded as on a GPU: it reaches the kernel in training (dropout, then the backward) and
+    in evaluation at each shape, and the run's weights and eval losses equal the run without it, bit for bit."""
+    from convattn import padding_free
+    from convattn.attention.relative import dispatch
+    from convattn.attention.relative.triton import operator
+    from convattn.training.pretrain import job, warm_up
+
+    calls, backward = [], []
+    forward, gradients = operator.attention_forward, operator.attention_backward
+
+    def through_the_kernel(trainer, seq_len):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})
+            patch.setattr(dispatch, "_triton_serves", lambda implementation, device, dtype: True)
+            patch.setattr(operator, "attention_forward", lambda *args: calls.append(
+                (args[0].shape[-2], args[5] is not None, args[11] > 0)) or forward(*args))
+            patch.setattr(operator, "attention_backward", lambda *args: backward.append(args[1].shape[-2]) or
+                          gradients(*args))
+            return warm_up.warm_up(trainer, seq_len)
+
+    monkeypatch.setattr(job, "warms_kernel", lambda args: True)
+    monkeypatch.setattr(job, "warm_up", through_the_kernel)
+    out = tmp_path / "warmed"
+    assert main(tiny_args(corpus, out)) == 0
+    # (length, a key mask, dropout): a training pass and an evaluation in each of the 2 layers, at each shape
+    assert calls == [(n, masked, dropout) for n, masked in ((32, False), (32, True), (24, True))
+                     for dropout in (True, True, False, False)]
+    assert backward == [32, 32, 32, 32, 24, 24]
+    expected, warmed = weights(finished_run), weights(out)
+    for name in expected:
+        assert torch.equal(expected[name], warmed[name]), name
+    rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+    assert "pretrain: warm-up before the clock: the batch shapes the fused kernel compiles apart" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("seq_len", "expected"), [
+    (128, [(128, (128,)), (128, (128, 64)), (120, (120, 60))]),
+    (100, [(104, (100,)), (104, (100, 50)), (96, (96, 48))]),  # 100 tokens pad to 104: every batch has a mask
+    (8, [(8, (8,)), (8, (8, 4))]),  # no shorter multiple of 8 with another remainder by 16
+])
+def test_the_warm_up_shapes_are_what_the_collators_pad_training_batches_to(seq_len, expected):
+    """The longest batch without padding, with padding, and the longest whose remainder by 16 differs (Triton
+    specialises on it): each shape's rows, collated as training and evaluation collate them, pad to its length."""
+    from convattn.training.pretrain.data import MaskingCollator
+    from convattn.training.pretrain.warm_up import features, warm_shapes
+
+    assert warm_shapes(seq_len) == expected
+    tokenizer = word_tokenizer()
+    for per_example in (False, True):
+        collator = MaskingCollator(tokenizer, 0.15, 0, per_example=per_example)
+        for padded, lengths in expected:
+            rows = features(tokenizer, lengths, 3, len(tokenizer))
+            batch = collator(rows)
+            assert batch["input_ids"].shape == (3, padded)
+            assert batch["attention_mask"].sum(1).tolist() == [lengths[k % len(lengths)] for k in range(3)]
+            assert all(row["input_ids"][0] == tokenizer.cls_token_id and row["input_ids"][-1] == tokenizer.sep_token_id
+                       for row in rows)

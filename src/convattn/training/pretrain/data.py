@@ -15,6 +15,7 @@ from convattn.data.corpus import load_corpus
 from convattn.data.formatting import cache_key, cached_format
 from convattn.data.tokenizer import load_tokenizer, tokenizer_fingerprint, trained_tokenizer
 from convattn.training.pretrain.options import PretrainOptions
+from convattn.training.pretrain.warm_up import PAD_MULTIPLE
 
 
 @dataclass
@@ -89,7 +90,7 @@ class MaskingCollator:
 
     def __post_init__(self):
         self.masking = DataCollatorForLanguageModeling(self.tokenizer, mlm_probability=self.mlm_probability,
-                                                       pad_to_multiple_of=8)
+                                                       pad_to_multiple_of=PAD_MULTIPLE)
 
     def __call__(self, features: list[dict]) -> dict:
         if not self.per_example:
@@ -111,4 +112,4 @@ class MaskingCollator:
 
 def padding_collator(tokenizer: PreTrainedTokenizerBase) -> DataCollatorWithPadding:
     """ELECTRA masks inside the model; its batches are only padded (special_tokens_mask included)."""
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=PAD_MULTIPLE)

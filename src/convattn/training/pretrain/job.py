@@ -81,6 +81,7 @@ from convattn.training.pretrain.options import (
     sequence_length,
 )
 from convattn.training.pretrain.trainer import PretrainTrainer, build_model, pretraining_arguments
+from convattn.training.pretrain.warm_up import warm_up, warms_kernel
 from convattn.training.recipes import warmup_steps
 
 # the share of a run's steps slowed by other processes from which the summary says how to wait on a busy CPU
@@ -221,6 +222,10 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         from torch.utils.tensorboard import SummaryWriter
 
         trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(out / TENSORBOARD))))
+
+    if warms_kernel(args) and not plan.schedule_ended:
+        seconds = warm_up(trainer, seq_len)
+        say("pretrain", f"warm-up before the clock: the batch shapes the fused kernel compiles apart, {seconds:.1f} s")
 
     interrupted = False
     try:
