@@ -332,41 +332,51 @@ def test_evaluation_masks_each_example_the_same_in_any_batch():
     assert (together["labels"] != -100).any()
 
 
-@pytest.mark.slow
-def test_a_gpu_run_first_reaches_the_kernel_at_each_batch_shape_and_then_trains_the_same_steps(corpus, finished_run,
-                                                                                             tmp_path, monkeypatch,
-                                                                                             capsys):
-    """On a GPU a run first compiles the fused kernel at the batch shapes it compiles apart (warm_up.py), so that
-    compiling does not count on the training clock (22 s of composite's 165 on the 2026-11-30 H200 call). Here on
-    CPU, the warm-up forced and its passes sent through the kernel (Triton's interpreter) as a GPU's default sends
-    them, padded batches kept padded as on a GPU: it reaches the kernel in training (dropout, then the backward) and
-    in evaluation at each shape, and the run's weights and eval losses equal the run without it, bit for bit."""
+def warm_up_through_the_kernel(monkeypatch, calls: list, backward: list, dtypes: list) -> None:
+    """`convattn pretrain` here warms up as on a GPU, its warm-up's passes through the kernel (Triton's interpreter)
+    as a GPU's default sends them, padded batches kept padded; each kernel call recorded: (length, a key mask,
+    dropout) in `calls`, the queries' dtype in `dtypes`, each backward's length in `backward`."""
     from convattn import padding_free
     from convattn.attention.relative import dispatch
     from convattn.attention.relative.triton import operator
     from convattn.training.pretrain import job, warm_up
 
-    calls, backward = [], []
     forward, gradients = operator.attention_forward, operator.attention_backward
+
+    def recorded(*args):
+        calls.append((args[0].shape[-2], args[5] is not None, args[11] > 0))
+        dtypes.append(args[0].dtype)
+        return forward(*args)
 
     def through_the_kernel(trainer, seq_len):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})
             patch.setattr(dispatch, "_triton_serves", lambda implementation, device, dtype: True)
-            patch.setattr(operator, "attention_forward", lambda *args: calls.append(
-                (args[0].shape[-2], args[5] is not None, args[11] > 0)) or forward(*args))
+            patch.setattr(operator, "attention_forward", recorded)
             patch.setattr(operator, "attention_backward", lambda *args: backward.append(args[1].shape[-2]) or
                           gradients(*args))
             return warm_up.warm_up(trainer, seq_len)
 
     monkeypatch.setattr(job, "warms_kernel", lambda args: True)
     monkeypatch.setattr(job, "warm_up", through_the_kernel)
+
+
+@pytest.mark.slow
+def test_a_gpu_run_first_reaches_the_kernel_at_each_batch_shape_and_then_trains_the_same_steps(corpus, finished_run,
+                                                                                             tmp_path, monkeypatch,
+                                                                                             capsys):
+    """On a GPU a run first compiles the fused kernel at the batch shapes it compiles apart (warm_up.py), so that
+    compiling does not count on the training clock (22 s of composite's 165 on the 2026-11-30 H200 call). Here on
+    CPU (warm_up_through_the_kernel): it reaches the kernel in training (dropout, then the backward) and in
+    evaluation at each shape, and the run's weights and eval losses equal the run without it, bit for bit."""
+    calls, backward, dtypes = [], [], []
+    warm_up_through_the_kernel(monkeypatch, calls, backward, dtypes)
     out = tmp_path / "warmed"
     assert main(tiny_args(corpus, out)) == 0
     # (length, a key mask, dropout): a training pass and an evaluation in each of the 2 layers, at each shape
     assert calls == [(n, masked, dropout) for n, masked in ((32, False), (32, True), (24, True))
                      for dropout in (True, True, False, False)]
-    assert backward == [32, 32, 32, 32, 24, 24]
+    assert backward == [32, 32, 32, 32, 24, 24] and set(dtypes) == {torch.float32}
     expected, warmed = weights(finished_run), weights(out)
     for name in expected:
         assert torch.equal(expected[name], warmed[name]), name
@@ -374,6 +384,17 @@ def test_a_gpu_run_first_reaches_the_kernel_at_each_batch_shape_and_then_trains_
     assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
     assert "pretrain: warm-up before the clock: the batch shapes the fused kernel compiles apart" in \
         capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_warm_up_compiles_the_kernel_in_the_trainings_precision(corpus, tmp_path, monkeypatch):
+    """The Trainer puts bf16 autocast on the model's forward only when training begins: the warm-up, before it,
+    takes the training's precision itself, or it would compile the kernel for float32 and a bf16 run would compile
+    again inside its first step."""
+    calls, backward, dtypes = [], [], []
+    warm_up_through_the_kernel(monkeypatch, calls, backward, dtypes)
+    assert main(tiny_args(corpus, tmp_path / "bf16", "--precision", "bf16", "--max-steps", "3")) == 0
+    assert len(calls) == 12 and set(dtypes) == {torch.bfloat16}
 
 
 @pytest.mark.parametrize(("seq_len", "expected"), [

@@ -63,19 +63,21 @@ def warm_up(trainer, seq_len: int) -> float:
     devices = [args.device] if args.device.type == "cuda" else []
     evaluation = trainer.eval_collator or trainer.data_collator
     was_training = model.training
+    # the training's precision: accelerate puts autocast on the model's forward only when train() prepares it
+    precision = trainer.accelerator.autocast  # a context per use
     try:
         with torch.random.fork_rng(devices=devices):
             for _padded, lengths in warm_shapes(seq_len):  # the collators pad to it
                 model.train()
                 batch = trainer.data_collator(features(tokenizer, lengths, args.per_device_train_batch_size,
                                                        vocab_size))
-                with trainer.autocast_smart_context_manager():
+                with precision():
                     loss = trainer.compute_loss(model, trainer._prepare_inputs(batch))
                 loss.backward()
                 model.zero_grad(set_to_none=True)
                 model.eval()
                 batch = evaluation(features(tokenizer, lengths, args.per_device_eval_batch_size, vocab_size))
-                with torch.no_grad(), trainer.autocast_smart_context_manager():
+                with torch.no_grad(), precision():
                     trainer._eval_sums(model, trainer._prepare_inputs(batch))
     finally:
         model.zero_grad(set_to_none=True)
