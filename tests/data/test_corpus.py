@@ -28,6 +28,9 @@ def test_files_directories_and_globs_expand_in_sorted_order(tmp_path):
     a = write(tmp_path / "d" / "b.txt", "second file\n")
     b = write(tmp_path / "d" / "a.txt", "first file\n")
     write(tmp_path / "d" / ".hidden", "skipped\n")
+    (tmp_path / "d" / ".git" / "objects").mkdir(parents=True)  # a hidden directory's files: skipped, binary or not
+    (tmp_path / "d" / ".git" / "objects" / "pack").write_bytes(b"PACK\0\0\0\2")
+    write(tmp_path / "d" / ".cache" / "notes.txt", "skipped too\n")
     c = write(tmp_path / "e" / "x.raw", "third\n")
     assert resolve_text_files([str(tmp_path / "d")]) == [b, a]
     assert resolve_text_files([str(tmp_path / "*" / "*.raw"), str(b)]) == [c, b]
