@@ -174,10 +174,11 @@ def unpack(kit: Path, work: Path) -> None:
 # The call's time: the device tool allows 600 s a command; 540 leaves a minute for what runs before this script
 # (benchmarks/gpu.sh's wheel install, which it stamps in CALL_STARTED) and the files' return.
 CALL_LIMIT = 540
-# Estimates of what the call spends besides training, in seconds; each call's plan.json records the measured ones
-# that replace them. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU machine's 16 cores:
+# Estimates of what the call spends besides training, in seconds, for the plan printed before anything runs; a call
+# measures them and its plan.json records those. Unpacking 40 MB of xz and tokenizing 112 MB of text on the GPU
+# machine's 16 cores took 4 and 50 s on 2026-11-30 (results/real_scale/call/real_scale-first-call.json):
 WARM_PHASE = "the kernel's warm-up, past tokenizing"  # its processes run beside unpacking and tokenizing
-ESTIMATES = {"unpack": 15, "prepare": 90, WARM_PHASE: 15}
+ESTIMATES = {"unpack": 5, "prepare": 55, WARM_PHASE: 15}
 MODEL_OVERHEAD = 15  # a model's CUDA set-up, build and training-memory measurement (27 s for both on 2026-11-30)
 # The training's wall time per second of its budget: the budget's clock (the GPU's own, steps only) leaves out the
 # host's work between steps (the data's masking, the Trainer's callbacks), 11 evaluations of 2,048 examples and 10
