@@ -91,6 +91,17 @@ def test_a_binary_file_is_refused_by_name(tmp_path):
     path.write_bytes(b"some text\n" + b"\0" * 3000)
     with pytest.raises(UsageError, match=r"zeros.txt: a binary file, not text \(a NUL byte at offset 10\)"):
         resolve_text_files([str(path)])
+    first = tmp_path / "first.txt"  # one NUL, the file's first byte, before text that decodes
+    first.write_bytes(b"\0" + b"plain text that decodes as UTF-8\n" * 3)
+    with pytest.raises(UsageError, match=r"first.txt: a binary file, not text \(a NUL byte at offset 0\)"):
+        resolve_text_files([str(first)])
+
+
+def test_a_file_ending_inside_a_character_is_refused_by_name(tmp_path):
+    path = tmp_path / "cut.txt"
+    path.write_bytes("text, then a cut euro sign: \u20ac".encode()[:-1])
+    with pytest.raises(UsageError, match=r"cut.txt: ends in the middle of a UTF-8 character"):
+        resolve_text_files([str(path)])
 
 
 def test_an_unreadable_file_is_one_line_naming_it(tmp_path, monkeypatch):
