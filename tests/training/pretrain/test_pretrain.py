@@ -357,7 +357,7 @@ def warm_up_through_the_kernel(monkeypatch, calls: list, backward: list, dtypes:
                           gradients(*args))
             return warm_up.warm_up(trainer, seq_len)
 
-    monkeypatch.setattr(job, "warms_kernel", lambda args: True)
+    monkeypatch.setattr(job, "warms_kernel", lambda args, model: True)
     monkeypatch.setattr(job, "warm_up", through_the_kernel)
 
 
@@ -419,3 +419,14 @@ def test_the_warm_up_shapes_are_what_the_collators_pad_training_batches_to(seq_l
             assert batch["attention_mask"].sum(1).tolist() == [lengths[k % len(lengths)] for k in range(3)]
             assert all(row["input_ids"][0] == tokenizer.cls_token_id and row["input_ids"][-1] == tokenizer.sep_token_id
                        for row in rows)
+
+
+def test_only_a_model_on_the_gpu_warms_up():
+    """On CPU nothing compiles at a first call; with FSDP the model reaches the GPU only when training begins."""
+    from types import SimpleNamespace
+
+    from convattn.training.pretrain.warm_up import warms_kernel
+
+    model = torch.nn.Linear(2, 2)
+    assert not warms_kernel(SimpleNamespace(device=torch.device("cpu")), model)
+    assert not warms_kernel(SimpleNamespace(device=torch.device("cuda")), model)

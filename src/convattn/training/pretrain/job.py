@@ -223,7 +223,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
 
         trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(out / TENSORBOARD))))
 
-    if warms_kernel(args) and not plan.schedule_ended:
+    if warms_kernel(args, trainer.model) and not plan.schedule_ended:
         seconds = warm_up(trainer, seq_len)
         say("pretrain", f"warm-up before the clock: the batch shapes the fused kernel compiles apart, {seconds:.1f} s")
 

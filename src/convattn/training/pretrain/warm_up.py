@@ -19,10 +19,11 @@ import torch
 PAD_MULTIPLE = 8  # the collators pad each batch to a multiple of this many tokens
 
 
-def warms_kernel(args) -> bool:
+def warms_kernel(args, model: torch.nn.Module) -> bool:
     """Whether a run warms up first: on a GPU, where relative terms take the fused kernel by default (on CPU no path
-    compiles at its first call; `torch.compile`'s own tracing is left to the first step, alike for every model)."""
-    return args.device.type == "cuda"
+    compiles at its first call; `torch.compile`'s own tracing is left to the first step, alike for every model),
+    with the model already there (FSDP places it only when training begins)."""
+    return args.device.type == "cuda" and next(model.parameters()).device.type == "cuda"
 
 
 def warm_shapes(seq_len: int, multiple: int = PAD_MULTIPLE) -> list[tuple[int, tuple[int, ...]]]:
