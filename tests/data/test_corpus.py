@@ -97,6 +97,14 @@ def test_a_binary_file_is_refused_by_name(tmp_path):
         resolve_text_files([str(first)])
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_short_utf16_file_without_a_byte_order_mark_is_named_utf16_not_binary(tmp_path, encoding):
+    path = tmp_path / "short.txt"  # 26 bytes: a NUL beside every character, and no BOM to say so
+    path.write_bytes("a short line.\n".encode(encoding))
+    with pytest.raises(UsageError, match=r"short.txt: UTF-16 text, not UTF-8; convert it"):
+        resolve_text_files([str(path)])
+
+
 def test_a_file_ending_inside_a_character_is_refused_by_name(tmp_path):
     path = tmp_path / "cut.txt"
     path.write_bytes("text, then a cut euro sign: \u20ac".encode()[:-1])
