@@ -179,7 +179,8 @@ CALL_LIMIT = 540
 # machine's 16 cores took 4 and 50 s on 2026-11-30 (results/real_scale/call/real_scale-first-call.json):
 WARM_PHASE = "the kernel's warm-up, past tokenizing"  # its processes run beside unpacking and tokenizing
 ESTIMATES = {"unpack": 5, "prepare": 55, WARM_PHASE: 15}
-MODEL_OVERHEAD = 15  # a model's CUDA set-up, build and training-memory measurement (27 s for both on 2026-11-30)
+MODEL_OVERHEAD = 20  # a model's CUDA set-up, build, warm-up and training-memory measurement: 27 s for both on
+# 2026-11-30, before `convattn pretrain` warmed the kernel itself (seconds more, from the warm-up's Triton cache)
 # The training's wall time per second of its budget: the budget's clock (the GPU's own, steps only) leaves out the
 # host's work between steps (the data's masking, the Trainer's callbacks), 11 evaluations of 2,048 examples and 10
 # checkpoints. On 2026-11-30's H200, absolute's 165 s took 277 s of progress bar (composite: 1.47; its steps are
