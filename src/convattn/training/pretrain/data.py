@@ -15,7 +15,8 @@ from convattn.data.corpus import load_corpus
 from convattn.data.formatting import cache_key, cached_format
 from convattn.data.tokenizer import load_tokenizer, tokenizer_fingerprint, trained_tokenizer
 from convattn.training.pretrain.options import PretrainOptions
-from convattn.training.pretrain.warm_up import PAD_MULTIPLE
+
+PAD_MULTIPLE = 8  # the collators pad each batch to a multiple of this many tokens
 
 
 @dataclass

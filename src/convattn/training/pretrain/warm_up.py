@@ -16,7 +16,7 @@ import time
 
 import torch
 
-PAD_MULTIPLE = 8  # the collators pad each batch to a multiple of this many tokens
+from convattn.training.pretrain.data import PAD_MULTIPLE
 
 
 def warms_kernel(args, model: torch.nn.Module) -> bool:
