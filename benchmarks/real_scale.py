@@ -199,17 +199,23 @@ def training_budget(limit: float, spent: float, models: int) -> float:
     return (limit - spent - BRING_BACK - INTERRUPT_GRACE - models * MODEL_OVERHEAD) / models / WALL_PER_BUDGET
 
 
-def plan_lines(limit: float, spent: dict, models: int) -> tuple[float, list[str]]:
+def plan_lines(limit: float, spent: dict, models: int, given: str | None = None) -> tuple[float, list[str]]:
     """The budget per model and the call's plan, phase by phase, from `spent` (phase -> seconds, measured or
-    estimated)."""
-    budget = training_budget(limit, sum(spent.values()), models)
+    estimated); `given` (--budget, a duration) instead of the budget the limit leaves, the total then saying
+    whether it fits."""
+    from convattn.training.pretrain.budget import parse_duration
+
+    budget = parse_duration(given) if given else training_budget(limit, sum(spent.values()), models)
     phases = [*((phase, seconds) for phase, seconds in spent.items()),
               *((f"model {k + 1}: training, {budget:.0f} s budget", budget * WALL_PER_BUDGET) for k in range(models)),
               *((f"model {k + 1}: set-up", MODEL_OVERHEAD) for k in range(models)),
               ("interrupt's grace", INTERRUPT_GRACE), ("bringing the models back", BRING_BACK)]
     lines = [f"  {phase:<45} {seconds:6.0f} s" for phase, seconds in phases]
-    lines.append(f"  {'total (the call allows ' + str(round(limit)) + ' s)':<45} "
-                 f"{sum(seconds for _, seconds in phases):6.0f} s")
+    total = sum(seconds for _, seconds in phases)
+    lines.append(f"  {'total (the call allows ' + str(round(limit)) + ' s)':<45} {total:6.0f} s")
+    if total > limit + 0.5:
+        lines.append(f"  --budget {given} does not fit: the call stops the comparison at its limit, and the next "
+                     "call of the same command continues it")
     return budget, lines
 
 
@@ -442,7 +448,7 @@ def run(args) -> int:
                  "(8 files of 16 MiB: the report, the log, the status and 2 parts per model): give a later call "
                  "the others")
     if args.dry_run:
-        budget, lines = plan_lines(args.limit, ESTIMATES, len(presets))
+        budget, lines = plan_lines(args.limit, ESTIMATES, len(presets), args.budget)
         say(f"the plan (unpacking and tokenizing estimated; a real call measures them first): {budget:.0f} s of "
             "training each")
         print("\n".join(lines))
@@ -458,7 +464,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = call_started()
     models = len(presets)
-    estimate, lines = plan_lines(args.limit, ESTIMATES, models)
+    estimate, lines = plan_lines(args.limit, ESTIMATES, models, args.budget)
     say(f"the plan, before anything runs (unpacking and tokenizing estimated): {estimate:.0f} s of training each")
     print("\n".join(lines), flush=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -507,6 +513,9 @@ def budget_for_call(args, work: Path, spent: dict, models: int) -> str:
     call must keep it, or the comparison refuses its runs); else computed from what unpacking and tokenizing took,
     said with the plan."""
     if args.budget:
+        _, lines = plan_lines(args.limit, spent, models, args.budget)
+        say(f"the plan, measured, with --budget {args.budget} of training each")
+        print("\n".join(lines), flush=True)
         return args.budget
     recorded = work / PLAN_FILE
     if recorded.is_file():
@@ -702,7 +711,7 @@ def main() -> int:
                               "the models back inside --limit)")
     running.add_argument("--presets", default=PRESETS,
                          help="the models, trained one after another for the same time (default: %(default)s; "
-                              "rotary against composite: chang2021-small/composite,chang2021-small/rotary)")
+                              "rotary beside the 2026-11-30 call's two: chang2021-small/rotary --budget 165s)")
     running.add_argument("--dry-run", action="store_true", help="print the plan with estimated phases, run nothing")
     running.add_argument("--eval-samples", type=int, default=2048)
     running.add_argument("--compile", action="store_true", help="torch.compile the models")

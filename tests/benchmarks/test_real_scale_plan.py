@@ -27,7 +27,7 @@ def real_scale():
 
 
 def test_the_dry_run_plan_fits_the_call_with_equal_budgets(real_scale, capsys):
-    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=real_scale.PRESETS)
+    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=real_scale.PRESETS, budget=None)
     assert real_scale.run(args) == 0
     printed = capsys.readouterr().out.splitlines()
     training = [line for line in printed if ": training, " in line]
@@ -40,9 +40,26 @@ def test_the_dry_run_plan_fits_the_call_with_equal_budgets(real_scale, capsys):
 def test_a_third_model_is_refused_before_anything_runs(real_scale):
     """Three models would come back as 9 files, one more than a device call returns: refused in one line."""
     presets = ",".join(f"chang2021-small/{row}" for row in ("absolute", "composite", "rotary"))
-    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=presets)
+    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets=presets, budget=None)
     with pytest.raises(SystemExit, match="names 3 models; a call brings back at most 2"):
         real_scale.run(args)
+
+
+def test_a_given_budget_is_the_plans_and_one_that_does_not_fit_says_so(real_scale, capsys):
+    """A third model at the budget of an earlier call (rotary at 2026-11-30's 165 s): the plan shows that budget,
+    not the one the limit leaves, and says when it overruns the call."""
+    args = argparse.Namespace(dry_run=True, limit=real_scale.CALL_LIMIT, presets="chang2021-small/rotary",
+                              budget="165s")
+    assert real_scale.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "model 1: training, 165 s budget" in printed and "does not fit" not in printed
+    total = next(line for line in printed.splitlines() if "total" in line)
+    planned = (sum(real_scale.ESTIMATES.values()) + 165 * real_scale.WALL_PER_BUDGET + real_scale.MODEL_OVERHEAD
+               + real_scale.INTERRUPT_GRACE + real_scale.BRING_BACK)
+    assert float(total.split()[-2]) == pytest.approx(planned, abs=1)
+    args.presets = "chang2021-small/composite,chang2021-small/rotary"
+    assert real_scale.run(args) == 0
+    assert "--budget 165s does not fit" in capsys.readouterr().out
 
 
 def test_the_budget_shrinks_with_the_measured_tokenizing_time_and_the_total_stays_inside(real_scale):
