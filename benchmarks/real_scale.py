@@ -18,10 +18,11 @@ of at most 16 MiB each (64 MiB in all):
         does; the same command continues it, the training clock included), and writes to --out the report, a
         status, the log and each finished model as <row>.tar.xz.partNN (the run folder without checkpoints, its
         weights in bfloat16, in parts of at most 15 MiB): 7 files. Its last line says "finished" or "run again".
-  glue  here: joins the parts from --models (the device call's files), unpacks each model into .gpu-work/models/
-        with its weights back in float32, and runs `convattn glue` on both (resumable: run it again after a
-        kill), then writes glue.md: each model beside Chang et al.'s row of the same preset (their GLUE dev
-        scores, Table 6, and test GLUE, Table 1), with its eval perplexity, steps, tokens and training time.
+  glue  here: joins the parts from --models (the device call's files; one folder a call), unpacks each model into
+        .gpu-work/models/ with its weights back in float32, and runs `convattn glue` on each (resumable: run it
+        again after a kill), then writes glue.md: every model in --out's glue.json (those of earlier calls kept)
+        beside Chang et al.'s row of the same preset (their GLUE dev scores, Table 6, and test GLUE, Table 1),
+        with its eval perplexity, steps, tokens and training time.
 
     python benchmarks/real_scale.py pack                                     # here (a few minutes)
     bash benchmarks/gpu.sh python3 benchmarks/real_scale.py run --out $OUT   # there: one call, carry [".gpu-kit"]
@@ -605,9 +606,12 @@ def glue(args) -> int:
     data = args.data_dir or (SHARED / "glue_data")
     if not data.is_dir():
         sys.exit(f"real_scale glue: no GLUE data at {data}: give --data-dir")
-    models = join_models(args.models, args.work / "models")
+    models = [model for folder in args.models for model in join_models(folder, args.work / "models")]
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {}
+    # glue.json keeps every model fine-tuned into --out: a later call's model (rotary beside 9.6's two) joins the
+    # table without its predecessors' hours of fine-tuning again; a model given again is run again, in its place
+    kept = args.out / "glue.json"
+    results = json.loads(kept.read_text()) if kept.is_file() else {}
     for model in models:
         command = [sys.executable, "-m", "convattn", "glue", "--model", str(model), "--task", args.tasks,
                    "--data-dir", str(data), "--seeds", str(args.seeds), "--output-dir",
@@ -615,15 +619,16 @@ def glue(args) -> int:
                    *(["--max-steps", str(args.max_steps)] if args.max_steps else [])]
         say("$ " + " ".join(command))
         subprocess.run(command, cwd=ROOT, check=True)
-        results[model.name] = json.loads((args.work / "glue" / model.name / GLUE_RESULTS).read_text())
+        result = json.loads((args.work / "glue" / model.name / GLUE_RESULTS).read_text())
+        results[model.name] = result | {"pretraining": last_evaluation(model)}
     write_json_atomic(args.out / "glue.json", results)
     run = harness.Run("real_scale", stage="glue", tasks=args.tasks, seeds=args.seeds)
-    for model, result in results.items():
-        run.add(model=model, glue=result["glue"], columns=result["columns"])
+    for model in models:
+        run.add(model=model.name, glue=results[model.name]["glue"], columns=results[model.name]["columns"])
     run.save()
     with atomic_path(args.out / "glue.md") as tmp:
-        tmp.write_text(glue_table(results, {model.name: model for model in models}))
-    say(f"GLUE of {len(models)} models in {args.out / 'glue.md'}")
+        tmp.write_text(glue_table(results))
+    say(f"GLUE of {len(models)} models ({len(results)} in the table) in {args.out / 'glue.md'}")
     return 0
 
 
@@ -642,9 +647,9 @@ PAPER_TEST_GLUE = {"none": 68.4, "absolute": 71.1, "fixed": 74.5, "dynamic": 74.
 PAPER_TOKENS = 125_000 * 128 * 128  # token positions of their pretraining, padding included
 
 
-def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
+def glue_table(results: dict) -> str:
     """Each model's GLUE dev scores (glue_results.json's columns, already x 100: mean ± SEM over the fine-tuning
-    seeds) beside Chang et al.'s row of its preset, and its pretraining from the last line of its metrics.jsonl."""
+    seeds) beside Chang et al.'s row of its preset, and its pretraining's last evaluation (its "pretraining")."""
     columns = list(dict.fromkeys(column for result in results.values() for column in result["columns"]))
     lines = ["# The real-scale models beside Chang et al. (2021)", "",
              "`python benchmarks/real_scale.py glue`. GLUE dev x 100, mean ± SEM over fine-tuning seeds (ours: the "
@@ -659,7 +664,7 @@ def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
     for row, result in results.items():
         preset = row.split("--", 1)[-1]
         cells = [*(score(result["columns"].get(column)) for column in columns), score(result["glue"]), "–",
-                 *pretraining_cells((models or {}).get(row))]
+                 *pretraining_cells(result.get("pretraining"))]
         lines.append(f"| {row} | ours | {' | '.join(cells)} |")
         if preset in PAPER_DEV:
             paper = PAPER_DEV[preset]
@@ -672,15 +677,19 @@ def glue_table(results: dict, models: dict[str, Path] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pretraining_cells(model: Path | None) -> list[str]:
-    """Eval perplexity, steps, tokens seen and training time at the last evaluation the model's pretraining logged
-    (its metrics.jsonl), dashes where it logged none."""
-    path = model / "metrics.jsonl" if model is not None else None
-    lines = path.read_text().splitlines() if path is not None and path.is_file() else []
+def last_evaluation(model: Path) -> dict | None:
+    """The last evaluation the model's pretraining logged (its metrics.jsonl), None where it logged none."""
+    path = model / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
     evaluations = [entry for entry in map(json.loads, lines) if "perplexity" in entry]
-    if not evaluations:
+    return evaluations[-1] if evaluations else None
+
+
+def pretraining_cells(last: dict | None) -> list[str]:
+    """Eval perplexity, steps, tokens seen and training time at the pretraining's last evaluation; dashes without
+    one."""
+    if not last:
         return ["–"] * 4
-    last = evaluations[-1]
     tokens = last["tokens_seen"]
     return [f"{last['perplexity']:.1f}", f"{last['step']:,}", f"{tokens / 1e6:.1f}M ({tokens / PAPER_TOKENS:.1%} of "
             "theirs)", f"{last['training_compute_seconds']:.0f} s"]
@@ -722,7 +731,9 @@ def main() -> int:
     warming.add_argument("--tune", action="store_true", help="launch every batch once: the autotuners' picks")
     warming.add_argument("--smoke", action="store_true", help="the tiny model (tests)")
     finetuning = stages.add_parser("glue", help="here: GLUE dev of the models a `run` call brought back")
-    finetuning.add_argument("--models", type=Path, required=True, help="the folder holding the run call's files")
+    finetuning.add_argument("--models", type=Path, action="append", required=True,
+                            help="a folder holding a run call's files (again for another call's: their models join "
+                                 "the models already in --out's glue.json)")
     finetuning.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "real_scale",
                             help="where glue.md and glue.json go")
     finetuning.add_argument("--tasks", default=",".join(GLUE_TASKS))

@@ -173,16 +173,20 @@ def glue_result(scores: dict[str, tuple[float, float]]) -> dict:
     return {"columns": columns, "glue": {"mean": sum(means) / len(means), "sem": 0.25, "n": 3}}
 
 
+EVALUATIONS = [{"step": 500, "perplexity": 90.0, "tokens_seen": 5_000_000, "training_compute_seconds": 60.0},
+               {"step": 1000, "perplexity": 41.25, "tokens_seen": 10_240_000, "training_compute_seconds": 121.4}]
+
+
 def test_the_glue_table_sets_each_model_beside_the_papers_row_of_its_preset(real_scale, tmp_path):
     composite = tmp_path / "chang2021-small--composite"
     composite.mkdir()
-    evaluations = [{"step": 500, "perplexity": 90.0, "tokens_seen": 5_000_000, "training_compute_seconds": 60.0},
-                   {"step": 1000, "perplexity": 41.25, "tokens_seen": 10_240_000, "training_compute_seconds": 121.4}]
-    (composite / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in evaluations) + '\n{"step": 1000}\n')
+    (composite / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in EVALUATIONS) + '\n{"step": 1000}\n')
     results = {"chang2021-small--composite": glue_result({"CoLA": (7.66, 0.77), "MRPC": (70.6, 0.97),
-                                                          "SST": (78.7, 0.1)}),
-               "chang2021-small--rotary": glue_result({"CoLA": (9.0, 1.0), "MRPC": (71.0, 1.0), "SST": (79.0, 0.2)})}
-    table = real_scale.glue_table(results, {"chang2021-small--composite": composite}).splitlines()
+                                                          "SST": (78.7, 0.1)})
+               | {"pretraining": real_scale.last_evaluation(composite)},
+               "chang2021-small--rotary": glue_result({"CoLA": (9.0, 1.0), "MRPC": (71.0, 1.0), "SST": (79.0, 0.2)})
+               | {"pretraining": real_scale.last_evaluation(tmp_path / "none")}}
+    table = real_scale.glue_table(results).splitlines()
     rows = {(line.split(" | ")[0][2:], line.split(" | ")[1]): line for line in table if line.startswith("| chang")}
     assert set(rows) == {("chang2021-small--composite", "ours"), ("chang2021-small--composite", "Chang et al."),
                          ("chang2021-small--rotary", "ours")}  # the paper has no rotary row
@@ -194,6 +198,49 @@ def test_the_glue_table_sets_each_model_beside_the_papers_row_of_its_preset(real
     assert rows["chang2021-small--composite", "Chang et al."].startswith(
         "| chang2021-small--composite | Chang et al. | 40.9 ± 0.7 | 86.2 ± 0.3 | 86.9 ± 0.1 | 71.3 | 75.2 |")
     assert rows["chang2021-small--rotary", "ours"].endswith("| – | – | – | – | – |")  # no metrics.jsonl given
+
+
+def test_a_later_calls_model_joins_the_table_without_fine_tuning_the_earlier_ones_again(real_scale, tmp_path,
+                                                                                       monkeypatch):
+    """glue --models <a call's files>: the models already in --out's glue.json stay in the table with their
+    pretraining; the given ones are fine-tuned (again, if they were there) and added."""
+    fine_tuned = []
+
+    def join_models(folder, models):
+        model = models / f"chang2021-small--{folder.name}"
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "metrics.jsonl").write_text(json.dumps(EVALUATIONS[-1]) + "\n")
+        return [model]
+
+    def convattn_glue(command, cwd, check):
+        model = Path(command[command.index("--model") + 1])
+        output = Path(command[command.index("--output-dir") + 1])
+        output.mkdir(parents=True, exist_ok=True)
+        fine_tuned.append(model.name)
+        scores = {"CoLA": (len(fine_tuned), 1.0), "MRPC": (70.0, 1.0), "SST": (80.0, 0.5)}
+        (output / real_scale.GLUE_RESULTS).write_text(json.dumps(glue_result(scores)))
+
+    monkeypatch.setattr(real_scale, "join_models", join_models)
+    monkeypatch.setattr(real_scale.subprocess, "run", convattn_glue)
+    monkeypatch.setattr(real_scale.harness.Run, "save", lambda self, **row: None)
+    args = argparse.Namespace(data_dir=tmp_path, work=tmp_path / "work", out=tmp_path / "out", tasks="cola,mrpc,sst2",
+                              seeds=3, max_train_samples=20000, max_steps=None,
+                              models=[tmp_path / "absolute", tmp_path / "composite"])
+    assert real_scale.glue(args) == 0
+    args.models = [tmp_path / "rotary"]
+    assert real_scale.glue(args) == 0
+    assert fine_tuned == ["chang2021-small--absolute", "chang2021-small--composite", "chang2021-small--rotary"]
+    results = json.loads((args.out / "glue.json").read_text())
+    assert list(results) == ["chang2021-small--absolute", "chang2021-small--composite", "chang2021-small--rotary"]
+    table = (args.out / "glue.md").read_text()
+    for row, cola in (("absolute", 1), ("composite", 2), ("rotary", 3)):
+        assert f"| chang2021-small--{row} | ours | {cola:.1f} ± 1.0 (n 3) |" in table
+    assert table.count("| 41.2 | 1,000 | 10.2M") == 3  # each model's pretraining, the earlier ones' from glue.json
+    args.models = [tmp_path / "composite"]  # given again: fine-tuned again, its place in the table kept
+    assert real_scale.glue(args) == 0
+    assert fine_tuned[-1] == "chang2021-small--composite"
+    assert list(json.loads((args.out / "glue.json").read_text()))[1] == "chang2021-small--composite"
+    assert "| chang2021-small--composite | ours | 4.0 ± 1.0 (n 3) |" in (args.out / "glue.md").read_text()
 
 
 def test_the_warm_up_reaches_the_kernel_as_the_trainings_and_evaluations_batches_do(real_scale, monkeypatch):
