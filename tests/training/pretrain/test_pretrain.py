@@ -15,6 +15,7 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    DataCollatorWithPadding,
     Trainer,
 )
 
@@ -330,6 +331,76 @@ def test_evaluation_masks_each_example_the_same_in_any_batch():
         assert torch.equal(together["input_ids"][i, :length], alone["input_ids"][0])
         assert (together["labels"][i, length:] == -100).all()
     assert (together["labels"] != -100).any()
+
+
+def rows_of(tokenizer, rng: random.Random, count: int, formatted: bool) -> list[dict]:
+    """Rows as the formatted cache holds them (input ids, token types, special-token masks: no attention mask) or as
+    the tokenizer returns them (with one), of 1 to 22 tokens, some a multiple of the padding's 8."""
+    rows = []
+    for _ in range(count):
+        text = " ".join(rng.choices(WORDS, k=rng.choice([1, 6, 8, 14, 16, 22])))
+        row = tokenizer(text, return_token_type_ids=True, return_special_tokens_mask=formatted,
+                        return_attention_mask=not formatted)
+        rows.append({key: list(value) for key, value in row.items()})
+    return rows
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("formatted", [True, False])
+@pytest.mark.parametrize("count", [1, 5, 16])
+def test_the_collators_padding_is_the_tokenizers_value_for_value(side, formatted, count):
+    """The collators fill arrays where tokenizer.pad builds tensors from nested lists (benchmarks/collate.py); the
+    batch is tokenizer.pad's: every column, its values, dtype and shape, on either padding side."""
+    from convattn.training.pretrain.data import PAD_MULTIPLE, padded
+
+    tokenizer = word_tokenizer()
+    tokenizer.padding_side = side
+    rows = rows_of(tokenizer, random.Random(count), count, formatted)
+    ours = padded(rows, tokenizer)
+    theirs = tokenizer.pad(rows, pad_to_multiple_of=PAD_MULTIPLE, return_tensors="pt")
+    assert ours is not None and set(ours) == set(theirs)
+    for column, values in theirs.items():
+        assert ours[column].dtype == values.dtype and torch.equal(ours[column], values), column
+
+
+def test_rows_the_fast_padding_does_not_know_are_padded_by_transformers():
+    from convattn.training.pretrain.data import padded
+
+    tokenizer = word_tokenizer()
+    rows = rows_of(tokenizer, random.Random(0), 3, formatted=True)
+    assert padded([row | {"offset_mapping": [(0, 0)] * len(row["input_ids"])} for row in rows], tokenizer) is None
+    assert padded([{key: torch.tensor(value) for key, value in row.items()} for row in rows], tokenizer) is None
+    tokenizer.model_input_names = ["input_ids", "token_type_ids"]  # no attention mask: tokenizer.pad makes none
+    assert padded(rows, tokenizer) is None
+
+
+@pytest.mark.parametrize("per_example", [False, True])
+def test_the_masking_collator_masks_as_transformers_collator_does_with_the_same_generator(per_example, monkeypatch):
+    """The masked inputs, labels and every other column are those of DataCollatorForLanguageModeling's own call
+    (tokenizer.pad's padding) with the generator the collator seeds from the rows: the fast padding changes no
+    number a run reports."""
+    from convattn.training.pretrain import data
+
+    tokenizer = word_tokenizer()
+    rows = rows_of(tokenizer, random.Random(1), 40, formatted=True)
+    ours = data.MaskingCollator(tokenizer, 0.3, seed=5, per_example=per_example)(rows)
+    monkeypatch.setattr(data, "padded", lambda features, tokenizer: None)  # transformers' collator pads and masks
+    theirs = data.MaskingCollator(tokenizer, 0.3, seed=5, per_example=per_example)(rows)
+    assert set(ours) == set(theirs) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
+    for column, values in theirs.items():
+        assert ours[column].dtype == values.dtype and torch.equal(ours[column], values), column
+    assert (ours["labels"] != -100).sum() > 20 and (ours["attention_mask"] == 0).any()
+
+
+def test_electras_padding_collator_pads_as_transformers_does():
+    from convattn.training.pretrain.data import PAD_MULTIPLE, padding_collator
+
+    tokenizer = word_tokenizer()
+    rows = rows_of(tokenizer, random.Random(2), 9, formatted=True)
+    ours = padding_collator(tokenizer)(rows)
+    theirs = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=PAD_MULTIPLE)(rows)
+    assert set(ours) == set(theirs) == {"input_ids", "token_type_ids", "special_tokens_mask", "attention_mask"}
+    assert all(torch.equal(ours[column], theirs[column]) for column in theirs)
 
 
 def warm_up_through_the_kernel(monkeypatch, calls: list, backward: list, dtypes: list) -> None:
