@@ -63,7 +63,7 @@ def pinned_tiling(index: int) -> Iterator[None]:
 
 
 class _Warm:
-    """What torch.library.wrap_triton returns inside compile_only: kernel[grid](...) compiles, launches nothing."""
+    """What launch.wrapped returns inside compile_only: kernel[grid](...) compiles, launches nothing."""
 
     def __init__(self, kernel, compiled: list):
         self.kernel, self.compiled = kernel, compiled
@@ -79,17 +79,18 @@ class _Warm:
 
 @contextlib.contextmanager
 def compile_only() -> Iterator[list]:
-    """Inside, the kernel's launches (all through torch.library.wrap_triton) compile and launch nothing; yields the
-    list of (kernel, seconds) compiled so far. The outputs stay as allocated: only their shapes mean anything."""
-    import torch
+    """Inside, the kernel's launches (all through launch.wrapped, eager and traced) compile and launch nothing;
+    yields the list of (kernel, seconds) compiled so far. The outputs stay as allocated: only their shapes mean
+    anything."""
+    from convattn.attention.relative.triton import launch
 
     compiled: list = []
-    original = torch.library.wrap_triton
-    torch.library.wrap_triton = lambda kernel: _Warm(kernel, compiled)
+    original = launch.wrapped
+    launch.wrapped = lambda kernel: _Warm(kernel, compiled)
     try:
         yield compiled
     finally:
-        torch.library.wrap_triton = original
+        launch.wrapped = original
 
 
 @contextlib.contextmanager
@@ -97,17 +98,17 @@ def launches() -> Iterator[list]:
     """Inside, yields a list holding each kernel the package launches (compile_only's warm-ups too): whether a model
     took the kernel is read from what it ran, not from its attn_implementation's name, which on a GPU is SDPA's
     for a model whose relative terms take the kernel by default."""
-    import torch
+    from convattn.attention.relative.triton import launch
 
     launched: list = []
-    original = torch.library.wrap_triton
+    original = launch.wrapped
 
     def counted(kernel):
         launched.append(kernel)
         return original(kernel)
 
-    torch.library.wrap_triton = counted
+    launch.wrapped = counted
     try:
         yield launched
     finally:
-        torch.library.wrap_triton = original
+        launch.wrapped = original

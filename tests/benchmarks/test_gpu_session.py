@@ -566,10 +566,10 @@ def test_a_tiling_is_pinned_for_the_gate_and_the_warm_up_and_a_launch_only_compi
         def warmup(self, *args, grid, **kwargs):
             warmed.append((args, grid, kwargs))
 
-    original = torch.library.wrap_triton
+    original = launch.wrapped
     with kernel_tilings.compile_only() as compiled:
-        torch.library.wrap_triton(Kernel())[(4, 2)](1, 2, BLOCK_M=64)
-    assert torch.library.wrap_triton is original
+        launch.wrapped(Kernel())[(4, 2)](1, 2, BLOCK_M=64)
+    assert launch.wrapped is original
     assert warmed == [((1, 2), (4, 2), {"BLOCK_M": 64})] and compiled[0][0] == "backward_kernel"
 
     monkeypatch.delattr(launch, "AUTOTUNERS")  # a rework that renames what a tiling is pinned through

@@ -252,10 +252,10 @@ def test_the_warm_up_reaches_the_kernel_as_the_trainings_and_evaluations_batches
 
     monkeypatch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})  # as on a GPU: padded batches stay padded
     calls, backward = [], []
-    forward, gradients = operator.attention_forward, operator.attention_backward
-    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(
+    forward, gradients = operator.run_forward, operator.run_backward
+    monkeypatch.setattr(operator, "run_forward", lambda *args: calls.append(
         (args[0].shape[-2], args[5] is not None, args[11] > 0)) or forward(*args))
-    monkeypatch.setattr(operator, "attention_backward", lambda *args: backward.append(args[1].shape[-2]) or gradients(
+    monkeypatch.setattr(operator, "run_backward", lambda *args: backward.append(args[1].shape[-2]) or gradients(
         *args))
     batches = ((16, (16,)), (16, (16, 9)), (12, (12, 5)))
     composite = ["chang2021-small/composite"]
@@ -278,8 +278,8 @@ def test_the_warm_up_reaches_the_kernel_that_a_gpu_takes_by_default_under_sdpas_
     monkeypatch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})
     monkeypatch.setattr(dispatch, "_triton_serves", lambda implementation, device, dtype: True)  # CUDA's default
     calls = []
-    forward = operator.attention_forward
-    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(args[0].shape[-2]) or forward(*args))
+    forward = operator.run_forward
+    monkeypatch.setattr(operator, "run_forward", lambda *args: calls.append(args[0].shape[-2]) or forward(*args))
     presets = ["chang2021-small/absolute", "chang2021-small/composite"]
     assert real_scale.warm_passes(presets, ((16, (16, 9)),), batch_size=2, smoke=True) == presets[1:]
     assert calls == [16, 16]  # composite's training step and evaluation

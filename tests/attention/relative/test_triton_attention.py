@@ -396,8 +396,8 @@ def test_alibi_alone_reaches_the_kernel_as_slopes_without_a_table(packed, monkey
         with dispatch.forced_path("decomposed"):
             assert alibi_sized(run(), lengths, width)
     calls = []
-    forward = operator.attention_forward
-    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(args) or forward(*args))
+    forward = operator.run_forward
+    monkeypatch.setattr(operator, "run_forward", lambda *args: calls.append(args) or forward(*args))
     for name in ("alibi_table", "alibi_bias", "pieces", "forward"):
         monkeypatch.setattr(RelativePositionBias, name, lambda *args, name=name: pytest.fail(f"{name} was called"))
     assert alibi_sized(run(), lengths, width) == []
@@ -813,14 +813,52 @@ def test_the_kernels_are_operators_that_torch_compile_can_trace():
     torch.library.opcheck(operator.attention_backward, (grad_out, *args[:3], out, lse, *args[3:14], *args[15:]))
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_an_eager_call_skips_torch_library_and_computes_the_operators_bits(packed, monkeypatch):
+    """An eager call takes operator._EagerAttention (the kernels launched directly: torch.library's dispatch was
+    250 of the 335 us of host work per forward + backward, benchmarks/triton_host_cost.py); under a dispatch mode,
+    as under torch.compile, the operators. Both give the same output and gradients, bit for bit: composite+key
+    projected, ALiBi, padding or packed sequences, and dropout."""
+    heads, head_dim, lengths = 2, 16, [19, 12]
+    rel = make_relative(ALIBI_TERMS["composite+key+alibi"], "clip", heads, head_dim, reach=3, alibi=True).float()
+    if packed:
+        q, k, v = (x.float()[0].transpose(0, 1)[:sum(lengths)].contiguous().requires_grad_()
+                   for x in operands(1, heads, sum(lengths), head_dim))
+        extra = dict(cu_seqlens=torch.tensor([0, lengths[0], sum(lengths)], dtype=torch.int32, device=DEVICE),
+                     max_seqlen=max(lengths))
+    else:
+        q, k, v = (x.float().requires_grad_() for x in operands(2, heads, max(lengths), head_dim))
+        extra = dict(keep=(torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).to(DEVICE))
+    weights = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+
+    def run():
+        torch.manual_seed(7)
+        out = triton_relative_attention(q, k, v, **dispatch.kernel_inputs(rel, q, k), dropout_p=0.2, **extra)
+        return [out, *torch.autograd.grad((out * weights).sum(), [q, k, v, *rel.parameters()])]
+
+    operators = {name: getattr(operator, name) for name in ("relative_tables", "attention_forward",
+                                                             "attention_backward")}
+    with monkeypatch.context() as patch:
+        for name in operators:
+            patch.setattr(operator, name, lambda *args, name=name: pytest.fail(f"an eager call reached {name}"))
+        eager = run()
+    with Dispatched() as dispatched:
+        through_operators = run()
+    assert {"triton_relative_tables", "triton_relative_attention",
+            "triton_relative_attention_backward"} <= set(dispatched.names)
+    assert eager[0].abs().sum() > 0 and all(grad.abs().sum() > 0 for grad in eager[1:])
+    for ours, theirs in zip(eager, through_operators, strict=True):
+        assert torch.equal(ours, theirs)
+
+
 @pytest.mark.slow
 def test_the_seed_is_drawn_on_the_operands_device_and_saved_for_backward(monkeypatch):
-    """One front door: triton_relative_attention calls the forward operator, its seed a tensor drawn from torch's
+    """One front door: triton_relative_attention calls the forward runner, its seed a tensor drawn from torch's
     generator on the operands' device (on a GPU a CUDA tensor, never one drawn on the CPU per call), and none without
     dropout. The same generator state gives the same output and gradients, bit for bit."""
     seeds = []
-    forward = operator.attention_forward
-    monkeypatch.setattr(operator, "attention_forward", lambda *args: seeds.append(args[7]) or forward(*args))
+    forward = operator.run_forward
+    monkeypatch.setattr(operator, "run_forward", lambda *args: seeds.append(args[7]) or forward(*args))
     batch, heads, n, head_dim = 2, 2, 23, 16
     q, k, v = (x.float().requires_grad_() for x in operands(batch, heads, n, head_dim))
     rel = make_relative(TERMS["composite+key"], "clip", heads, head_dim, reach=3)

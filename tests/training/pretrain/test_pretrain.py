@@ -412,7 +412,7 @@ def warm_up_through_the_kernel(monkeypatch, calls: list, backward: list, dtypes:
     from convattn.attention.relative.triton import operator
     from convattn.training.pretrain import job, warm_up
 
-    forward, gradients = operator.attention_forward, operator.attention_backward
+    forward, gradients = operator.run_forward, operator.run_backward
 
     def recorded(*args):
         calls.append((args[0].shape[-2], args[5] is not None, args[11] > 0))
@@ -423,8 +423,8 @@ def warm_up_through_the_kernel(monkeypatch, calls: list, backward: list, dtypes:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(padding_free, "UNPAD_BELOW_REAL_FRACTION", {})
             patch.setattr(dispatch, "_triton_serves", lambda implementation, device, dtype: True)
-            patch.setattr(operator, "attention_forward", recorded)
-            patch.setattr(operator, "attention_backward", lambda *args: backward.append(args[1].shape[-2]) or
+            patch.setattr(operator, "run_forward", recorded)
+            patch.setattr(operator, "run_backward", lambda *args: backward.append(args[1].shape[-2]) or
                           gradients(*args))
             return warm_up.warm_up(trainer, seq_len)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -307,12 +309,32 @@ def multiprocessors(device: torch.device) -> int:
 # launches
 
 
+_direct = threading.local()
+
+
+@contextmanager
+def direct_launches():
+    """Within it, this thread's launches call the kernels as they are: the eager path (operator._EagerAttention),
+    where nothing traces them, as a triton_op's own eager call does."""
+    before = getattr(_direct, "on", False)
+    _direct.on = True
+    try:
+        yield
+    finally:
+        _direct.on = before
+
+
+def wrapped(kernel):
+    """The kernel as it is inside direct_launches(), else through torch.library.wrap_triton: a call torch.compile's
+    tracing sees (and inductor launches itself); a triton_op's eager call, and the interpreter, get the kernel."""
+    return kernel if getattr(_direct, "on", False) else torch.library.wrap_triton(kernel)
+
+
 def launch(kernel: str, problem: Problem, grid, arguments: list, **constants) -> None:
-    """One launch of an autotuned kernel, through torch.library.wrap_triton: a call torch.compile's tracing sees
-    (and inductor launches itself); in eager mode, and under the interpreter, the kernel is called as it is.
-    `constants`: the kernel's own constexprs beside the shared `keywords`."""
+    """One launch of an autotuned kernel (`wrapped`). `constants`: the kernel's own constexprs beside the shared
+    `keywords`."""
     tuned = autotuned(kernel, problem.head_dim, arguments[0].dtype)
-    torch.library.wrap_triton(tuned)[grid](*arguments, **problem.keywords, **constants)
+    wrapped(tuned)[grid](*arguments, **problem.keywords, **constants)
 
 
 def run_tables(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor | None, key_kernel: Tensor | None,
@@ -323,7 +345,7 @@ def run_tables(q: Tensor, k: Tensor, fixed: Tensor | None, query_kernel: Tensor 
     fixed (h, 2r + 1) contiguous."""
     row, key = projected_tables(q, k, query_kernel, key_kernel)
     grid, arguments, constants = tables_arguments(q, k, fixed, query_kernel, key_kernel, row, key, table_scale)
-    torch.library.wrap_triton(kernels.tables_kernel)[grid](*arguments, **constants, num_warps=4)
+    wrapped(kernels.tables_kernel)[grid](*arguments, **constants, num_warps=4)
     return row, key
 
 
@@ -395,13 +417,11 @@ def run_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     grad_row, grad_key = (table_gradient(table, q, problem.varlen) for table in (row_table, key_table))
     grad_row_or_none = grad_row if row_table is not None else None
     arguments, constants = problem.preprocess_arguments(grad_out, out, delta, dq_acc, da_acc)
-    torch.library.wrap_triton(kernels.backward_preprocess)[problem.rows_grid()](*arguments, **constants,
-                                                                                num_warps=4)
+    wrapped(kernels.backward_preprocess)[problem.rows_grid()](*arguments, **constants, num_warps=4)
     launch("backward", problem, problem.grid("BLOCK_N") if atomic else (splits, problem.batch * problem.heads),
            problem.backward_arguments(q, k, v, grad_out, lse, delta, grad_k, grad_v, grad_row_or_none,
                                       grad_key if key_table is not None else None, dq_acc, da_acc, splits),
            **problem.backward_constants(atomic))
     arguments, constants = problem.query_arguments(dq_acc, da_acc, grad_q, grad_row_or_none)
-    torch.library.wrap_triton(kernels.query_gradient_kernel)[problem.rows_grid()](*arguments, **constants,
-                                                                                  num_warps=4)
+    wrapped(kernels.query_gradient_kernel)[problem.rows_grid()](*arguments, **constants, num_warps=4)
     return grad_q, grad_k, grad_v, grad_row, grad_key

@@ -1,10 +1,15 @@
-"""The fused kernel as one pair of torch operators, forward and backward, with one autograd registration: what eager
-code calls and what torch.compile sees. Its public entry is `triton_relative_attention`.
+"""The fused kernel as one pair of torch operators, forward and backward, with one autograd registration: what
+torch.compile, torch.export and any dispatch mode see; and, for eager calls, one torch.autograd.Function over the
+same runners and the same gradient code. Its public entry is `triton_relative_attention`.
 
 On a GPU the operators are torch.library.triton_op, whose kernels (launched through wrap_triton) torch.compile's
 graphs hold as kernels, for inductor to launch. Under Triton's interpreter wrap_triton hands back the kernel itself,
 which neither fake tensors nor the functional tracing behind torch.compile can run: there the same functions are
 opaque torch.library.custom_op operators. Both have the fake implementations below.
+
+An eager call takes the Function (`_EagerAttention`), which launches the kernels itself: torch.library's dispatch,
+argument filling and autograd wrapper cost the host 250 of the 335 us of a forward + backward's work around the
+launches, and on a GPU a small model's step waits on its host (`python benchmarks/triton_host_cost.py`).
 
 Dropout's seed is drawn per call from torch's generator of the operands' device (a CUDA tensor on a GPU: a CUDA
 graph's replay draws a new one, and a recorded generator state draws the same), read by the kernels from memory,
@@ -15,8 +20,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from convattn.attention.core import is_tracing
 from convattn.attention.relative.triton.launch import (
+    direct_launches,
     interpreting,
     memory_order,
     projected_tables,
@@ -75,8 +83,13 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                        key_kernel: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d row table, d key table), a table's per (sequence, head, position): launch.run_backward. With
     query_kernel (key_kernel), dq (dk) holds the projected table's share."""
-    return run_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen,
-                        reach, clip, dropout_p, scale, alibi_slopes, query_kernel, key_kernel, table_scale(q))
+    return _backward(grad_out, q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, max_seqlen, reach,
+                     clip, dropout_p, scale, alibi_slopes, query_kernel, key_kernel)
+
+
+def _backward(*args: object) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """attention_backward's computation, the operator's and the eager Function's."""
+    return run_backward(*args, table_scale(args[1]))
 
 
 @attention_backward.register_fake
@@ -97,14 +110,15 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _differentiate(ctx, grad_out, grad_lse):
+def _differentiate(ctx, grad_out, grad_lse, backward=None):
+    """The operator's gradients (and the eager Function's: `backward`, the runner launching directly)."""
     if grad_out is None:  # only the log-sum-exp was used
         return (None,) * 17
     (q, k, v, out, lse, row_table, key_table, keep, cu_seqlens, seed, alibi_slopes, fixed, query_kernel,
      key_kernel) = ctx.saved_tensors
-    dq, dk, dv, grad_row, grad_key = attention_backward(grad_out, q, k, v, out, lse, row_table, key_table, keep,
-                                                        cu_seqlens, seed, *ctx.options, alibi_slopes, query_kernel,
-                                                        key_kernel)
+    dq, dk, dv, grad_row, grad_key = (backward or attention_backward)(grad_out, q, k, v, out, lse, row_table,
+                                                                      key_table, keep, cu_seqlens, seed, *ctx.options,
+                                                                      alibi_slopes, query_kernel, key_kernel)
     # a projected table's share of dq and dk is in them already; what is left is its parameters' gradients
     grad_row, grad_fixed, grad_query_kernel = _projected(grad_row, q, fixed, query_kernel)
     grad_key, _, grad_key_kernel = _projected(grad_key, k, None, key_kernel)
@@ -139,6 +153,34 @@ def _projected(grad_table: Tensor, x: Tensor, fixed: Tensor | None,
 
 
 attention_forward.register_autograd(_differentiate, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """attention_forward and its gradient for eager calls: the same runners, context and gradient code, without
+    torch.library's dispatch (the module's docstring); the kernels launched as they are (launch.direct_launches)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        with direct_launches():
+            output = run_forward(*inputs[:14])
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _differentiate(ctx, grad_out, grad_lse, backward=_direct_backward)
+
+
+def _direct_backward(*args):
+    with direct_launches():
+        return _backward(*args)
+
+
+def _eager(q: Tensor) -> bool:
+    """Whether a call takes _EagerAttention: plain tensors, nothing tracing or intercepting torch's operators (the
+    operators are what torch.compile, torch.export, fake tensors and dispatch modes handle)."""
+    return type(q) is Tensor and not is_tracing() and _get_current_dispatch_mode() is None
 
 
 def _shapes(*tables: Tensor | None) -> list:
@@ -203,18 +245,24 @@ def triton_relative_attention(q: Tensor, k: Tensor, v: Tensor, row_table: Tensor
         # bitcast: the CUDA-graph tests failed on it in the 2026-11-30 GPU call
         bitcast = keep.dtype == torch.bool and not torch.compiler.is_compiling()
         keep = keep.view(torch.uint8) if bitcast else keep.to(torch.uint8)
+    eager = _eager(q)
     if projections:
         fixed, query_kernel, key_kernel = (None if t is None else t.contiguous()
                                            for t in (fixed, query_kernel, key_kernel))
-        # computed, not differentiated: the attention operators' backward differentiates them
-        built_row, built_key = relative_tables(q.detach(), k.detach(), *(None if t is None else t.detach()
-                                                                        for t in (fixed, query_kernel, key_kernel)))
+        # computed, not differentiated: the attention's backward differentiates them
+        operands = (q.detach(), k.detach(), *(None if t is None else t.detach()
+                                               for t in (fixed, query_kernel, key_kernel)))
+        if eager:
+            with direct_launches():
+                built_row, built_key = run_tables(*operands, table_scale(q))
+        else:
+            built_row, built_key = relative_tables(*operands)
         row_table = built_row if query_kernel is not None else row_table
         key_table = built_key if key_kernel is not None else key_table
     seed = torch.randint(0, 2**30, (), device=q.device) if dropout_p > 0 else None
-    return attention_forward(q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip,
-                             dropout_p, q.shape[-1] ** -0.5 if scale is None else scale, alibi_slopes, fixed,
-                             query_kernel, key_kernel)[0]
+    inputs = (q, k, v, row_table, key_table, keep, cu_seqlens, seed, max_seqlen or 0, reach, clip, dropout_p,
+              q.shape[-1] ** -0.5 if scale is None else scale, alibi_slopes, fixed, query_kernel, key_kernel)
+    return (_EagerAttention.apply(*inputs) if eager else attention_forward(*inputs))[0]
 
 
 def _check_projections(q: Tensor, row_table: Tensor | None, key_table: Tensor | None, fixed: Tensor | None,
