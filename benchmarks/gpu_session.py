@@ -25,7 +25,8 @@ a row. The call's plan (each stage's budget and rows, in order) is printed befor
   tests    the packages the call relies on, imported, their versions (the kit's wheels among them); then the
            kernel's tests a GPU runs (cuda_selection.py reads them from their marks), the bars' first, every one
            (no -x), each failure with its message
-  host     the host's time per call (no profiler) and per launch, every arm at 32 x 4 x 512
+  host     the host's time per call (no profiler) and per launch, every arm at 32 x 4 x 512; composite's and
+           composite+key's also through torch.library's operators (the eager path before 2026-12-01)
   flex     with the time left: FlexAttention without a score_mod (PyTorch's own Triton kernels, compiled) at
            8 x 4 x 2,048 beside SDPA flash and the plain kernel: the Triton floor on that GPU
   summary  the gate, every bar with its verdict (pass / fail, "unverified" where the gate did not pass) on the
@@ -97,7 +98,10 @@ REHEARSAL_BUDGETS = {"gate": 240, "kernels": 400, "train": 600, "tests": 400, "h
 SLACK = 10
 RESTART = 75  # a stage's exit status after an arm broke the CUDA context
 RESTARTS = 3  # at most this many times a stage starts again after its process died (a crash in an arm)
-SPEC = ("tests", "gate", "batch", "heads", "n", "mode", "arm", "design")  # the fields that name a row
+SPEC = ("tests", "gate", "batch", "heads", "n", "mode", "arm", "design", "path")  # the fields that name a row
+# the host stage's kernel arms also timed through torch.library's operators, the eager path before 2026-12-01
+# (operator._EagerAttention): what skipping them gives a GPU's host, from one process
+OPERATOR_ARMS = ("+row table", "composite+key")
 DROPOUT = 0.1
 
 
@@ -257,8 +261,10 @@ def kernel_rows(plan: Plan) -> list[dict]:
 
 
 def host_rows(plan: Plan) -> list[dict]:
-    return [shape_row(shape, arm, plan.designs[0] if ARMS[arm].kind == "kernel" else None)
+    rows = [shape_row(shape, arm, plan.designs[0] if ARMS[arm].kind == "kernel" else None)
             for shape in plan.host_shapes for arm in ARMS if ARMS[arm].kind != "flex"]
+    return rows + [shape_row(shape, arm, plan.designs[0]) | {"path": "operators"} for shape in plan.host_shapes
+                   for arm in OPERATOR_ARMS]
 
 
 def train_rows(plan: Plan) -> list[dict]:
@@ -415,13 +421,27 @@ def attention_step(row: dict, plan: Plan):
 
     def step():
         with (dispatch.forced_path("triton") if arm.terms else contextlib.nullcontext(),
-              select() if select is not None else contextlib.nullcontext()):
+              select() if select is not None else contextlib.nullcontext(),
+              through_operators() if row.get("path") == "operators" else contextlib.nullcontext()):
             # tables_from: the tables built from q and k by torch and given to the kernel (dispatch.kernel_inputs)
             out, _ = dispatch.relative_attention(q, k, v, relative, token_mask, dropout_p=arm.dropout,
                                                  attn_implementation=implementation,
                                                  tables_from=(q, k) if arm.given_tables else None)
         out.backward(grad)
     return kernel_only(step), [q, k, v, *(relative.parameters() if relative is not None else ())]
+
+
+@contextlib.contextmanager
+def through_operators():
+    """Inside, the kernel's eager calls go through torch.library's operators, as torch.compile's do."""
+    from convattn.attention.relative.triton import operator
+
+    eager = operator._eager
+    operator._eager = lambda q: False
+    try:
+        yield
+    finally:
+        operator._eager = eager
 
 
 def stepper(step, tensors):
@@ -1114,7 +1134,8 @@ def host_table(rows: list[dict]) -> list[str]:
         bound = "-"
         if row.get("device_ms") is not None and row.get("host_ms") is not None:
             bound = "launch-bound" if row["host_ms"] > row["device_ms"] else "device-bound"
-        lines.append(f"| {shape_name(row)} | {row['arm']} | {why(row) or cell(row, 'host_ms', 3)} | "
+        arm = row["arm"] + (", through the operators" if row.get("path") == "operators" else "")
+        lines.append(f"| {shape_name(row)} | {arm} | {why(row) or cell(row, 'host_ms', 3)} | "
                      f"{cell(row, 'launches', 0)} | "
                      f"{cell(row, 'host_us_per_launch', 1)} | {cell(row, 'wall_ms', 3)} | "
                      f"{cell(row, 'device_ms', 3)} | {bound} |")

@@ -316,7 +316,9 @@ def test_the_warm_up_compiles_every_tiling_of_every_timed_kernel_row_the_gates_f
     warmed = {gpu_session.key(row) for row, _ in units}
     kernel_rows = [row for stage in ("kernels", "host", "flex") for row in gpu_session.STAGES[stage][0](plan)
                    if gpu_session.ARMS[row["arm"]].kind == "kernel"]
-    assert kernel_rows and all(gpu_session.key(row) in warmed for row in kernel_rows)
+    # a row timed through torch.library's operators (host stage) launches the same kernels as its eager row
+    assert kernel_rows and all(gpu_session.key(row | {"path": None}) in warmed for row in kernel_rows)
+    assert any(row.get("path") == "operators" for row in kernel_rows)
     assert all(gpu_session.key(gpu_session.shape_row(shape, "+row table", "split")) in warmed
                for shape in ((2, 4, 128), (2, 4, 120)))  # the training step's attention, eager
     assert len(warmed) * 4 == len(units)
@@ -585,3 +587,22 @@ def test_every_test_the_bars_put_first_exists(gpu_session):
     defined = "".join(path.read_text() for path in tests.glob("test_triton*.py"))
     for name in cuda_selection.BARS_FIRST:
         assert (tests / name).is_file() if name.endswith(".py") else f"def {name}(" in defined, name
+
+
+def test_the_host_stages_operator_rows_go_through_torch_library_and_the_others_do_not(gpu_session, monkeypatch):
+    """The host stage times composite's and composite+key's eager call beside the same call through torch.library's
+    operators (the eager path before 2026-12-01), from one process."""
+    import torch
+
+    from convattn.attention.relative.triton import operator
+
+    calls = []
+    forward = operator.attention_forward
+    monkeypatch.setattr(operator, "attention_forward", lambda *args: calls.append(args[0].shape) or forward(*args))
+    rows = [row for row in gpu_session.host_rows(gpu_session.REHEARSAL) if row["arm"] == "+row table"]
+    assert [row.get("path") for row in rows] == [None, "operators"]
+    for row in rows:
+        step, _ = gpu_session.attention_step(row, gpu_session.REHEARSAL)
+        step()
+        assert len(calls) == (row.get("path") == "operators")
+    assert operator._eager(torch.ones(1))  # restored
