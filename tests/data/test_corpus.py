@@ -54,6 +54,15 @@ def test_bad_files_name_the_file_and_the_fix(tmp_path, make, needle):
     assert "\n" not in str(err.value)
 
 
+def test_a_glob_takes_the_files_it_matches_not_directories(tmp_path):
+    top = write(tmp_path / "g" / "top.txt", "a line\n")
+    write(tmp_path / "g" / "inner" / "deep.txt", "another line\n")
+    assert resolve_text_files([str(tmp_path / "g" / "*")]) == [top]
+    assert resolve_text_files([str(tmp_path / "g" / "**" / "*.txt")]) == [tmp_path / "g" / "inner" / "deep.txt", top]
+    with pytest.raises(UsageError, match=r"in\*: the pattern matches no files$"):
+        resolve_text_files([str(tmp_path / "g" / "in*")])
+
+
 def test_local_corpus_holds_out_the_tail_without_eval_file(tmp_path):
     write(tmp_path / "t.txt", "".join(f"line {i}\n\n" for i in range(300)))
     corpus = load_corpus(None, None, [str(tmp_path / "t.txt")], [], tmp_path / "cache")
@@ -62,6 +71,17 @@ def test_local_corpus_holds_out_the_tail_without_eval_file(tmp_path):
                             allow_eval_overlap=True)
     assert len(with_eval.train) == len(with_eval.eval) == 300 and with_eval.identity != corpus.identity
     assert with_eval.eval_overlap.startswith("eval text is training text")
+    # the same file is said as such, not as lines that happen to repeat
+    assert "the same file" in with_eval.eval_overlap
+    assert with_eval.notes == [f"eval: {with_eval.eval_overlap}, as --allow-eval-overlap allows"]
+
+
+def test_the_corpus_identity_follows_how_long_rows_are_cut(tmp_path, monkeypatch):
+    """The cache key changes with MAX_ROW_CHARS: rows cut elsewhere are other rows, never a stale cache's."""
+    write(tmp_path / "t.txt", "".join(f"line {i}\n" for i in range(300)))
+    before = load_corpus(None, None, [str(tmp_path / "t.txt")], [], tmp_path / "cache").identity
+    monkeypatch.setattr(corpus, "MAX_ROW_CHARS", 5)
+    assert load_corpus(None, None, [str(tmp_path / "t.txt")], [], tmp_path / "cache").identity != before
 
 
 def test_unreachable_hub_dataset_is_one_line_pointing_at_local_files(tmp_path):
@@ -71,9 +91,110 @@ def test_unreachable_hub_dataset_is_one_line_pointing_at_local_files(tmp_path):
     assert "`train_file`" in message and "Salesforce/wikitext" in message and "\n" not in message
 
 
+def hub(monkeypatch, **splits: list[str]) -> list:
+    """`load_hub_dataset` answering with these splits of a "text" column (what --dataset NAME loads); the calls
+    it got, in the list returned."""
+    calls = []
+
+    def load(name, config, cache_dir):
+        calls.append((name, config))
+        return datasets.DatasetDict({split: datasets.Dataset.from_dict({"text": rows, "id": list(range(len(rows)))})
+                                     for split, rows in splits.items()})
+    monkeypatch.setattr(corpus, "load_hub_dataset", load)
+    return calls
+
+
+def test_a_hub_datasets_rows_are_bounded_and_blank_ones_dropped_its_validation_split_the_eval(tmp_path, monkeypatch):
+    """A hub dataset's "text" rows (wikitext's blank lines included) as rows of at most MAX_ROW_CHARS characters,
+    cut at whitespace, blank ones dropped; the eval its "validation" split, before "valid" and "test"."""
+    monkeypatch.setattr(corpus, "MAX_ROW_CHARS", 12)
+    calls = hub(monkeypatch, train=["", " = Title = ", "alpha beta gamma delta", "   ", "last"],
+                test=["test row"], validation=["", "valid row", " "], valid=["other row"])
+    data = load_corpus("some/wikitext", "raw", [], [], tmp_path / "cache")
+    assert calls == [("some/wikitext", "raw")]
+    assert data.train["text"] == [" = Title = ", "alpha beta", "gamma delta", "last"]
+    assert data.eval["text"] == ["valid row"] and data.train.column_names == ["text"]
+    assert data.description == "some/wikitext (raw) from the hub" and data.eval_overlap is None
+    assert data.identity.startswith("hub[some/wikitext:raw:") and data.identity.endswith(":validation]")
+    hub(monkeypatch, train=["", " = Title = ", "alpha beta gamma delta", "   ", "last", "one more"],
+        validation=["valid row"])
+    assert load_corpus("some/wikitext", "raw", [], [], tmp_path / "cache").identity != data.identity
+
+
+def test_a_hub_dataset_without_an_eval_split_holds_out_its_last_rows_or_takes_eval_files(tmp_path, monkeypatch):
+    hub(monkeypatch, train=[f"row {i}" for i in range(300)], test=["test row"])
+    assert load_corpus("d", None, [], [], tmp_path / "cache").eval["text"] == ["test row"]
+    hub(monkeypatch, train=[f"row {i}" for i in range(300)])
+    held = load_corpus("d", None, [], [], tmp_path / "cache")
+    assert held.train["text"] == [f"row {i}" for i in range(297)]
+    assert held.eval["text"] == ["row 297", "row 298", "row 299"] and held.identity.endswith(":None]")
+    given = load_corpus("d", None, [], [str(write(tmp_path / "eval.txt", "an eval line\n"))], tmp_path / "cache")
+    assert len(given.train) == 300 and given.eval["text"] == ["an eval line"] and given.identity != held.identity
+    with pytest.raises(UsageError, match="eval text is training text"):
+        load_corpus("d", None, [], [str(write(tmp_path / "same.txt", "row 5\n"))], tmp_path / "cache")
+
+
+def test_a_corpus_of_one_line_without_eval_text_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Holding out from one line would leave nothing to train on: refused, naming --eval-file (two lines: one each)."""
+    write(tmp_path / "one.txt", "the only line\n\n")
+    with pytest.raises(UsageError, match=r"^the corpus has fewer than 2 lines of text; give more text or an "
+                                         r"`eval_file`$"):
+        load_corpus(None, None, [str(tmp_path / "one.txt")], [], tmp_path / "cache")
+    hub(monkeypatch, train=["", "the only row"])
+    with pytest.raises(UsageError, match="fewer than 2 lines"):
+        load_corpus("d", None, [], [], tmp_path / "cache")
+    write(tmp_path / "two.txt", "first line\nsecond line\n")
+    two = load_corpus(None, None, [str(tmp_path / "two.txt")], [], tmp_path / "cache")
+    assert two.train["text"] == ["first line"] and two.eval["text"] == ["second line"]
+
+
+def test_a_hub_dataset_without_a_train_split_or_text_column_is_one_line(tmp_path, monkeypatch):
+    hub(monkeypatch, validation=["a row"])
+    with pytest.raises(UsageError, match=r"^dataset 'd' has no 'train' split \(it has validation\)$"):
+        load_corpus("d", None, [], [], tmp_path / "cache")
+    monkeypatch.setattr(corpus, "load_hub_dataset", lambda name, config, cache_dir: datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"sentence": ["a row"]})}))
+    with pytest.raises(UsageError, match=r"^dataset 'd' has no 'text' column \(it has sentence\)$"):
+        load_corpus("d", None, [], [], tmp_path / "cache")
+
+
 def test_dataset_and_train_file_are_exclusive(tmp_path):
     with pytest.raises(UsageError, match="either `dataset` or `train_file`"):
         load_corpus("x", None, ["y"], [], tmp_path)
+
+
+def test_the_embedded_corpus_keeps_prose_paragraphs_of_eight_words_or_more():
+    """What a docstring gives the embedded default: its paragraphs of prose, each on one line; not short ones
+    (signatures, headings), code, lists, rules, or text mostly of digits and symbols."""
+    docstring = "\n\n".join([
+        "one two three four five six seven",
+        "one two three four five six seven eight",
+        "a paragraph that goes on\n    over two indented lines of text",
+        ">>> print('an example of code that has eight words')",
+        ".. note:: a directive of reStructuredText with eight words",
+        "- an item of a list that has eight words",
+        "== a rule of equals signs with eight words here",
+        "x = f(1, 2) + g(3, 4) * h(5, 6) / k(7, 8)",
+    ])
+    assert list(corpus._paragraphs(docstring)) == ["one two three four five six seven eight",
+                                                   "a paragraph that goes on over two indented lines of text"]
+
+
+def test_the_embedded_corpus_writes_a_paragraph_once_whatever_its_case(tmp_path, monkeypatch):
+    """A paragraph many modules repeat (a license line, "Return a new array...") trains once, its first time;
+    sources go wholly to train or to eval."""
+    sources = [(f"pkg:module{i}.py", [f"Shared paragraph of the docs, eight words long {i % 2}".upper()
+                                      if i % 3 else f"shared paragraph of the docs, eight words long {i % 2}",
+                                      f"a paragraph of module number {i} alone, eight words"]) for i in range(40)]
+    monkeypatch.setattr(corpus, "_documentation_sources", lambda: ((name, iter(rows)) for name, rows in sources))
+    train, evaluation = corpus.build_embedded_text(tmp_path)
+    lines = train.read_text().splitlines() + evaluation.read_text().splitlines()
+    assert sorted(line.lower() for line in lines if "shared" in line.lower()) == [
+        f"shared paragraph of the docs, eight words long {k}" for k in (0, 1)]
+    assert len([line for line in lines if "alone" in line]) == 40 and evaluation.read_text() and train.read_text()
+    for name, rows in sources:
+        alone = rows[1] + "\n"
+        assert (alone in train.read_text()) != (alone in evaluation.read_text()), name
 
 
 @pytest.mark.slow
@@ -150,6 +271,17 @@ def test_long_text_is_cut_at_whitespace_into_bounded_pieces(limit):
     assert all(len(piece) <= limit for piece in pieces)
     assert " ".join(pieces).split() == text.split() or limit < 30  # a word longer than the limit is cut
     assert "".join("".join(pieces).split()) == "".join(text.split())
+
+
+@pytest.mark.parametrize(("text", "limit", "pieces"), [
+    ("aaa bbb", 7, ["aaa bbb"]),  # exactly the limit: one piece
+    ("aaaaaa bbbbbcc", 6, ["aaaaaa", " bbbbb", "cc"]),  # a window whose one whitespace leads it is a piece whole
+    ("alpha beta gamma", 11, ["alpha beta", "gamma"]),  # cut at the window's last whitespace, which is dropped
+    ("alpha beta gamma", 8, ["alpha", "beta", "gamma"]),
+])
+def test_the_pieces_of_a_text_are_exactly_these(text, limit, pieces):
+    """Where a row is cut decides its tokens, and so every number a run on the corpus reports: pinned."""
+    assert list(bounded_pieces(text, limit)) == pieces
 
 
 def test_an_over_long_line_is_read_in_bounded_rows(tmp_path, monkeypatch):
@@ -235,6 +367,16 @@ def test_a_few_shared_eval_lines_are_counted_not_refused(tmp_path):
     assert corpus.eval_overlap is None
     assert corpus.notes == ["eval: 1 of the 10 eval lines (10%) are also in the training text (repeated lines such "
                             "as headings); the eval perplexity includes them"]
+
+
+def test_eval_text_half_training_lines_is_counted_and_more_than_half_refused(tmp_path):
+    train = write(tmp_path / "train.txt", "".join(f"train line {i}\n" for i in range(20)))
+    half = write(tmp_path / "half.txt", "train line 1\ntrain line 2\neval line 1\neval line 2\n")
+    corpus = load_corpus(None, None, [str(train)], [str(half)], tmp_path / "cache")
+    assert corpus.eval_overlap is None and corpus.notes[0].startswith("eval: 2 of the 4 eval lines (50%)")
+    more = write(tmp_path / "more.txt", "train line 1\ntrain line 2\ntrain line 3\neval line 1\n")
+    with pytest.raises(UsageError, match="3 of the 4 eval lines"):
+        load_corpus(None, None, [str(train)], [str(more)], tmp_path / "cache")
 
 
 def test_shared_eval_lines_are_counted_each_time_they_occur(tmp_path):
