@@ -53,3 +53,28 @@ def test_a_constant_sts_prediction_scores_0_and_is_warned_never_nan():
     assert "predicts 2.500 for every one of the 3 dev examples" in constant_prediction_warning(stsb, "dev", constant)
     assert constant_prediction_warning(stsb, "dev", np.array([2.5, 3.0])) is None
     assert constant_prediction_warning(get_task("sst2"), "dev", np.array([1, 1])) is None
+    # constant gold scores (a small dev subset of one score) are as undefined: 0, never NaN
+    assert score_predictions(stsb, np.array([1.0, 2.0, 4.0]), np.array([3.0, 3.0, 3.0])) == {"pearson": 0.0,
+                                                                                          "spearman": 0.0}
+
+
+def test_no_dev_predictions_warn_of_nothing():
+    """No dev examples (a split filtered to nothing) gives no warning, rather than failing while writing one."""
+    from convattn.training.glue.metrics import constant_prediction_warning
+
+    empty = np.array([])
+    assert one_class_warning(get_task("sst2"), "dev", empty.astype(int)) is None
+    assert constant_prediction_warning(get_task("stsb"), "dev", empty) is None
+
+
+def test_a_partial_glue_score_is_starred_and_said(tmp_path):
+    """A GLUE mean over fewer columns than GLUE's is no GLUE score: its cell is starred and the table says of which
+    columns it is the mean."""
+    write_run(tmp_path, "sst2", 0, [])
+    write_run(tmp_path, "sst2", 1, [])
+    results = aggregate(tmp_path)
+    assert results["glue"]["columns"] == ["SST"] and not results["glue"]["complete"]
+    table = (tmp_path / "glue_results.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| ? |"))  # runs without settings: no model
+    assert row.endswith(" | 50.0 ± 0.0* |")
+    assert "\\* partial GLUE score: mean of SST only." in table
