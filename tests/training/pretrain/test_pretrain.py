@@ -392,6 +392,29 @@ def test_the_masking_collator_masks_as_transformers_collator_does_with_the_same_
     assert (ours["labels"] != -100).sum() > 20 and (ours["attention_mask"] == 0).any()
 
 
+# The masks of seed 0 over three rows of 6, 14 and 16 tokens at a 30 % rate (transformers 5.x's masking draws):
+# the (row, position) of every masked token, in training and in evaluation
+PINNED_MASKS = {
+    False: [[0, 0], [0, 3], [0, 4], [0, 5], [1, 1], [1, 2], [1, 5], [1, 9], [1, 12], [2, 3], [2, 5], [2, 7], [2, 9],
+            [2, 12]],
+    True: [[0, 2], [0, 3], [0, 4], [1, 4], [1, 6], [1, 10], [1, 12], [2, 2], [2, 3], [2, 7], [2, 12], [2, 15]],
+}
+
+
+@pytest.mark.parametrize("per_example", [False, True], ids=["training", "evaluation"])
+def test_a_seed_masks_the_same_tokens_as_it_always_has(per_example):
+    """Which tokens a seed masks is part of every number a run reports (its eval perplexity, a comparison's paired
+    differences): pinned. A change here (a transformers release that draws its masks otherwise, a new seeding)
+    makes runs disagree with earlier ones of the same seed and must be said where users read it, not found later."""
+    from convattn.training.pretrain.data import MaskingCollator
+
+    tokenizer = word_tokenizer()
+    rows = rows_of(tokenizer, random.Random(3), 3, formatted=True)
+    assert [len(row["input_ids"]) for row in rows] == [6, 14, 16]
+    batch = MaskingCollator(tokenizer, 0.3, seed=0, per_example=per_example)(rows)
+    assert (batch["labels"] != -100).nonzero().tolist() == PINNED_MASKS[per_example]
+
+
 def test_electras_padding_collator_pads_as_transformers_does():
     from convattn.training.pretrain.data import PAD_MULTIPLE, padding_collator
 
