@@ -728,6 +728,47 @@ def test_models_load_with_the_kernel_and_switch_to_and_from_it(tmp_path):
     assert loaded.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.slow
+def test_gradient_checkpointing_through_the_kernel_replays_its_dropout():
+    """Checkpointed layers run the kernel's eager call again in backward: its seed, drawn from the generator that
+    checkpointing restores, drops the same scores, so the loss and every gradient are the plain step's."""
+    from convattn import ConvAttnForMaskedLM
+
+    ids = torch.randint(5, 101, (2, 19), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 13:] = 0
+    labels = ids.masked_fill(torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE) > 0.4, -100)
+    steps = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite", hidden_size=64, num_attention_heads=2,
+                                                attention_probs_dropout_prob=0.3)).to(DEVICE).train()
+        model.set_attn_implementation("convattn_triton")
+        if checkpointing:  # transformers before 5.24 names it gradient_checkpointing_enable
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        seeds = []
+        forward = operator.run_forward
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(operator, "run_forward", lambda *args, seeds=seeds, forward=forward: seeds.append(
+                args[7].item()) or forward(*args))
+            torch.manual_seed(5)
+            loss = model(input_ids=ids, attention_mask=attention_mask, labels=labels).loss
+            loss.backward()
+        layers = model.config.num_hidden_layers
+        assert len(seeds) == layers * (2 if checkpointing else 1)
+        if checkpointing:  # each layer's recomputation drew its forward's seed again
+            assert seeds[layers:] == seeds[:layers][::-1]  # backward runs the layers last first
+        steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (plain_loss, plain_grads), (ckpt_loss, ckpt_grads) = steps
+    torch.testing.assert_close(ckpt_loss, plain_loss)
+    assert plain_grads.keys() == ckpt_grads.keys() and plain_grads
+    for name in plain_grads:
+        torch.testing.assert_close(ckpt_grads[name], plain_grads[name], msg=name)
+
+
 def test_a_compiled_call_converts_the_bool_mask_where_eager_bitcasts_it():
     """Under torch.compile the key mask reaches the operator through a conversion to bytes, never a bitcast:
     Inductor (torch 2.11) cannot lower a bool bitcast, and the 2026-11-30 GPU call's CUDA-graph tests failed on it.
