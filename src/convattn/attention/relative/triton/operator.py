@@ -160,12 +160,14 @@ class _EagerAttention(torch.autograd.Function):
     torch.library's dispatch (the module's docstring); the kernels launched as they are (launch.direct_launches)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(*inputs):
         with direct_launches():
-            output = run_forward(*inputs[:14])
+            return run_forward(*inputs[:14])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # apart from forward, as torch.func's transforms require
         _setup_context(ctx, inputs, output)
         ctx.mark_non_differentiable(output[1])
-        return output
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
