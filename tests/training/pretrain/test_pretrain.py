@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 
@@ -478,6 +479,52 @@ def test_a_gpu_run_first_reaches_the_kernel_at_each_batch_shape_and_then_trains_
     assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
     assert "pretrain: warm-up before the clock: the batch shapes the fused kernel compiles apart" in \
         capsys.readouterr().err
+
+
+def test_batches_are_collated_by_worker_processes_on_a_gpu_only(monkeypatch):
+    from convattn.training.pretrain.trainer import LOADER_WORKERS, loader_workers
+
+    assert loader_workers(use_cpu=True) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert loader_workers(use_cpu=False) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert loader_workers(use_cpu=False) == LOADER_WORKERS > 0 and loader_workers(use_cpu=True) == 0
+
+
+@pytest.mark.slow
+def test_worker_processes_collate_the_same_run_through_an_interruption(corpus, finished_run, tmp_path, monkeypatch):
+    """On a GPU, worker processes collate the batches beside the steps (trainer.loader_workers): a run interrupted
+    and resumed with them is the one the main process collates uninterrupted, weight for weight and evaluation for
+    evaluation (here on CPU, the workers forced); they start once a run (persistent), and the tokenizers, done by
+    then, are told not to warn at each fork."""
+    from torch.utils.data import DataLoader
+
+    from convattn.cli import build_parser
+    from convattn.denormals import flush_denormals
+    from convattn.training.pretrain import trainer as pretrain_trainer
+
+    monkeypatch.setattr(pretrain_trainer, "loader_workers", lambda use_cpu: 2)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "")  # so that the test's end restores its absence
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    loaders = []
+    made = DataLoader.__init__
+
+    def recorded(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        loaders.append((self.num_workers, self.persistent_workers))
+    monkeypatch.setattr(DataLoader, "__init__", recorded)
+    out = tmp_path / "workers"
+    flush_denormals()  # as the command line starts a run, so that its resume below moves no setting
+    summary = pretrain(options_from_args(build_parser().parse_args(tiny_args(corpus, out))),
+                       callbacks=[InterruptAt(5)])
+    assert summary.interrupted and os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    assert main(tiny_args(corpus, out, "--resume")) == 0
+    assert loaders and set(loaders) == {(2, True)}
+    expected, collated = weights(finished_run), weights(out)
+    for name in expected:
+        assert torch.equal(expected[name], collated[name]), name
+    rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -223,6 +224,9 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
 
         trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(out / TENSORBOARD))))
 
+    if args.dataloader_num_workers:
+        # the tokenizers are done (the data is formatted): their threads need not warn at each worker's fork
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if warms_kernel(args, trainer.model) and not plan.schedule_ended:
         seconds = warm_up(trainer, seq_len)
         say("pretrain", f"warm-up before the clock: the batch shapes the fused kernel compiles apart, {seconds:.1f} s")
