@@ -890,6 +890,18 @@ def test_an_eager_call_skips_torch_library_and_computes_the_operators_bits(packe
     assert eager[0].abs().sum() > 0 and all(grad.abs().sum() > 0 for grad in eager[1:])
     for ours, theirs in zip(eager, through_operators, strict=True):
         assert torch.equal(ours, theirs)
+    # a tensor subclass (DTensor, a wrapper) takes the operators, which its own dispatch may know
+    reached = []
+    with monkeypatch.context() as patch:
+        patch.setattr(operator, "attention_forward", lambda *args: reached.append(1) or operators["attention_forward"](
+            *args))
+        triton_relative_attention(q.detach().as_subclass(Marked), k.detach(), v.detach(), None, None, reach=0,
+                                  clip=True, **extra)
+    assert reached == [1]
+
+
+class Marked(torch.Tensor):
+    """A tensor subclass that changes nothing."""
 
 
 @pytest.mark.slow
