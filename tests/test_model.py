@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiny import randomize_, tiny_config
+from helpers.tiny import assert_same_step, checkpoint_activations, randomize_, step_of, tiny_config
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
 from convattn import (
@@ -292,22 +292,15 @@ def test_gradient_checkpointing_gives_the_plain_training_step(preset):
     steps = []
     for checkpointing in (False, True):
         model = tiny_model(preset, cls=ConvAttnForMaskedLM).train()
-        if checkpointing:  # transformers before 5.24 names it gradient_checkpointing_enable
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if checkpointing:
+            checkpoint_activations(model)
         calls: list[int] = []
         model.convattn.encoder.layer[0].attention.register_forward_hook(lambda *args, calls=calls: calls.append(1))
         loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
         loss.backward()
         assert len(calls) == (2 if checkpointing else 1)  # checkpointing runs the layer again in backward
-        steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (plain_loss, plain_grads), (ckpt_loss, ckpt_grads) = steps
-    torch.testing.assert_close(ckpt_loss, plain_loss)
-    assert plain_grads.keys() == ckpt_grads.keys() and plain_grads
-    for name in plain_grads:
-        torch.testing.assert_close(ckpt_grads[name], plain_grads[name], msg=name)
+        steps.append(step_of(model, loss))
+    assert_same_step(steps)
 
 
 def test_masked_lm_loss_alone_skips_the_full_decoder():

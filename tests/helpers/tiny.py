@@ -63,3 +63,26 @@ def save_tiny_mlm(path: Path, preset: str = "chang2021-small/composite") -> Path
     torch.manual_seed(0)
     ConvAttnForMaskedLM(tiny_config(preset)).save_pretrained(path)
     return path
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in backward (non-reentrant); transformers before 5.24 names it
+    gradient_checkpointing_enable."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def step_of(model: torch.nn.Module, loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(the loss, each parameter's gradient) after loss.backward()."""
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_step(steps: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> None:
+    """Two `step_of`s: the same loss and the same gradients, for the same parameters."""
+    (first_loss, first), (second_loss, second) = steps
+    torch.testing.assert_close(second_loss, first_loss)
+    assert first.keys() == second.keys() and first
+    for name in first:
+        torch.testing.assert_close(second[name], first[name], msg=name)

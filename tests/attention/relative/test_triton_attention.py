@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers.relative import TERMS, batch, make_convbert_layer, make_layer
 from helpers.tiers import slow_except
-from helpers.tiny import randomize_, tiny_config
+from helpers.tiny import assert_same_step, checkpoint_activations, randomize_, step_of, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -744,11 +744,8 @@ def test_gradient_checkpointing_through_the_kernel_replays_its_dropout():
         model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite", hidden_size=64, num_attention_heads=2,
                                                 attention_probs_dropout_prob=0.3)).to(DEVICE).train()
         model.set_attn_implementation("convattn_triton")
-        if checkpointing:  # transformers before 5.24 names it gradient_checkpointing_enable
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if checkpointing:
+            checkpoint_activations(model)
         seeds = []
         forward = operator.run_forward
         with pytest.MonkeyPatch.context() as patch:
@@ -761,12 +758,8 @@ def test_gradient_checkpointing_through_the_kernel_replays_its_dropout():
         assert len(seeds) == layers * (2 if checkpointing else 1)
         if checkpointing:  # each layer's recomputation drew its forward's seed again
             assert seeds[layers:] == seeds[:layers][::-1]  # backward runs the layers last first
-        steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (plain_loss, plain_grads), (ckpt_loss, ckpt_grads) = steps
-    torch.testing.assert_close(ckpt_loss, plain_loss)
-    assert plain_grads.keys() == ckpt_grads.keys() and plain_grads
-    for name in plain_grads:
-        torch.testing.assert_close(ckpt_grads[name], plain_grads[name], msg=name)
+        steps.append(step_of(model, loss))
+    assert_same_step(steps)
 
 
 def test_a_compiled_call_converts_the_bool_mask_where_eager_bitcasts_it():
