@@ -7,9 +7,10 @@ graphs hold as kernels, for inductor to launch. Under Triton's interpreter wrap_
 which neither fake tensors nor the functional tracing behind torch.compile can run: there the same functions are
 opaque torch.library.custom_op operators. Both have the fake implementations below.
 
-An eager call takes the Function (`_EagerAttention`), which launches the kernels itself: torch.library's dispatch,
-argument filling and autograd wrapper cost the host 250 of the 335 us of a forward + backward's work around the
-launches, and on a GPU a small model's step waits on its host (`python benchmarks/triton_host_cost.py`).
+An eager call takes the Function (`_EagerAttention`), which launches the kernels itself: through the operators,
+torch.library's dispatch, argument filling and autograd wrapper were 118 of the 226 us of host work around a plain
+forward + backward's launches, and on a GPU a small model's step waits on its host (`python
+benchmarks/triton_host_cost.py`).
 
 Dropout's seed is drawn per call from torch's generator of the operands' device (a CUDA tensor on a GPU: a CUDA
 graph's replay draws a new one, and a recorded generator state draws the same), read by the kernels from memory,
