@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -525,6 +527,87 @@ def test_worker_processes_collate_the_same_run_through_an_interruption(corpus, f
         assert torch.equal(expected[name], collated[name]), name
     rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+
+
+def test_a_collating_worker_stops_on_sigterm_as_on_ctrl_c(monkeypatch):
+    """torch's worker dies of a SIGTERM its parent did not send (a scheduler's, to the whole process group), which the
+    main process then reported as a crash over its own orderly stop: our collators make a worker's SIGTERM a
+    KeyboardInterrupt, which torch's worker loop ends cleanly. Outside a worker nothing changes."""
+    import signal
+
+    from convattn.training.pretrain import data
+
+    tokenizer = word_tokenizer()
+    rows = rows_of(tokenizer, random.Random(0), 2, formatted=True)
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(data, "_worker_stops_set", False)
+    data.MaskingCollator(tokenizer, 0.15, 0)(rows)
+    assert signal.getsignal(signal.SIGTERM) is before and not data._worker_stops_set
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # as in a worker
+    try:
+        data.padding_collator(tokenizer)(rows)
+        assert signal.getsignal(signal.SIGTERM) is data._stop and data._worker_stops_set
+        with pytest.raises(KeyboardInterrupt):
+            data._stop(signal.SIGTERM, None)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+KILLED_RUN = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+from helpers.pretrain import tiny_args
+
+from convattn.cli import main
+from convattn.training.pretrain import trainer
+
+trainer.loader_workers = lambda use_cpu: 2  # as on a GPU
+sys.exit(main(tiny_args(Path({corpus!r}), Path({out!r}), "--max-steps", "100000", "--save-every", "50",
+                        "--eval-every", "40")))
+"""
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_process_group_stops_a_run_with_workers_cleanly(corpus, tmp_path):
+    """A job scheduler's SIGTERM reaches the run and its collating workers at once: the run stops as on Ctrl-C (its
+    summary, its last checkpoint to resume from), with no worker's death reported and no process left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "killed"
+    script = tmp_path / "run.py"
+    script.write_text(KILLED_RUN.format(tests=str(Path(__file__).resolve().parents[2]), corpus=str(corpus),
+                                        out=str(out)))
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        for _ in range(1200):  # until the first checkpoint and an evaluation (the eval loader's workers) exist
+            if (out / "checkpoints").is_dir() and len(list((out / "checkpoints").glob("checkpoint-*"))) >= 2:
+                break
+            assert run.poll() is None, run.stdout.read()
+            time.sleep(0.25)
+        os.killpg(run.pid, signal.SIGTERM)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert "pretraining interrupted" in output and "continue with: convattn pretrain" in output, output[-2000:]
+    assert "Traceback" not in output and "killed by signal" not in output, output[-3000:]
+    assert not in_group(run.pid)  # none left
+
+
+def in_group(group: int) -> list[int]:
+    """The processes of process group `group` (Linux's /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                found += [int(entry.name)] if os.getpgid(int(entry.name)) == group else []
+    return found
 
 
 @pytest.mark.slow

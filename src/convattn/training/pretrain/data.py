@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,7 @@ class MaskingCollator:
                                                        pad_to_multiple_of=PAD_MULTIPLE)
 
     def __call__(self, features: list[dict]) -> dict:
+        stop_workers_as_ctrl_c()
         if not self.per_example:
             return self._masked(features)
         masked = [self._masked([feature]) for feature in features]  # each (1, its own padded length)
@@ -125,9 +127,29 @@ class PaddingCollator:
     tokenizer: PreTrainedTokenizerBase
 
     def __call__(self, features: list[dict]) -> dict:
+        stop_workers_as_ctrl_c()
         batch = padded(features, self.tokenizer)
         return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=PAD_MULTIPLE)(features) if batch is None \
             else batch
+
+
+_worker_stops_set = False  # whether this process is a data loader's worker whose SIGTERM stops it as Ctrl-C does
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
+def stop_workers_as_ctrl_c() -> None:
+    """In a data loader's worker process (a GPU run collates in them: trainer.loader_workers), once: a SIGTERM
+    stops it as Ctrl-C does, which torch's worker loop ends cleanly. torch's own handler lets a worker die of a
+    SIGTERM its parent did not send, and a job scheduler's SIGTERM reaches the whole process group: the main process,
+    stopping the run as Ctrl-C does, then reported its workers' deaths as a crash over its orderly stop."""
+    global _worker_stops_set
+    if _worker_stops_set or torch.utils.data.get_worker_info() is None:
+        return
+    signal.signal(signal.SIGTERM, _stop)
+    _worker_stops_set = True
 
 
 def padding_collator(tokenizer: PreTrainedTokenizerBase) -> PaddingCollator:
