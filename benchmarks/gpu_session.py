@@ -422,26 +422,13 @@ def attention_step(row: dict, plan: Plan):
     def step():
         with (dispatch.forced_path("triton") if arm.terms else contextlib.nullcontext(),
               select() if select is not None else contextlib.nullcontext(),
-              through_operators() if row.get("path") == "operators" else contextlib.nullcontext()):
+              harness.through_operators() if row.get("path") == "operators" else contextlib.nullcontext()):
             # tables_from: the tables built from q and k by torch and given to the kernel (dispatch.kernel_inputs)
             out, _ = dispatch.relative_attention(q, k, v, relative, token_mask, dropout_p=arm.dropout,
                                                  attn_implementation=implementation,
                                                  tables_from=(q, k) if arm.given_tables else None)
         out.backward(grad)
     return kernel_only(step), [q, k, v, *(relative.parameters() if relative is not None else ())]
-
-
-@contextlib.contextmanager
-def through_operators():
-    """Inside, the kernel's eager calls go through torch.library's operators, as torch.compile's do."""
-    from convattn.attention.relative.triton import operator
-
-    eager = operator._eager
-    operator._eager = lambda q: False
-    try:
-        yield
-    finally:
-        operator._eager = eager
 
 
 def stepper(step, tensors):

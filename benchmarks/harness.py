@@ -14,7 +14,8 @@
   steps      `StepMeter`: a Trainer callback that times a run's warm-up, timed and profiled steps (`step_meter`,
              `metered` to add it to every Trainer a command builds), and `device_time`: the device's kernel sums
              under torch.profiler
-  kernels    `kernel_operands`: the fused kernel's operands as a layer lays them out, one feature at a time
+  kernels    `kernel_operands`: the fused kernel's operands as a layer lays them out, one feature at a time;
+             `through_operators`: its eager calls through torch.library's operators, as compiled calls go
 
 torch and transformers are imported where they are needed: gpu_session.py's own process reads this module without
 them. Rows go to benchmarks/results/, or to $CONVATTN_BENCHMARK_RESULTS where set (the tests' scratch folder).
@@ -619,3 +620,17 @@ def kernel_operands(features, batch: int, heads: int, n: int, head_dim: int = HE
     elif "keep" in features:
         keep = torch.ones(batch, n, dtype=torch.bool, device=device)
     return q, k, v, row, key, keep, DROPOUT if "dropout" in features else 0.0
+
+
+@contextlib.contextmanager
+def through_operators():
+    """Inside, the fused kernel's eager calls go through torch.library's operators, as torch.compile's do (the eager
+    path before 2026-12-01, operator._EagerAttention): what skipping them saves, timed from one process."""
+    from convattn.attention.relative.triton import operator
+
+    eager = operator._eager
+    operator._eager = lambda q: False
+    try:
+        yield
+    finally:
+        operator._eager = eager

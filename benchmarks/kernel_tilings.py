@@ -78,19 +78,26 @@ class _Warm:
 
 
 @contextlib.contextmanager
-def compile_only() -> Iterator[list]:
-    """Inside, the kernel's launches (all through launch.wrapped, eager and traced) compile and launch nothing;
-    yields the list of (kernel, seconds) compiled so far. The outputs stay as allocated: only their shapes mean
-    anything."""
+def _launching_through(replace) -> Iterator[None]:
+    """Inside, every launch of the kernel's package (launch.wrapped, eager and traced) goes through
+    replace(kernel, original): the one place the package's launches are intercepted."""
     from convattn.attention.relative.triton import launch
 
-    compiled: list = []
     original = launch.wrapped
-    launch.wrapped = lambda kernel: _Warm(kernel, compiled)
+    launch.wrapped = lambda kernel: replace(kernel, original)
     try:
-        yield compiled
+        yield
     finally:
         launch.wrapped = original
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[list]:
+    """Inside, the kernel's launches compile and launch nothing; yields the list of (kernel, seconds) compiled so
+    far. The outputs stay as allocated: only their shapes mean anything."""
+    compiled: list = []
+    with _launching_through(lambda kernel, original: _Warm(kernel, compiled)):
+        yield compiled
 
 
 @contextlib.contextmanager
@@ -98,17 +105,6 @@ def launches() -> Iterator[list]:
     """Inside, yields a list holding each kernel the package launches (compile_only's warm-ups too): whether a model
     took the kernel is read from what it ran, not from its attn_implementation's name, which on a GPU is SDPA's
     for a model whose relative terms take the kernel by default."""
-    from convattn.attention.relative.triton import launch
-
     launched: list = []
-    original = launch.wrapped
-
-    def counted(kernel):
-        launched.append(kernel)
-        return original(kernel)
-
-    launch.wrapped = counted
-    try:
+    with _launching_through(lambda kernel, original: launched.append(kernel) or original(kernel)):
         yield launched
-    finally:
-        launch.wrapped = original

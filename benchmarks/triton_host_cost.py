@@ -24,6 +24,7 @@ rows, as a GPU's default sends them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import sys
@@ -154,13 +155,8 @@ class PerLayer:
         self.layers, self.operators = layers, operators
 
     def measure(self, calls: int, rounds: int) -> float:
-        eager = operator._eager
-        if self.operators:
-            operator._eager = lambda q: False
-        try:
+        with harness.through_operators() if self.operators else contextlib.nullcontext():
             one, many = (harness.least_per_call(step, calls, rounds, warmup=5) for step in self.steps)
-        finally:
-            operator._eager = eager
         return (many - one) / (self.layers - 1)
 
 
