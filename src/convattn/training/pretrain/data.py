@@ -111,7 +111,7 @@ class MaskingCollator:
             digest.update(np.asarray(feature["input_ids"], dtype=np.int64).tobytes())
         self.masking.generator = torch.Generator().manual_seed(int.from_bytes(digest.digest()[:8], "little") >> 1)
         batch = padded(features, self.tokenizer)
-        if batch is None:  # columns padded_batch does not know: transformers' own collator, at its own pace
+        if batch is None:  # rows `padded` does not know: transformers' own collator, at its own pace
             return self.masking(features)
         # what the collator's call does after padding, by its own masking
         batch["input_ids"], batch["labels"] = self.masking.torch_mask_tokens(
@@ -129,8 +129,9 @@ class PaddingCollator:
     def __call__(self, features: list[dict]) -> dict:
         stop_workers_as_ctrl_c()
         batch = padded(features, self.tokenizer)
-        return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=PAD_MULTIPLE)(features) if batch is None \
-            else batch
+        if batch is None:  # rows `padded` does not know: transformers' own collator
+            return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=PAD_MULTIPLE)(features)
+        return batch
 
 
 _worker_stops_set = False  # whether this process is a data loader's worker whose SIGTERM stops it as Ctrl-C does
@@ -174,9 +175,10 @@ def padded(features: list[dict], tokenizer: PreTrainedTokenizerBase) -> dict[str
     left = tokenizer.padding_side == "left"
     batch = {}
     for column in [*columns, *(["attention_mask"] if "attention_mask" not in columns else [])]:
+        made = column not in columns  # an attention mask made here: every token real
         values = np.full((len(features), width), fills[column], dtype=np.int64)
         for row, (feature, length) in enumerate(zip(features, lengths, strict=True)):
             place = slice(width - length, width) if left else slice(0, length)
-            values[row, place] = feature.get(column, 1)  # an attention mask made here: every token real
+            values[row, place] = 1 if made else feature[column]
         batch[column] = torch.from_numpy(values)
     return batch
