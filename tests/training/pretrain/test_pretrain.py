@@ -38,6 +38,20 @@ def weights(directory) -> dict[str, torch.Tensor]:
     return load_file(str(directory / "model.safetensors"))
 
 
+def assert_same_run(out, expected) -> None:
+    """The run in `out` trained what the run in `expected` did: every weight bit for bit, every eval loss."""
+    ours, theirs = weights(out), weights(expected)
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        assert torch.equal(theirs[name], ours[name]), name
+    assert eval_losses(out) == eval_losses(expected)
+
+
+def eval_losses(run) -> list[float]:
+    """The eval loss of each row of the run's metrics.jsonl."""
+    return [json.loads(line)["eval_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def finished_run(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "full"
@@ -86,12 +100,7 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run
     assert summary.interrupted and not (out / "model.safetensors").exists()
     assert [p.name for p in complete_checkpoints(out / "checkpoints")] == ["checkpoint-2", "checkpoint-4"]
     assert main(tiny_args(corpus, out, "--resume")) == 0
-    expected, resumed = weights(finished_run), weights(out)
-    assert expected.keys() == resumed.keys()
-    for name in expected:
-        assert torch.equal(expected[name], resumed[name]), name
-    rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+    assert_same_run(out, finished_run)
     # the tied decoder is saved under the embeddings' name: no "missing keys" in the run's log on resuming
     log = (out / "log.txt").read_text()
     assert "Resuming training from checkpoint" in log and "missing keys" not in log
@@ -474,11 +483,7 @@ def test_a_gpu_run_first_reaches_the_kernel_at_each_batch_shape_and_then_trains_
     assert calls == [(n, masked, dropout) for n, masked in ((32, False), (32, True), (24, True))
                      for dropout in (True, True, False, False)]
     assert backward == [32, 32, 32, 32, 24, 24] and set(dtypes) == {torch.float32}
-    expected, warmed = weights(finished_run), weights(out)
-    for name in expected:
-        assert torch.equal(expected[name], warmed[name]), name
-    rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+    assert_same_run(out, finished_run)
     assert "pretrain: warm-up before the clock: the batch shapes the fused kernel compiles apart" in \
         capsys.readouterr().err
 
@@ -522,11 +527,7 @@ def test_worker_processes_collate_the_same_run_through_an_interruption(corpus, f
     assert summary.interrupted and os.environ["TOKENIZERS_PARALLELISM"] == "false"
     assert main(tiny_args(corpus, out, "--resume")) == 0
     assert loaders and set(loaders) == {(2, True)}
-    expected, collated = weights(finished_run), weights(out)
-    for name in expected:
-        assert torch.equal(expected[name], collated[name]), name
-    rows = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    assert [r["eval_loss"] for r in rows(out)] == [r["eval_loss"] for r in rows(finished_run)]
+    assert_same_run(out, finished_run)
 
 
 def test_a_collating_worker_stops_on_sigterm_as_on_ctrl_c(monkeypatch):
