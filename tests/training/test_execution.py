@@ -202,7 +202,7 @@ def test_pretraining_says_what_the_launcher_asked_that_it_does_not_do(monkeypatc
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     options = resolve_options(output_dir=tmp_path, preset="chang2021-small/composite", training={"max_steps": 10},
                               precision="fp32")
-    args = pretraining_arguments(options, resuming=False)
+    args = pretraining_arguments(options)
     assert args.mixed_precision == "no" and not args.bf16 and not args.fp16
     assert "convattn pretrain: warning: accelerate's mixed_precision fp16 is not used: this run computes in fp32" \
         in capsys.readouterr().err

@@ -54,7 +54,7 @@ def pretraining_trainer(tmp_path, preset: str, training: dict, recipe: str | Non
     budget = options.recipe.time_budget
     clock = TrainingClock(budget, options.recipe.budget_clock) if budget is not None else None
     return PretrainTrainer(model=ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")),
-                           args=pretraining_arguments(options, resuming=False), eval_dataset=EVAL, objective="mlm",
+                           args=pretraining_arguments(options), eval_dataset=EVAL, objective="mlm",
                            throughput=None, clock=clock, warmup=options.recipe.warmup)
 
 

@@ -77,3 +77,54 @@ def test_the_start_line_says_how_many_processes_run(tmp_path, capsys, monkeypatc
     assert warnings == ([] if warned is None else [warnings[0]])
     assert warned is None or (warnings[0].startswith("convattn pretrain: warning: ") and warned in warnings[0])
     assert "--multi_cpu" not in err  # accelerate has no such flag
+
+
+class Stop(Exception):
+    """Raised where the test has seen enough of a run."""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_main_process_checks_the_output_folder_before_the_others_read_it(tmp_path, monkeypatch, rank):
+    """Rank 1 read the folder while rank 0 made and removed its probe folder there, and failed ("No such file or
+    directory", 1 CI run in 7): now the other ranks wait at a barrier that rank 0 reaches once it has checked the
+    folder, taken its lock and mended what a killed run left."""
+    from convattn.training.pretrain import job
+    from convattn.training.pretrain.resolve import resolve_options
+
+    seen = []
+
+    def step(name, call):
+        def recorded(*args, **kwargs):
+            seen.append(name)
+            return call(*args, **kwargs)
+        return recorded
+
+    monkeypatch.setattr(job, "main_process", lambda: rank == 0)
+    monkeypatch.setattr(job, "wait_for_everyone", step("barrier", lambda args: None))
+    for name in ("check_output_folder", "run_folder_lock", "recover_replaced_run", "check_output_dir"):
+        monkeypatch.setattr(job, name, step(name, getattr(job, name)))
+    monkeypatch.setattr(job, "train_run", step("train_run", lambda *args: (_ for _ in ()).throw(Stop)))
+    options = resolve_options(output_dir=tmp_path / "run", preset="chang2021-small/composite",
+                              training={"max_steps": 10})
+    with pytest.raises(Stop):
+        job.pretrain(options)
+    checks = ["check_output_folder", "run_folder_lock", *(["recover_replaced_run"] if rank == 0 else []),
+              "check_output_dir"]
+    assert seen == ([*checks, "barrier", "train_run"] if rank == 0 else ["barrier", *checks, "train_run"])
+
+
+def test_a_main_process_that_refuses_the_folder_lets_no_other_process_read_it(tmp_path, monkeypatch):
+    """The others stay at the barrier until the launcher ends them, rather than reading a folder rank 0 may be
+    removing."""
+    from convattn.errors import UsageError
+    from convattn.training.pretrain import job
+    from convattn.training.pretrain.resolve import resolve_options
+
+    barriers = []
+    monkeypatch.setattr(job, "wait_for_everyone", lambda args: barriers.append(args))
+    (tmp_path / "run").write_text("a user's file")
+    options = resolve_options(output_dir=tmp_path / "run", preset="chang2021-small/composite",
+                              training={"max_steps": 10})
+    with pytest.raises(UsageError, match="is a file"):
+        job.pretrain(options)
+    assert barriers == []

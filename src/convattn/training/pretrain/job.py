@@ -6,11 +6,12 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerState
+from transformers import ProgressCallback, Trainer, TrainerCallback, TrainerState, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
@@ -149,25 +150,48 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     """Run (or resume) pretraining; see the package docstring for what lands in `options.output_dir`. `label`
     names the run in its per-evaluation lines (a comparison runs several)."""
     config = check_options(options)
-    check_output_folder(options.output_dir)  # before the lock creates it
-    with run_folder_lock(options.output_dir):
-        if main_process():
-            recover_replaced_run(options.output_dir, PRETRAIN)
-        plan = check_output_dir(options)
+    args = pretraining_arguments(options)  # joins the other processes of a multi-process run
+    with ExitStack() as run:
+        with checks_in_turn(args):
+            check_output_folder(options.output_dir)  # before the lock creates it
+            run.enter_context(run_folder_lock(options.output_dir))
+            if main_process():
+                recover_replaced_run(options.output_dir, PRETRAIN)
+            plan = check_output_dir(options)
+        args.eval_on_start = plan.resume_from is None  # a resumed run evaluated its start
         final = options.output_dir / FINAL_MODEL
         if plan.schedule_ended and final.is_file():
             if is_whole(final):
                 return finished_summary(options)
             say("pretrain", f"{final} is truncated or corrupt: saving the final model again from {plan.resume_from}")
-        return train_run(options, config, plan, callbacks, label)
+        return train_run(options, config, plan, args, callbacks, label)
 
 
-def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan,
-          callbacks: Sequence[TrainerCallback], label: str | None = None) -> PretrainSummary:
+@contextmanager
+def checks_in_turn(args: TrainingArguments) -> Iterator[None]:
+    """The main process checks the output folder, takes its lock and mends what a killed run left before the
+    other processes read the folder (they write nothing there): a rank reading it while rank 0 made and removed
+    its probe folder failed. A main process that raises leaves the others at the barrier until the launcher ends
+    them (transformers' `main_process_first` would let them in, to fail over a folder rank 0 is removing). The main
+    process's next writes there come after the data's barrier (`train_run`), which the others reach after their
+    checks."""
+    main = main_process()
+    if not main:
+        wait_for_everyone(args)
+    yield
+    if main:
+        wait_for_everyone(args)
+
+
+def wait_for_everyone(args: TrainingArguments) -> None:
+    args.distributed_state.wait_for_everyone()
+
+
+def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan, args: TrainingArguments,
+              callbacks: Sequence[TrainerCallback], label: str | None = None) -> PretrainSummary:
     started = time.perf_counter()
     recipe, out = options.recipe, options.output_dir
     seq_len = sequence_length(recipe, config)
-    args = pretraining_arguments(options, resuming=plan.resume_from is not None)
     spent = time_spent(plan.resume_from) if plan.resume_from else {}
     clock = TrainingClock(recipe.time_budget, recipe.budget_clock, spent) if recipe.time_budget is not None else None
     if clock is not None and clock.reads_compute and (note := compute_clock_warning(args.device.type)):

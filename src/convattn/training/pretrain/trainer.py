@@ -147,7 +147,9 @@ def loader_workers(use_cpu: bool) -> int:
     return 0 if use_cpu or not torch.cuda.is_available() else LOADER_WORKERS
 
 
-def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingArguments:
+def pretraining_arguments(options: PretrainOptions) -> TrainingArguments:
+    """The run's TrainingArguments; made before the output folder is read (they join a multi-process run's
+    processes), so they evaluate the start, which the caller turns off for a resumed run."""
     recipe = options.recipe
     flags = precision_flags(options.precision)
     if note := settle_launcher(flags, processes=world_size()):  # before TrainingArguments reads the launcher's
@@ -175,7 +177,7 @@ def pretraining_arguments(options: PretrainOptions, resuming: bool) -> TrainingA
         data_seed=recipe.seed,
         eval_strategy="steps",
         eval_steps=CLOCK_ONLY_STEPS if recipe.time_budget else recipe.eval_every,  # a budget's grid is the clock's
-        eval_on_start=not resuming,
+        eval_on_start=True,
         logging_steps=min(options.log_every, recipe.eval_every),
         save_strategy="steps",
         save_steps=CLOCK_ONLY_STEPS if recipe.time_budget else recipe.save_every,
