@@ -119,6 +119,7 @@ class PackedSequences:
     positions: Tensor | None = None  # (1, total) position ids where the model was given them
     _groups: list[SequenceBlocks] | None = field(default=None, init=False, repr=False, compare=False)
     _one_block: SequenceBlocks | None = field(default=None, init=False, repr=False, compare=False)
+    _offsets: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_lengths(cls, lengths: Tensor) -> PackedSequences:
@@ -127,6 +128,14 @@ class PackedSequences:
     @property
     def lengths(self) -> Tensor:
         return self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+
+    @property
+    def offsets(self) -> Tensor:
+        """cu_seqlens in int32, as variable-length kernels take them; made once for every layer (a cast is a launch
+        on a GPU)."""
+        if self._offsets is None:
+            self._offsets = self.cu_seqlens.to(torch.int32)
+        return self._offsets
 
     @property
     def starts(self) -> Tensor:

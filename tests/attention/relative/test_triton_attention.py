@@ -293,6 +293,23 @@ def test_a_layer_sends_the_kernel_its_terms_parameters_and_few_operators_besides
     assert alibi_alone["row_table"] is None and alibi_alone["reach"] == 0
 
 
+def test_packed_sequences_give_every_layer_one_int32_copy_of_their_offsets():
+    """The kernel takes cu_seqlens in int32 and a batch's lengths sum to int64 offsets: the cast is made once per
+    batch, not once per layer (a launch on a GPU, 12 a step at the papers' depth), and each layer gets it."""
+    lengths = torch.tensor([7, 3, 9])
+    mask = PackedSequences.from_lengths(lengths)
+    assert mask.cu_seqlens.dtype == torch.int64
+    rel = make_relative(TERMS["composite"], "clip", heads=2, head_dim=16, reach=2).float()
+    query, key, value = (torch.randn(1, int(lengths.sum()), 32, device=DEVICE) for _ in range(3))
+    calls = []
+    for _ in range(2):
+        with Dispatched() as counted:
+            dispatch._triton_packed(query, key, value, 2, rel, mask, 0.0)
+        calls.append([name for name in counted.names if name == "_to_copy"])
+    assert calls[1] == [] and mask.offsets.dtype == torch.int32
+    assert mask.offsets.tolist() == [0, 7, 10, 19]
+
+
 class Dispatched(TorchDispatchMode):
     """What torch's operators did while it is active, the backward's too: `names`, the operators called (views and
     detaches left out: they launch nothing), and `shapes`, those of every tensor they returned."""

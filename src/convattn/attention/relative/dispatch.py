@@ -303,7 +303,7 @@ def _triton_packed(query: Tensor, key: Tensor, value: Tensor, num_heads: int, re
 
     table_inputs = tuple(x.flatten(0, 1).unflatten(-1, (num_heads, -1)) for x in tables_from) if tables_from else None
     out = triton_relative_attention(q, k, v, **kernel_inputs(relative, q, k, table_inputs, packed_tables),
-                                    dropout_p=dropout_p, cu_seqlens=mask.cu_seqlens.to(torch.int32),
+                                    dropout_p=dropout_p, cu_seqlens=mask.offsets,
                                     max_seqlen=mask.max_seqlen)
     return out.flatten(-2)[None]
 
