@@ -160,15 +160,16 @@ class _EagerAttention(torch.autograd.Function):
     """attention_forward and its gradient for eager calls: the same runners, context and gradient code, without
     torch.library's dispatch (the module's docstring); the kernels launched as they are (launch.direct_launches)."""
 
+    # ctx in forward, not a setup_context of its own: Function.apply binds a separate one's arguments through
+    # inspect.signature at every call, 8 us of each layer's host work (torch.func's transforms, which would need
+    # one, do not run the kernel: it reads data pointers)
     @staticmethod
-    def forward(*inputs):
+    def forward(ctx, *inputs):
         with direct_launches():
-            return run_forward(*inputs[:14])
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):  # apart from forward, as torch.func's transforms require
+            output = run_forward(*inputs[:14])
         _setup_context(ctx, inputs, output)
         ctx.mark_non_differentiable(output[1])
+        return output
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
