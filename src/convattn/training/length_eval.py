@@ -94,5 +94,9 @@ def evaluate_at_lengths(model_dir: str | os.PathLike, texts: Iterable[str] | Seq
             results.append(LengthResult(n, None, 0, 0, f"eval text too short for one block of {n} tokens"))
             continue
         perplexity, masked = perplexity_at(model, tokenizer, blocks, seed + n, batch_size)
+        if masked == 0:  # no guess was scored: exp(0 / 1) would read as a perfect model
+            results.append(LengthResult(n, None, 0, len(blocks), f"no token masked in {len(blocks)} block(s) of {n} "
+                                                                 "tokens: give more eval text"))
+            continue
         results.append(LengthResult(n, perplexity, masked, len(blocks)))
     return results

@@ -289,6 +289,16 @@ def test_perplexity_at_lengths_extends_relative_models_and_reports_absolute_ones
     assert [r.note for r in rows[1:]] == ["cannot extend: absolute position embeddings stop at 32"] * 2
 
 
+def test_a_length_whose_blocks_have_no_masked_token_has_no_perplexity(finished_run, corpus):
+    """At length 3 a block holds one token, masked at 15 %: one block at seed 3 masks none, and a perplexity of
+    exp(0) = 1 (a perfect model) was reported for it."""
+    from convattn.training.length_eval import evaluate_at_lengths
+
+    row, = evaluate_at_lengths(finished_run, [corpus / "valid.txt"], [3], max_blocks=1, seed=3)
+    assert (row.perplexity, row.masked_tokens, row.blocks) == (None, 0, 1)
+    assert row.note == "no token masked in 1 block(s) of 3 tokens: give more eval text"
+
+
 def word_tokenizer():
     """A word-level tokenizer of WORDS with BERT's special tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
