@@ -7,6 +7,7 @@ import random
 import datasets
 import pytest
 
+import convattn.data.formatting as formatting
 from convattn.data.cache import entry_problem
 from convattn.data.formatting import cached_format, format_dataset
 from convattn.data.tokenizer import train_tokenizer
@@ -113,3 +114,39 @@ def test_a_long_line_with_few_spaces_is_cut_where_it_keeps_every_token_truncatio
     out = format_dataset(lines(unbroken, unbroken), tokenizer, "pairs", 32)
     expected = tokenizer(unbroken, unbroken, truncation="longest_first", max_length=32)["input_ids"]
     assert out[0]["input_ids"] == expected
+
+
+class RecordingTokenizer:
+    """The tokenizer, keeping the pairs of texts each call is given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.pair_calls = tokenizer, []
+
+    def __call__(self, *texts, **options):
+        if len(texts) == 2:
+            self.pair_calls.append(list(zip(*texts, strict=True)))
+        return self.tokenizer(*texts, **options)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+@pytest.mark.parametrize("seq_len", [6, 16, 64])
+def test_pairs_go_to_the_tokenizer_a_bounded_number_of_overflowing_tokens_at_a_time(tokenizer, monkeypatch, seq_len):
+    """The fast tokenizer holds every combination of a pair's overflowing pieces before it truncates (the 23 GB of
+    two huge lines): the pairs of one call hold at most PAIR_TOKEN_SLOTS tokens (a single pair may hold more), and
+    the rows are the ones each pair gives alone."""
+    monkeypatch.setattr(formatting, "PAIR_TOKEN_SLOTS", 40 * seq_len)
+    rng = random.Random(seq_len)
+    words = " ".join(rng.choice(WORDS) for _ in range(4000))
+    texts = [words[rng.randrange(100):][:rng.choice([1, 3, 10, 40, 16 * seq_len])].strip() or "mu" for _ in range(60)]
+    recording = RecordingTokenizer(tokenizer)
+    rows = formatting._pair_lines({"text": texts}, recording, seq_len)
+    options = dict(truncation="longest_first", max_length=seq_len)
+    for pairs in recording.pair_calls:
+        held = [sum(map(len, tokenizer(a, b, return_overflowing_tokens=True, **options)["input_ids"]))
+                for a, b in pairs]
+        assert len(pairs) == 1 or sum(held) <= formatting.PAIR_TOKEN_SLOTS, (len(pairs), sum(held))
+    assert len(recording.pair_calls) > 1
+    assert rows["input_ids"] == [tokenizer(a, b, **options)["input_ids"] for a, b in zip(texts[::2], texts[1::2],
+                                                                                          strict=True)]

@@ -64,8 +64,10 @@ def _pair_lines(batch: dict, tokenizer: PreTrainedTokenizerBase, seq_len: int) -
     options = dict(max_length=seq_len, return_token_type_ids=True, return_special_tokens_mask=True)
     rows: dict[str, list] = {column: [] for column in COLUMNS}
     # a pair is encoded whole before truncation, with the product of its texts' overflowing pieces: a bounded
-    # number of those at a time bounds the tokenizer's memory (a character is at most a token)
-    costs = [(len(a) // seq_len + 1) * (len(b) // seq_len + 1) * seq_len for a, b in zip(firsts, seconds, strict=True)]
+    # number of those at a time bounds the tokenizer's memory (a character is at most a token, and longest_first
+    # cuts two long texts into pieces of half the tokens the special ones leave)
+    piece = max(1, (seq_len - tokenizer.num_special_tokens_to_add(pair=True)) // 2)
+    costs = [(len(a) // piece + 1) * (len(b) // piece + 1) * seq_len for a, b in zip(firsts, seconds, strict=True)]
     for part in _chunks(costs, PAIR_TOKEN_SLOTS):
         encoded = tokenizer(firsts[part], seconds[part], truncation="longest_first", **options)
         for column in COLUMNS:
