@@ -128,6 +128,44 @@ def test_one_label_per_example_classifies_each_example(tokenizer):
     torch.testing.assert_close(flattened.logits, alone, rtol=1e-5, atol=1e-5)
 
 
+def test_regression_labels_stay_the_numbers_they_are(tokenizer):
+    """STS-B's scores (one float per example) reach the regression loss as they are, not cut to whole numbers;
+    class numbers stay integers, as cross-entropy needs."""
+    examples = pair_examples(tokenizer)[:3]
+    scores = FlatteningCollator()([dict(e, label=score) for e, score in zip(examples, [3.8, 0.25, 5.0], strict=True)])
+    assert scores["labels"].is_floating_point() and scores["labels"].tolist() == pytest.approx([3.8, 0.25, 5.0])
+    classes = FlatteningCollator()([dict(e, label=i) for i, e in enumerate(examples)])
+    assert classes["labels"].dtype == torch.long and classes["labels"].tolist() == [0, 1, 2]
+
+
+def test_examples_as_tensors_flatten_as_the_same_examples_as_lists(tokenizer):
+    """A dataset in torch format gives each example's columns as 1-d tensors and its label as a 0-d tensor: the
+    flattened batch is the one its lists give."""
+    examples = [dict(e, label=i % 2) for i, e in enumerate(pair_examples(tokenizer)[:4])]
+    tensors = [{key: torch.tensor(value) for key, value in e.items()} for e in examples]
+    collate = FlatteningCollator(return_flash_attn_kwargs=True)
+    from_lists, from_tensors = collate(examples), collate(tensors)
+    assert from_tensors.keys() == from_lists.keys()
+    for key, value in from_lists.items():
+        assert torch.equal(torch.as_tensor(from_tensors[key]), torch.as_tensor(value)), key
+
+
+def test_masking_leaves_alone_exactly_what_the_examples_mark_special(tokenizer):
+    """The examples' special_tokens_mask decides what masking leaves alone, as on a padded batch: formatted rows
+    mark only [CLS] and [SEP], so an [UNK] of the text is masked like any token (the tokenizer's own guess would
+    count it special and never mask it)."""
+    examples = pair_examples(tokenizer)[:4]
+    for e in examples:
+        e["input_ids"][2] = tokenizer.unk_token_id
+    masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=1.0)
+    batch = FlatteningCollator(masking=masking)(examples)
+    special = torch.tensor([s for e in examples for s in e["special_tokens_mask"]]).bool()
+    assert torch.equal(batch["labels"][0] != -100, ~special)
+    padded = masking([{"input_ids": e["input_ids"], "special_tokens_mask": e["special_tokens_mask"]}
+                      for e in examples])
+    assert (padded["labels"] != -100).sum() == (~special).sum()
+
+
 def test_masking_refuses_examples_that_carry_labels(tokenizer):
     examples = [dict(e, label=0) for e in pair_examples(tokenizer)[:2]]
     with pytest.raises(ValueError, match="masking makes the labels"):
@@ -243,6 +281,8 @@ def test_examples_without_a_special_tokens_mask_get_the_tokenizers_for_masking(t
 NOT_FLATTENED = [
     ("some examples with a label, some without", lambda es: [dict(es[0], label=1), *es[1:]],
      r"labels: 1 of 3 examples carry one \('labels' or 'label'\); every example or none"),
+    ("every example but one with a label", lambda es: [es[0], *(dict(e, label=1) for e in es[1:])],
+     r"labels: 2 of 3 examples carry one \('labels' or 'label'\); every example or none"),
     ("token labels beside example labels", lambda es: [dict(es[0], labels=es[0]["input_ids"]),
                                                        *(dict(e, label=0) for e in es[1:])],
      "labels: some examples carry one per token, others one per example"),

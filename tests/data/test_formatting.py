@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import datasets
 import pytest
+from helpers.tiny import tiny_wordpiece_tokenizer
 
 import convattn.data.formatting as formatting
 from convattn.data.cache import entry_problem
-from convattn.data.formatting import cached_format, format_dataset
+from convattn.data.formatting import FORMATS, cache_key, cached_format, format_dataset
 from convattn.data.tokenizer import train_tokenizer
 from convattn.errors import UsageError
 
@@ -52,7 +54,8 @@ def test_packed_blocks_are_full_and_keep_token_order(tokenizer):
     for i, block in enumerate(out["input_ids"]):
         assert len(block) == 16 and block[0] == tokenizer.cls_token_id and block[-1] == tokenizer.sep_token_id
         assert block[1:-1] == stream[i * 14:(i + 1) * 14]
-    assert out[0]["special_tokens_mask"] == [1] + [0] * 14 + [1]
+    assert out["special_tokens_mask"] == [[1] + [0] * 14 + [1]] * len(out)
+    assert out["token_type_ids"] == [[0] * 16] * len(out)  # one segment: the model adds token type 0's embedding
 
 
 def test_cached_format_is_written_once_and_memory_mapped(tokenizer, tmp_path, monkeypatch):
@@ -95,6 +98,15 @@ def test_formatting_leaves_no_copy_in_the_datasets_cache(tokenizer, tmp_path):
     texts = datasets.load_from_disk(str(source))
     cached_format(texts, tokenizer, "pairs", 16, tmp_path / "key")
     assert sorted(p.name for p in source.iterdir() if p.name.startswith("cache-")) == []
+
+
+def test_the_odd_line_out_is_truncated_to_seq_len_too(tokenizer):
+    """The last line of an odd batch is encoded alone: a long one is cut to seq_len as a pair is, not kept whole
+    (a longer example than the model's positions, or than the sequence length its results are reported for)."""
+    long = " ".join(WORDS * 10)
+    out = format_dataset(lines("alpha beta", "gamma delta", long), tokenizer, "pairs", 16)
+    assert out[-1]["input_ids"] == tokenizer(long, truncation=True, max_length=16)["input_ids"]
+    assert len(out[-1]["input_ids"]) == 16 and out[-1]["special_tokens_mask"] == [1] + [0] * 14 + [1]
 
 
 def test_a_pair_of_huge_lines_is_formatted_in_bounded_memory(tokenizer):
@@ -150,3 +162,81 @@ def test_pairs_go_to_the_tokenizer_a_bounded_number_of_overflowing_tokens_at_a_t
     assert len(recording.pair_calls) > 1
     assert rows["input_ids"] == [tokenizer(a, b, **options)["input_ids"] for a, b in zip(texts[::2], texts[1::2],
                                                                                           strict=True)]
+
+
+def test_a_long_line_of_long_words_keeps_every_token_truncation_keeps():
+    """A text of a pair is cut to 16 characters a token before tokenizing: a line of 15-character words that are
+    one token each (the most characters a token the cut allows for) beside a short line keeps every token the
+    tokenizer's own truncation keeps of it."""
+    long_words = "internationally understandings representations convolutional transformations".split()  # noqa: SIM905
+    wordy = tiny_wordpiece_tokenizer([" ".join(long_words), "alpha beta"] * 20, vocab_size=300)
+    long = " ".join(long_words[i % len(long_words)] for i in range(200))
+    assert len(wordy.tokenize(long)) == 200
+    out = format_dataset(lines("alpha", long), wordy, "pairs", 32)
+    assert out[0]["input_ids"] == wordy("alpha", long, truncation="longest_first", max_length=32)["input_ids"]
+
+
+def chunks_by_hand(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of `lengths`, grouped in order: an item joins the group before it while the group stays within
+    `budget`."""
+    groups: list[list[int]] = []
+    for index, length in enumerate(lengths):
+        if groups and sum(lengths[i] for i in groups[-1]) + length <= budget:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_texts_are_tokenized_in_order_in_the_fullest_chunks_within_the_budget(seed):
+    """Every text once, in order, in slices as full as the budget allows (an item longer than the budget alone):
+    the tokenizer's memory is bounded without calling it more often than needed."""
+    rng = random.Random(seed)
+    budget = rng.randint(1, 30)
+    lengths = [rng.choice([0, 1, budget // 2, budget, budget + 1, rng.randint(0, 2 * budget)])
+               for _ in range(rng.randint(0, 25))]
+    chunks = [list(range(len(lengths)))[part] for part in formatting._chunks(lengths, budget)]
+    assert chunks == chunks_by_hand(lengths, budget)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("a" * 20, "a" * 20),
+    ("a" * 12 + " " + "b" * 7, "a" * 12 + " " + "b" * 7),  # exactly the limit: kept whole
+    ("a" * 12 + " " + "b" * 8, "a" * 12),
+    ("a" * 10 + " " + "b" * 15, "a" * 10),
+    ("a" * 5 + " " + "b" * 15, "a" * 5 + " " + "b" * 14),  # its only space too early: cut at the limit
+    ("a" * 20 + " " + "b", "a" * 20),
+])
+def test_a_text_is_cut_past_the_limit_at_its_last_space_in_the_second_half(text, expected):
+    """Each text of a pair is cut to `limit` characters (20 here) before tokenizing; within the limit it is kept
+    whole, and a cut falls at a space so no word is split into other pieces."""
+    assert formatting._prefix(text, 20) == expected
+
+
+def test_a_tokenizer_without_cls_or_sep_is_refused(tokenizer):
+    """Every example is [CLS] ... [SEP]: a tokenizer lacking one of them would format pairs with ids that are not
+    the model's [CLS] or [SEP]."""
+    for token in ("cls_token", "sep_token"):
+        lacking = copy.deepcopy(tokenizer)
+        setattr(lacking, token, None)
+        for layout in FORMATS:
+            with pytest.raises(UsageError, match=r"the tokenizer has no \[CLS\]/\[SEP\] tokens"):
+                format_dataset(lines("alpha beta", "gamma delta"), lacking, layout, 16)
+
+
+def test_an_unknown_layout_is_refused_not_formatted_as_another(tokenizer):
+    with pytest.raises(UsageError, match=r"`format` 'pair' is not known; choose one of pairs, packed"):
+        format_dataset(lines("alpha beta", "gamma delta"), tokenizer, "pair", 16)
+
+
+def test_the_cache_key_changes_with_every_part_and_the_format_version(monkeypatch):
+    """Formatted data is found again by this key: data of another corpus, tokenizer, layout or sequence length, or
+    formatted by an older version of this module, is never reused."""
+    parts = ("corpus-a", "tokenizer-a", "pairs", 128)
+    changed = [(*parts[:i], other, *parts[i + 1:]) for i, other in enumerate(("corpus-b", "tokenizer-b", "packed",
+                                                                               512))]
+    keys = [cache_key(*parts), *(cache_key(*p) for p in changed)]
+    assert cache_key(*parts) == keys[0] and len(set(keys)) == len(keys)
+    monkeypatch.setattr(formatting, "FORMAT_VERSION", formatting.FORMAT_VERSION + 1)
+    assert cache_key(*parts) not in keys
