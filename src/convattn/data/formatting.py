@@ -29,7 +29,9 @@ FORMATS = ("pairs", "packed")
 FORMAT_VERSION = 1
 COLUMNS = ["input_ids", "token_type_ids", "special_tokens_mask"]
 # a text of a pair is cut to this many characters per token of the sequence before it is tokenized: the tokens
-# truncation keeps lie well within (real text averages under 10 characters a token), so the examples are the same
+# truncation keeps lie well within (real text averages under 10 characters a token), so the examples are the
+# same, but where a cut turns which text of the pair is the longer in tokens: longest_first then gives the odd
+# free slot to the other text, one token (pairs with a text cut: 0.14 % of the enwiki sample's at seq_len 128)
 PAIR_CHARS_PER_TOKEN = 16
 PAIR_TOKEN_SLOTS = 50_000  # pair tokens (overflowing pieces included) the fast tokenizer holds at once
 TOKENIZER_CHARS = 1_000_000  # text given to the fast tokenizer at once (it holds offsets and strings per token)
