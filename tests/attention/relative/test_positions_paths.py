@@ -26,7 +26,7 @@ from transformers import ModernBertConfig
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
 from convattn.attention import PackedSequences, TokenMask
-from convattn.attention.relative import blockwise, decomposition, dispatch
+from convattn.attention.relative import blockwise, decomposition, dispatch, kernels
 from convattn.attention.rotary import rotate_queries_and_keys
 
 # (position_embedding_type, relative terms): each alone and with composite attention's terms
@@ -225,6 +225,29 @@ def test_half_precision_decomposition_with_alibi_attends_in_float32(case, monkey
     real = keep[..., None].expand_as(single)
     error = (half.float() - single)[real].norm() / single[real].norm()
     assert error < 2e-2
+
+
+@pytest.mark.parametrize(("terms", "out_of_window", "call"), [
+    pytest.param([], "clip", (16, True), id="alibi"),
+    pytest.param(TERMS["composite"], "clip", (16, True), id="composite+alibi"),
+    pytest.param(TERMS["composite+key"], "zero", (16, True), id="composite+key+alibi, zero"),
+    # control: dynamic_key's constants take gradients, on a key column beside the head's channels
+    pytest.param(TERMS["composite+key"], "clip", (17, False), id="composite+key+alibi, clip"),
+])
+def test_alibis_key_constants_ride_on_the_cpu_kernels_key_mask(terms, out_of_window, call, monkeypatch):
+    """Where the per-key constants are ALiBi's alone (no dynamic_key, or one that stops at its window), they take no
+    gradient and the CPU kernel's key mask carries them: every fused call takes the head's 16 channels and a mask,
+    none a column more."""
+    monkeypatch.setattr(decomposition, "block_size", lambda n, reach, tiling: 8)
+    calls = []
+    original = kernels.CpuFlashKernel.forward
+    monkeypatch.setattr(kernels.CpuFlashKernel, "forward", lambda self, q, k, v, **options: calls.append(
+        (q.shape[-1], options["key_mask"] is not None)) or original(self, q, k, v, **options))
+    layer = make_layer(terms, out_of_window, hidden_size=HIDDEN, position_embedding_type="alibi")
+    x, keep = batch(LENGTHS, N, torch.float32, width=HIDDEN)
+    with dispatch.forced_path("decomposed"):
+        layer(x, TokenMask(keep))[0].sum().backward()
+    assert calls and set(calls) == {call}
 
 
 @pytest.mark.parametrize("case", list(CASES))
