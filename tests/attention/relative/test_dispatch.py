@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,6 +39,32 @@ def test_cpu_paths(n, d, dtype, implementation, dropout_p, need_weights, path):
     assert dispatch.relative_path(q, implementation, dropout_p, need_weights) == path
 
 
+def operands_on(device: str, dtype: torch.dtype, n: int = LONG, d: int = 64) -> SimpleNamespace:
+    """What `relative_path` reads of q (its shape, device and dtype), on a device this machine need not have."""
+    return SimpleNamespace(shape=(1, 1, n, d), device=torch.device(device), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype, triton, dropout_p, path", [
+    (torch.float32, True, 0.0, "triton"),  # the default wherever triton is installed, any length, dropout too
+    (torch.bfloat16, True, 0.1, "triton"),
+    (torch.float16, True, 0.0, "triton"),
+    (torch.float64, True, 0.0, "dense"),  # neither the kernel nor CUDA's flash kernels have float64
+    (torch.float64, False, 0.1, "dense"),
+    (torch.float32, False, 0.0, "decomposed"),  # without triton: the decomposition on CUDA's flash kernels
+    (torch.bfloat16, False, 0.1, "decomposed"),  # which have dropout
+])
+def test_cuda_paths(dtype, triton, dropout_p, path, monkeypatch):
+    monkeypatch.setattr(dispatch, "triton_installed", lambda: triton)
+    for n in (SHORT, LONG, LONGEST):
+        assert dispatch.relative_path(operands_on("cuda", dtype, n), "sdpa", dropout_p, False) == path, n
+
+
+def test_a_device_without_fused_kernels_takes_the_dense_bias():
+    """Apple's GPUs (mps): no fused kernel serves the decomposition there, at any length."""
+    for n in (SHORT, LONG, LONGEST):
+        assert dispatch.relative_path(operands_on("mps", torch.float32, n), "sdpa", 0.0, False) == "dense"
+
+
 def test_a_forced_path_holds_in_its_own_thread_only():
     q = torch.empty(1, 1, LONG, 64)
     forced, checked, taken = threading.Event(), threading.Event(), []
@@ -61,6 +88,17 @@ def test_a_forced_path_holds_in_its_own_thread_only():
     assert taken == ["blockwise"]
 
 
+@pytest.mark.parametrize("forced", [path for path in dispatch.RELATIVE_PATHS if path != "dense"])
+def test_a_forced_path_gives_way_where_the_probabilities_are_asked_for(forced):
+    """Only the dense bias gives the attention probabilities (output_attentions), and "eager" names it: a forced path
+    holds everywhere else."""
+    q = torch.empty(1, 1, LONG, 64)
+    with dispatch.forced_path(forced):
+        assert dispatch.relative_path(q, "sdpa", 0.0, True) == "dense"
+        assert dispatch.relative_path(q, "eager", 0.0, False) == "dense"
+        assert dispatch.relative_path(q, "sdpa", 0.0, False) == forced
+
+
 def test_a_compiled_graph_follows_the_forced_path():
     """fullgraph: reading the forced path breaks no graph, and its guard recompiles when the path changes."""
     def path_taken(q):
@@ -73,6 +111,18 @@ def test_a_compiled_graph_follows_the_forced_path():
         paths.append(compiled(q))
     paths.append(compiled(q))
     assert [dispatch.RELATIVE_PATHS[int(p)] for p in paths] == ["decomposed", "dense", "decomposed"]
+
+
+def test_a_compiled_graph_with_dropout_keeps_the_dense_bias_past_the_blockwise_length():
+    """The blockwise path's activation checkpoints would split a compiled graph: compiled code with dropout takes the
+    dense bias at every length, eager code the blocks from CPU_BLOCKWISE_MIN_LENGTH on."""
+    def path_taken(q):
+        return q.new_full((), dispatch.RELATIVE_PATHS.index(dispatch.relative_path(q, "sdpa", 0.1, False)))
+
+    q = torch.zeros(1, 1, LONGEST, 64)
+    compiled = torch.compile(path_taken, fullgraph=True, backend="eager")
+    assert dispatch.RELATIVE_PATHS[int(compiled(q))] == "dense"
+    assert dispatch.RELATIVE_PATHS[int(path_taken(q))] == "blockwise"
 
 
 @pytest.mark.parametrize("implementation, relative, forced, packed", [

@@ -4,6 +4,7 @@ against transformers' own rotary functions (ModernBERT's) on the same queries an
 
 from __future__ import annotations
 
+import copy
 import warnings
 from functools import partial
 
@@ -225,6 +226,29 @@ def test_half_precision_decomposition_with_alibi_attends_in_float32(case, monkey
     real = keep[..., None].expand_as(single)
     error = (half.float() - single)[real].norm() / single[real].norm()
     assert error < 2e-2
+
+
+@pytest.mark.parametrize("case", ["alibi", "composite+key+alibi"])
+def test_half_precision_decomposition_with_alibi_is_the_float32_one_rounded_once(case):
+    """The operands as they are, bfloat16 (exactly the float32 values), n = 300 with a padded row: the decomposition's
+    output is the float32 decomposition's rounded to bfloat16, bit for bit; that one is the float64 dense bias's to
+    float32's rounding. In bfloat16 the key constants (m n / 2) would lose whole units."""
+    kind, terms = CASES[case]
+    relative = make_layer(terms, hidden_size=HIDDEN, position_embedding_type=kind).relative
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 16, generator=generator).bfloat16() for _ in range(3))
+    mask = TokenMask(torch.arange(300)[None] < torch.tensor([300, 170])[:, None])
+
+    def attention(q, k, v, relative, path):
+        with torch.no_grad(), dispatch.forced_path(path):
+            return dispatch.relative_attention(q, k, v, relative, mask, dropout_p=0.0, attn_implementation="sdpa")[0]
+
+    half = attention(q, k, v, relative, "decomposed")
+    single = attention(q.float(), k.float(), v.float(), relative, "decomposed")
+    expected = attention(q.double(), k.double(), v.double(), copy.deepcopy(relative).double(), "dense")
+    assert half.dtype == torch.bfloat16 and torch.equal(half, single.bfloat16())
+    real = mask.keep[:, None, :, None].expand_as(expected)
+    torch.testing.assert_close(single.double()[real], expected[real], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("terms", "out_of_window", "call"), [
