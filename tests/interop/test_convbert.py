@@ -239,14 +239,14 @@ def test_training_mode_drops_where_transformers_drops(cls_name):
 @pytest.mark.parametrize("cls_name", [name for name in OURS if name != "ConvBertModel"])
 def test_every_heads_loss_is_transformers_loss(cls_name):
     """Each task head's loss equals transformers' on the same labels: unscored tokens (-100) left out of the
-    masked-LM and token losses; the span loss the mean of the start's and the end's, a position past the window
-    ignored."""
+    masked-LM and token losses; the span loss the mean of the start's and the end's, a position at the window's end
+    or past it ignored, a negative one taken as the first."""
     hf = hf_model(cls_name, hidden_size=64, embedding_size=32, num_attention_heads=4, intermediate_size=128)
     ours = from_transformers(hf)
     ids, types = batch(n=12)
     generator = torch.Generator().manual_seed(2)
     if cls_name == "ConvBertForQuestionAnswering":
-        labels = dict(start_positions=torch.tensor([1, 5, 3]), end_positions=torch.tensor([2, 40, 7]))
+        labels = dict(start_positions=torch.tensor([1, 12, -3]), end_positions=torch.tensor([2, 40, 7]))
     elif cls_name == "ConvBertForSequenceClassification":
         labels = dict(labels=torch.tensor([0, 2, 1]))
     else:
