@@ -69,7 +69,10 @@ def test_output_shapes_and_loss_composition():
     assert not missing
 
 
-def test_masking_selects_fifteen_percent_of_maskable_tokens_never_pads_or_specials():
+@pytest.mark.parametrize("probability", [0.15, 0.3])
+def test_masking_selects_its_share_of_maskable_tokens_never_pads_or_specials(probability):
+    """ELECTRA's 15 % by default; a run's --mlm-probability reaches the model as config.mask_probability (it was
+    ignored: the share was a constant)."""
     model = tiny_model()
     lengths = [64, 41, 17, 8, 3, 2]  # the last row has nothing to mask: only [CLS] [SEP]
     ids, keep, special = padded_batch(lengths, 64)
@@ -77,10 +80,10 @@ def test_masking_selects_fifteen_percent_of_maskable_tokens_never_pads_or_specia
     torch.manual_seed(1)
     masked_count, mask_tokens = 0, 0
     for _ in range(40):
-        masked = select_masked(maskable).as_mask(ids.shape[1])  # as forward builds the generator input
+        masked = select_masked(maskable, probability).as_mask(ids.shape[1])  # as forward builds the generator input
         generator_ids = model.generator_input(ids, masked)
         assert not (masked & ~maskable).any()
-        expected = (maskable.sum(1) * 0.15).round().clamp(min=1).minimum(maskable.sum(1))
+        expected = (maskable.sum(1) * probability).round().clamp(min=1).minimum(maskable.sum(1))
         assert masked.sum(1).tolist() == expected.long().tolist()
         assert torch.equal(generator_ids[~masked], ids[~masked])
         assert ((generator_ids[masked] == MASK) | (generator_ids[masked] == ids[masked])).all()

@@ -176,9 +176,11 @@ class ConvAttnConfig(PretrainedConfig):
     convbert_padding: str = "masked"
     convbert_kernel_from: str = "query"
     # ELECTRA replaced-token detection (ConvAttnForPreTraining): generator hidden size as a fraction of
-    # the discriminator's, and the weight of the discriminator's loss
+    # the discriminator's, the weight of the discriminator's loss, and the share of each sequence's maskable
+    # tokens masked for the generator (`convattn pretrain` sets it from --mlm-probability)
     generator_size: float = 0.25
     discriminator_weight: float = 50.0
+    mask_probability: float = 0.15
     # ConvAttnForQuestionAnswering: "span" (BERT's start/end linear head, as transformers' ConvBERT) or "joint"
     # (ELECTRA's SQuAD head: start, end given the start, answerability; see qa.py)
     qa_head: str = "span"
@@ -292,6 +294,7 @@ class ConvAttnConfig(PretrainedConfig):
         _in_range("initializer_range", self.initializer_range, 0, math.inf, low_open=True, high_open=True)
         _in_range("generator_size", self.generator_size, 0, 1, low_open=True)  # a fraction of hidden_size
         _in_range("discriminator_weight", self.discriminator_weight, 0, math.inf, high_open=True)
+        _in_range("mask_probability", self.mask_probability, 0, 1, low_open=True)
         _positive("linformer_k", self.linformer_k, minimum=0)
         for field in ("conv_projection_kernel", "conv_kernel_size"):
             value = getattr(self, field)

@@ -27,7 +27,6 @@ from transformers.utils import ModelOutput
 from convattn.config import ConvAttnConfig
 from convattn.model import ConvAttnModel, ConvAttnPreTrainedModel, MaskedLMHead
 
-MASK_PROBABILITY = 0.15  # of the maskable tokens of each sequence
 MASK_TOKEN_PROBABILITY = 0.85  # of those, replaced by [MASK] in the generator input; the rest kept
 
 
@@ -78,16 +77,16 @@ class ReplacedTokenHead(nn.Module):
         return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)
 
 
-def masked_capacity(n: int) -> int:
+def masked_capacity(n: int, probability: float) -> int:
     """At least as many positions as `select_masked` picks in any row of n tokens, known before the data."""
-    return min(n, max(1, math.ceil(n * MASK_PROBABILITY)))
+    return min(n, max(1, math.ceil(n * probability)))
 
 
 @dataclass
 class MaskedSelection:
     """The positions the generator predicts, in a fixed number of slots per row so that every shape is known
     before the data (one graph under torch.compile): slot s of row b holds position `candidates[b, s]`, masked
-    where `chosen[b, s]`; both (batch, masked_capacity(n))."""
+    where `chosen[b, s]`; both (batch, masked_capacity(n, probability))."""
 
     candidates: Tensor
     chosen: Tensor
@@ -103,13 +102,13 @@ class MaskedSelection:
         return x.gather(1, index.expand(*self.candidates.shape, *x.shape[2:]))
 
 
-def select_masked(maskable: Tensor) -> MaskedSelection:
-    """round(15%) of each row's maskable positions (at least one where any), uniformly at random: the
+def select_masked(maskable: Tensor, probability: float) -> MaskedSelection:
+    """round(probability x) each row's maskable positions (at least one where any), uniformly at random: the
     positions of the highest random scores, which come first in the candidate slots."""
     count = maskable.sum(dim=1, keepdim=True)
-    to_mask = (count * MASK_PROBABILITY).round().clamp(min=1).minimum(count)
+    to_mask = (count * probability).round().clamp(min=1).minimum(count)
     scores = torch.rand(maskable.shape, device=maskable.device).masked_fill(~maskable, -1.0)
-    candidates = scores.argsort(dim=1, descending=True)[:, :masked_capacity(maskable.shape[1])]
+    candidates = scores.argsort(dim=1, descending=True)[:, :masked_capacity(maskable.shape[1], probability)]
     slots = torch.arange(candidates.shape[1], device=maskable.device)
     return MaskedSelection(candidates, slots < to_mask)
 
@@ -190,7 +189,8 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
                 **sequence_offsets) -> ElectraPreTrainingOutput:
         """`position_ids` and `sequence_offsets` (cu_seq_lens_q, max_length_q, their _k twins): a flattened batch, as
         `FlatteningCollator(return_special_tokens_mask=True)` lays it out, whose sequences both models read apart;
-        masking picks 15 % of each row's maskable tokens, so of the flattened batch's as a whole."""
+        masking picks config.mask_probability of each row's maskable tokens, so of the flattened batch's as a
+        whole."""
         layout = dict(position_ids=position_ids, **sequence_offsets)
         keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         maskable = keep
@@ -198,7 +198,7 @@ class ConvAttnForPreTraining(ConvAttnPreTrainedModel):
             maskable = maskable & ~special_tokens_mask.bool()
         if self.config.pad_token_id is not None:
             maskable = maskable & (input_ids != self.config.pad_token_id)
-        selection = select_masked(maskable)
+        selection = select_masked(maskable, self.config.mask_probability)
         masked = selection.as_mask(input_ids.shape[1])
         generator_ids = self.generator_input(input_ids, masked)
 

@@ -144,7 +144,7 @@ def add_training_arguments(group, recipe_help: str, seed: bool = True, recipe_de
                        help="linear warmup steps, or a fraction of --max-steps if below 1" + shown("warmup"))
     group.add_argument("--max-grad-norm", type=float, metavar="X", help="gradient clipping" + shown("max_grad_norm"))
     group.add_argument("--mlm-probability", type=float, metavar="X",
-                       help="fraction of tokens masked" + shown("mlm_probability"))
+                       help="fraction of tokens masked (ELECTRA: for its generator)" + shown("mlm_probability"))
     add_execution_arguments(group)
     if seed:
         group.add_argument("--seed", type=int, metavar="N",

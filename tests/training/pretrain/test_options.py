@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+import torch
 from helpers.pretrain import tiny_args, write_corpus
 
 import convattn.config
@@ -99,3 +100,30 @@ def test_the_models_starting_weights_follow_the_runs_seed():
     first, again, other = starting_weights(0), starting_weights(0), starting_weights(1)
     name = "convattn.encoder.layer.0.attention.self.query.weight"
     assert first[name].equal(again[name]) and not first[name].equal(other[name])
+
+
+@pytest.mark.parametrize(("training", "masked"), [({}, 0.15), ({"mlm_probability": 0.3}, 0.3)])
+def test_an_electra_run_masks_its_mlm_probability_for_the_generator(training, masked):
+    """--mlm-probability of an ELECTRA run was read by nothing (its model masked a constant 15 %): it now reaches
+    the model's config, and so its masking, and is saved with it."""
+    from convattn.training.pretrain.options import model_config
+    from convattn.training.pretrain.trainer import build_model
+    from convattn.training.recipes import resolve_recipe
+
+    class Vocabulary:  # what the model takes from a tokenizer
+        pad_token_id, mask_token_id = 0, 4
+
+        def __len__(self):
+            return 100
+
+    recipe, _ = resolve_recipe("convbert/small", None, {"num_hidden_layers": 1, "hidden_size": 32,
+                                                        "num_attention_heads": 4, "intermediate_size": 64},
+                               {**training, "objective": "electra"})
+    model = build_model(recipe, model_config(recipe), Vocabulary())
+    assert model.config.mask_probability == masked
+    ids = torch.randint(5, 100, (2, 21))
+    ids[:, 0], ids[:, -1] = 1, 2
+    special = torch.zeros_like(ids)
+    special[:, [0, -1]] = 1
+    out = model(ids, special_tokens_mask=special)
+    assert out.masked.sum(1).tolist() == [round(19 * masked)] * 2

@@ -38,6 +38,8 @@ def build_model(recipe: Recipe, config: ConvAttnConfig, tokenizer: PreTrainedTok
     """The run's model from its config (`model_config`), given the tokenizer's vocabulary and special ids."""
     config.update({"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
                    "mask_token_id": tokenizer.mask_token_id})
+    if recipe.objective == "electra":  # ELECTRA's model masks for its generator itself
+        config.mask_probability = recipe.mlm_probability
     set_seed(recipe.seed)
     return ConvAttnForPreTraining(config) if recipe.objective == "electra" else ConvAttnForMaskedLM(config)
 
