@@ -79,17 +79,20 @@ def test_the_fields_the_memory_check_names_are_config_fields():
     assert set(LAYER_FIELDS) <= names and set(parameters_at_least(ConvAttnConfig())) <= names
 
 
+class Vocabulary:
+    """What a model takes from a tokenizer (build_model): its size and special ids."""
+
+    pad_token_id, mask_token_id = 0, 4
+
+    def __len__(self):
+        return 100
+
+
 def test_the_models_starting_weights_follow_the_runs_seed():
     """Seeds of a comparison differ in their starting weights too, not only in their data order and masks."""
     from convattn.training.pretrain.options import model_config
     from convattn.training.pretrain.trainer import build_model
     from convattn.training.recipes import resolve_recipe
-
-    class Vocabulary:  # what the model takes from a tokenizer
-        pad_token_id, mask_token_id = 0, 4
-
-        def __len__(self):
-            return 100
 
     def starting_weights(seed: int) -> dict:
         recipe, _ = resolve_recipe("chang2021-small/absolute", None, {"num_hidden_layers": 1, "hidden_size": 32,
@@ -109,12 +112,6 @@ def test_an_electra_run_masks_its_mlm_probability_for_the_generator(training, ma
     from convattn.training.pretrain.options import model_config
     from convattn.training.pretrain.trainer import build_model
     from convattn.training.recipes import resolve_recipe
-
-    class Vocabulary:  # what the model takes from a tokenizer
-        pad_token_id, mask_token_id = 0, 4
-
-        def __len__(self):
-            return 100
 
     recipe, _ = resolve_recipe("convbert/small", None, {"num_hidden_layers": 1, "hidden_size": 32,
                                                         "num_attention_heads": 4, "intermediate_size": 64},
