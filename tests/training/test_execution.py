@@ -17,6 +17,7 @@ from convattn.training.execution import (
     precision_flags,
     recorded_compile_mode,
     resolved_precision,
+    run_precision,
     settle_launcher,
     stays_on_cpu,
 )
@@ -37,6 +38,31 @@ def test_auto_precision_is_fp32_on_cpu_and_bf16_runs_there():
 def test_a_cpu_run_is_kept_on_the_cpu_for_bf16_autocast_and_for_several_processes():
     assert stays_on_cpu(bf16=True) and stays_on_cpu(bf16=False, processes=2)
     assert not stays_on_cpu(bf16=False)
+
+
+def on_a_machine(monkeypatch, gpu: bool, bf16: bool = True) -> None:
+    """torch says this machine has a GPU (with bf16 or not) or none, whatever it has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: gpu and bf16)
+
+
+@pytest.mark.parametrize(("bf16", "auto"), [(True, "bf16"), (False, "fp16")])
+def test_auto_precision_on_a_gpu_is_bf16_where_it_has_it_else_fp16_and_the_run_leaves_the_cpu(monkeypatch, bf16,
+                                                                                                auto):
+    """What auto computes in on a GPU, and that neither bf16 nor several processes keep a GPU machine's run on the
+    CPU (use_cpu there would train on the CPU beside an idle GPU)."""
+    on_a_machine(monkeypatch, gpu=True, bf16=bf16)
+    assert resolved_precision("auto") == auto and resolved_precision("fp16") == "fp16"
+    assert precision_flags("fp16") == {"bf16": False, "fp16": True}
+    assert not stays_on_cpu(bf16=True, processes=4) and not stays_on_cpu(bf16=False, processes=2)
+
+
+def test_the_precision_a_run_records_is_the_one_its_flags_compute_in(monkeypatch):
+    """run_precision names what the Trainer's flags run: an fp16 run recorded as anything else would put its
+    numbers beside another precision's."""
+    on_a_machine(monkeypatch, gpu=True)
+    for precision in ("fp32", "bf16", "fp16"):
+        assert run_precision(precision_flags(precision)) == precision
 
 
 @needs_cpu_only
@@ -184,9 +210,13 @@ def test_bf16_asked_of_convattn_keeps_the_launchers_bf16_and_drops_only_fsdp(mon
     assert what_the_trainer_runs(flags) == ("DistributedType.NO", True, False)
 
 
-def test_a_launchers_other_precision_is_named_and_a_run_without_a_launcher_hears_nothing(monkeypatch):
+def without_a_launcher(monkeypatch) -> None:
     for name in [n for n in os.environ if n.startswith(("ACCELERATE_", "FSDP_"))]:
         monkeypatch.delenv(name)
+
+
+def test_a_launchers_other_precision_is_named_and_a_run_without_a_launcher_hears_nothing(monkeypatch):
+    without_a_launcher(monkeypatch)
     assert settle_launcher({"bf16": False, "fp16": False}) is None
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     assert settle_launcher({"bf16": False, "fp16": False}) == (
@@ -206,3 +236,67 @@ def test_pretraining_says_what_the_launcher_asked_that_it_does_not_do(monkeypatc
     assert args.mixed_precision == "no" and not args.bf16 and not args.fp16
     assert "convattn pretrain: warning: accelerate's mixed_precision fp16 is not used: this run computes in fp32" \
         in capsys.readouterr().err
+
+
+def test_a_launchers_fp16_under_a_bf16_run_is_set_to_bf16_and_named(monkeypatch):
+    """The launcher's variable is set to the run's precision, not merely to "no" or left: the Trainer computes in
+    what it says, and the run records bf16."""
+    without_a_launcher(monkeypatch)
+    on_a_machine(monkeypatch, gpu=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    assert settle_launcher(precision_flags("bf16")) == (
+        "accelerate's mixed_precision fp16 is not used: this run computes in bf16, as --precision says (give "
+        "--precision fp16 for the launcher's)")
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+
+
+def test_a_launchers_no_mixed_precision_is_set_to_the_runs_and_not_named(monkeypatch):
+    """"no" is accelerate's default, not a precision asked for: a bf16 run sets it to bf16 and says nothing."""
+    without_a_launcher(monkeypatch)
+    on_a_machine(monkeypatch, gpu=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert settle_launcher(precision_flags("bf16")) is None
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+
+
+def test_a_launchers_precision_convattn_lacks_is_named_without_a_flag_that_does_not_exist(monkeypatch):
+    """fp8 is accelerate's, not --precision's: the line offers no --precision fp8."""
+    without_a_launcher(monkeypatch)
+    on_a_machine(monkeypatch, gpu=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    assert settle_launcher(precision_flags("fp32")) == (
+        "accelerate's mixed_precision fp8 is not used: this run computes in fp32, as --precision says")
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "no"
+
+
+def test_fsdp_on_a_gpu_is_left_to_the_launcher(monkeypatch):
+    """With a GPU, FSDP applies: settling keeps it (and the launcher's matching bf16) and says nothing."""
+    without_a_launcher(monkeypatch)
+    on_a_machine(monkeypatch, gpu=True)
+    launcher = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "bf16"}
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    assert settle_launcher(precision_flags("bf16"), processes=2) is None
+    assert os.environ["ACCELERATE_USE_FSDP"] == "true" and os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+
+
+def test_fsdp_asked_as_true_in_any_case_is_dropped_without_a_gpu(monkeypatch):
+    """The Accelerator reads ACCELERATE_USE_FSDP case-blind ("True" turns FSDP on), so settling does too."""
+    without_a_launcher(monkeypatch)
+    on_a_machine(monkeypatch, gpu=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "True")
+    assert settle_launcher(precision_flags("fp32")) == (
+        "accelerate's FSDP does not apply without GPUs: this run is one process in fp32 (--precision bf16 computes "
+        "in bf16 on CPU)")
+    assert "ACCELERATE_USE_FSDP" not in os.environ
+
+
+def test_compiling_on_a_gpu_leaves_inductors_random_operators_its_own(monkeypatch):
+    """fallback_random is the CPU's: set on a GPU it would move dropout off inductor's generator there (and slow it),
+    unlike what compile_difference records for a GPU run."""
+    import torch._inductor.config
+
+    on_a_machine(monkeypatch, gpu=True)
+    with torch._inductor.config.patch(fallback_random=False):
+        assert compile_arguments("default") == {"torch_compile": True, "torch_compile_mode": None}
+        assert not torch._inductor.config.fallback_random
