@@ -5,8 +5,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from convattn.training.pretrain.budget import TrainingClock
+from convattn.training.pretrain import callbacks
+from convattn.training.pretrain.budget import StepMeter, TrainingClock
 from convattn.training.pretrain.callbacks import MetricsWriter
 
 
@@ -54,3 +56,49 @@ def test_a_time_budget_run_records_its_training_time_on_both_clocks(tmp_path):
     assert (row["training_compute_seconds"], row["training_wall_seconds"]) == (42.0, 51.3)
     wall = MetricsWriter(tmp_path, TrainingClock(budget=60.0, clock="wall", spent={"compute": 42.04, "wall": 51.26}))
     assert (evaluate(wall, 6)["training_seconds"], evaluate(wall, 7)["clock"]) == (51.3, "wall")
+
+
+def test_a_rows_numbers_are_the_last_logs_and_the_states_rounded_as_documented(tmp_path, monkeypatch):
+    """Every field of a row on a clock the test controls: the losses to 5 decimals, perplexity to 3, elapsed seconds
+    to 1; the learning rate and tokens/s of the interval's last training log, the tokens seen of the state; an
+    ELECTRA evaluation's own losses and accuracy to 5 decimals."""
+    now = [1000.0]
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
+    writer = MetricsWriter(tmp_path)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=40, num_input_tokens_seen=12345)
+    writer.on_log(None, state, None, logs={"loss": 2.0, "tokens_per_second": 40.0, "learning_rate": 3e-4})
+    writer.on_log(None, state, None, logs={"loss": 2.1234567, "tokens_per_second": 61.2, "learning_rate": 2e-4})
+    now[0] += 123.456
+    writer.on_log(None, state, None, logs={"eval_loss": 1.23456789, "eval_perplexity": 3.43698765,
+                                           "eval_generator_loss": 2.3456789, "eval_discriminator_loss": 0.4567891,
+                                           "eval_discriminator_accuracy": 0.87654321, "eval_runtime": 1.23456789})
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+        "step": 40, "train_loss": 2.06173, "eval_loss": 1.23457, "perplexity": 3.437, "tokens_per_second": 61.2,
+        "learning_rate": 2e-4, "tokens_seen": 12345, "elapsed_seconds": 123.5, "generator_loss": 2.34568,
+        "discriminator_loss": 0.45679, "discriminator_accuracy": 0.87654}
+
+
+def test_resuming_drops_the_rows_after_the_checkpoint_from_metrics_jsonl_at_once(tmp_path):
+    """A resumed run stopped before its next evaluation must not leave rows of the discarded steps in the file."""
+    rows = [{"step": 10, "perplexity": 9.0, "elapsed_seconds": 100.0},
+            {"step": 20, "perplexity": 8.0, "elapsed_seconds": 200.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    MetricsWriter(tmp_path).keep_until(10)
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == rows[:1]
+
+
+def test_only_the_main_process_writes_rows(tmp_path):
+    """Every rank logs an evaluation; one file, written by rank 0 alone."""
+    writer = MetricsWriter(tmp_path)
+    state = SimpleNamespace(is_world_process_zero=False, global_step=5, num_input_tokens_seen=500)
+    writer.on_log(None, state, None, logs={"loss": 2.0, "tokens_per_second": 50.0, "learning_rate": 1e-4})
+    writer.on_log(None, state, None, logs={"eval_loss": 1.5, "eval_perplexity": 4.48})
+    assert writer.rows == [] and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_gpu_step_budget_run_records_no_compute_time_it_did_not_keep(tmp_path):
+    """On a GPU a budget that does not read the compute clock keeps no compute total: the row says None, not 0."""
+    meter = StepMeter(wall_spent=7.26)
+    meter.on_train_begin(SimpleNamespace(device=torch.device("cuda")), None, None)
+    row = evaluate(MetricsWriter(tmp_path, meter), 5)
+    assert (row["training_wall_seconds"], row["training_compute_seconds"]) == (7.3, None)

@@ -636,6 +636,7 @@ def test_the_warm_up_compiles_the_kernel_in_the_trainings_precision(corpus, tmp_
     (128, [(128, (128,)), (128, (128, 64)), (120, (120, 60))]),
     (100, [(104, (100,)), (104, (100, 50)), (96, (96, 48))]),  # 100 tokens pad to 104: every batch has a mask
     (8, [(8, (8,)), (8, (8, 4))]),  # no shorter multiple of 8 with another remainder by 16
+    (16, [(16, (16,)), (16, (16, 8)), (8, (8, 4))]),  # the shortest multiple of 8 is one
 ])
 def test_the_warm_up_shapes_are_what_the_collators_pad_training_batches_to(seq_len, expected):
     """The longest batch without padding, with padding, and the longest whose remainder by 16 differs (Triton
@@ -665,3 +666,64 @@ def test_only_a_model_on_the_gpu_warms_up():
     model = torch.nn.Linear(2, 2)
     assert not warms_kernel(SimpleNamespace(device=torch.device("cpu")), model)
     assert not warms_kernel(SimpleNamespace(device=torch.device("cuda")), model)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_warm_up_passes_each_shape_as_the_trainer_would_and_leaves_nothing_changed(training):
+    """On a stand-in trainer: at each shape a training pass (train mode, the training's precision, the training
+    collator and batch size) and an evaluation forward (eval mode, no gradients, the evaluation's collator and batch
+    size); after it the random generator draws what it would have, no gradient is left, the weights are those it
+    found and the model is in the mode it found (a warm-up that changed any of these would change the run)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from convattn.training.pretrain.warm_up import warm_shapes, warm_up
+
+    passes = []
+    model = torch.nn.Sequential(torch.nn.Embedding(len(word_tokenizer()), 4), torch.nn.Dropout(0.5))
+    model.get_input_embeddings = lambda: model[0]
+    model.train(training)
+
+    def collator(kind):
+        return lambda rows: {"kind": kind, "input_ids": torch.nn.utils.rnn.pad_sequence(
+            [torch.tensor(row["input_ids"]) for row in rows], batch_first=True)}
+
+    class Trainer:
+        args = SimpleNamespace(device=torch.device("cpu"), per_device_train_batch_size=3,
+                               per_device_eval_batch_size=5)
+        processing_class = word_tokenizer()
+        precise = False
+
+        @property
+        def accelerator(self):
+            @contextmanager
+            def autocast():
+                self.precise = True
+                yield
+                self.precise = False
+            return SimpleNamespace(autocast=autocast)
+
+        def _prepare_inputs(self, batch):
+            return batch
+
+        def compute_loss(self, model, inputs):
+            passes.append(("loss", inputs["kind"], inputs["input_ids"].shape, model.training, self.precise))
+            return model(inputs["input_ids"]).sum()
+
+        def _eval_sums(self, model, inputs):
+            passes.append(("eval", inputs["kind"], inputs["input_ids"].shape, model.training, self.precise,
+                           torch.is_grad_enabled()))
+            model(inputs["input_ids"])
+
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    trainer = Trainer()
+    trainer.model, trainer.data_collator, trainer.eval_collator = model, collator("train"), collator("eval")
+    warm_up(trainer, 16)
+    assert torch.equal(torch.rand(4), expected)
+    assert passes == [step for padded, _ in warm_shapes(16) for step in (
+        ("loss", "train", (3, padded), True, True), ("eval", "eval", (5, padded), False, True, False))]
+    assert all(p.grad is None for p in model.parameters()) and model.training == training
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in model.state_dict().items())

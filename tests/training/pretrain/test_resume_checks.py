@@ -209,3 +209,14 @@ def test_the_run_records_its_tokenizer_and_a_checkpoint_how_many_steps_trained(s
     # --warmup 2: step 1 runs at learning rate 0, steps 2-4 above it
     assert steps_trained(stopped_run / "checkpoints" / "checkpoint-4") == 3
     assert steps_trained(stopped_run / "checkpoints" / "nowhere") is None
+
+
+@pytest.mark.parametrize(("saved", "steps"), [(3, 3), (0, 0), (True, None), (3.0, None), ("3", None), (None, None)])
+def test_a_checkpoint_says_how_many_steps_trained_only_as_a_whole_number(tmp_path, saved, steps):
+    """The trained steps decide whether a resumed run trained at all: a damaged record (a flag, a float, a string)
+    counts as not recorded, never as 1 or 3 steps."""
+    from convattn.training.pretrain.callbacks import steps_trained
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps(
+        {"stateful_callbacks": {"TrainedSteps": {"args": {"steps": saved}, "attributes": {}}}}))
+    assert steps_trained(tmp_path) == steps

@@ -47,3 +47,11 @@ def test_an_interval_holding_an_evaluation_or_a_save_is_left_out(monkeypatch, ev
     steps.step(60.0, 400)  # the step plus the evaluation or save after the one before
     steps.step(2.0, 700)
     assert meter.rate() == pytest.approx((500 + 700) / 4.0)
+
+
+def test_a_reading_is_rounded_to_a_tenth_of_a_token_per_second(monkeypatch):
+    meter = ThroughputMeter()
+    steps = Steps(meter, monkeypatch)
+    steps.step(1.0, 0)
+    steps.step(3.0, 1000)
+    assert meter.rate() == 333.3
