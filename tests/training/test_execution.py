@@ -238,35 +238,22 @@ def test_pretraining_says_what_the_launcher_asked_that_it_does_not_do(monkeypatc
         in capsys.readouterr().err
 
 
-def test_a_launchers_fp16_under_a_bf16_run_is_set_to_bf16_and_named(monkeypatch):
-    """The launcher's variable is set to the run's precision, not merely to "no" or left: the Trainer computes in
-    what it says, and the run records bf16."""
+@pytest.mark.parametrize(("launcher", "precision", "said", "set_to"), [
+    # set to the run's precision, not merely to "no" or left: the Trainer computes in what it says
+    ("fp16", "bf16", "accelerate's mixed_precision fp16 is not used: this run computes in bf16, as --precision says "
+                     "(give --precision fp16 for the launcher's)", "bf16"),
+    ("no", "bf16", None, "bf16"),  # accelerate's default, not a precision asked for: nothing said
+    # fp8 is accelerate's, not --precision's: the line offers no --precision fp8
+    ("fp8", "fp32", "accelerate's mixed_precision fp8 is not used: this run computes in fp32, as --precision says",
+     "no"),
+])
+def test_a_launchers_mixed_precision_is_set_to_the_runs_and_named_where_it_was_asked(monkeypatch, launcher,
+                                                                                     precision, said, set_to):
     without_a_launcher(monkeypatch)
     on_a_machine(monkeypatch, gpu=False)
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
-    assert settle_launcher(precision_flags("bf16")) == (
-        "accelerate's mixed_precision fp16 is not used: this run computes in bf16, as --precision says (give "
-        "--precision fp16 for the launcher's)")
-    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
-
-
-def test_a_launchers_no_mixed_precision_is_set_to_the_runs_and_not_named(monkeypatch):
-    """"no" is accelerate's default, not a precision asked for: a bf16 run sets it to bf16 and says nothing."""
-    without_a_launcher(monkeypatch)
-    on_a_machine(monkeypatch, gpu=False)
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
-    assert settle_launcher(precision_flags("bf16")) is None
-    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
-
-
-def test_a_launchers_precision_convattn_lacks_is_named_without_a_flag_that_does_not_exist(monkeypatch):
-    """fp8 is accelerate's, not --precision's: the line offers no --precision fp8."""
-    without_a_launcher(monkeypatch)
-    on_a_machine(monkeypatch, gpu=False)
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
-    assert settle_launcher(precision_flags("fp32")) == (
-        "accelerate's mixed_precision fp8 is not used: this run computes in fp32, as --precision says")
-    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "no"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    assert settle_launcher(precision_flags(precision)) == said
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == set_to
 
 
 def test_fsdp_on_a_gpu_is_left_to_the_launcher(monkeypatch):
