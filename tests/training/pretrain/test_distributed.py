@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from accelerate import PartialState
 
 WORDS = "the of and to in a is was for on as with by he at from his an were are which this be or its".split()  # noqa: SIM905
 
@@ -100,7 +101,8 @@ def test_the_main_process_checks_the_output_folder_before_the_others_read_it(tmp
         return recorded
 
     monkeypatch.setattr(job, "main_process", lambda: rank == 0)
-    monkeypatch.setattr(job, "wait_for_everyone", step("barrier", lambda args: None))
+    monkeypatch.setattr(PartialState, "is_main_process", property(lambda state: rank == 0))
+    monkeypatch.setattr(PartialState, "wait_for_everyone", step("barrier", lambda state: None))
     for name in ("check_output_folder", "run_folder_lock", "recover_replaced_run", "check_output_dir"):
         monkeypatch.setattr(job, name, step(name, getattr(job, name)))
     monkeypatch.setattr(job, "train_run", step("train_run", lambda *args: (_ for _ in ()).throw(Stop)))
@@ -121,7 +123,7 @@ def test_a_main_process_that_refuses_the_folder_lets_no_other_process_read_it(tm
     from convattn.training.pretrain.resolve import resolve_options
 
     barriers = []
-    monkeypatch.setattr(job, "wait_for_everyone", lambda args: barriers.append(args))
+    monkeypatch.setattr(PartialState, "wait_for_everyone", lambda state: barriers.append(state))
     (tmp_path / "run").write_text("a user's file")
     options = resolve_options(output_dir=tmp_path / "run", preset="chang2021-small/composite",
                               training={"max_steps": 10})

@@ -6,8 +6,8 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +152,12 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     config = check_options(options)
     args = pretraining_arguments(options)  # joins the other processes of a multi-process run
     with ExitStack() as run:
-        with checks_in_turn(args):
+        # the main process checks the output folder, takes its lock and mends what a killed run left before the
+        # others read it (a rank reading it while rank 0 made and removed its probe folder failed); one that raises
+        # never reaches the barrier, so the others read nothing until the launcher ends them (transformers'
+        # main_process_first would let them in, over a folder rank 0 is removing). The main process writes there
+        # next after the data's barrier (train_run), which the others reach after their checks.
+        with args.distributed_state.main_process_first():
             check_output_folder(options.output_dir)  # before the lock creates it
             run.enter_context(run_folder_lock(options.output_dir))
             if main_process():
@@ -165,26 +170,6 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
                 return finished_summary(options)
             say("pretrain", f"{final} is truncated or corrupt: saving the final model again from {plan.resume_from}")
         return train_run(options, config, plan, args, callbacks, label)
-
-
-@contextmanager
-def checks_in_turn(args: TrainingArguments) -> Iterator[None]:
-    """The main process checks the output folder, takes its lock and mends what a killed run left before the
-    other processes read the folder (they write nothing there): a rank reading it while rank 0 made and removed
-    its probe folder failed. A main process that raises leaves the others at the barrier until the launcher ends
-    them (transformers' `main_process_first` would let them in, to fail over a folder rank 0 is removing). The main
-    process's next writes there come after the data's barrier (`train_run`), which the others reach after their
-    checks."""
-    main = main_process()
-    if not main:
-        wait_for_everyone(args)
-    yield
-    if main:
-        wait_for_everyone(args)
-
-
-def wait_for_everyone(args: TrainingArguments) -> None:
-    args.distributed_state.wait_for_everyone()
 
 
 def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan, args: TrainingArguments,
