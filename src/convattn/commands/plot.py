@@ -259,6 +259,7 @@ def parse_kernel_sizes(text: str) -> list[int]:
 def run_kernel_size(args: argparse.Namespace) -> int:
     from convattn.commands.compare_flags import compare_options
     from convattn.commands.training_process import prepare_training_process
+    from convattn.console import main_process
     from convattn.runs.folder import run_folder_lock
     from convattn.training.compare.grids import RunSpec
     from convattn.training.compare.job import compare_and_report
@@ -270,6 +271,8 @@ def run_kernel_size(args: argparse.Namespace) -> int:
     if not args.report_only:
         prepare_training_process()
     code = compare_and_report(options, args.report_only)
+    if not main_process():  # the main process alone writes the comparison's report and its figure
+        return code
     with run_folder_lock(options.output_dir):  # the figure joins the comparison's folder as its runs did
         figure = plot_sweep(options, args.preset, sizes)
     print(figure)

@@ -40,6 +40,24 @@ def precision_flags(precision: str) -> dict:
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
+def check_one_gpu_per_process(command: str) -> None:
+    """A process drives at most one GPU. Given several, the Trainer would wrap the model in torch's DataParallel
+    (threads, each GPU a slice of every batch) and batch --batch-size per GPU: a batch that many times the
+    recipe's, and a path (the fused kernel, CUDA graphs) convattn does not run. Refused before anything is written,
+    with one GPU or one process per GPU as the fix."""
+    import torch
+
+    from convattn.console import world_size
+
+    if world_size() > 1 or not torch.cuda.is_available() or (count := torch.cuda.device_count()) < 2:
+        return
+    several = (f"one process per GPU (torchrun --nproc-per-node {count} -m convattn {command} ...) or "
+               if command in ("pretrain", "compare") else "")
+    raise UsageError(f"this process sees {count} GPUs, which the Trainer would drive as torch's DataParallel (a "
+                     f"batch of {option('batch_size')} per GPU, {count}x the one asked); convattn {command} runs "
+                     f"{several}one GPU a process: give CUDA_VISIBLE_DEVICES=0 (or another GPU's number)")
+
+
 def stays_on_cpu(bf16: bool, processes: int = 1) -> bool:
     """TrainingArguments' use_cpu: without a GPU, bf16 autocast (the Trainer allows it on the CPU only when told to
     stay there) and several processes (CPU data parallel over gloo: accelerate decides only when told)."""

@@ -3,15 +3,19 @@ fine-tuned on GLUE or SQuAD when asked), then the report."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import shutil
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from convattn.console import log_to, say
+from convattn.console import log_to, main_process, say, world_size
 from convattn.data.corpus import check_text_flags, load_corpus
 from convattn.data.glue import get_task
 from convattn.data.squad import load_squad
@@ -35,6 +39,7 @@ from convattn.training.compare.options import (
 )
 from convattn.training.compare.report import REPORT_RUNS, Report, write_report
 from convattn.training.compare.results import read_downstream, seeds_in_output
+from convattn.training.execution import check_one_gpu_per_process
 from convattn.training.finetune.settings import least_steps_that_train
 from convattn.training.glue import check_task_files, run_glue
 from convattn.training.pretrain import PretrainOptions, check_options, pretrain, sequence_length
@@ -153,6 +158,19 @@ def check_projection_length(spec: RunSpec, recipe, config) -> None:
                          f"{seq_len} positions")
 
 
+def check_fine_tuning_process(options: CompareOptions) -> None:
+    """Fine-tuning runs in one process (`check_one_process`): a launch of several that asks for --glue or --squad
+    is refused now, not after hours of pretraining; its runs pretrain under the launcher without them, and the
+    same command run again alone fine-tunes them (finished runs are reused)."""
+    asked = [flag for flag, request in (("--glue", options.glue), ("--squad", options.squad)) if request]
+    processes = world_size()
+    if asked and processes > 1:
+        raise UsageError(f"{' and '.join(asked)} fine-tune in one process, and this comparison is one of "
+                         f"{processes} that a launcher started (WORLD_SIZE={processes}): pretrain under the launcher "
+                         f"without {' and '.join(asked)}, then run the command with them without the launcher (the "
+                         "finished runs are reused)")
+
+
 def check_fine_tuning_steps(options: CompareOptions) -> None:
     """--glue-max-steps / --squad-max-steps train something: under the recipe's warmup a single step runs at
     learning rate 0, and its untrained model would be reported, after hours of pretraining (`check_trains`)."""
@@ -183,12 +201,9 @@ def train_one(pretrain_options: PretrainOptions, label: str) -> tuple[bool, int 
     return summary.interrupted, peak
 
 
-def run_compare(options: CompareOptions) -> CompareOutcome:
-    """Train (or reuse) every run and seed and fine-tune on GLUE if asked (`write_report` then reports)."""
-    seq_len = validate(options)
-    tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))  # reads the corpus: a failure writes nothing
-    if not (options.output_dir / COMPARE_RECORD).is_file():
-        write_json_atomic(options.output_dir / COMPARE_RECORD, {"written_by": "convattn compare"})
+def run_compare(options: CompareOptions, plan: RunPlan) -> CompareOutcome:
+    """Train (or reuse) every run and seed of `plan` and fine-tune on GLUE if asked (`write_report` then
+    reports)."""
     log_to(options.output_dir)
     outcome = CompareOutcome(trained=0, reused=0)
     total = len(options.grid.runs) * options.seeds
@@ -197,13 +212,13 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
         for seed in range(options.seeds):
             number = index * options.seeds + seed + 1
             path = options.run_path(spec, seed)
-            state = run_state(path)
+            state, exists = plan.states[spec.name, seed]
             if state == FINISHED:
                 say("compare", f"[{number}/{total}] {spec.name} seed {seed}: finished earlier, reused")
                 outcome.reused += 1
                 continue
             resume = state == IN_PROGRESS
-            pretrain_options = run_options(options, spec, seed, resume=resume, overwrite=not resume and path.exists())
+            pretrain_options = run_options(options, spec, seed, resume=resume, overwrite=not resume and exists)
             doing = "resuming" if resume else "training"
             say("compare", f"[{number}/{total}] {spec.name} seed {seed}: {doing} -> {path}")
             interrupted, peak = train_one(pretrain_options, f"{spec.name} seed {seed}")
@@ -213,7 +228,8 @@ def run_compare(options: CompareOptions) -> CompareOutcome:
             if interrupted:
                 outcome.interrupted = True
                 return outcome
-        update_memory(options, spec, tokenizer, cuda_peaks)
+        if main_process():
+            update_memory(options, spec, plan.tokenizer, cuda_peaks)
         if options.glue or options.squad:
             fine_tune_runs(options, spec)
     return outcome
@@ -237,32 +253,91 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
 
 def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None = None) -> int:
     """Run (or only report) a comparison and print its summary table; returns the exit code (130: interrupted).
-    The output folder is this process's while it runs (the lock pretrain takes), and only if it is a comparison's."""
-    check_output_folder(options.output_dir)  # before the lock creates it
-    with run_folder_lock(options.output_dir):
-        check_comparison_folder(options)
-        return compare_in_folder(options, report_only, eval_lengths)
+    The output folder is this process's while it runs (the lock pretrain takes), and only if it is a comparison's.
+
+    Under a launcher's several processes every run trains over all of them, and the main process alone checks the
+    folder, takes its lock, mends what a killed run left and trains the shared tokenizer before the others read any
+    of it (they wait at a barrier, which a main process that refuses never reaches: the launcher ends them); each
+    process then reads which runs are finished, in progress or new before any writes a run (a second barrier), and
+    the main process alone writes the report."""
+    if not report_only:  # every process checks these before they join, and refuses alike
+        check_one_gpu_per_process("compare")
+        check_fine_tuning_process(options)
+    processes = launched_processes()
+    with ExitStack() as held:
+        with main_process_first(processes):
+            check_output_folder(options.output_dir)  # before the lock creates it
+            held.enter_context(run_folder_lock(options.output_dir))
+            check_comparison_folder(options)
+            recover_seed_folders(options)
+            plan = None if report_only else planned_runs(options)
+        if processes is not None:
+            processes.wait_for_everyone()
+        return compare_in_folder(options, plan, eval_lengths)
 
 
-def compare_in_folder(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None) -> int:
+def launched_processes():
+    """accelerate's state of the processes a launcher started (made as each run's TrainingArguments makes it: they
+    rebuild the state over the process group made here), or None for a process that runs alone."""
+    if world_size() == 1:
+        return None
+    from accelerate import PartialState
+    from transformers import TrainingArguments
+
+    timeout = datetime.timedelta(seconds=TrainingArguments.__dataclass_fields__["ddp_timeout"].default)
+    return PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
+
+
+def main_process_first(processes):
+    """The main process runs the block first, the others after it (a barrier between); alone, just the block."""
+    return contextlib.nullcontext() if processes is None else processes.main_process_first()
+
+
+@dataclass
+class RunPlan:
+    """What a comparison trains: every run and seed's folder state (runs/pretrain.py's run_state) and whether its
+    folder exists, read before any process writes a run, so that every process trains the same runs."""
+
+    tokenizer: Any
+    states: dict[tuple[str, int], tuple[str, bool]]
+
+
+def planned_runs(options: CompareOptions) -> RunPlan:
+    """Check every run (`validate`), make or read the shared tokenizer, mark the folder a comparison's, and read
+    each run's state."""
+    seq_len = validate(options)
+    tokenizer = load_tokenizer(shared_tokenizer(options, seq_len))  # reads the corpus: a failure writes nothing
+    if main_process() and not (options.output_dir / COMPARE_RECORD).is_file():
+        write_json_atomic(options.output_dir / COMPARE_RECORD, {"written_by": "convattn compare"})
+    states = {(spec.name, seed): (run_state(path), path.exists())
+              for spec in options.grid.runs for seed in range(options.seeds)
+              for path in [options.run_path(spec, seed)]}
+    return RunPlan(tokenizer, states)
+
+
+def compare_in_folder(options: CompareOptions, plan: RunPlan | None, eval_lengths: list[int] | None) -> int:
+    """Train the runs `plan` holds (None: only report on those the folder holds), then, in the main process, write
+    and print the report."""
     interrupted = False
-    recover_seed_folders(options)
-    if report_only:
+    if plan is None:
         check_runs(options.grid.runs)
         options.seeds = seeds_in_output(options)
         if not options.seeds:
             raise UsageError(f"{option('report_only')}: {options.output_dir} has no runs of these models to report "
                              f"on; check {option('output_dir')} and {option('grid')}/{option('presets')}")
     else:
-        outcome = run_compare(options)
+        outcome = run_compare(options, plan)
         interrupted = outcome.interrupted
-        print(f"compare: {outcome.trained} run(s) trained, {outcome.reused} reused", file=sys.stderr)
-    results, folder = write_report(options)
-    print("\n".join(Report(options, results, figure=None).summary_lines()))
-    if eval_lengths:
-        print("\n".join(write_length_report(options, eval_lengths)))
-    print(f"report: {folder / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
+        if main_process():
+            print(f"compare: {outcome.trained} run(s) trained, {outcome.reused} reused", file=sys.stderr)
+    if main_process():
+        results, folder = write_report(options)
+        print("\n".join(Report(options, results, figure=None).summary_lines()))
+        if eval_lengths:
+            print("\n".join(write_length_report(options, eval_lengths)))
+        print(f"report: {folder / 'report.md'} (also report.html, perplexity.png, metrics.csv, summary.csv)")
     if interrupted:
-        print("interrupted: run the same command again to continue (finished runs are reused)", file=sys.stderr)
+        if main_process():
+            print("interrupted: run the same command again to continue (finished runs are reused)", file=sys.stderr)
         return 130
     return 0

@@ -2,14 +2,14 @@
 docs/reliability.md promises; a task's `FineTuneJob` (glue/job.py, squad/job.py) supplies its data, settings and
 scoring.
 
-Every check comes before the first write, each refusing before the next is reached: the task's inputs (flags,
-recipe, data files), the output folder, the model and the settings that fit it; then, holding the folder: what a
-killed run left, links where the job writes and --overwrite's checks; the finished seeds (made with these settings,
-none past --seeds); the task's own checks of the folder; the files the seeds to train would remove (the job's
-only); the task's data (read, and enough to train). The first write is the model record (another model's finished
-seeds are refused there). Then each task: its finished seeds reused and said, the others trained (a seed that fails
-leaves nothing; the run --overwrite replaces goes once the first seed stands); last the results over every
-finished seed, and each task's best seed's model published.
+Every check comes before the first write, each refusing before the next is reached: one process on at most one GPU
+(fine-tuning runs no other way); the task's inputs (flags, recipe, data files), the output folder, the model and the
+settings that fit it; then, holding the folder: what a killed run left, links where the job writes and --overwrite's
+checks; the finished seeds (made with these settings, none past --seeds); the task's own checks of the folder; the
+files the seeds to train would remove (the job's only); the task's data (read, and enough to train). The first write
+is the model record (another model's finished seeds are refused there). Then each task: its finished seeds reused
+and said, the others trained (a seed that fails leaves nothing; the run --overwrite replaces goes once the first
+seed stands); last the results over every finished seed, and each task's best seed's model published.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from convattn.console import log_to, processes, say, say_launch
 from convattn.runs.finetune import check_restartable, foreign_files, reused_seeds
 from convattn.runs.folder import check_output_folder, run_folder_lock, seed_dir
 from convattn.runs.replace import JobLayout, drop_replaced_if_standing, recover_replaced_run, replaces, replacing
+from convattn.training.execution import check_one_gpu_per_process
 from convattn.training.finetune.failures import new_job, seed_attempt
 from convattn.training.finetune.models import check_save_models, publish_best
 from convattn.training.finetune.pretrained import PretrainedModel, check_same_model, load_pretrained
-from convattn.training.finetune.settings import FineTuneSettings
+from convattn.training.finetune.settings import FineTuneSettings, check_one_process
 from convattn.training.finetune.trainer import check_finished_settings, check_no_more_seeds, finished_run
 
 # (task name, best seed, its seeds) -> models/<name>/, or None when there is no model to publish
@@ -93,9 +94,11 @@ class FineTuneJob:
 
 def run_job(job: FineTuneJob) -> dict:
     """Check everything, fine-tune each task's seeds not finished in the output folder, then aggregate it."""
+    out, command = job.output_dir, job.layout.job
+    check_one_process(command)
+    check_one_gpu_per_process(command)
     check_save_models(job.save_models)
     job.check_inputs()
-    out, command = job.output_dir, job.layout.job
     check_output_folder(out)
     tasks = job.fitted_tasks(load_pretrained(job.model, command, job.foreign_use))
     with run_folder_lock(out):  # a refusal before the first write leaves nothing behind

@@ -70,20 +70,23 @@ def given_overrides(overrides: Mapping | None) -> dict:
     return {name: value for name, value in (overrides or {}).items() if value is not None}
 
 
-def examples_per_step(batch_size: int) -> int:
-    """The training examples one optimizer step takes, as the Trainer batches them: `batch_size` per device,
-    times the GPUs one process drives (DataParallel) or the processes of a torchrun launch."""
-    import torch
-
+def check_one_process(command: str) -> None:
+    """Fine-tuning runs in one process. Under a launcher's several processes each would check, train, score and
+    write the same seeds in the same folder (each rank mending what the others were writing), and the Trainer would
+    batch --batch-size per process: refused before anything is read or written."""
     processes = world_size()
-    gpus = torch.cuda.device_count() if processes == 1 else 1
-    return batch_size * max(processes, 1) * max(gpus, 1)
+    if processes > 1:
+        raise UsageError(f"fine-tuning runs in one process, and this is one of {processes} that a launcher started "
+                         f"(WORLD_SIZE={processes}): each would train and write the same seeds; run `convattn "
+                         f"{command}` without torchrun or accelerate launch (a GPU a job: CUDA_VISIBLE_DEVICES=k, each "
+                         f"job its own {option('output_dir')})")
 
 
 def steps_per_epoch(examples: int, batch_size: int) -> int:
-    """Optimizer steps in one pass over `examples` (the last batch may be partial; at least one, as the Trainer
-    counts them)."""
-    return max(math.ceil(examples / examples_per_step(batch_size)), 1)
+    """Optimizer steps in one pass over `examples` in batches of `batch_size` (one process, one device: see
+    `check_one_process` and execution.check_one_gpu_per_process); the last batch may be partial; at least one, as
+    the Trainer counts them."""
+    return max(math.ceil(examples / batch_size), 1)
 
 
 def optimizer_steps(settings: FineTuneSettings, examples: int) -> int:
@@ -116,7 +119,7 @@ def check_trains(settings: FineTuneSettings, examples: int, what: str, unit: str
                          f"{option('max_steps')} {least} or more, or {option('warmup_ratio')} 0")
     per_epoch = steps_per_epoch(examples, settings.batch_size)
     raise UsageError(f"{option('epochs')} {settings.epochs:g} trains nothing on {what}: {examples:,} training "
-                     f"{unit} in batches of {examples_per_step(settings.batch_size):,} make {counted(per_epoch)} an "
+                     f"{unit} in batches of {settings.batch_size:,} make {counted(per_epoch)} an "
                      f"epoch, so {settings.epochs:g} epochs is {counted(steps)}, {warmup}; give {option('epochs')} "
                      f"{least_epochs(least, per_epoch)} or more")
 

@@ -57,7 +57,7 @@ from convattn.runs.replace import (
     recover_replaced_run,
     restore_replaced,
 )
-from convattn.training.execution import run_precision
+from convattn.training.execution import check_one_gpu_per_process, run_precision
 from convattn.training.guards import TrainedSteps
 from convattn.training.pretrain.budget import (
     CLOCK_EXPLAINED,
@@ -150,6 +150,7 @@ def pretrain(options: PretrainOptions, callbacks: Sequence[TrainerCallback] = ()
     """Run (or resume) pretraining; see the package docstring for what lands in `options.output_dir`. `label`
     names the run in its per-evaluation lines (a comparison runs several)."""
     config = check_options(options)
+    check_one_gpu_per_process("pretrain")
     args = pretraining_arguments(options)  # joins the other processes of a multi-process run
     with ExitStack() as run:
         # the main process checks the output folder, takes its lock and mends what a killed run left before the
