@@ -1,5 +1,5 @@
-"""metrics.jsonl rows: the interval's train loss, one row a step, elapsed_seconds goes on after a resume; a time-budget
-run records its training clock."""
+"""metrics.jsonl rows: the interval's train loss, one row a step, elapsed_seconds goes on from the checkpoint's
+time; a time-budget run records its training clock."""
 
 import json
 from types import SimpleNamespace
@@ -36,17 +36,44 @@ def test_a_rows_train_loss_is_the_mean_of_its_intervals_logged_losses_and_a_step
     assert [(row["step"], row["perplexity"], row["train_loss"]) for row in rows] == [(10, 4.48, 3.0), (20, 3.67, None)]
 
 
-@pytest.mark.timing
-def test_elapsed_seconds_continues_from_the_checkpoint_after_a_resume(tmp_path):
+def test_elapsed_seconds_goes_on_from_the_checkpoints_time_after_a_resume(tmp_path, monkeypatch):
+    """The checkpoint at step 20 was saved 250 s into the run (its row, at 200 s, came before the save): rows after
+    the resume go on from 250 s, and the time of the steps after the checkpoint, trained again, counts once."""
+    now = [5000.0]
+    monkeypatch.setattr(MetricsWriter, "wall", staticmethod(lambda: now[0]))
     rows = [{"step": 10, "perplexity": 9.0, "elapsed_seconds": 100.0},
             {"step": 20, "perplexity": 8.0, "elapsed_seconds": 200.0},
             {"step": 30, "perplexity": 7.0, "elapsed_seconds": 300.0}]  # after the checkpoint: computed again
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     writer = MetricsWriter(tmp_path)
-    writer.keep_until(20)
+    writer.keep_until(20, elapsed=250.0)
+    now[0] += 40.0
     row = evaluate(writer, 30)
-    assert 200.0 <= row["elapsed_seconds"] < 260.0
+    assert row["elapsed_seconds"] == 290.0
     assert "training_seconds" not in row  # a step budget has no training clock
+    assert writer.state() == {"args": {}, "attributes": {"elapsed_seconds": 290.0}}  # what the next save keeps
+
+    # a checkpoint that does not say (saved before it was kept): from the last row kept
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    writer = MetricsWriter(tmp_path)
+    writer.keep_until(20)
+    now[0] += 40.0
+    assert evaluate(writer, 30)["elapsed_seconds"] == 240.0
+
+
+@pytest.mark.parametrize(("saved", "read"), [
+    ({"MetricsWriter": {"args": {}, "attributes": {"elapsed_seconds": 251.25}}}, 251.25),
+    ({"MetricsWriter": [{"args": {}, "attributes": {"elapsed_seconds": 7}}]}, 7.0),
+    ({}, None),                                                                    # saved before it was kept
+    ({"MetricsWriter": {"args": {}, "attributes": {"elapsed_seconds": "250"}}}, None),  # damaged: not trusted
+    ({"MetricsWriter": {"args": {}, "attributes": {"elapsed_seconds": float("inf")}}}, None),
+    ({"MetricsWriter": {"args": {}, "attributes": {"elapsed_seconds": -3.0}}}, None),
+    ({"MetricsWriter": {"args": {}, "attributes": {"elapsed_seconds": True}}}, None),
+    ({"MetricsWriter": {"args": {}, "attributes": [250.0]}}, None),
+])
+def test_a_checkpoints_elapsed_time_is_read_where_it_is_a_time(tmp_path, saved, read):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 20, "stateful_callbacks": saved}))
+    assert callbacks.elapsed_at(tmp_path) == read
 
 
 def test_a_time_budget_run_records_its_training_time_on_both_clocks(tmp_path):
@@ -63,7 +90,7 @@ def test_a_rows_numbers_are_the_last_logs_and_the_states_rounded_as_documented(t
     to 1; the learning rate and tokens/s of the interval's last training log, the tokens seen of the state; an
     ELECTRA evaluation's own losses and accuracy to 5 decimals."""
     now = [1000.0]
-    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(MetricsWriter, "wall", staticmethod(lambda: now[0]))
     writer = MetricsWriter(tmp_path)
     state = SimpleNamespace(is_world_process_zero=True, global_step=40, num_input_tokens_seen=12345)
     writer.on_log(None, state, None, logs={"loss": 2.0, "tokens_per_second": 40.0, "learning_rate": 3e-4})

@@ -27,6 +27,7 @@ from convattn.commands.pretrain import options_from_args
 from convattn.runs.environment import recorded_environments
 from convattn.runs.pretrain import complete_checkpoints
 from convattn.training.pretrain import pretrain
+from convattn.training.pretrain.callbacks import elapsed_at
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,9 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(corpus, finished_run
     summary = pretrain(options, callbacks=[InterruptAt(5)])  # after checkpoint-4, before checkpoint-6
     assert summary.interrupted and not (out / "model.safetensors").exists()
     assert [p.name for p in complete_checkpoints(out / "checkpoints")] == ["checkpoint-2", "checkpoint-4"]
+    # each checkpoint keeps the run's time at its save, after that step's evaluation: the resume goes on from it
+    row = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["step"] == 4)
+    assert elapsed_at(out / "checkpoints" / "checkpoint-4") >= row["elapsed_seconds"] - 0.05
     assert main(tiny_args(corpus, out, "--resume")) == 0
     assert_same_run(out, finished_run)
     # the tied decoder is saved under the embeddings' name: no "missing keys" in the run's log on resuming

@@ -4,11 +4,13 @@ progress bar."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from convattn.files import save_figure, write_text_atomic
 from convattn.runs.checkpoints import saved_callback_state
@@ -54,10 +56,16 @@ def steps_trained(checkpoint: Path) -> int | None:
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
-class MetricsWriter(TrainerCallback):
+class MetricsWriter(TrainerCallback, ExportableState):
     """metrics.jsonl (one row per evaluation) and perplexity.png, rewritten after each evaluation. With a `meter`
     (budget.StepMeter) a row also records the training time on both clocks and the spread of the steps since the
-    last row; a time-budget run's meter (a `TrainingClock`) adds the budget's clock and its time."""
+    last row; a time-budget run's meter (a `TrainingClock`) adds the budget's clock and its time.
+
+    A row's elapsed_seconds is the run's wall time to it, evaluations and saves included: each checkpoint keeps the
+    time at its save, and a resumed run goes on from it (the steps after the checkpoint, trained again, count
+    once). Tests replace the clock (`wall`) with one they control."""
+
+    wall = staticmethod(time.perf_counter)
 
     def __init__(self, output_dir: Path, meter=None):
         self.path = output_dir / METRICS_FILE
@@ -65,15 +73,25 @@ class MetricsWriter(TrainerCallback):
         self.rows = read_metrics(output_dir)
         self.meter = meter
         self._train: list[dict] = []
-        self._started = time.perf_counter()
+        self._started = self.wall()
 
-    def keep_until(self, step: int) -> None:
-        """On resume: forget rows after the checkpoint (they will be computed again); elapsed_seconds goes on
-        from the last row kept."""
+    @property
+    def elapsed(self) -> float:
+        return self.wall() - self._started
+
+    def keep_until(self, step: int, elapsed: float | None = None) -> None:
+        """On resume from the checkpoint of `step`, saved `elapsed` seconds into the run: forget rows after it
+        (they will be computed again); elapsed_seconds goes on from `elapsed`, or where the checkpoint does not say
+        (saved before it was kept), from the last row kept."""
         self.rows = [row for row in self.rows if row["step"] <= step]
-        if self.rows and self.rows[-1].get("elapsed_seconds") is not None:
-            self._started = time.perf_counter() - self.rows[-1]["elapsed_seconds"]
+        if elapsed is None and self.rows:
+            elapsed = self.rows[-1].get("elapsed_seconds")
+        if elapsed is not None:
+            self._started = self.wall() - elapsed
         self._write()
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"elapsed_seconds": self.elapsed}}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -90,7 +108,7 @@ class MetricsWriter(TrainerCallback):
                 "tokens_per_second": recent[-1]["tokens_per_second"] if recent else None,
                 "learning_rate": recent[-1].get("learning_rate") if recent else None,
                 "tokens_seen": state.num_input_tokens_seen,
-                "elapsed_seconds": round(time.perf_counter() - self._started, 1),
+                "elapsed_seconds": round(self.elapsed, 1),
             }
             if getattr(self.meter, "budget", None) is not None:
                 row |= {"training_seconds": round(self.meter.spent, 1), "clock": self.meter.clock}
@@ -109,6 +127,14 @@ class MetricsWriter(TrainerCallback):
         write_text_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))
         if self.rows:
             plot_perplexity(self.rows, self.plot_path)
+
+
+def elapsed_at(checkpoint: Path) -> float | None:
+    """The run's wall time when `checkpoint` was saved (`MetricsWriter.state`), or None for one that does not say."""
+    attributes = saved_callback_state(checkpoint, MetricsWriter.__name__).get("attributes")
+    seconds = attributes.get("elapsed_seconds") if isinstance(attributes, dict) else None
+    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    return float(seconds) if number and math.isfinite(seconds) and seconds >= 0 else None
 
 
 def plot_perplexity(rows: Sequence[dict], path: Path) -> None:

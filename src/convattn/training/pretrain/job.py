@@ -72,6 +72,7 @@ from convattn.training.pretrain.callbacks import (
     MetricsWriter,
     PretrainProgress,
     ThroughputMeter,
+    elapsed_at,
     steps_trained,
 )
 from convattn.training.pretrain.data import MaskingCollator, padding_collator, prepare_data
@@ -212,7 +213,7 @@ def train_run(options: PretrainOptions, config: ConvAttnConfig, plan: OutputPlan
         note_environment(out, args, plan)
     metrics = MetricsWriter(out, meter)
     if plan.resume_from is not None and args.process_index == 0:
-        metrics.keep_until(checkpoint_step(plan.resume_from))
+        metrics.keep_until(checkpoint_step(plan.resume_from), elapsed_at(plan.resume_from))
     throughput = ThroughputMeter()
     trained = TrainedSteps(steps_trained(plan.resume_from) if plan.resume_from else 0)
     collator = (MaskingCollator(data.tokenizer, recipe.mlm_probability, recipe.seed) if recipe.objective == "mlm"
