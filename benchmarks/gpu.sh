@@ -28,5 +28,8 @@ if [ -d .gpu-kit/wheels ] && [ ! -f "$site/.installed" ]; then
     python3 -c "import pyarrow, fsspec; print('gpu.sh: pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)"
 fi
 export PYTHONPATH="$site:$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+# one GPU whatever the machine has: a process that sees several is refused by pretrain, compare and the
+# fine-tuning commands (the Trainer would run DataParallel), and every row measures one GPU
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 exec "$@"

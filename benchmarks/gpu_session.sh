@@ -18,6 +18,9 @@ export GPU_SESSION_STARTED="$(date +%s)"  # the stages' budgets count from here,
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 export PYTHONPATH="$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+# one GPU whatever the machine has: a process that sees several is refused by pretrain, compare and the
+# fine-tuning commands (the Trainer would run DataParallel), and every row measures one GPU
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 case " $* " in
     *" --rehearse "*) export TRITON_INTERPRET=1 ;;  # before anything imports triton
