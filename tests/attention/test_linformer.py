@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers.reference import linear
 from helpers.tiny import randomize_
 from torch import nn
@@ -162,6 +163,42 @@ def test_attention_probabilities_are_over_the_k_projected_positions():
     assert probs.shape == (2, 4, 10, 6)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 10, dtype=torch.float64))
     torch.testing.assert_close(context, module(x, TokenMask(keep))[0])
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_sdpa_serves_unless_the_maps_are_asked_for(attn_implementation, monkeypatch):
+    """"sdpa": one SDPA call on the k projected keys and values, no map returned; asked for the maps, or "eager",
+    the scores are computed explicitly (no SDPA call) and the (batch, heads, n, k) probabilities come back."""
+    module = attention_module("linear", attn_implementation=attn_implementation)
+    x, keep = padded_batch((10, 4), 10)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kwargs: calls.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+                        or sdpa(q, k, v, **kwargs))
+    context, probs = module(x, TokenMask(keep))
+    if attn_implementation == "sdpa":
+        assert calls == [((2, 4, 10, 8), (2, 4, 6, 8), (2, 4, 6, 8))] and probs is None
+    else:
+        assert not calls and probs.shape == (2, 4, 10, 6)
+    calls.clear()
+    mapped, probs = module(x, TokenMask(keep), output_attentions=True)
+    assert not calls and probs.shape == (2, 4, 10, 6)
+    torch.testing.assert_close(mapped, context, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", ["after_projection", "before_projection"])
+@pytest.mark.parametrize("sharing", SHARING)
+def test_a_projection_shared_by_keys_and_values_projects_the_input_once(sharing, bias):
+    """With the bias after the projection, keys and values are maps of one projected input: a projection shared by
+    both (key_value, layerwise) runs once; headwise (two projections), or the maps first, project twice."""
+    module = attention_module("linear", sharing, bias=bias)
+    calls = []
+    for projection in set(module.projections):
+        projection.register_forward_hook(lambda *args: calls.append(1))
+    x, keep = padded_batch((10, 4), 10)
+    module(x, TokenMask(keep))
+    assert len(calls) == (1 if sharing != "headwise" and bias == "after_projection" else 2)
 
 
 # ---------------------------------------------------------------------------- the encoder
