@@ -9,6 +9,7 @@ from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers.reference import composite_attention_loops, mixed_attention_loops
 from helpers.relative import TERMS, batch, make_convbert_layer, make_layer, output_and_grads
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -76,8 +77,10 @@ def test_output_and_gradients_equal_the_dense_reference_with_padding_every_way(d
         torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_a_batch_without_padding_is_one_call_with_its_bias_a_view():
-    """No row padded: one flash call; the bias reaches it as a (1, heads, n, n) view of (heads, 2n - 1) numbers."""
+@pytest.mark.parametrize("padded", [False, None], ids=["unpadded mask", "no mask"])
+def test_a_batch_without_padding_is_one_call_with_its_bias_a_view(padded):
+    """No row padded, or no mask: one flash call; the bias reaches it as a (1, heads, n, n) view of (heads, 2n - 1)
+    numbers."""
     slopes = torch.tensor(alibi_slopes(HEADS))
     q, k, v = inputs(torch.float32, 3)
     calls = []
@@ -90,10 +93,33 @@ def test_a_batch_without_padding_is_one_call_with_its_bias_a_view():
 
     keep = torch.ones(3, N, dtype=torch.bool)
     with Calls():
-        ours = toeplitz_alibi_attention(q, k, v, slopes, TokenMask(keep))
+        ours = toeplitz_alibi_attention(q, k, v, slopes, None if padded is None else TokenMask(keep))
     (bias,) = calls
     assert bias.shape == (1, HEADS, N, N) and bias.untyped_storage().nbytes() == HEADS * (2 * N - 1) * 4
     torch.testing.assert_close(ours.double(), dense_reference(q, k, v, slopes, keep), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "as traced"])
+def test_rows_of_one_prefix_length_share_a_call_without_the_pad_channel(traced, monkeypatch):
+    """keep_rows, one call per run of rows: whole (all N keys), two rows of a prefix of 7 (one call, on their first 7
+    keys), a prefix of 1, two rows padded elsewhere (one call on the pad channel: head size D + 1), a row of pads alone
+    (all N keys), whole. A traced graph (no branch on the data) makes one call, every row on the pad channel. Each
+    call as (rows, keys, head size)."""
+    if traced:
+        monkeypatch.setattr(toeplitz, "is_tracing", lambda: True)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kwargs: calls.append((q.shape[0], k.shape[-2], q.shape[-1]))
+                        or sdpa(q, k, v, **kwargs))
+    keep = keep_rows(N)
+    q, k, v = inputs(torch.float32, len(keep))
+    with torch.no_grad():
+        toeplitz_alibi_attention(q, k, v, torch.tensor(alibi_slopes(HEADS)), TokenMask(keep))
+    if traced:
+        assert calls == [(len(keep), N, D + 1)]
+    else:
+        assert calls == [(1, N, D), (2, 7, D), (1, 1, D), (2, N, D + 1), (1, N, D), (1, N, D)]
 
 
 class StorageSizes(TorchDispatchMode):
