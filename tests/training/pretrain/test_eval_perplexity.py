@@ -184,6 +184,31 @@ def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
     assert perplexity == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+def test_a_diverged_models_perplexity_at_a_length_is_capped_not_an_overflow():
+    """A mean loss past 50 nats (here about 10^4: every guess is [PAD], which no block holds) reads exp(50); exp of
+    the loss itself overflows a float."""
+    from types import SimpleNamespace
+
+    from convattn.training.length_eval import perplexity_at
+
+    model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).eval()
+    with torch.no_grad():
+        model.mlm_head.bias[PAD] = 1e4
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.cat([torch.full((6, 1), CLS), torch.randint(4, 101, (6, 9), generator=generator),
+                        torch.full((6, 1), SEP)], dim=1)
+    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, seed=5, batch_size=4)
+    assert count > 0 and perplexity == math.exp(50.0)
+
+
+@pytest.mark.parametrize("lengths", [[128, 2], [64.0]])
+def test_a_length_below_three_or_not_an_integer_is_refused_before_any_model_loads(lengths, tmp_path):
+    from convattn.training.length_eval import evaluate_at_lengths
+
+    with pytest.raises(ValueError, match=r"must be integers >= 3 \(\[CLS\] \+ at least one token \+ \[SEP\]\)"):
+        evaluate_at_lengths(tmp_path / "no-model", ["some text"], lengths)
+
+
 def test_non_finite_weights_stop_an_evaluation_and_are_never_saved(tmp_path):
     from convattn.training.guards import NonFiniteTraining
 

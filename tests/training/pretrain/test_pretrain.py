@@ -303,6 +303,53 @@ def test_a_length_whose_blocks_have_no_masked_token_has_no_perplexity(finished_r
     assert row.note == "no token masked in 1 block(s) of 3 tokens: give more eval text"
 
 
+def test_perplexity_at_lengths_against_float64_on_the_eval_texts_blocks(finished_run, corpus, monkeypatch):
+    """`evaluate_at_lengths` recomputed from its definition: the texts' lines (a whitespace-only one is no text)
+    tokenized without special tokens into one stream, cut from its start into [CLS] + (n - 2) tokens + [SEP] blocks,
+    [MASK] over the body tokens a generator seeded with seed + n draws at MASK_PROBABILITY (the model is given
+    exactly these inputs), perplexity = exp(the masked tokens' summed loss / their count) in float64. Lengths from
+    one token a block to the whole stream in one block, and one block longer than the text."""
+    import torch.nn.functional as F
+
+    from convattn.model import ConvAttnForMaskedLM
+    from convattn.training.length_eval import MASK_PROBABILITY, evaluate_at_lengths
+
+    tokenizer = AutoTokenizer.from_pretrained(finished_run)
+    reference = ConvAttnForMaskedLM.from_pretrained(finished_run).double().eval()
+    model = ConvAttnForMaskedLM.from_pretrained(finished_run).eval()
+    given = []
+    model.convattn.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs["input_ids"]),
+                                             with_kwargs=True)
+    monkeypatch.setattr(ConvAttnForMaskedLM, "from_pretrained", classmethod(lambda cls, *args, **kwargs: model))
+    lines = (corpus / "valid.txt").read_text().splitlines()[:4]
+    texts = [lines[0], "   ", lines[1], "", lines[2], " ", lines[3]]
+    stream = [i for line in lines for i in tokenizer(line, add_special_tokens=False)["input_ids"]]
+    cls, sep, mask = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.mask_token_id
+    assert not {cls, sep, mask} & set(stream)
+    lengths = [3, 10, len(stream) + 2, len(stream) + 3]
+    rows = evaluate_at_lengths(finished_run, texts, lengths, max_blocks=None, seed=5, batch_size=3)
+    assert [row.length for row in rows] == lengths
+    for n, row in zip(lengths[:-1], rows, strict=False):
+        body, blocks = n - 2, len(stream) // (n - 2)
+        chosen = torch.rand((blocks, n), generator=torch.Generator().manual_seed(5 + n)) < MASK_PROBABILITY
+        expected, total, masked = [], 0.0, 0
+        with torch.no_grad():
+            for b in range(blocks):
+                ids = [cls, *stream[b * body:(b + 1) * body], sep]
+                scored = [t for t in range(1, n - 1) if chosen[b, t]]
+                expected.append([mask if t in scored else token for t, token in enumerate(ids)])
+                logits = reference(input_ids=torch.tensor(expected[-1:])).logits[0]
+                targets = torch.tensor([ids[t] for t in scored], dtype=torch.long)
+                total += F.cross_entropy(logits[scored], targets, reduction="sum").item()
+                masked += len(scored)
+        assert torch.equal(torch.cat([ids for ids in given if ids.shape[1] == n]), torch.tensor(expected))
+        assert (row.blocks, row.masked_tokens, row.note) == (blocks, masked, "") and masked > 0
+        assert row.perplexity == pytest.approx(math.exp(total / masked), rel=1e-5)
+    assert rows[2].blocks == 1
+    assert (rows[-1].perplexity, rows[-1].masked_tokens, rows[-1].blocks) == (None, 0, 0)
+    assert rows[-1].note == f"eval text too short for one block of {lengths[-1]} tokens"
+
+
 def word_tokenizer():
     """A word-level tokenizer of WORDS with BERT's special tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
