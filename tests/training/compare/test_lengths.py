@@ -1,0 +1,124 @@
+"""The comparison's length report (lengths.py) on synthetic run folders, with known scores standing in for
+`evaluate_at_lengths`: each seed's scores cached on the lengths and eval files, the table's mean ± SEM over the
+finished seeds against a float64 computation, a length some seed could not score shown by its note, the CSV's
+exact numbers and the figure's points."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from convattn.errors import UsageError
+from convattn.runs.pretrain import FINAL_MODEL
+from convattn.training import length_eval
+from convattn.training.compare import lengths as report
+from convattn.training.compare.grids import Grid, RunSpec
+from convattn.training.compare.options import CompareOptions
+from convattn.training.length_eval import MASK_PROBABILITY, LengthResult
+
+SPECS = [RunSpec("relative", "chang2021-small/composite"), RunSpec("absolute", "chang2021-small/absolute")]
+LENGTHS = [16, 64, 256]
+CANNOT = "cannot extend: absolute position embeddings stop at 32"
+NONE_MASKED = "no token masked in 1 block(s) of 64 tokens: give more eval text"
+# run -> seed -> perplexity at each of LENGTHS (None: not scored, for the note's reason); absolute seed 2 unfinished
+SCORES = {"relative": {0: [30.3, 41.5, 57.125], 1: [31.0, 44.75, 60.5], 2: [29.5, None, 58.0]},
+          "absolute": {0: [20.0, None, None], 1: [22.6, None, None], 2: [1.0, 1.0, 1.0]}}
+
+
+def note(run: str, value: float | None) -> str:
+    return "" if value is not None else (CANNOT if run == "absolute" else NONE_MASKED)
+
+
+@pytest.fixture
+def scored(tmp_path, monkeypatch):
+    """A comparison's folder, 3 seeds of each run (absolute's seed 2 unfinished), and the evaluations made."""
+    options = CompareOptions(Grid("g", SPECS), tmp_path / "out", data={"eval_files": ["valid.txt"]}, seeds=3)
+    for spec in SPECS:
+        for seed in range(3):
+            path = options.run_path(spec, seed)
+            path.mkdir(parents=True)
+            if (spec.name, seed) != ("absolute", 2):
+                (path / FINAL_MODEL).write_bytes(b"")
+    calls = []
+
+    def evaluate_at_lengths(path, files, lengths, **kwargs):
+        calls.append((path, files, lengths))
+        run, seed = next(spec.name for spec in SPECS if spec.slug == path.parent.name), int(path.name[4:])
+        values = dict(zip(LENGTHS, SCORES[run][seed], strict=True))
+        return [LengthResult(n, values[n], 0 if values[n] is None else 7, 1, note(run, values[n])) for n in lengths]
+
+    monkeypatch.setattr(length_eval, "evaluate_at_lengths", evaluate_at_lengths)
+    return options, calls
+
+
+def mean_sem_cell(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    sem = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return f"{mean:.1f} ± {sem:.1f}"
+
+
+def test_the_report_gives_each_runs_mean_and_sem_over_its_finished_seeds(scored):
+    options, _ = scored
+    table = report.write_length_report(options, LENGTHS)
+    out = options.output_dir
+    relative = [[SCORES["relative"][seed][i] for seed in range(3)] for i in range(3)]
+    absolute = [SCORES["absolute"][seed][0] for seed in range(2)]
+    assert table[2:] == [
+        f"| relative | 3 | {mean_sem_cell(relative[0])} | {NONE_MASKED} | {mean_sem_cell(relative[2])} |",
+        f"| absolute | 2 | {mean_sem_cell(absolute)} | {CANNOT} | {CANNOT} |"]
+    markdown = (out / "lengths.md").read_text()
+    assert "\n".join(table) in markdown
+    assert f"({round(100 * MASK_PROBABILITY)} % of tokens masked" in markdown  # the share length_eval masks
+    with open(out / "lengths.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    expected = {(spec.name, str(seed), str(n)): SCORES[spec.name][seed][i] for spec in SPECS for seed in range(3)
+                for i, n in enumerate(LENGTHS) if (spec.name, seed) != ("absolute", 2)}
+    assert len(rows) == len(expected)
+    for row in rows:
+        value = expected[row["run"], row["seed"], row["length"]]
+        if value is None:
+            assert (row["perplexity"], row["note"]) == ("", note(row["run"], None))
+        else:
+            assert float(row["perplexity"]) == value and row["note"] == ""
+
+
+def test_the_figure_plots_each_runs_mean_at_the_lengths_every_seed_scored(scored, monkeypatch):
+    options, _ = scored
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig))
+    report.write_length_report(options, LENGTHS)
+    [figure] = figures
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    assert sorted(lines) == ["absolute (cannot extend to 64, 256)", "relative (cannot extend to 64)"]
+    relative, absolute = lines["relative (cannot extend to 64)"], lines["absolute (cannot extend to 64, 256)"]
+    assert list(relative.get_xdata()) == [16, 256]
+    assert list(relative.get_ydata()) == pytest.approx(
+        [sum(SCORES["relative"][seed][i] for seed in range(3)) / 3 for i in (0, 2)], rel=1e-12)
+    assert list(absolute.get_xdata()) == [16] and list(absolute.get_ydata()) == pytest.approx([21.3], rel=1e-12)
+
+
+def test_a_seeds_scores_are_cached_on_its_lengths_and_eval_files(scored):
+    """A second report of the same lengths and eval text evaluates nothing; other lengths or other eval files are
+    scored again, not read from the cache."""
+    options, calls = scored
+    path = options.run_path(SPECS[0], 0)
+    first = report.seed_scores(path, [16, 64], ["valid.txt"])
+    assert first == {"lengths": [16, 64], "files": ["valid.txt"],
+                     "results": [{"length": 16, "perplexity": 30.3, "note": ""},
+                                 {"length": 64, "perplexity": 41.5, "note": ""}]}
+    assert json.loads((path / report.LENGTHS_FILE).read_text()) == first
+    assert report.seed_scores(path, [16, 64], ["valid.txt"]) == first and len(calls) == 1
+    report.seed_scores(path, [16, 64], ["other.txt"])
+    assert len(calls) == 2
+    assert report.seed_scores(path, [16, 256], ["other.txt"])["results"][1]["perplexity"] == 57.125
+    assert [lengths for _, _, lengths in calls] == [[16, 64], [16, 64], [16, 256]]
+
+
+def test_lengths_take_stray_commas_and_spaces_but_not_an_empty_list():
+    assert report.parse_lengths(" 128, 512,") == [128, 512]
+    for text in (",", " , "):  # no length at all: no column to report, not a report without one
+        with pytest.raises(UsageError, match=">= 3"):
+            report.parse_lengths(text)
