@@ -1,5 +1,5 @@
 """The comparison's length report (lengths.py) on synthetic run folders, with known scores standing in for
-`evaluate_at_lengths`: each seed's scores cached on the lengths and eval files, the table's mean ± SEM over the
+`evaluate_at_lengths`: each seed's scores cached on the lengths, eval files and weights, the table's mean ± SEM over the
 finished seeds against a float64 computation, a length some seed could not score shown by its note, the CSV's
 exact numbers and the figure's points."""
 
@@ -12,6 +12,7 @@ import math
 import pytest
 
 from convattn.errors import UsageError
+from convattn.files import model_identity
 from convattn.runs.pretrain import FINAL_MODEL
 from convattn.training import length_eval
 from convattn.training.compare import lengths as report
@@ -92,21 +93,23 @@ def test_the_figure_plots_each_runs_mean_at_the_lengths_every_seed_scored(scored
     report.write_length_report(options, LENGTHS)
     [figure] = figures
     lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
-    assert sorted(lines) == ["absolute (cannot extend to 64, 256)", "relative (cannot extend to 64)"]
-    relative, absolute = lines["relative (cannot extend to 64)"], lines["absolute (cannot extend to 64, 256)"]
+    # relative's seed 2 had no token masked at 64 (too little text there), not a length it cannot take
+    assert sorted(lines) == ["absolute (cannot extend to 64, 256)", "relative (not scored at 64)"]
+    relative, absolute = lines["relative (not scored at 64)"], lines["absolute (cannot extend to 64, 256)"]
     assert list(relative.get_xdata()) == [16, 256]
     assert list(relative.get_ydata()) == pytest.approx(
         [sum(SCORES["relative"][seed][i] for seed in range(3)) / 3 for i in (0, 2)], rel=1e-12)
     assert list(absolute.get_xdata()) == [16] and list(absolute.get_ydata()) == pytest.approx([21.3], rel=1e-12)
 
 
-def test_a_seeds_scores_are_cached_on_its_lengths_and_eval_files(scored):
-    """A second report of the same lengths and eval text evaluates nothing; other lengths or other eval files are
-    scored again, not read from the cache."""
+def test_a_seeds_scores_are_cached_on_its_lengths_eval_files_and_weights(scored):
+    """A second report of the same lengths, eval text and model evaluates nothing; other lengths, other eval files
+    or the run's weights trained again (pretrain --overwrite into the seed folder) are scored again, not read from
+    the cache."""
     options, calls = scored
     path = options.run_path(SPECS[0], 0)
     first = report.seed_scores(path, [16, 64], ["valid.txt"])
-    assert first == {"lengths": [16, 64], "files": ["valid.txt"],
+    assert first == {"lengths": [16, 64], "files": ["valid.txt"], "model": model_identity(path),
                      "results": [{"length": 16, "perplexity": 30.3, "note": ""},
                                  {"length": 64, "perplexity": 41.5, "note": ""}]}
     assert json.loads((path / report.LENGTHS_FILE).read_text()) == first
@@ -115,6 +118,14 @@ def test_a_seeds_scores_are_cached_on_its_lengths_and_eval_files(scored):
     assert len(calls) == 2
     assert report.seed_scores(path, [16, 256], ["other.txt"])["results"][1]["perplexity"] == 57.125
     assert [lengths for _, _, lengths in calls] == [[16, 64], [16, 64], [16, 256]]
+    (path / FINAL_MODEL).write_bytes(b"other weights")
+    assert report.seed_scores(path, [16, 256], ["other.txt"])["model"] == model_identity(path) != first["model"]
+    assert len(calls) == 4
+    record = json.loads((path / report.LENGTHS_FILE).read_text())
+    del record["model"]  # a cache written before it was keyed on the weights
+    (path / report.LENGTHS_FILE).write_text(json.dumps(record))
+    report.seed_scores(path, [16, 256], ["other.txt"])
+    assert len(calls) == 5
 
 
 def test_lengths_take_stray_commas_and_spaces_but_not_an_empty_list():

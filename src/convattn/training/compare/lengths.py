@@ -2,7 +2,7 @@
 
 Every finished run and seed is scored by `length_eval.evaluate_at_lengths` on the comparison's eval files at
 each length (the papers train at 128); the scores are cached per seed in `length_eval.json` (keyed on the
-lengths and eval files, so a second report costs nothing) and summarised in the output directory:
+lengths, the eval files and the run's weights, so a second report costs nothing) and summarised in the output directory:
 
     lengths.md      one row per run: eval perplexity mean ± SEM over seeds at each length
     lengths.csv     one row per run x seed x length
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from convattn.console import say
 from convattn.errors import UsageError, option
-from convattn.files import read_json, save_figure, write_json_atomic, write_text_atomic
+from convattn.files import model_identity, read_json, save_figure, write_json_atomic, write_text_atomic
 from convattn.runs.pretrain import FINISHED, run_state
 from convattn.training.compare.options import CompareOptions
 from convattn.training.seed_statistics import format_mean_sem, mean_sem
@@ -49,15 +49,17 @@ def eval_files(options: CompareOptions) -> list[str]:
 
 
 def seed_scores(path: Path, lengths: list[int], files: list[str]) -> dict:
-    """{"lengths": [...], "files": [...], "results": [{length, perplexity, note}, ...]}, cached in the seed dir."""
+    """{"lengths": [...], "files": [...], "model": fingerprint, "results": [{length, perplexity, note}, ...]}, cached
+    in the seed dir for these lengths, files and model (`model_identity` of the run's weights)."""
     from convattn.training.length_eval import evaluate_at_lengths
 
     cache = path / LENGTHS_FILE
     record = read_json(cache) if cache.is_file() else None
-    if record and record.get("lengths") == lengths and record.get("files") == files:
+    model = model_identity(path)  # a run trained again (pretrain --overwrite into the seed folder) is scored again
+    if record and record.get("lengths") == lengths and record.get("files") == files and record.get("model") == model:
         return record
     results = evaluate_at_lengths(path, files, lengths)
-    record = {"lengths": lengths, "files": files,
+    record = {"lengths": lengths, "files": files, "model": model,
               "results": [{"length": r.length, "perplexity": r.perplexity, "note": r.note} for r in results]}
     write_json_atomic(cache, record)
     return record
@@ -108,6 +110,18 @@ def write_length_report(options: CompareOptions, lengths: list[int]) -> list[str
     return table
 
 
+def unscored_lengths(seeds: dict[int, list[dict]], lengths: list[int]) -> dict[str, list[int]]:
+    """The lengths a run has no perplexity at, in the figure's words: those past its positions ("cannot extend
+    to"), and the others (too little eval text, or no token masked there: "not scored at")."""
+    unscored: dict[str, list[int]] = {"cannot extend to": [], "not scored at": []}
+    for i, n in enumerate(lengths):
+        notes = [r[i]["note"] for r in seeds.values() if r[i]["perplexity"] is None]
+        if notes:
+            extends = all(note.startswith("cannot extend") for note in notes)
+            unscored["cannot extend to" if extends else "not scored at"].append(n)
+    return unscored
+
+
 def plot_lengths(scores: dict[str, dict[int, list[dict]]], lengths: list[int], path: Path) -> None:
     import matplotlib
 
@@ -118,8 +132,8 @@ def plot_lengths(scores: dict[str, dict[int, list[dict]]], lengths: list[int], p
     for run, seeds in scores.items():
         points = [(n, mean_sem([r[i]["perplexity"] for r in seeds.values()])["mean"]) for i, n in enumerate(lengths)
                   if all(r[i]["perplexity"] is not None for r in seeds.values())]
-        cannot = [n for i, n in enumerate(lengths) if any(r[i]["perplexity"] is None for r in seeds.values())]
-        label = run + (f" (cannot extend to {', '.join(map(str, cannot))})" if cannot else "")
+        label = run + "".join(f" ({why} {', '.join(map(str, unscored))})" for why, unscored in unscored_lengths(
+            seeds, lengths).items() if unscored)
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=label)
     ax.set_xscale("log", base=2)
