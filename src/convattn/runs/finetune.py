@@ -29,7 +29,7 @@ from convattn.runs.folder import (
     foreign_entries,
     is_code_or_temp,
 )
-from convattn.runs.pretrain import MODEL_FILES, is_model_card
+from convattn.runs.pretrain import GLUE_DIR, MODEL_FILES, SQUAD_DIR, is_model_card
 from convattn.runs.replace import JobLayout
 
 GLUE_RESULTS = "glue_results.json"
@@ -59,11 +59,11 @@ SEED_NAME = re.compile(r"seed\d+")
 
 
 def glue_dir(pretraining_seed: Path) -> Path:
-    return Path(pretraining_seed) / "glue"
+    return Path(pretraining_seed) / GLUE_DIR
 
 
 def squad_dir(pretraining_seed: Path) -> Path:
-    return Path(pretraining_seed) / "squad"
+    return Path(pretraining_seed) / SQUAD_DIR
 
 
 def has_finished_seed(out: Path) -> bool:
@@ -80,7 +80,7 @@ def _tasks(job: str) -> frozenset[str]:
     return frozenset(GLUE_PREDICTIONS) if job == "glue" else SQUAD_TASKS
 
 
-def _written_inside(job: str):
+def written_inside_job(job: str):
     top, tasks = (GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES), _tasks(job)
 
     def written_inside(entry: Path, out: Path) -> bool:
@@ -123,12 +123,12 @@ def layout(job: str) -> JobLayout:
     top = GLUE_ENTRIES if job == "glue" else SQUAD_ENTRIES
     record = GLUE_MODEL_RECORD if job == "glue" else SQUAD_MODEL_RECORD
     return JobLayout(job, record, lambda entry: _written_at_top(entry, top), has_finished_seed,
-                     "its first finished seed", _written_inside(job), lambda out: staging_leftovers(out, job))
+                     "its first finished seed", written_inside_job(job), lambda out: staging_leftovers(out, job))
 
 
 def foreign_files(out: Path, job: str) -> list[str]:
     """What a glue or squad folder holds that the job does not write, at any depth, relative to `out`."""
-    return foreign_entries(out, _written_inside(job))
+    return foreign_entries(out, written_inside_job(job))
 
 
 def staging_leftovers(out: Path, job: str) -> list[Path]:

@@ -60,9 +60,13 @@ RNG_STATE = re.compile(r"rng_state(_\d+)?\.pth")
 CHECKPOINT_NAME = re.compile(r"(tmp-)?checkpoint-\d+")
 # what a pretraining run writes into its folder: all that --overwrite may remove
 # (and plots/, the figures `convattn plot` draws of the run by default)
+# what a comparison writes into a finished run's folder from its model: the scores at each length
+# (training/compare/lengths.py) and --glue / --squad's fine-tuning folders (runs/finetune.py: glue_dir, squad_dir),
+# which an --overwrite sets aside with the run they score
+LENGTHS_FILE, GLUE_DIR, SQUAD_DIR = "length_eval.json", "glue", "squad"
 RUN_ENTRIES = MODEL_FILES | {OPTIONS_FILE, DATA_FILE, METRICS_FILE, LOG_FILE, CARD_FILE, PLOT_FILE, TENSORBOARD,
                              CHECKPOINTS, DISCRIMINATOR, FINAL_TMP, LOCK_FILE, REPLACED, PARTIAL, PLOTS_DIR,
-                             ENVIRONMENT_FILE}
+                             ENVIRONMENT_FILE, LENGTHS_FILE, GLUE_DIR, SQUAD_DIR}
 
 EMPTY, UNSTARTED, IN_PROGRESS, FINISHED = "empty", "unstarted", "in progress", "finished"
 NOT_A_RUN = "not a run"
@@ -269,6 +273,10 @@ def written_inside_run(entry: Path, out: Path) -> bool:
         return True
     if top == PLOTS_DIR:
         return len(parts) == 2 and written_by_plot(entry)
+    if top in (GLUE_DIR, SQUAD_DIR):  # what that job writes in its own folder
+        from convattn.runs.finetune import written_inside_job
+
+        return written_inside_job(top)(entry, out / top)
     if top == TENSORBOARD:
         return len(parts) == 2 and entry.is_file() and name.startswith("events.out.tfevents.")
     if top == CHECKPOINTS and len(parts) == 2:

@@ -521,3 +521,29 @@ def test_overwrite_takes_the_figures_plot_drew_into_the_run_but_not_the_users_fi
     (run / "plots" / "my_figure.svg").unlink()
     assert main(tiny_args(corpus, run, "--overwrite", "--max-steps", "2", "--warmup", "1", "--eval-every", "2")) == 0
     assert not (run / "plots").exists()  # the old model's figures went with it
+
+
+@pytest.mark.slow
+def test_overwrite_takes_what_a_comparison_made_of_the_run_but_not_the_users_files_beside_it(
+        corpus, finished_run, tmp_path, capsys):
+    """A comparison's seed folder holds the run's scores at each length and its --glue / --squad folders: they
+    were refused as files convattn did not write; they score the old model, so they go with it."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "length_eval.json").write_text('{"lengths": [128], "files": ["valid.txt"], "results": []}')
+    seed = run / "glue" / "runs" / "sst2" / "seed0"
+    (seed / "predictions").mkdir(parents=True)
+    (seed / "run.json").write_text("{}")
+    (seed / "predictions" / "SST-2.tsv").write_text("index\tprediction\n")
+    (run / "glue" / "glue_results.json").write_text("{}")
+    (run / "squad" / "runs" / "squad1.1" / "seed0").mkdir(parents=True)
+    (run / "squad" / "runs" / "squad1.1" / "seed0" / "run.json").write_text("{}")
+    (run / "glue" / "runs" / "sst2" / "my_analysis.ipynb").write_text("mine")
+    before = snapshot(run)
+    assert main(tiny_args(corpus, run, "--overwrite")) == 2
+    line = one_error_line(capsys, "glue/runs/sst2/my_analysis.ipynb", "did not write")
+    assert "length_eval.json" not in line and "SST-2.tsv" not in line and "squad" not in line
+    assert snapshot(run) == before
+    (run / "glue" / "runs" / "sst2" / "my_analysis.ipynb").unlink()
+    assert main(tiny_args(corpus, run, "--overwrite", "--max-steps", "2", "--warmup", "1", "--eval-every", "2")) == 0
+    assert not any((run / name).exists() for name in ("length_eval.json", "glue", "squad"))

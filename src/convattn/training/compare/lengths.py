@@ -19,11 +19,9 @@ from pathlib import Path
 from convattn.console import say
 from convattn.errors import UsageError, option
 from convattn.files import model_identity, read_json, save_figure, write_json_atomic, write_text_atomic
-from convattn.runs.pretrain import FINISHED, run_state
+from convattn.runs.pretrain import FINISHED, LENGTHS_FILE, run_state
 from convattn.training.compare.options import CompareOptions
 from convattn.training.seed_statistics import format_mean_sem, mean_sem
-
-LENGTHS_FILE = "length_eval.json"
 
 
 def parse_lengths(text: str) -> list[int]:
