@@ -1,10 +1,13 @@
 """Masked-LM perplexity of a saved model at several input lengths (length generalisation).
 
-The eval text is tokenized once into one token stream and cut into [CLS] + (L - 2) tokens + [SEP] blocks
-at each length L, so every length scores the same text. 15% of each block's tokens (drawn from a generator
+The eval text is tokenized once into one token stream and cut into [CLS] + (L - 2) tokens + [SEP] blocks at each
+length L, so every length scores the same text: with a cap on the blocks (`max_blocks`), the stream's first
+max_blocks x (longest L - 2) tokens, each length taking all its whole blocks of them (a length's last partial block,
+fewer than L tokens, is left out). Capping each length's blocks instead would score 8x more text at 1,024 than at
+128, and text's difficulty would read as a length's effect. 15% of each block's tokens (drawn from a generator
 seeded per length) are replaced by [MASK] (no 80/10/10: the score is the model's guess at a hidden token);
-perplexity = exp(total loss / masked tokens). A model whose absolute position embeddings or Linformer
-projections stop at max_position_embeddings is reported as unable to extend, not run.
+perplexity = exp(total loss / masked tokens). A model whose absolute position embeddings or Linformer projections
+stop at max_position_embeddings is reported as unable to extend, not run.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ def token_stream(tokenizer, texts: Iterable[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def blocks_of(stream: torch.Tensor, length: int, cls_id: int, sep_id: int, max_blocks: int | None) -> torch.Tensor:
+def blocks_of(stream: torch.Tensor, length: int, cls_id: int, sep_id: int) -> torch.Tensor:
+    """Every whole [CLS] + (length - 2) tokens + [SEP] block of `stream`, from its start."""
     body = length - 2
-    count = len(stream) // body if max_blocks is None else min(len(stream) // body, max_blocks)
+    count = len(stream) // body
     inner = stream[: count * body].view(count, body)
     return torch.cat([torch.full((count, 1), cls_id), inner, torch.full((count, 1), sep_id)], dim=1)
 
@@ -66,8 +70,9 @@ def perplexity_at(model, tokenizer, blocks: torch.Tensor, seed: int, batch_size:
 def evaluate_at_lengths(model_dir: str | os.PathLike, texts: Iterable[str] | Sequence[str | os.PathLike],
                         lengths: Sequence[int], *, batch_size: int = 8, max_blocks: int | None = 64,
                         seed: int = 0, device: str = "cpu") -> list[LengthResult]:
-    """Perplexity of the masked-LM model saved in `model_dir` at each length. `texts` is an iterable of
-    strings or a list of text-file paths (one document per line)."""
+    """Perplexity of the masked-LM model saved in `model_dir` at each length, every length on the same tokens
+    (`max_blocks` blocks of the longest length; None: the whole text). `texts` is an iterable of strings or a list
+    of text-file paths (one document per line)."""
     from transformers import AutoTokenizer
 
     from convattn.model import ConvAttnForMaskedLM
@@ -82,6 +87,8 @@ def evaluate_at_lengths(model_dir: str | os.PathLike, texts: Iterable[str] | Seq
     model = ConvAttnForMaskedLM.from_pretrained(model_dir, use_safetensors=True).eval().to(device)
     limit = model.config.max_input_length
     stream = token_stream(tokenizer, texts)
+    if max_blocks is not None:  # the same tokens at every length: max_blocks blocks of the longest
+        stream = stream[:max_blocks * (max(lengths) - 2)]
     results = []
     for n in lengths:
         if limit is not None and n > limit:
@@ -89,7 +96,7 @@ def evaluate_at_lengths(model_dir: str | os.PathLike, texts: Iterable[str] | Seq
                 "Linformer projections")
             results.append(LengthResult(n, None, 0, 0, f"cannot extend: {kind} stop at {limit}"))
             continue
-        blocks = blocks_of(stream, n, tokenizer.cls_token_id, tokenizer.sep_token_id, max_blocks)
+        blocks = blocks_of(stream, n, tokenizer.cls_token_id, tokenizer.sep_token_id)
         if len(blocks) == 0:
             results.append(LengthResult(n, None, 0, 0, f"eval text too short for one block of {n} tokens"))
             continue

@@ -350,6 +350,31 @@ def test_perplexity_at_lengths_against_float64_on_the_eval_texts_blocks(finished
     assert rows[-1].note == f"eval text too short for one block of {lengths[-1]} tokens"
 
 
+def test_every_length_scores_the_same_tokens_under_a_cap_on_the_blocks(finished_run, corpus, monkeypatch):
+    """max_blocks caps the blocks of the longest length; every shorter one scores the same first tokens in more
+    blocks. Capping each length's blocks scored the first 2 x 8 tokens at n = 10 and 2 x 32 at n = 34: text's
+    difficulty read as a length's effect."""
+    from convattn.model import ConvAttnForMaskedLM
+    from convattn.training.length_eval import evaluate_at_lengths
+
+    tokenizer = AutoTokenizer.from_pretrained(finished_run)
+    model = ConvAttnForMaskedLM.from_pretrained(finished_run).eval()
+    given = []
+    model.convattn.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs["input_ids"]),
+                                             with_kwargs=True)
+    monkeypatch.setattr(ConvAttnForMaskedLM, "from_pretrained", classmethod(lambda cls, *args, **kwargs: model))
+    lines = (corpus / "valid.txt").read_text().splitlines()
+    stream = [i for line in lines for i in tokenizer(line, add_special_tokens=False)["input_ids"]]
+    assert len(stream) > 3 * 64  # the cap, not the text, bounds what is scored
+    rows = evaluate_at_lengths(finished_run, lines, [10, 34, 6], max_blocks=2, batch_size=4)
+    assert [(row.length, row.blocks) for row in rows] == [(10, 8), (34, 2), (6, 16)]
+    for n in (10, 34, 6):
+        bodies = torch.cat([ids for ids in given if ids.shape[1] == n])[:, 1:-1]
+        assert bodies.shape[0] * bodies.shape[1] == 64
+        unmasked = bodies.flatten() != tokenizer.mask_token_id
+        assert torch.equal(bodies.flatten()[unmasked], torch.tensor(stream[:64])[unmasked])
+
+
 def word_tokenizer():
     """A word-level tokenizer of WORDS with BERT's special tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
