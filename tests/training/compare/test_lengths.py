@@ -109,7 +109,7 @@ def test_a_seeds_scores_are_cached_on_its_lengths_eval_files_and_weights(scored)
     options, calls = scored
     path = options.run_path(SPECS[0], 0)
     first = report.seed_scores(path, [16, 64], ["valid.txt"])
-    assert first == {"lengths": [16, 64], "files": ["valid.txt"], "model": model_identity(path),
+    assert first == {"lengths": [16, 64], "files": ["valid.txt"], "model": model_identity(path), "protocol": 2,
                      "results": [{"length": 16, "perplexity": 30.3, "note": ""},
                                  {"length": 64, "perplexity": 41.5, "note": ""}]}
     assert json.loads((path / report.LENGTHS_FILE).read_text()) == first
@@ -126,6 +126,11 @@ def test_a_seeds_scores_are_cached_on_its_lengths_eval_files_and_weights(scored)
     (path / report.LENGTHS_FILE).write_text(json.dumps(record))
     report.seed_scores(path, [16, 256], ["other.txt"])
     assert len(calls) == 5
+    record = json.loads((path / report.LENGTHS_FILE).read_text())
+    record["protocol"] = 1  # scored by an earlier protocol (masks drawn per length, blocks capped per length)
+    (path / report.LENGTHS_FILE).write_text(json.dumps(record))
+    report.seed_scores(path, [16, 256], ["other.txt"])
+    assert len(calls) == 6
 
 
 def test_lengths_take_stray_commas_and_spaces_but_not_an_empty_list():

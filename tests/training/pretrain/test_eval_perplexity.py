@@ -156,9 +156,10 @@ def test_electra_generator_perplexity_weighs_each_batch_by_its_masked_tokens(tmp
 
 
 def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
-    """The length evaluation (`convattn compare --eval-lengths`): [MASK] replaces a share of each block's tokens,
-    never [CLS] or [SEP], and the perplexity is exp(the masked tokens' summed loss / their count), here recomputed
-    in float64 one block at a time from the inputs the model was given (batches of 3, the last partial)."""
+    """The length evaluation (`convattn compare --eval-lengths`): [MASK] replaces the tokens the mask it is given
+    selects (evaluate_at_lengths never selects [CLS] or [SEP]), and the perplexity is exp(the masked tokens' summed
+    loss / their count), here recomputed in float64 one block at a time from the inputs the model was given (batches
+    of 3, the last partial)."""
     from types import SimpleNamespace
 
     from convattn.training.length_eval import perplexity_at
@@ -170,10 +171,12 @@ def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
     given = []
     model.convattn.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs["input_ids"]),
                                              with_kwargs=True)
-    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, seed=5, batch_size=3)
+    selected = torch.rand(blocks.shape, generator=torch.Generator().manual_seed(5)) < 0.15
+    selected[:, [0, -1]] = False
+    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, selected, batch_size=3)
     inputs = torch.cat(given)
     masked = inputs == MASK
-    assert not masked[:, [0, -1]].any() and torch.equal(inputs[~masked], blocks[~masked])
+    assert torch.equal(masked, selected) and torch.equal(inputs[~masked], blocks[~masked])
     assert count == int(masked.sum()) and 0.08 < count / blocks[:, 1:-1].numel() < 0.22  # 15 % of 360 tokens
     reference = copy.deepcopy(model).double()
     total = 0.0
@@ -197,7 +200,9 @@ def test_a_diverged_models_perplexity_at_a_length_is_capped_not_an_overflow():
     generator = torch.Generator().manual_seed(0)
     blocks = torch.cat([torch.full((6, 1), CLS), torch.randint(4, 101, (6, 9), generator=generator),
                         torch.full((6, 1), SEP)], dim=1)
-    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, seed=5, batch_size=4)
+    selected = torch.zeros_like(blocks, dtype=torch.bool)
+    selected[:, 1:-1] = True
+    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, selected, batch_size=4)
     assert count > 0 and perplexity == math.exp(50.0)
 
 

@@ -294,21 +294,22 @@ def test_perplexity_at_lengths_extends_relative_models_and_reports_absolute_ones
 
 
 def test_a_length_whose_blocks_have_no_masked_token_has_no_perplexity(finished_run, corpus):
-    """At length 3 a block holds one token, masked at 15 %: one block at seed 3 masks none, and a perplexity of
+    """At length 3 a block holds one token, masked at 15 %: one block at seed 0 masks none, and a perplexity of
     exp(0) = 1 (a perfect model) was reported for it."""
     from convattn.training.length_eval import evaluate_at_lengths
 
-    row, = evaluate_at_lengths(finished_run, [corpus / "valid.txt"], [3], max_blocks=1, seed=3)
+    row, = evaluate_at_lengths(finished_run, [corpus / "valid.txt"], [3], max_blocks=1, seed=0)
     assert (row.perplexity, row.masked_tokens, row.blocks) == (None, 0, 1)
     assert row.note == "no token masked in 1 block(s) of 3 tokens: give more eval text"
 
 
 def test_perplexity_at_lengths_against_float64_on_the_eval_texts_blocks(finished_run, corpus, monkeypatch):
     """`evaluate_at_lengths` recomputed from its definition: the texts' lines (a whitespace-only one is no text)
-    tokenized without special tokens into one stream, cut from its start into [CLS] + (n - 2) tokens + [SEP] blocks,
-    [MASK] over the body tokens a generator seeded with seed + n draws at MASK_PROBABILITY (the model is given
-    exactly these inputs), perplexity = exp(the masked tokens' summed loss / their count) in float64. Lengths from
-    one token a block to the whole stream in one block, and one block longer than the text."""
+    tokenized without special tokens into one stream, cut from its start into [CLS] + (n - 2) tokens + [SEP]
+    blocks, [MASK] over the stream's tokens one generator seeded with seed draws at MASK_PROBABILITY, the same
+    tokens hidden at every length (the model is given exactly these inputs), perplexity = exp(the masked tokens'
+    summed loss / their count) in float64. Lengths from one token a block to the whole stream in one block, and
+    one block longer than the text."""
     import torch.nn.functional as F
 
     from convattn.model import ConvAttnForMaskedLM
@@ -329,14 +330,15 @@ def test_perplexity_at_lengths_against_float64_on_the_eval_texts_blocks(finished
     lengths = [3, 10, len(stream) + 2, len(stream) + 3]
     rows = evaluate_at_lengths(finished_run, texts, lengths, max_blocks=None, seed=5, batch_size=3)
     assert [row.length for row in rows] == lengths
+    hidden = torch.rand(len(stream), generator=torch.Generator().manual_seed(5)) < MASK_PROBABILITY
     for n, row in zip(lengths[:-1], rows, strict=False):
         body, blocks = n - 2, len(stream) // (n - 2)
-        chosen = torch.rand((blocks, n), generator=torch.Generator().manual_seed(5 + n)) < MASK_PROBABILITY
+        chosen = [[False, *hidden[b * body:(b + 1) * body].tolist(), False] for b in range(blocks)]
         expected, total, masked = [], 0.0, 0
         with torch.no_grad():
             for b in range(blocks):
                 ids = [cls, *stream[b * body:(b + 1) * body], sep]
-                scored = [t for t in range(1, n - 1) if chosen[b, t]]
+                scored = [t for t in range(1, n - 1) if chosen[b][t]]
                 expected.append([mask if t in scored else token for t, token in enumerate(ids)])
                 logits = reference(input_ids=torch.tensor(expected[-1:])).logits[0]
                 targets = torch.tensor([ids[t] for t in scored], dtype=torch.long)
@@ -352,8 +354,8 @@ def test_perplexity_at_lengths_against_float64_on_the_eval_texts_blocks(finished
 
 def test_every_length_scores_the_same_tokens_under_a_cap_on_the_blocks(finished_run, corpus, monkeypatch):
     """max_blocks caps the blocks of the longest length; every shorter one scores the same first tokens in more
-    blocks. Capping each length's blocks scored the first 2 x 8 tokens at n = 10 and 2 x 32 at n = 34: text's
-    difficulty read as a length's effect."""
+    blocks, with the same of them masked. Capping each length's blocks scored the first 2 x 8 tokens at n = 10 and
+    2 x 32 at n = 34: text's difficulty read as a length's effect (and a mask drawn per length, its draw's)."""
     from convattn.model import ConvAttnForMaskedLM
     from convattn.training.length_eval import evaluate_at_lengths
 
@@ -373,6 +375,10 @@ def test_every_length_scores_the_same_tokens_under_a_cap_on_the_blocks(finished_
         assert bodies.shape[0] * bodies.shape[1] == 64
         unmasked = bodies.flatten() != tokenizer.mask_token_id
         assert torch.equal(bodies.flatten()[unmasked], torch.tensor(stream[:64])[unmasked])
+        if n == 10:
+            hidden = ~unmasked
+        assert torch.equal(~unmasked, hidden)  # and the same tokens hidden: lengths differ by context alone
+    assert 0 < int(hidden.sum()) < 64
 
 
 def word_tokenizer():

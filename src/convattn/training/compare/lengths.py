@@ -47,17 +47,19 @@ def eval_files(options: CompareOptions) -> list[str]:
 
 
 def seed_scores(path: Path, lengths: list[int], files: list[str]) -> dict:
-    """{"lengths": [...], "files": [...], "model": fingerprint, "results": [{length, perplexity, note}, ...]}, cached
-    in the seed dir for these lengths, files and model (`model_identity` of the run's weights)."""
-    from convattn.training.length_eval import evaluate_at_lengths
+    """{"lengths": [...], "files": [...], "model": fingerprint, "protocol": n, "results": [{length, perplexity,
+    note}, ...]}, cached in the seed dir for these lengths, files, model (`model_identity` of the run's weights) and
+    length_eval's PROTOCOL."""
+    from convattn.training.length_eval import PROTOCOL, evaluate_at_lengths
 
     cache = path / LENGTHS_FILE
     record = read_json(cache) if cache.is_file() else None
     model = model_identity(path)  # a run trained again (pretrain --overwrite into the seed folder) is scored again
-    if record and record.get("lengths") == lengths and record.get("files") == files and record.get("model") == model:
+    wanted = {"lengths": lengths, "files": files, "model": model, "protocol": PROTOCOL}
+    if record and all(record.get(key) == value for key, value in wanted.items()):
         return record
     results = evaluate_at_lengths(path, files, lengths)
-    record = {"lengths": lengths, "files": files, "model": model,
+    record = {**wanted,
               "results": [{"length": r.length, "perplexity": r.perplexity, "note": r.note} for r in results]}
     write_json_atomic(cache, record)
     return record
