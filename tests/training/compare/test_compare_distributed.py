@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -53,9 +54,21 @@ def test_two_processes_train_every_run_and_the_main_one_reports(tmp_path, tmp_pa
         assert (run / "seed0" / "checkpoints" / "checkpoint-4" / "rng_state_1.pth").exists()  # both ranks trained
     assert (out / "report.md").is_file() and (out / "compare.json").is_file()
 
-    again = torchrun(compare_argv(corpus, out), tmp_path)  # finished runs are reused by both processes
+    # a run killed between its checkpoints: the next launch resumes it over both processes from step 2 (each
+    # rank's RNG state read back) and reuses the finished one
+    killed = runs[1] / "seed0"
+    finished = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(killed / "checkpoints" / "checkpoint-4")
+    (killed / "model.safetensors").unlink()
+    again = torchrun(compare_argv(corpus, out), tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("compare: 0 run(s) trained, 2 reused") == 1
+    assert again.stderr.count("compare: 1 run(s) trained, 1 reused") == 1
+    assert "composite seed 0: resuming" in again.stderr and "seed 0: training" not in again.stderr
+    resumed = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in resumed] == [0, 2, 4] and resumed[:2] == finished[:2]
+    assert resumed[2]["perplexity"] == pytest.approx(finished[2]["perplexity"], rel=1e-4)  # as if never killed
+    assert (killed / "checkpoints" / "checkpoint-4" / "rng_state_1.pth").exists()
+    assert (killed / "model.safetensors").is_file()
 
     # the launcher does not change a run's model: one process starts from the same untrained perplexity, given the
     # same tokenizer (the unigram trainer's pieces at tied scores follow Rust's seeded hash order: two trainings of
