@@ -8,6 +8,7 @@ from pathlib import Path
 from convattn.commands.arguments import add_run_arguments
 from convattn.commands.compare_flags import compare_options
 from convattn.commands.training_process import prepare_training_process
+from convattn.errors import UsageError, option
 
 EXAMPLES = """\
 examples:
@@ -43,6 +44,7 @@ DESCRIPTION = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from convattn.training.compare.grids import grid_names
+    from convattn.training.length_eval import MAX_BLOCKS
 
     what = parser.add_argument_group("what to compare (one of)")
     choice = what.add_mutually_exclusive_group(required=True)
@@ -52,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-lengths", metavar="N1,N2,...",
                         help="also score every finished run on --eval-file at these input lengths, e.g. 128,512,1024 "
                              "(length generalisation: lengths.md, lengths.csv, lengths.png; works with --report-only)")
+    parser.add_argument("--eval-length-blocks", metavar="N|all",
+                        help="the text --eval-lengths scores: the eval file's first N blocks of the longest length "
+                             f"(default {MAX_BLOCKS}), or all of it; more text, less noise from the masks' draw")
     parser.set_defaults(func=run)
 
 
@@ -62,13 +67,19 @@ def parse_presets(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from convattn.training.compare.grids import grid_from_presets, load_grid
     from convattn.training.compare.job import compare_and_report
-    from convattn.training.compare.lengths import eval_files, parse_lengths
+    from convattn.training.compare.lengths import LengthRequest, eval_files, parse_blocks, parse_lengths
+    from convattn.training.length_eval import MAX_BLOCKS
 
     grid = load_grid(args.grid) if args.grid else grid_from_presets(parse_presets(args.presets))
     options = compare_options(args, grid, Path("runs") / f"compare-{grid.name}")
-    eval_lengths = parse_lengths(args.eval_lengths) if args.eval_lengths else None
-    if eval_lengths:
+    eval_lengths = None
+    if args.eval_lengths:
+        blocks = MAX_BLOCKS if args.eval_length_blocks is None else parse_blocks(args.eval_length_blocks)
+        eval_lengths = LengthRequest(parse_lengths(args.eval_lengths), blocks)
         eval_files(options)  # refuse before any training when there is no eval text to score
+    elif args.eval_length_blocks is not None:
+        raise UsageError(f"{option('eval_length_blocks')} sets the text {option('eval_lengths')} scores; give "
+                         f"{option('eval_lengths')} too, or leave it out")
     if not args.report_only:
         prepare_training_process()
     return compare_and_report(options, args.report_only, eval_lengths)

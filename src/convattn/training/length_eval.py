@@ -17,10 +17,15 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MASK_PROBABILITY = 0.15
+# blocks of the longest length scored by default: 65,408 tokens at 1,024, on which one mask draw moved a model's
+# perplexity at a length by 4-6 % (RESULTS 6.2); more text (compare --eval-length-blocks) narrows that
+MAX_BLOCKS = 64
 # what a cached score was computed by (training/compare/lengths.py): 2, the same tokens and masks at every length
 PROTOCOL = 2
 
@@ -35,6 +40,8 @@ class LengthResult:
 
 
 def token_stream(tokenizer, texts: Iterable[str]) -> torch.Tensor:
+    import torch
+
     ids = []
     for text in texts:
         if text.strip():
@@ -45,15 +52,18 @@ def token_stream(tokenizer, texts: Iterable[str]) -> torch.Tensor:
 def blocks_of(stream: torch.Tensor, length: int, first, last) -> torch.Tensor:
     """Every whole `first` + (length - 2) items + `last` block of `stream`, from its start: token ids between [CLS]
     and [SEP], or the stream's mask between two unmasked ends."""
+    import torch
+
     body = length - 2
     count = len(stream) // body
     inner = stream[: count * body].view(count, body)
     return torch.cat([torch.full((count, 1), first), inner, torch.full((count, 1), last)], dim=1)
 
 
-@torch.no_grad()
 def perplexity_at(model, tokenizer, blocks: torch.Tensor, selected: torch.Tensor, batch_size: int) -> tuple[float, int]:
     """exp(summed loss / count) of the tokens `selected` marks in `blocks`, each replaced by [MASK]."""
+    import torch
+
     from convattn.losses import masked_lm_loss
 
     total, count = 0.0, 0
@@ -62,18 +72,20 @@ def perplexity_at(model, tokenizer, blocks: torch.Tensor, selected: torch.Tensor
         ids, chosen = blocks[start: start + batch_size], selected[start: start + batch_size]
         inputs = ids.masked_fill(chosen, tokenizer.mask_token_id).to(device)
         labels = ids.masked_fill(~chosen, -100).to(device)
-        hidden = model.convattn(input_ids=inputs).last_hidden_state
-        total += masked_lm_loss(model.mlm_head, hidden, labels, reduction="sum").item()
+        with torch.no_grad():
+            hidden = model.convattn(input_ids=inputs).last_hidden_state
+            total += masked_lm_loss(model.mlm_head, hidden, labels, reduction="sum").item()
         count += int(chosen.sum())
     return math.exp(min(total / max(count, 1), 50.0)), count
 
 
 def evaluate_at_lengths(model_dir: str | os.PathLike, texts: Iterable[str] | Sequence[str | os.PathLike],
-                        lengths: Sequence[int], *, batch_size: int = 8, max_blocks: int | None = 64,
+                        lengths: Sequence[int], *, batch_size: int = 8, max_blocks: int | None = MAX_BLOCKS,
                         seed: int = 0, device: str = "cpu") -> list[LengthResult]:
     """Perplexity of the masked-LM model saved in `model_dir` at each length, every length on the same tokens
     (`max_blocks` blocks of the longest length; None: the whole text). `texts` is an iterable of strings or a list
     of text-file paths (one document per line)."""
+    import torch
     from transformers import AutoTokenizer
 
     from convattn.model import ConvAttnForMaskedLM

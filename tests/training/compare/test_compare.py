@@ -345,15 +345,26 @@ def test_eval_lengths_scores_relative_runs_past_the_trained_length(compared, cor
     assert "cannot extend: absolute position embeddings stop at 128" in table
     assert (compared / "lengths.png").stat().st_size > 0
     cached = json.loads((compared / "runs" / "chang2021-small--composite" / "seed0" / "length_eval.json").read_text())
-    assert cached["lengths"] == [16, 160]
+    assert cached["lengths"] == [16, 160] and cached["max_blocks"] == 64
+
+    # one block of 160 tokens: the text's first 158 tokens between [CLS] and [SEP], fewer than the default's
+    assert main([*args, "--eval-length-blocks", "1"]) == 0
+    one = {(r["run"], r["seed"], r["length"]): r for r in read_csv(compared / "lengths.csv")}
+    assert 0 < int(one["chang2021-small/composite", "0", "16"]["masked_tokens"]) < int(
+        by_run["chang2021-small/composite", "0", "16"]["masked_tokens"])
+    assert one["chang2021-small/composite", "0", "160"]["perplexity"] != by_run["chang2021-small/composite", "0",
+                                                                                 "160"]["perplexity"]
 
 
-@pytest.mark.parametrize(("value", "needle"), [("128,abc", "comma-separated integers"), ("2", ">= 3")])
-def test_eval_lengths_bad_values_exit_2(compared, value, needle, capsys):
-    args = ["compare", "--presets", ",".join(PRESETS), "--output-dir", str(compared), "--report-only",
-            "--eval-lengths", value]
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--eval-lengths", "128,abc"], "comma-separated integers"), (["--eval-lengths", "2"], ">= 3"),
+    (["--eval-lengths", "128", "--eval-length-blocks", "0"], "positive number of blocks"),
+    (["--eval-length-blocks", "all"], "--eval-length-blocks sets the text --eval-lengths scores; give --eval-lengths")])
+def test_eval_lengths_bad_values_exit_2(compared, flags, needle, capsys):
+    args = ["compare", "--presets", ",".join(PRESETS), "--output-dir", str(compared), "--report-only", *flags]
     assert main(args) == 2
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from convattn.runs.folder import PARTIAL, REPLACED, check_output_folder, check_o
 from convattn.runs.pretrain import DISCRIMINATOR, FINISHED, IN_PROGRESS, PRETRAIN, read_metrics, run_state
 from convattn.runs.replace import recover_replaced_run
 from convattn.training.compare.grids import RunSpec, check_runs
-from convattn.training.compare.lengths import write_length_report
+from convattn.training.compare.lengths import LengthRequest, write_length_report
 from convattn.training.compare.memory import update_memory
 from convattn.training.compare.options import (
     CompareOptions,
@@ -251,7 +251,7 @@ def fine_tune_runs(options: CompareOptions, spec: RunSpec) -> None:
                       save_models="none")
 
 
-def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: list[int] | None = None) -> int:
+def compare_and_report(options: CompareOptions, report_only: bool, eval_lengths: LengthRequest | None = None) -> int:
     """Run (or only report) a comparison and print its summary table; returns the exit code (130: interrupted).
     The output folder is this process's while it runs (the lock pretrain takes), and only if it is a comparison's.
 
@@ -315,7 +315,7 @@ def planned_runs(options: CompareOptions) -> RunPlan:
     return RunPlan(tokenizer, states)
 
 
-def compare_in_folder(options: CompareOptions, plan: RunPlan | None, eval_lengths: list[int] | None) -> int:
+def compare_in_folder(options: CompareOptions, plan: RunPlan | None, eval_lengths: LengthRequest | None) -> int:
     """Train the runs `plan` holds (None: only report on those the folder holds), then, in the main process, write
     and print the report."""
     interrupted = False
