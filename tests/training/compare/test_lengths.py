@@ -114,7 +114,7 @@ def test_a_seeds_scores_are_cached_on_its_lengths_eval_files_and_weights(scored)
     path = options.run_path(SPECS[0], 0)
     first = report.seed_scores(path, request([16, 64]), ["valid.txt"])
     assert first == {"lengths": [16, 64], "max_blocks": 64, "files": ["valid.txt"], "model": model_identity(path),
-                     "protocol": 2, "results": [{"length": 16, "perplexity": 30.3, "note": "", "masked_tokens": 7},
+                     "protocol": 3, "results": [{"length": 16, "perplexity": 30.3, "note": "", "masked_tokens": 7},
                                                 {"length": 64, "perplexity": 41.5, "note": "", "masked_tokens": 7}]}
     assert json.loads((path / report.LENGTHS_FILE).read_text()) == first
     assert report.seed_scores(path, request([16, 64]), ["valid.txt"]) == first and len(calls) == 1

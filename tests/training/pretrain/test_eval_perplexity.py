@@ -160,8 +160,6 @@ def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
     selects (evaluate_at_lengths never selects [CLS] or [SEP]), and the perplexity is exp(the masked tokens' summed
     loss / their count), here recomputed in float64 one block at a time from the inputs the model was given (batches
     of 3, the last partial)."""
-    from types import SimpleNamespace
-
     from convattn.training.length_eval import perplexity_at
 
     model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).eval()
@@ -173,7 +171,7 @@ def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
                                              with_kwargs=True)
     selected = torch.rand(blocks.shape, generator=torch.Generator().manual_seed(5)) < 0.15
     selected[:, [0, -1]] = False
-    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, selected, batch_size=3)
+    perplexity, count = perplexity_at(model.convattn, model.mlm_head, MASK, blocks, selected, batch_size=3)
     inputs = torch.cat(given)
     masked = inputs == MASK
     assert torch.equal(masked, selected) and torch.equal(inputs[~masked], blocks[~masked])
@@ -190,8 +188,6 @@ def test_perplexity_at_a_length_scores_body_tokens_only_against_float64():
 def test_a_diverged_models_perplexity_at_a_length_is_capped_not_an_overflow():
     """A mean loss past 50 nats (here about 10^4: every guess is [PAD], which no block holds) reads exp(50); exp of
     the loss itself overflows a float."""
-    from types import SimpleNamespace
-
     from convattn.training.length_eval import perplexity_at
 
     model = ConvAttnForMaskedLM(tiny_config("chang2021-small/composite")).eval()
@@ -202,7 +198,7 @@ def test_a_diverged_models_perplexity_at_a_length_is_capped_not_an_overflow():
                         torch.full((6, 1), SEP)], dim=1)
     selected = torch.zeros_like(blocks, dtype=torch.bool)
     selected[:, 1:-1] = True
-    perplexity, count = perplexity_at(model, SimpleNamespace(mask_token_id=MASK), blocks, selected, batch_size=4)
+    perplexity, count = perplexity_at(model.convattn, model.mlm_head, MASK, blocks, selected, batch_size=4)
     assert count > 0 and perplexity == math.exp(50.0)
 
 

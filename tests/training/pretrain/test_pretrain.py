@@ -26,6 +26,7 @@ from convattn.cli import main
 from convattn.commands.pretrain import options_from_args
 from convattn.runs.environment import recorded_environments
 from convattn.runs.pretrain import complete_checkpoints
+from convattn.training import length_eval
 from convattn.training.pretrain import pretrain
 from convattn.training.pretrain.callbacks import elapsed_at
 
@@ -196,6 +197,23 @@ def test_electra_objective_saves_a_discriminator_to_fine_tune(corpus, tmp_path):
         torch.testing.assert_close(value, pretraining[f"convattn.{name}"], rtol=0, atol=0)
     assert AutoTokenizer.from_pretrained(out / "discriminator").mask_token == "[MASK]"
 
+    # the length evaluation scores its generator, the masked LM it holds (before: the discriminator under a
+    # masked-LM head drawn at random), here against the generator in float64 on the same blocks and masks
+    from convattn.electra import ConvAttnForPreTraining
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    row, = length_eval.evaluate_at_lengths(out, [corpus / "valid.txt"], [16], max_blocks=6, seed=3)
+    stream = length_eval.token_stream(tokenizer, (corpus / "valid.txt").read_text().splitlines())[:6 * 14]
+    hidden = torch.rand(len(stream), generator=torch.Generator().manual_seed(3)) < length_eval.MASK_PROBABILITY
+    reference = ConvAttnForPreTraining.from_pretrained(out).double().eval()
+    expected = length_eval.perplexity_at(reference.generator, reference.generator_head, tokenizer.mask_token_id,
+                                         length_eval.blocks_of(stream, 16, tokenizer.cls_token_id,
+                                                               tokenizer.sep_token_id),
+                                         length_eval.blocks_of(hidden, 16, False, False), batch_size=1)
+    assert (row.perplexity, row.masked_tokens) == (pytest.approx(expected[0], rel=1e-5), expected[1])
+    with pytest.raises(ValueError, match="discriminator holds no masked-LM head"):  # an encoder alone
+        length_eval.evaluate_at_lengths(out / "discriminator", [corpus / "valid.txt"], [16])
+
 
 @pytest.mark.slow
 def test_a_small_train_file_without_eval_file_trains(tmp_path):
@@ -321,7 +339,7 @@ def test_perplexity_at_lengths_against_float64_on_the_eval_texts_blocks(finished
     given = []
     model.convattn.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs["input_ids"]),
                                              with_kwargs=True)
-    monkeypatch.setattr(ConvAttnForMaskedLM, "from_pretrained", classmethod(lambda cls, *args, **kwargs: model))
+    monkeypatch.setattr(length_eval, "masked_lm", lambda *args: (model.convattn, model.mlm_head, model.config))
     lines = (corpus / "valid.txt").read_text().splitlines()[:4]
     texts = [lines[0], "   ", lines[1], "", lines[2], " ", lines[3]]
     stream = [i for line in lines for i in tokenizer(line, add_special_tokens=False)["input_ids"]]
@@ -364,7 +382,7 @@ def test_every_length_scores_the_same_tokens_under_a_cap_on_the_blocks(finished_
     given = []
     model.convattn.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs["input_ids"]),
                                              with_kwargs=True)
-    monkeypatch.setattr(ConvAttnForMaskedLM, "from_pretrained", classmethod(lambda cls, *args, **kwargs: model))
+    monkeypatch.setattr(length_eval, "masked_lm", lambda *args: (model.convattn, model.mlm_head, model.config))
     lines = (corpus / "valid.txt").read_text().splitlines()
     stream = [i for line in lines for i in tokenizer(line, add_special_tokens=False)["input_ids"]]
     assert len(stream) > 3 * 64  # the cap, not the text, bounds what is scored
